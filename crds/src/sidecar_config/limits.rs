@@ -1,0 +1,488 @@
+//! Rate-limit settings of the sidecar: where it listens, Redis, failure mode, client identity and rules.
+
+use std::net::SocketAddr;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use crate::duration::Duration;
+
+/// Default address the proxy listens on (`SLUICE_LISTEN`).
+pub const LISTEN_DEFAULT: &str = "0.0.0.0:8080";
+/// Default app address the proxy forwards to (`SLUICE_UPSTREAM`).
+pub const UPSTREAM_DEFAULT: &str = "http://127.0.0.1:3000";
+/// Default address of `/healthz`, `/readyz` and `/metrics`.
+pub const ADMIN_LISTEN_DEFAULT: &str = "0.0.0.0:9901";
+/// Default deadline of every Redis call: no request waits longer than this for Redis.
+pub const REDIS_TIMEOUT_DEFAULT: Duration = Duration::from_millis(50);
+/// Default largest request body forwarded (larger ones get 413).
+pub const MAX_REQUEST_BODY_DEFAULT: u64 = 10 * 1024 * 1024;
+/// Default cap on in-process buckets (local fallback state).
+pub const LOCAL_MAX_KEYS_DEFAULT: usize = 100_000;
+
+/// Rate limiting settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Address the proxy listens on; `SLUICE_LISTEN` overrides it.
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// Base URL of the app (on localhost in a pod); `SLUICE_UPSTREAM` overrides it.
+    #[serde(default = "default_upstream")]
+    pub upstream: String,
+    /// Address of the health, readiness and metrics endpoints.
+    #[serde(default = "default_admin_listen")]
+    pub admin_listen: SocketAddr,
+    /// Where counters live.
+    #[serde(default)]
+    pub redis: RedisConfig,
+    /// What happens to traffic while Redis cannot answer within its deadline.
+    #[serde(default)]
+    pub failure_mode: FailureMode,
+    /// Replicas expected to share the limits; local fallback allows `limit / expectedReplicas` each.
+    #[serde(default = "one")]
+    pub expected_replicas: u32,
+    /// Hard cap on in-process buckets; idle buckets are evicted first, and evictions are counted.
+    #[serde(default = "default_local_max_keys")]
+    pub local_max_keys: usize,
+    /// How the client address is found.
+    #[serde(default)]
+    pub client_ip: ClientIpConfig,
+    /// Clients in these CIDRs are never limited.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_list: Vec<IpNet>,
+    /// Which rate-limit headers responses carry.
+    #[serde(default)]
+    pub headers: HeadersConfig,
+    /// Largest request body forwarded, in bytes; larger ones are answered 413.
+    #[serde(default = "default_max_request_body")]
+    pub max_request_body: u64,
+    /// Logging of rejections (`RATE_LIMIT client_ip=… host=… path=… rule=… status=429`).
+    #[serde(default)]
+    pub rejection_log: RejectionLogConfig,
+    /// How long in-flight requests may take to finish after SIGTERM.
+    #[serde(default = "default_shutdown_grace")]
+    pub shutdown_grace: Duration,
+    /// The rules. Empty: the seed tiers of ADR 0018 (see [`default_rules`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<Rule>,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            listen: default_listen(),
+            upstream: default_upstream(),
+            admin_listen: default_admin_listen(),
+            redis: RedisConfig::default(),
+            failure_mode: FailureMode::default(),
+            expected_replicas: 1,
+            local_max_keys: LOCAL_MAX_KEYS_DEFAULT,
+            client_ip: ClientIpConfig::default(),
+            allow_list: Vec::new(),
+            headers: HeadersConfig::default(),
+            max_request_body: MAX_REQUEST_BODY_DEFAULT,
+            rejection_log: RejectionLogConfig::default(),
+            shutdown_grace: default_shutdown_grace(),
+            rules: Vec::new(),
+        }
+    }
+}
+
+/// Redis connection. The URL normally comes from `SLUICE_REDIS_URL` (a Secret), not from the file.
+///
+/// URL schemes pick the topology: `redis://` or `rediss://` (single node), `redis-sentinel://` (Sentinel),
+/// `redis-cluster://` (Cluster).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RedisConfig {
+    /// Redis URL; `SLUICE_REDIS_URL` overrides it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Deadline of each Redis call.
+    #[serde(default = "default_redis_timeout")]
+    pub timeout: Duration,
+    /// Consecutive failures that open the circuit breaker.
+    #[serde(default = "default_breaker_failures")]
+    pub breaker_failures: u32,
+    /// How long an open breaker stays open before one probe call is let through.
+    #[serde(default = "default_breaker_cooldown")]
+    pub breaker_cooldown: Duration,
+    /// Connections in the pool (each pipelines many calls).
+    #[serde(default = "default_pool_size")]
+    pub pool_size: usize,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self {
+            url: None,
+            timeout: REDIS_TIMEOUT_DEFAULT,
+            breaker_failures: default_breaker_failures(),
+            breaker_cooldown: default_breaker_cooldown(),
+            pool_size: default_pool_size(),
+        }
+    }
+}
+
+/// What the sidecar does while Redis cannot decide.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum FailureMode {
+    /// Let requests through unlimited (and say so in metrics).
+    Open,
+    /// Reject requests with 429 until Redis answers again.
+    Closed,
+    /// Limit in-process at `limit / expectedReplicas` per replica.
+    #[default]
+    Local,
+}
+
+/// How the client address is found.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClientIpConfig {
+    /// Peers whose `X-Forwarded-For` is believed. The client is the rightmost address not in these CIDRs;
+    /// from any other peer the socket address is the client and the header is ignored.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trusted_proxies: Vec<IpNet>,
+}
+
+impl Default for ClientIpConfig {
+    fn default() -> Self {
+        Self {
+            trusted_proxies: Vec::new(),
+        }
+    }
+}
+
+/// Which rate-limit headers responses of limited routes carry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HeadersConfig {
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`.
+    #[serde(default = "yes")]
+    pub legacy: bool,
+    /// IETF draft `RateLimit-Policy` and `RateLimit` fields.
+    #[serde(default = "yes")]
+    pub draft: bool,
+}
+
+impl Default for HeadersConfig {
+    fn default() -> Self {
+        Self {
+            legacy: true,
+            draft: true,
+        }
+    }
+}
+
+/// Logging of rejected requests, itself rate limited so an attack cannot flood the logs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RejectionLogConfig {
+    /// `text` (`RATE_LIMIT client_ip=…`) or `json`.
+    #[serde(default)]
+    pub format: LogFormat,
+    /// Most rejection lines logged per second; the rest are counted in metrics only.
+    #[serde(default = "default_rejection_log_per_second")]
+    pub per_second: u32,
+}
+
+impl Default for RejectionLogConfig {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            per_second: default_rejection_log_per_second(),
+        }
+    }
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum LogFormat {
+    /// `RATE_LIMIT client_ip=… host=… path=… rule=… status=429`
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// One rate-limit rule. Every rule whose `match` fits a request applies; all must allow it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Rule {
+    /// Unique within the config; part of the Redis key, so renaming a rule starts fresh counters.
+    pub name: String,
+    /// Which requests the rule applies to. Empty: all.
+    #[serde(default, rename = "match")]
+    pub matches: RuleMatch,
+    /// What identifies a client: the parts are joined. Empty: the client IP.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub key: Vec<KeyPart>,
+    /// The counting algorithm.
+    #[serde(default)]
+    pub algorithm: Algorithm,
+    /// How many requests per window.
+    pub limit: Limit,
+    /// Count and report, but never reject (dry run).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shadow: bool,
+}
+
+/// Conditions a request must meet for a rule to apply; all given conditions must hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RuleMatch {
+    /// The path starts with this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_prefix: Option<String>,
+    /// The path is exactly this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_exact: Option<String>,
+    /// The path matches this regular expression (Rust `regex` syntax, unanchored unless written `^…$`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_regex: Option<String>,
+    /// The path starts with none of these.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude_path_prefixes: Vec<String>,
+    /// The method is one of these (upper case). Empty: any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub methods: Vec<String>,
+    /// The Host (without port) equals this, case-insensitively.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// The request carries this header (any value).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header_present: Option<String>,
+}
+
+/// One part of a rule's key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KeyPart {
+    /// Where the value comes from.
+    #[serde(rename = "type")]
+    pub source: KeySource,
+    /// Header name, for `header`, `hashedHeader` and `credential` (default `Authorization`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Prefix length IPv4 clients are grouped by, for `clientIp` and `credential`.
+    #[serde(default = "default_ipv4_prefix")]
+    pub ipv4_prefix: u8,
+    /// Prefix length IPv6 clients are grouped by (after unwrapping IPv4-mapped addresses).
+    #[serde(default = "default_ipv6_prefix")]
+    pub ipv6_prefix: u8,
+}
+
+/// Where a key part's value comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum KeySource {
+    /// The client address, masked to `ipv4Prefix`/`ipv6Prefix`.
+    ClientIp,
+    /// The value of header `name`. A request without it is not limited by this rule.
+    Header,
+    /// A SHA-256 prefix of header `name`: raw credentials never reach Redis or logs. A request without
+    /// the header is not limited by this rule.
+    HashedHeader,
+    /// A SHA-256 prefix of header `name` (default `Authorization`) when present, the client IP otherwise
+    /// (the seed tiers' key).
+    Credential,
+    /// The request method.
+    Method,
+    /// The request path.
+    Path,
+}
+
+/// The counting algorithm of a rule.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Algorithm {
+    /// Counter per aligned window (INCR, expiry set on the first hit). Cheapest; allows up to 2× at edges.
+    #[default]
+    FixedWindow,
+    /// Exact: a sorted set of request timestamps over the last window. Memory grows with the limit.
+    SlidingLog,
+    /// Weighted estimate from the current and previous window counters (Cloudflare's).
+    SlidingCounter,
+    /// Token bucket with nginx `limit_req burst=N nodelay` semantics (GCRA).
+    TokenBucket,
+}
+
+/// How many requests per window a rule allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Limit {
+    /// Requests allowed per window (for `tokenBucket`: the refill rate is `requests / window`).
+    pub requests: u64,
+    /// The window length; any length (`30s`, `5m`, `1h30m`).
+    pub window: Duration,
+    /// `tokenBucket` only: requests allowed above the rate at once, like nginx `burst` with `nodelay`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u64>,
+}
+
+/// Paths of the native package-protocol adapters in the seed ADR's `protocol` tier.
+pub const PROTOCOL_PATH_PREFIXES: [&str; 8] = [
+    "/npm/",
+    "/pypi/",
+    "/cargo/",
+    "/nuget/",
+    "/oci/",
+    "/rubygems/",
+    "/maven/",
+    "/composer/",
+];
+
+/// Per-minute limits of the seed tiers (ADR 0018), overridable by `RATE_LIMIT__*` env vars.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TierLimits {
+    /// `RATE_LIMIT__AUTH_REQUESTS_PER_MINUTE` (10): `/v1/auth/*`.
+    pub auth: u64,
+    /// `RATE_LIMIT__WRITE_REQUESTS_PER_MINUTE` (60): POST, PUT, PATCH, DELETE.
+    pub write: u64,
+    /// `RATE_LIMIT__READ_REQUESTS_PER_MINUTE` (300): GET, HEAD.
+    pub read: u64,
+    /// `RATE_LIMIT__PROTOCOL_REQUESTS_PER_MINUTE` (1000): GET, HEAD under the protocol prefixes.
+    pub protocol: u64,
+}
+
+impl Default for TierLimits {
+    fn default() -> Self {
+        Self {
+            auth: 10,
+            write: 60,
+            read: 300,
+            protocol: 1000,
+        }
+    }
+}
+
+/// The four tiers of the seed ADR 0018, used when a config names no rules. Keys follow the ADR: a
+/// SHA-256 prefix of `Authorization` for authenticated requests, the client IP otherwise.
+///
+/// The ADR's read tier is for control-plane reads and its protocol tier for adapter reads, so a read
+/// under a protocol prefix counts against the protocol tier only.
+pub fn default_rules(t: TierLimits) -> Vec<Rule> {
+    let per_minute = |requests| Limit {
+        requests,
+        window: Duration::from_secs(60),
+        burst: None,
+    };
+    let rule = |name: &str, matches, requests| Rule {
+        name: name.into(),
+        matches,
+        key: vec![KeyPart {
+            source: KeySource::Credential,
+            ..KeyPart::client_ip()
+        }],
+        algorithm: Algorithm::FixedWindow,
+        limit: per_minute(requests),
+        shadow: false,
+    };
+    let methods = |m: &[&str]| m.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let protocol_regex = format!(
+        "^({})",
+        PROTOCOL_PATH_PREFIXES
+            .iter()
+            .map(|p| regex::escape(p))
+            .collect::<Vec<_>>()
+            .join("|")
+    );
+    vec![
+        rule(
+            "auth",
+            RuleMatch {
+                path_prefix: Some("/v1/auth/".into()),
+                ..Default::default()
+            },
+            t.auth,
+        ),
+        rule(
+            "write",
+            RuleMatch {
+                methods: methods(&["POST", "PUT", "PATCH", "DELETE"]),
+                ..Default::default()
+            },
+            t.write,
+        ),
+        rule(
+            "read",
+            RuleMatch {
+                methods: methods(&["GET", "HEAD"]),
+                exclude_path_prefixes: PROTOCOL_PATH_PREFIXES.iter().map(|p| p.to_string()).collect(),
+                ..Default::default()
+            },
+            t.read,
+        ),
+        rule(
+            "protocol",
+            RuleMatch {
+                methods: methods(&["GET", "HEAD"]),
+                path_regex: Some(protocol_regex),
+                ..Default::default()
+            },
+            t.protocol,
+        ),
+    ]
+}
+
+impl KeyPart {
+    /// The client IP grouped by the default prefixes (/32 for IPv4, /64 for IPv6).
+    pub fn client_ip() -> Self {
+        Self {
+            source: KeySource::ClientIp,
+            name: None,
+            ipv4_prefix: default_ipv4_prefix(),
+            ipv6_prefix: default_ipv6_prefix(),
+        }
+    }
+}
+
+fn default_listen() -> SocketAddr {
+    LISTEN_DEFAULT.parse().expect("valid default")
+}
+fn default_upstream() -> String {
+    UPSTREAM_DEFAULT.into()
+}
+fn default_admin_listen() -> SocketAddr {
+    ADMIN_LISTEN_DEFAULT.parse().expect("valid default")
+}
+fn default_redis_timeout() -> Duration {
+    REDIS_TIMEOUT_DEFAULT
+}
+fn default_breaker_failures() -> u32 {
+    3
+}
+fn default_breaker_cooldown() -> Duration {
+    Duration::from_millis(500)
+}
+fn default_pool_size() -> usize {
+    4
+}
+fn one() -> u32 {
+    1
+}
+fn yes() -> bool {
+    true
+}
+fn default_local_max_keys() -> usize {
+    LOCAL_MAX_KEYS_DEFAULT
+}
+fn default_max_request_body() -> u64 {
+    MAX_REQUEST_BODY_DEFAULT
+}
+fn default_shutdown_grace() -> Duration {
+    Duration::from_secs(25)
+}
+fn default_rejection_log_per_second() -> u32 {
+    10
+}
+fn default_ipv4_prefix() -> u8 {
+    32
+}
+fn default_ipv6_prefix() -> u8 {
+    64
+}

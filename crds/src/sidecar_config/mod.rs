@@ -1,0 +1,54 @@
+//! The sidecar's config file: the one YAML document the operator renders from a `RateLimitPolicy` (and a
+//! `JobQueue`) and `sluice-sidecar --config FILE` reads. Field names are camelCase like the CRDs'.
+//!
+//! Connection settings are normally left out of the file and come from the environment
+//! (`SLUICE_LISTEN`, `SLUICE_UPSTREAM`, `SLUICE_REDIS_URL`, `SLUICE_DATABASE_URL`), so credentials live in
+//! Secrets, never in the rendered ConfigMap. Reference: docs/sidecar-config.md.
+//!
+//! Layout: [`limits`] (rules, keys, algorithms, failure mode), [`queue`] (worker and queue API).
+
+pub mod limits;
+pub mod queue;
+
+use serde::{Deserialize, Serialize};
+
+pub use limits::*;
+pub use queue::*;
+
+/// The version of this format the sidecar understands; a file naming another is refused.
+pub const CONFIG_VERSION: u32 = 1;
+
+/// The whole sidecar config file.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SidecarConfig {
+    /// Format version; must be [`CONFIG_VERSION`].
+    #[serde(default = "default_version")]
+    pub version: u32,
+    /// Which policy this config was rendered from and at which generation (reported back as enforced).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyRef>,
+    /// Rate limiting in front of the app. Absent: the seed tiers apply (see [`limits::default_rules`]).
+    #[serde(default)]
+    pub limits: LimitsConfig,
+    /// Job queue roles: the worker and the queue HTTP API for the app. Absent: neither runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueConfig>,
+}
+
+/// Identity of the `RateLimitPolicy` a config was rendered from.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PolicyRef {
+    /// Namespace of the policy (part of every Redis key).
+    pub namespace: String,
+    /// Name of the policy (part of every Redis key).
+    pub name: String,
+    /// `metadata.generation` of the policy this config was rendered from.
+    #[serde(default)]
+    pub generation: i64,
+}
+
+fn default_version() -> u32 {
+    CONFIG_VERSION
+}
