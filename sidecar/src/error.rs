@@ -1,0 +1,33 @@
+//! The sidecar's error type. Variants double as metric labels (`Error::metric_label`).
+
+/// Everything that can go wrong in the sidecar library.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The config file or an environment override is invalid; the message names the field.
+    #[error("invalid config: {0}")]
+    Config(String),
+    /// A Redis call failed or missed its deadline.
+    #[error("redis: {0}")]
+    Redis(String),
+    /// A PostgreSQL call failed.
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    /// Reading or writing a file or socket failed.
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl Error {
+    /// A short, stable label for metrics (`config`, `redis`, ...).
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Config(_) => "config",
+            Error::Redis(_) => "redis",
+            Error::Database(_) => "database",
+            Error::Io(_) => "io",
+        }
+    }
+}
+
+/// The sidecar's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
