@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs what Sluice's tests need when it is missing, or stops naming what is missing.
+# The tests start their own redis-server and PostgreSQL processes (never the machine's own servers), drive
+# the real kubectl, and run under cargo-nextest. As root, missing Debian packages are installed with
+# apt-get; otherwise this script says which package to install and exits non-zero.
+set -euo pipefail
+
+missing=()
+need() { # need COMMAND PACKAGE
+  command -v "$1" >/dev/null 2>&1 || missing+=("$2")
+}
+need redis-server redis-server
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || missing+=(postgresql)
+need psql postgresql-client
+need kubectl kubectl
+need setpriv util-linux
+need pgrep procps
+
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "deps: installing ${missing[*]} with apt-get"
+    apt-get update -qq
+    # kubectl is not in Debian's own archive; it installs where a Kubernetes/Google apt source is configured.
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" || {
+      echo "deps: apt-get could not install: ${missing[*]}" >&2
+      echo "deps: install them by hand (kubectl 1.32+: https://kubernetes.io/docs/tasks/tools/)" >&2
+      exit 1
+    }
+  else
+    echo "deps: missing ${missing[*]}; install them (as root: apt-get install ${missing[*]})" >&2
+    exit 1
+  fi
+fi
+
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "deps: installing cargo-nextest from crates.io (takes a few minutes)"
+  cargo install --locked cargo-nextest
+fi
+
+# The machine's own PostgreSQL refuses to run as root; the tests run it as this user.
+if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
+  echo "deps: running as root but there is no 'postgres' user to run PostgreSQL as" >&2
+  exit 1
+fi
+echo "deps: ok (redis-server $(redis-server --version | sed -E 's/.*v=([^ ]+).*/\1/'), kubectl $(kubectl version --client -o json 2>/dev/null | sed -n 's/.*"gitVersion": "\(.*\)".*/\1/p' | head -1))"

@@ -1,0 +1,24 @@
+# Sluice's two commands: `make sandbox` runs it locally, `make test` runs every test.
+# (Other targets are steps of those two.)
+.PHONY: sandbox test deps lint unit crds-check
+
+CARGO ?= cargo
+NEXTEST_PROFILE ?= default
+
+## Run Sluice locally (for now: the sidecar in front of a built-in demo upstream, showing requests limited).
+sandbox:
+	$(CARGO) run --release -p sluice-sidecar -- demo
+
+## Run every test: installs/starts what the tests need, then formatting, lints and all test suites.
+test: deps lint unit
+
+deps:
+	./.ci/deps.sh
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+unit:
+	$(CARGO) nextest run --workspace --locked --profile $(NEXTEST_PROFILE)
+	$(CARGO) test --workspace --locked --doc
