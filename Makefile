@@ -1,6 +1,6 @@
 # Sluice's two commands: `make sandbox` runs it locally, `make test` runs every test.
 # (Other targets are steps of those two.)
-.PHONY: sandbox test deps lint unit crds-check
+.PHONY: sandbox test deps lint unit chart
 
 CARGO ?= cargo
 NEXTEST_PROFILE ?= default
@@ -10,7 +10,7 @@ sandbox:
 	$(CARGO) run --release -p sluice-sidecar -- demo
 
 ## Run every test: installs/starts what the tests need, then formatting, lints and all test suites.
-test: deps lint unit
+test: deps lint unit chart
 
 deps:
 	./.ci/deps.sh
@@ -22,3 +22,6 @@ lint:
 unit:
 	$(CARGO) nextest run --workspace --locked --profile $(NEXTEST_PROFILE)
 	$(CARGO) test --workspace --locked --doc
+
+chart:
+	python3 charts/test_chart.py

@@ -37,6 +37,16 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install --locked cargo-nextest
 fi
 
+# The chart is checked with the real Helm SDK and the Kubernetes schemas (charts/test_chart.py).
+if ! python3 -c "import helm_python, kubernetes_validate, yaml" >/dev/null 2>&1; then
+  echo "deps: installing helm-python-sdk, kubernetes-validate and PyYAML from PyPI"
+  python3 -m pip install --quiet --disable-pip-version-check \
+    "helm-python-sdk==0.2.2" "kubernetes-validate==1.37.0" "PyYAML>=6" || {
+    echo "deps: pip could not install helm-python-sdk/kubernetes-validate (needed by charts/test_chart.py)" >&2
+    exit 1
+  }
+fi
+
 # The machine's own PostgreSQL refuses to run as root; the tests run it as this user.
 if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
   echo "deps: running as root but there is no 'postgres' user to run PostgreSQL as" >&2

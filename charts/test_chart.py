@@ -1,0 +1,182 @@
+"""Checks of the Sluice Helm chart with the real Helm SDK (helm-python-sdk) and the Kubernetes schemas of
+the oldest and newest Kubernetes versions Sluice supports (kubernetes-validate).
+
+Run: python3 charts/test_chart.py   (make test runs it; .ci/deps.sh installs the two packages)
+"""
+
+import copy
+import json
+import pathlib
+import sys
+import unittest
+
+import helm_python
+import kubernetes_validate
+import yaml
+
+CHART = pathlib.Path(__file__).resolve().parent / "sluice"
+REPO = CHART.parent.parent
+# The versions the README claims: 1.33 is the oldest (native sidecars, webhook matchConditions GA).
+KUBE_VERSIONS = ["1.33.0", "1.37.0"]
+# Kinds that belong to other projects' CRDs, absent from the Kubernetes schemas.
+FOREIGN_KINDS = {"ServiceMonitor", "Certificate", "Issuer"}
+STANDARD_LABELS = [
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/managed-by",
+    "helm.sh/chart",
+]
+
+# One values override per option the chart offers; each must render and validate.
+OPTIONS = {
+    "cert-manager with its own self-signed issuer": {"webhook": {"certManager": {"enabled": True}}},
+    "cert-manager with a cluster issuer": {
+        "webhook": {"certManager": {"enabled": True, "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}
+    },
+    "external metrics off (KEDA owns the APIService)": {"externalMetrics": {"enabled": False}},
+    "service monitor": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
+    "secrets in listed namespaces": {"rbac": {"secretNamespaces": ["shop", "billing"]}},
+    "secrets cluster-wide": {"rbac": {"secretsClusterWide": True}},
+    "plain-container sidecar": {"sidecar": {"native": False}},
+    "single replica without PDB": {"replicaCount": 1, "podDisruptionBudget": {"enabled": False}},
+    "no topology spread": {"topologySpreadConstraints": []},
+    "existing service account": {"serviceAccount": {"create": False, "name": "ops-sluice"}},
+    "scheduling knobs": {
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {}},
+        "priorityClassName": "system-cluster-critical",
+        "imagePullSecrets": [{"name": "regcred"}],
+        "podAnnotations": {"a": "b"},
+        "podLabels": {"team": "platform"},
+    },
+    "pinned images": {"image": {"tag": "0.1.0"}, "sidecar": {"image": {"repository": "r/s", "tag": "x"}}},
+}
+
+# Values the schema must refuse, with a fragment of the error naming the field.
+BAD_VALUES = {
+    "zero replicas": ({"replicaCount": 0}, "replicaCount"),
+    "unknown pull policy": ({"image": {"pullPolicy": "Sometimes"}}, "pullPolicy"),
+    "misspelled top-level key": ({"replicas": 2}, "replicas"),
+    "port out of range": ({"webhook": {"port": 70000}}, "port"),
+    "namespace that is not a DNS label": ({"rbac": {"secretNamespaces": ["Bad_NS"]}}, "secretNamespaces"),
+    "unknown log format": ({"logFormat": "xml"}, "logFormat"),
+    "resource quantity that is not one": ({"resources": {"limits": {"memory": "lots"}}}, "memory"),
+    "webhook timeout over the API server's cap": ({"webhook": {"timeoutSeconds": 60}}, "timeoutSeconds"),
+    "issuer of an unknown kind": (
+        {"webhook": {"certManager": {"enabled": True, "issuerRef": {"name": "x", "kind": "Vault"}}}},
+        "kind",
+    ),
+}
+
+
+def merge(base, override):
+    out = copy.deepcopy(base)
+    for k, v in override.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def render(values=None):
+    chart = helm_python.Chart.load(str(CHART))
+    out = chart.render(values or {}, name="sluice", namespace="sluice-system", is_install=True)
+    docs = []
+    for path, text in sorted(out.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                docs.append((path, doc))
+    return docs, out
+
+
+class ChartTest(unittest.TestCase):
+    def assert_valid(self, docs, label):
+        for path, doc in docs:
+            kind = doc.get("kind")
+            if kind in FOREIGN_KINDS:
+                continue
+            for version in KUBE_VERSIONS:
+                try:
+                    kubernetes_validate.validate(doc, version, strict=True)
+                except kubernetes_validate.ValidationError as e:
+                    self.fail(f"{label}: {path} {kind}/{doc['metadata'].get('name')} invalid on {version}: {e.message}")
+
+    def test_lint_passes(self):
+        result = helm_python.lint(str(CHART), strict=True)
+        self.assertEqual(result["errors"], [], result)
+        errors = [m for m in result["messages"] if m["severity"] > 1 and "icon" not in m["error"]]
+        self.assertEqual(errors, [], result)
+
+    def test_defaults_render_and_validate_on_oldest_and_newest_kubernetes(self):
+        docs, out = render()
+        kinds = sorted({d["kind"] for _, d in docs})
+        for expected in ["Deployment", "MutatingWebhookConfiguration", "APIService", "PodDisruptionBudget",
+                         "ServiceAccount", "ClusterRole", "Role", "Service"]:
+            self.assertIn(expected, kinds)
+        self.assert_valid(docs, "defaults")
+        self.assertIn("sluice.dev/inject", out["sluice/templates/NOTES.txt"])
+
+    def test_every_option_renders_and_validates(self):
+        for label, override in OPTIONS.items():
+            with self.subTest(option=label):
+                docs, _ = render(override)
+                self.assert_valid(docs, label)
+
+    def test_every_object_carries_the_standard_labels(self):
+        docs, _ = render(merge(OPTIONS["service monitor"], OPTIONS["cert-manager with its own self-signed issuer"]))
+        for path, doc in docs:
+            labels = doc["metadata"].get("labels", {})
+            for label in STANDARD_LABELS:
+                self.assertIn(label, labels, f"{path} {doc['kind']} lacks {label}")
+
+    def test_webhook_fails_closed_but_only_for_pods_that_ask(self):
+        docs, _ = render()
+        (hook,) = [d for _, d in docs if d["kind"] == "MutatingWebhookConfiguration"]
+        w = hook["webhooks"][0]
+        self.assertEqual(w["failurePolicy"], "Fail")
+        self.assertTrue(w["matchConditions"], "an unscoped Fail webhook can block a whole cluster")
+        excluded = w["namespaceSelector"]["matchExpressions"][0]["values"]
+        self.assertIn("sluice-system", excluded, "the operator's own namespace must never be injected")
+
+    def test_no_cluster_wide_secret_access_by_default(self):
+        docs, _ = render()
+        for _, doc in docs:
+            if doc["kind"] == "ClusterRole":
+                for rule in doc["rules"]:
+                    self.assertNotIn("secrets", rule.get("resources", []), f"{doc['metadata']['name']} reads Secrets")
+
+    def test_containers_run_as_non_root_with_a_read_only_root(self):
+        docs, _ = render()
+        pods = [d["spec"]["template"]["spec"] for _, d in docs if d["kind"] == "Deployment"]
+        pods += [d["spec"] for _, d in docs if d["kind"] == "Pod"]
+        for spec in pods:
+            self.assertTrue(spec["securityContext"]["runAsNonRoot"])
+            for c in spec["containers"]:
+                self.assertFalse(c["securityContext"]["allowPrivilegeEscalation"])
+                self.assertTrue(c["securityContext"]["readOnlyRootFilesystem"])
+                self.assertEqual(c["securityContext"]["capabilities"]["drop"], ["ALL"])
+
+    def test_bad_values_are_rejected_by_the_schema_naming_the_field(self):
+        for label, (values, field) in BAD_VALUES.items():
+            with self.subTest(bad=label):
+                chart = helm_python.Chart.load(str(CHART))
+                with self.assertRaises(helm_python.HelmError) as ctx:
+                    chart.render(values, name="sluice", namespace="sluice-system", is_install=True)
+                self.assertIn(field, str(ctx.exception))
+
+    def test_chart_crds_are_the_generated_crds(self):
+        generated = sorted(p.name for p in (REPO / "crds").glob("*.yaml"))
+        in_chart = sorted(p.name for p in (CHART / "crds").glob("*.yaml"))
+        self.assertEqual(in_chart, generated, "charts/sluice/crds must hold exactly the generated crds/*.yaml")
+        for name in generated:
+            self.assertEqual((CHART / "crds" / name).read_text(), (REPO / "crds" / name).read_text(),
+                             f"charts/sluice/crds/{name} is stale: copy crds/{name} over it")
+
+
+if __name__ == "__main__":
+    result = unittest.main(exit=False, verbosity=1).result
+    failed = len(result.failures) + len(result.errors)
+    print(f"{result.testsRun - failed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
