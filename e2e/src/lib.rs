@@ -1,0 +1,41 @@
+//! Sluice's end-to-end support: an in-memory Kubernetes API server that kube-runtime and real `kubectl`
+//! accept, and a harness that runs e2e tests against it — or against a real cluster named by
+//! `SLUICE_E2E_KUBECONFIG`.
+//!
+//! # Layout
+//!
+//! - [`server`]: [`TestApiServer`] — listener, TLS, auth, in-process handle.
+//! - [`api`]: routing and the resource verbs; [`watch`], [`discovery`], [`openapi`], [`table`], [`scale`].
+//! - [`store`]: objects, the resourceVersion counter, change history, finalizers, garbage collection.
+//! - [`registry`], [`builtins`], [`crd`]: the types served.
+//! - [`merge`], [`shape`], [`fieldset`]: strategic merge patch and server-side apply with managedFields.
+//! - [`validation`]: CRD schema checks, pruning, defaults and CEL rules.
+//! - [`admission`]: mutating webhooks.
+//! - [`tls`], [`kubeconfig`]: certificates and the kubeconfig clients use.
+//! - [`harness`]: what e2e tests call.
+
+pub mod admission;
+pub mod api;
+pub mod builtins;
+pub mod crd;
+pub mod discovery;
+pub mod error;
+pub mod fieldset;
+pub mod harness;
+pub mod kubeconfig;
+pub mod merge;
+pub mod openapi;
+pub mod registry;
+pub mod scale;
+pub mod selectors;
+pub mod server;
+pub mod shape;
+pub mod store;
+pub mod table;
+pub mod tls;
+pub mod validation;
+pub mod watch;
+
+pub use error::{ApiError, Error, Result};
+pub use harness::{Env, TestNamespace, wait_for};
+pub use server::{Options, TestApiServer};

@@ -1,0 +1,302 @@
+//! [`TestApiServer`]: binds, serves HTTPS (or plain HTTP) with bearer-token auth, and gives tests
+//! in-process access to the store.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio::sync::{broadcast, watch};
+
+use crate::error::{Error, Result};
+use crate::kubeconfig::{self, Endpoint};
+use crate::registry::ResourceType;
+use crate::store::{Clock, Message, Store, system_clock};
+use crate::tls::Pki;
+
+/// Response body of every handler.
+pub type Body = BoxBody<Bytes, Infallible>;
+
+/// Default bearer token.
+pub const TOKEN_DEFAULT: &str = "sluice-test-token";
+/// Default number of changes kept for watches to replay.
+pub const HISTORY_DEFAULT: usize = 10_000;
+/// Default interval between watch bookmarks.
+pub const BOOKMARK_INTERVAL_DEFAULT: Duration = Duration::from_secs(5);
+/// Kubernetes version reported by `/version`.
+pub const KUBERNETES_VERSION: &str = "v1.32.0";
+
+/// How to start a server.
+#[derive(Clone)]
+pub struct Options {
+    /// Where to listen; port 0 picks a free one.
+    pub bind: SocketAddr,
+    /// Serve HTTPS with a fresh CA (true) or plain HTTP.
+    pub tls: bool,
+    /// The bearer token clients must send.
+    pub token: String,
+    /// Changes kept for watches; older versions get 410.
+    pub history: usize,
+    /// How often open watches that allow bookmarks get one.
+    pub bookmark_interval: Duration,
+    /// The server's clock.
+    pub clock: Clock,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            tls: true,
+            token: TOKEN_DEFAULT.into(),
+            history: HISTORY_DEFAULT,
+            bookmark_interval: BOOKMARK_INTERVAL_DEFAULT,
+            clock: system_clock(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("bind", &self.bind)
+            .field("tls", &self.tls)
+            .field("history", &self.history)
+            .field("bookmark_interval", &self.bookmark_interval)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Shared state of a running server.
+pub struct State {
+    store: Mutex<Store>,
+    /// The options it started with.
+    pub options: Options,
+    /// `(namespace, service name, port)` → where a webhook Service reference really points.
+    pub(crate) services: Mutex<HashMap<(String, String, u16), SocketAddr>>,
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    /// Closed on shutdown; open watches end.
+    pub(crate) shutdown: watch::Receiver<bool>,
+}
+
+impl State {
+    /// Locks the store.
+    pub fn store(&self) -> MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A running in-memory API server. Dropping it stops it.
+pub struct TestApiServer {
+    state: Arc<State>,
+    pki: Option<Pki>,
+    shutdown: watch::Sender<bool>,
+}
+
+impl TestApiServer {
+    /// Binds and starts serving.
+    pub async fn start(options: Options) -> Result<Self> {
+        let listener = TcpListener::bind(options.bind).await?;
+        let addr = listener.local_addr()?;
+        let pki = if options.tls {
+            let ip = addr.ip().to_string();
+            Some(Pki::generate(&[
+                "localhost",
+                &ip,
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+            ])?)
+        } else {
+            None
+        };
+        let acceptor = match &pki {
+            Some(p) => Some(tokio_rustls::TlsAcceptor::from(p.server_config()?)),
+            None => None,
+        };
+        let (tx, rx) = watch::channel(false);
+        let mut store = Store::new(options.history, options.clock.clone());
+        crate::api::bootstrap(&mut store);
+        let state = Arc::new(State {
+            store: Mutex::new(store),
+            options,
+            services: Mutex::new(HashMap::new()),
+            addr,
+            shutdown: rx.clone(),
+        });
+        tokio::spawn(accept_loop(listener, acceptor, state.clone(), rx));
+        tracing::info!(%addr, tls = pki.is_some(), "test API server listening");
+        Ok(TestApiServer {
+            state,
+            pki,
+            shutdown: tx,
+        })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.state.addr
+    }
+
+    /// `https://127.0.0.1:port` (or `http://`).
+    pub fn url(&self) -> String {
+        let scheme = if self.pki.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.state.addr)
+    }
+
+    /// The CA certificate (PEM) clients must trust, when serving HTTPS.
+    pub fn ca_pem(&self) -> Option<&str> {
+        self.pki.as_ref().map(|p| p.ca_pem.as_str())
+    }
+
+    /// The bearer token.
+    pub fn token(&self) -> &str {
+        &self.state.options.token
+    }
+
+    /// A kubeconfig for this server whose context defaults to `namespace`.
+    pub fn kubeconfig(&self, namespace: &str) -> String {
+        kubeconfig::render(
+            &Endpoint {
+                url: self.url(),
+                ca_pem: self.ca_pem().map(String::from),
+                token: self.token().to_string(),
+            },
+            namespace,
+        )
+    }
+
+    /// Writes [`Self::kubeconfig`] (namespace `default`) to `path`.
+    pub fn write_kubeconfig(&self, path: &Path) -> Result<()> {
+        std::fs::write(path, self.kubeconfig("default"))?;
+        Ok(())
+    }
+
+    /// A kube client for this server, defaulting to `namespace`.
+    pub async fn client(&self, namespace: &str) -> Result<kube::Client> {
+        let kc: kube::config::Kubeconfig =
+            serde_yaml::from_str(&self.kubeconfig(namespace)).map_err(|e| Error::Decode(e.to_string()))?;
+        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .map_err(|e| Error::Config(e.to_string()))?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    /// Shared state, for in-process access.
+    pub fn state(&self) -> &Arc<State> {
+        &self.state
+    }
+
+    /// Every change from now on, as the store records it.
+    pub fn subscribe(&self) -> broadcast::Receiver<Message> {
+        self.state.store().subscribe()
+    }
+
+    /// One object, read in-process (`apiVersion`, `kind` as in YAML; namespace "" for cluster-scoped).
+    pub fn get(&self, api_version: &str, kind: &str, namespace: &str, name: &str) -> Option<Value> {
+        let store = self.state.store();
+        let rt = store.registry.find_kind(api_version, kind)?;
+        store.get(&rt.key(), namespace, name).cloned()
+    }
+
+    /// Every object in a namespace, read in-process (for failure dumps).
+    pub fn objects_in(&self, namespace: &str) -> Vec<Value> {
+        self.state
+            .store()
+            .in_namespace(namespace)
+            .into_iter()
+            .map(|(_, v)| v)
+            .collect()
+    }
+
+    /// The types served now (built-ins and established CRDs).
+    pub fn types(&self) -> Vec<ResourceType> {
+        self.state
+            .store()
+            .registry
+            .all()
+            .iter()
+            .map(|t| (**t).clone())
+            .collect()
+    }
+
+    /// Forgets the change history and ends open watches, as an etcd compaction would: clients resuming from
+    /// an earlier resourceVersion get 410 Gone and must relist.
+    pub fn compact(&self) {
+        self.state.store().compact();
+    }
+
+    /// Makes webhook `clientConfig.service` references to `namespace/name:port` reach `addr`. The TLS name
+    /// checked is `name.namespace.svc`, as in a cluster.
+    pub fn route_service(&self, namespace: &str, name: &str, port: u16, addr: SocketAddr) {
+        self.state
+            .services
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((namespace.into(), name.into(), port), addr);
+    }
+
+    /// Stops serving; open connections and watches end.
+    pub fn shutdown(&self) {
+        let _ = self.shutdown.send(true);
+    }
+}
+
+impl Drop for TestApiServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    state: Arc<State>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let (tcp, _) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    continue;
+                }
+            },
+            _ = stop.changed() => return,
+        };
+        let _ = tcp.set_nodelay(true);
+        let state = state.clone();
+        let acceptor = acceptor.clone();
+        let mut stop = stop.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| {
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(crate::api::handle(state, req).await) }
+            });
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            match acceptor {
+                Some(acceptor) => {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let conn = builder.serve_connection(TokioIo::new(tls), svc);
+                    tokio::select! { _ = conn => {}, _ = stop.changed() => {} }
+                }
+                None => {
+                    let conn = builder.serve_connection(TokioIo::new(tcp), svc);
+                    tokio::select! { _ = conn => {}, _ = stop.changed() => {} }
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,212 @@
+//! WATCH: newline-delimited JSON events over a chunked response. Replays from a resourceVersion, answers
+//! too-old versions with an `ERROR` event carrying a 410 Status, sends bookmarks when allowed, streams
+//! initial events ending in a `k8s.io/initial-events-end` bookmark for `sendInitialEvents=true`, and
+//! closes after `timeoutSeconds`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt as _;
+use http::{Response, header};
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
+use serde_json::{Value, json};
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::api::{Req, Target, present, selectors};
+use crate::error::ApiError;
+use crate::registry::ResourceType;
+use crate::selectors::{FieldSelector, LabelSelector};
+use crate::server::{Body, State};
+use crate::store::{Event, Message};
+
+/// Default watch duration when the client gives no `timeoutSeconds` (kube-apiserver picks 30–60 min).
+pub const TIMEOUT_DEFAULT: Duration = Duration::from_secs(1800);
+
+struct Filter {
+    rt: Arc<ResourceType>,
+    namespace: Option<String>,
+    labels: LabelSelector,
+    fields: FieldSelector,
+}
+
+impl Filter {
+    fn matches(&self, e: &Event) -> bool {
+        e.res == self.rt.key()
+            && self.namespace.as_ref().is_none_or(|ns| *ns == e.namespace)
+            && self.labels.matches(e.object["metadata"].get("labels"))
+            && self.fields.matches(&e.object)
+    }
+}
+
+fn line(type_: &str, object: Value) -> Bytes {
+    let mut s = serde_json::to_vec(&json!({"type": type_, "object": object})).unwrap_or_default();
+    s.push(b'\n');
+    Bytes::from(s)
+}
+
+fn bookmark(rt: &ResourceType, rv: u64, initial_end: bool) -> Bytes {
+    let mut meta = json!({"resourceVersion": rv.to_string()});
+    if initial_end {
+        meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+    }
+    line(
+        "BOOKMARK",
+        json!({"apiVersion": rt.api_version(), "kind": rt.kind, "metadata": meta}),
+    )
+}
+
+/// Starts a watch.
+pub fn serve(state: &Arc<State>, t: &Target, req: &Req) -> Result<Response<Body>, ApiError> {
+    let (labels, fields) = selectors(req)?;
+    let filter = Filter {
+        rt: t.rt.clone(),
+        namespace: t.namespace.clone(),
+        labels,
+        fields,
+    };
+    let bookmarks = req.q("allowWatchBookmarks") == Some("true");
+    let send_initial = req.q("sendInitialEvents") == Some("true");
+    let timeout = req
+        .q("timeoutSeconds")
+        .and_then(|s| s.parse().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(TIMEOUT_DEFAULT);
+    let table = crate::table::wants_table(req);
+    let rv = req.q("resourceVersion").map(|s| {
+        s.parse::<u64>()
+            .map_err(|_| ApiError::bad_request(format!("invalid resource version: {s}")))
+    });
+    let rv = rv.transpose()?;
+
+    let (tx, rx) = mpsc::channel::<Bytes>(256);
+    let mut first: Vec<Bytes> = vec![];
+    let subscription: Option<broadcast::Receiver<Message>>;
+    let mut last_rv;
+    {
+        let store = state.store();
+        last_rv = store.current_rv();
+        let initial = send_initial || matches!(rv, None | Some(0));
+        if initial {
+            for o in store.list(&t.rt.key(), t.namespace.as_deref()) {
+                let e = Event {
+                    rv: 0,
+                    type_: crate::store::EventType::Added,
+                    res: t.rt.key(),
+                    namespace: String::new(),
+                    object: o.clone(),
+                };
+                if filter.labels.matches(o["metadata"].get("labels")) && filter.fields.matches(o) {
+                    first.push(render(&filter.rt, "ADDED", e.object, table, first.is_empty()));
+                }
+            }
+            if send_initial && bookmarks {
+                first.push(bookmark(&t.rt, last_rv, true));
+            }
+            subscription = Some(store.subscribe());
+        } else {
+            let from = rv.unwrap_or_default();
+            match store.subscribe_from(from) {
+                Ok((replay, sub)) => {
+                    for e in replay.iter().filter(|e| filter.matches(e)) {
+                        first.push(render(
+                            &filter.rt,
+                            e.type_.as_str(),
+                            e.object.clone(),
+                            table,
+                            first.is_empty(),
+                        ));
+                    }
+                    subscription = Some(sub);
+                }
+                Err(floor) => {
+                    let gone = ApiError::expired(format!("too old resource version: {from} ({floor})"));
+                    first.push(line("ERROR", gone.to_status()));
+                    subscription = None;
+                }
+            }
+        }
+    }
+    let rt = t.rt.clone();
+    let interval = state.options.bookmark_interval;
+    let mut shutdown = state.shutdown.clone();
+    tokio::spawn(async move {
+        let mut sent_any = !first.is_empty();
+        for b in first {
+            if tx.send(b).await.is_err() {
+                return;
+            }
+        }
+        let Some(mut sub) = subscription else { return };
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
+        let mut tick = tokio::time::interval(interval);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                m = sub.recv() => match m {
+                    Ok(Message::Event(e)) => {
+                        if e.rv <= last_rv && e.rv != 0 {
+                            continue;
+                        }
+                        last_rv = e.rv;
+                        if filter.matches(&e) {
+                            let b = render(&rt, e.type_.as_str(), e.object.clone(), table, !sent_any);
+                            sent_any = true;
+                            if tx.send(b).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    Ok(Message::Compacted) | Err(broadcast::error::RecvError::Lagged(_)) | Err(broadcast::error::RecvError::Closed) => return,
+                },
+                _ = tick.tick(), if bookmarks => {
+                    if tx.send(bookmark(&rt, last_rv, false)).await.is_err() {
+                        return;
+                    }
+                }
+                _ = &mut deadline => {
+                    if bookmarks {
+                        let _ = tx.send(bookmark(&rt, last_rv, false)).await;
+                    }
+                    return;
+                }
+                _ = tx.closed() => return,
+                _ = shutdown.changed() => return,
+            }
+        }
+    });
+    let stream = ReceiverStream::new(rx).map(|b| Ok::<_, Infallible>(Frame::data(b)));
+    let content_type = if table {
+        "application/json;as=Table;v=v1;g=meta.k8s.io"
+    } else {
+        "application/json"
+    };
+    Ok(Response::builder()
+        .status(200)
+        .header(header::CONTENT_TYPE, content_type)
+        .header(header::CACHE_CONTROL, "no-cache, private")
+        .body(BodyExt::boxed(StreamBody::new(stream)))
+        .expect("a static response is valid"))
+}
+
+fn render(rt: &ResourceType, type_: &str, object: Value, table: bool, with_columns: bool) -> Bytes {
+    let object = present(rt, object);
+    if !table {
+        return line(type_, object);
+    }
+    let mut t = json!({
+        "kind": "Table", "apiVersion": "meta.k8s.io/v1",
+        "metadata": {"resourceVersion": object["metadata"]["resourceVersion"]},
+        "rows": [crate::table::row(rt, &object, "Metadata", chrono::Utc::now())],
+    });
+    t["columnDefinitions"] = if with_columns {
+        json!(crate::table::columns(rt))
+    } else {
+        json!([])
+    };
+    line(type_, t)
+}
