@@ -4,7 +4,9 @@
 //!
 //! Layout: [`duration`] (the `30s`/`5m` duration type shared by CRDs and config), [`sidecar_config`].
 
+pub mod conditions;
 pub mod duration;
+pub mod rate_limit_policy;
 pub mod sidecar_config;
 
 pub use duration::Duration;
