@@ -1,15 +1,55 @@
 //! Rate limiting: which rules apply to a request, the key each rule counts, and the decision, made by one
-//! atomic Redis round trip per rule (with a deadline, a circuit breaker and a local fallback).
+//! atomic Redis round trip per rule (issued concurrently, each with a deadline) behind a circuit breaker,
+//! with a failure mode for when Redis cannot decide.
 //!
-//! This file holds the interface the proxy uses. The body of [`Limiter::check`] is a placeholder that
-//! allows everything until the algorithms land.
+//! Layout: [`rule`] (matching, compiled rules), [`key`] (key derivation, IP masking, hashing),
+//! [`client_ip`] (socket peer and trusted `X-Forwarded-For`), [`algorithm`] (fixed window, sliding log,
+//! sliding counter, token bucket: Lua script and in-process math each), [`redis_store`] (fred pool,
+//! `EVALSHA`), [`breaker`], [`local`] (bounded in-process buckets), [`metrics`].
+//!
+//! Hot path: rules and settings are read through one `ArcSwap` load; matching and key hashing allocate
+//! nothing; per applying rule there is one key string and one script call. The in-process store takes one
+//! shard lock per rule, and only when Redis is absent or cannot decide.
 
-use std::{net::IpAddr, time::Duration};
+pub mod algorithm;
+pub mod breaker;
+pub mod client_ip;
+pub mod key;
+pub mod local;
+pub mod metrics;
+pub mod redis_store;
+pub mod rule;
 
-use sluice_crds::sidecar_config::{LimitsConfig, PolicyRef};
+use std::{
+    collections::HashSet,
+    fmt,
+    net::IpAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use arc_swap::ArcSwap;
+use ipnet::IpNet;
+use prometheus_client::registry::Registry;
+use sluice_crds::sidecar_config::{FailureMode, LimitsConfig, PolicyRef, Rule, TierLimits, default_rules};
+
+pub use client_ip::client_ip;
+
+use self::{
+    algorithm::{Outcome, Unique},
+    breaker::Breaker,
+    key::KeyHash,
+    local::LocalStore,
+    metrics::{DecisionOutcome, FallbackMode, Metrics, RedisErrorKind},
+    redis_store::{CallError, RedisStore},
+    rule::CompiledRule,
+};
+use crate::{Error, clock::SharedClock};
 
 /// What the limiter needs to know about a request.
-#[derive(Debug)]
 pub struct RequestFacts<'a> {
     /// Request method (`GET`, ...).
     pub method: &'a http::Method,
@@ -23,14 +63,29 @@ pub struct RequestFacts<'a> {
     pub client_ip: IpAddr,
 }
 
+impl fmt::Debug for RequestFacts<'_> {
+    /// Header values are left out: they may hold credentials.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RequestFacts")
+            .field("method", self.method)
+            .field("path", &self.path)
+            .field("host", &self.host)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("client_ip", &self.client_ip)
+            .finish()
+    }
+}
+
 /// The decision for one request.
 #[derive(Debug, Clone, Default)]
 pub struct Verdict {
-    /// The rule that rejected the request, when one did (shadow rules never reject).
+    /// The rule that rejected the request, when one did (the first in config order; shadow rules never
+    /// reject).
     pub rejected_by: Option<String>,
-    /// When to retry, for a rejection.
+    /// When to retry, for a rejection: the longest wait among the rejecting rules.
     pub retry_after: Option<Duration>,
-    /// The quota to report in headers: the most restrictive rule that applied, if any did.
+    /// The quota to report in headers: the rejecting rule's, or else the applying rule with the fewest
+    /// requests remaining. Shadow rules and fail-open decisions report none.
     pub quota: Option<Quota>,
 }
 
@@ -46,37 +101,425 @@ impl Verdict {
 pub struct Quota {
     /// Rule name.
     pub rule: String,
-    /// Requests allowed per window.
+    /// Requests allowed per window, as enforced by this decision (the per-replica share in local
+    /// fallback; for the token bucket the refill rate per window).
     pub limit: u64,
-    /// Requests left in the current window (0 when rejected).
+    /// Requests left right now (0 when rejected).
     pub remaining: u64,
-    /// Time until the quota is fully available again.
+    /// Time until the quota is fully available again if no further requests arrive.
     pub reset: Duration,
     /// The rule's window.
     pub window: Duration,
 }
 
-/// Decides requests against the configured rules.
+/// Everything hot reload replaces at once.
+#[derive(Debug)]
+struct Settings {
+    rules: Vec<CompiledRule>,
+    failure_mode: FailureMode,
+    expected_replicas: u32,
+    allow_list: Vec<IpNet>,
+    timeout: Duration,
+    breaker_failures: u32,
+    breaker_cooldown: Duration,
+}
+
+impl Settings {
+    fn compile(config: &LimitsConfig, policy: Option<&PolicyRef>, metrics: &Metrics) -> crate::Result<Self> {
+        let defaults;
+        let rules: &[Rule] = if config.rules.is_empty() {
+            defaults = default_rules(TierLimits::default());
+            &defaults
+        } else {
+            &config.rules
+        };
+        let mut names = HashSet::new();
+        let mut compiled = Vec::with_capacity(rules.len());
+        for (i, r) in rules.iter().enumerate() {
+            if !names.insert(r.name.as_str()) {
+                return Err(Error::Config(format!(
+                    "limits.rules[{i}].name: {:?} is used by an earlier rule; names key the counters",
+                    r.name
+                )));
+            }
+            compiled.push(CompiledRule::compile(i, r, policy, metrics.rule(&r.name))?);
+        }
+        if config.expected_replicas == 0 {
+            return Err(Error::Config(
+                "limits.expectedReplicas: must be at least 1".into(),
+            ));
+        }
+        let timeout = config.redis.timeout.get();
+        if timeout.is_zero() {
+            return Err(Error::Config(
+                "limits.redis.timeout: must be longer than 0".into(),
+            ));
+        }
+        Ok(Self {
+            rules: compiled,
+            failure_mode: config.failure_mode,
+            expected_replicas: config.expected_replicas,
+            allow_list: config.allow_list.clone(),
+            timeout,
+            breaker_failures: config.redis.breaker_failures.max(1),
+            breaker_cooldown: config.redis.breaker_cooldown.get().max(Duration::from_millis(1)),
+        })
+    }
+}
+
+/// State shared by the limiter and its background probe.
+struct Shared {
+    settings: ArcSwap<Settings>,
+    clock: SharedClock,
+    redis: Option<RedisStore>,
+    breaker: Breaker,
+    local: LocalStore,
+    metrics: Metrics,
+    instance: u64,
+    seq: AtomicU64,
+}
+
+/// How one rule's decision was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Redis,
+    /// In process, Redis not configured.
+    Local,
+    Fallback(FallbackMode),
+}
+
+/// Decides requests against the configured rules. Cheap to share behind an `Arc`; dropping it stops its
+/// background task.
 pub struct Limiter {
-    _policy: Option<PolicyRef>,
+    shared: Arc<Shared>,
+    probe: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limiter")
+            .field("redis", &self.shared.redis)
+            .field("redis_healthy", &self.redis_healthy())
+            .finish()
+    }
+}
+
+impl Drop for Limiter {
+    fn drop(&mut self) {
+        if let Some(probe) = self.probe.take() {
+            probe.abort();
+        }
+    }
 }
 
 impl Limiter {
-    /// Builds a limiter for `config`.
-    pub fn new(_config: &LimitsConfig, policy: Option<&PolicyRef>) -> crate::Result<Self> {
-        Ok(Self {
-            _policy: policy.cloned(),
-        })
+    /// Builds a limiter for `config` and registers its metrics in `registry`.
+    ///
+    /// Never fails because Redis is down: it starts with Redis unhealthy (the failure mode applies) and
+    /// connects and reconnects in the background. With `redis_url: None` it limits purely in process, at
+    /// the full limit (a single process). Fails only on invalid config ([`Error::Config`] naming the
+    /// field). Must be called inside a Tokio runtime.
+    pub async fn connect(
+        config: &LimitsConfig,
+        policy: Option<&PolicyRef>,
+        redis_url: Option<&str>,
+        clock: SharedClock,
+        registry: &mut Registry,
+    ) -> crate::Result<Self> {
+        Self::build(config, policy, redis_url, clock, Metrics::register(registry))
     }
 
-    /// Decides one request: every applying rule must allow it.
-    pub async fn check(&self, _req: &RequestFacts<'_>) -> Verdict {
-        Verdict::default()
+    /// A purely in-process limiter at the full limit, on the system clock, with unexported metrics: what
+    /// [`connect`](Self::connect) builds without a Redis URL. Needs no Tokio runtime.
+    pub fn new(config: &LimitsConfig, policy: Option<&PolicyRef>) -> crate::Result<Self> {
+        let clock: SharedClock = Arc::new(crate::clock::SystemClock);
+        Self::build(config, policy, None, clock, Metrics::unregistered())
+    }
+
+    /// [`connect`](Self::connect) with metrics that are not exported (tests, benchmarks); see
+    /// [`metrics`](Self::metrics).
+    pub fn with_metrics(
+        config: &LimitsConfig,
+        policy: Option<&PolicyRef>,
+        redis_url: Option<&str>,
+        clock: SharedClock,
+        metrics: Metrics,
+    ) -> crate::Result<Self> {
+        Self::build(config, policy, redis_url, clock, metrics)
+    }
+
+    fn build(
+        config: &LimitsConfig,
+        policy: Option<&PolicyRef>,
+        redis_url: Option<&str>,
+        clock: SharedClock,
+        metrics: Metrics,
+    ) -> crate::Result<Self> {
+        let settings = Settings::compile(config, policy, &metrics)?;
+        let redis = redis_url
+            .map(|url| RedisStore::connect(url, config.redis.pool_size, settings.timeout))
+            .transpose()?;
+        let shared = Arc::new(Shared {
+            settings: ArcSwap::from_pointee(settings),
+            clock,
+            breaker: Breaker::new_open(metrics.breaker_open.clone()),
+            local: LocalStore::new(config.local_max_keys, metrics.clone()),
+            metrics,
+            redis,
+            instance: rand::random(),
+            seq: AtomicU64::new(0),
+        });
+        let probe = shared
+            .redis
+            .is_some()
+            .then(|| tokio::spawn(probe(Arc::clone(&shared))));
+        Ok(Self { shared, probe })
+    }
+
+    /// Hot reload: new rules, limits, failure mode, allow list, deadline and breaker settings. Keeps the
+    /// Redis connection, the counters (keys never depend on limits) and the local buckets. On error the old
+    /// settings stay. The Redis URL and pool size cannot change here.
+    pub fn reconfigure(&self, config: &LimitsConfig, policy: Option<&PolicyRef>) -> crate::Result<()> {
+        let settings = Settings::compile(config, policy, &self.shared.metrics)?;
+        if let Some(redis) = &self.shared.redis {
+            redis.set_timeout(settings.timeout);
+        }
+        self.shared.local.set_cap(config.local_max_keys);
+        self.shared.settings.store(Arc::new(settings));
+        Ok(())
+    }
+
+    /// Whether Redis is configured and its circuit breaker is closed (calls go to Redis).
+    pub fn redis_healthy(&self) -> bool {
+        self.shared.redis.is_some() && !self.shared.breaker.is_open()
+    }
+
+    /// Whether a Redis URL was given (otherwise the limiter is purely in process).
+    pub fn uses_redis(&self) -> bool {
+        self.shared.redis.is_some()
+    }
+
+    /// The limiter's metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.shared.metrics
+    }
+
+    /// In-process buckets currently held.
+    pub fn local_buckets(&self) -> usize {
+        self.shared.local.len()
+    }
+
+    /// Decides one request: every applying rule must allow it. Never waits longer than the Redis deadline.
+    pub async fn check(&self, req: &RequestFacts<'_>) -> Verdict {
+        let settings = self.shared.settings.load_full();
+        let client = client_ip::unmap(req.client_ip);
+        if settings.allow_list.iter().any(|net| net.contains(&client)) {
+            return Verdict::default();
+        }
+        let applying: Vec<(&CompiledRule, KeyHash)> = settings
+            .rules
+            .iter()
+            .filter(|r| r.matcher.matches(req))
+            .filter_map(|r| r.key.hash(req).map(|h| (r, h)))
+            .collect();
+        if applying.is_empty() {
+            return Verdict::default();
+        }
+        let now = self.shared.clock.now_millis();
+        let decisions: Vec<(Outcome, Source)> = match &self.shared.redis {
+            None => applying
+                .iter()
+                .map(|(r, h)| {
+                    let o = self.shared.local.decide(&r.name, h, r.algorithm, r.params, now);
+                    (o, Source::Local)
+                })
+                .collect(),
+            Some(_) if self.shared.breaker.is_open() => applying
+                .iter()
+                .map(|(r, h)| self.fallback(&settings, r, h, now))
+                .collect(),
+            Some(redis) => {
+                futures::future::join_all(
+                    applying
+                        .iter()
+                        .map(|(r, h)| self.redis_decide(redis, &settings, r, h, now)),
+                )
+                .await
+            }
+        };
+        verdict(&applying, &decisions, &settings)
+    }
+
+    async fn redis_decide(
+        &self,
+        redis: &RedisStore,
+        settings: &Settings,
+        rule: &CompiledRule,
+        hash: &KeyHash,
+        now: u64,
+    ) -> (Outcome, Source) {
+        let unique = Unique {
+            instance: self.shared.instance,
+            seq: self.shared.seq.fetch_add(1, Ordering::Relaxed),
+        };
+        let base = rule.key.redis_base(hash);
+        let call = algorithm::call(rule.algorithm, &base, &rule.params, now, unique);
+        let (result, took) = redis
+            .run(algorithm::script(rule.algorithm), call, settings.timeout)
+            .await;
+        let m = &self.shared.metrics;
+        m.redis_latency.observe(took.as_secs_f64());
+        let failure = match result {
+            Ok(reply) => match algorithm::outcome(rule.algorithm, &rule.params, now, &reply) {
+                Some(o) => {
+                    self.shared.breaker.record_success();
+                    return (o, Source::Redis);
+                }
+                None => {
+                    tracing::warn!(rule = %rule.name, ?reply, "unexpected reply from rate-limit script");
+                    RedisErrorKind::reply
+                }
+            },
+            Err(CallError::Timeout) => RedisErrorKind::timeout,
+            Err(CallError::Redis(e)) => {
+                tracing::debug!(rule = %rule.name, error = %e, "rate-limit call to Redis failed");
+                RedisErrorKind::error
+            }
+        };
+        m.redis_error(failure);
+        if self.shared.breaker.record_failure(settings.breaker_failures) {
+            tracing::warn!(
+                failure_mode = ?settings.failure_mode,
+                "Redis failed {} calls in a row; circuit breaker open",
+                settings.breaker_failures
+            );
+        }
+        self.fallback(settings, rule, hash, now)
+    }
+
+    /// The decision of the failure mode while Redis cannot decide.
+    fn fallback(
+        &self,
+        settings: &Settings,
+        rule: &CompiledRule,
+        hash: &KeyHash,
+        now: u64,
+    ) -> (Outcome, Source) {
+        let (o, mode) = match settings.failure_mode {
+            FailureMode::Open => (
+                Outcome {
+                    allowed: true,
+                    remaining: rule.params.requests,
+                    reset_ms: 0,
+                    retry_after_ms: 0,
+                },
+                FallbackMode::open,
+            ),
+            FailureMode::Closed => {
+                let wait = duration_ms(settings.breaker_cooldown);
+                (
+                    Outcome {
+                        allowed: false,
+                        remaining: 0,
+                        reset_ms: wait,
+                        retry_after_ms: wait.max(1),
+                    },
+                    FallbackMode::closed,
+                )
+            }
+            FailureMode::Local => {
+                let p = rule.params.per_replica(settings.expected_replicas);
+                let o = self.shared.local.decide(&rule.name, hash, rule.algorithm, p, now);
+                (o, FallbackMode::local)
+            }
+        };
+        self.shared.metrics.fallback(mode, outcome_label(rule, &o));
+        (o, Source::Fallback(mode))
     }
 }
 
-/// Resolves the client address: the socket peer, or — only when the peer is a trusted proxy — the
-/// rightmost `X-Forwarded-For` address that is not itself a trusted proxy.
-pub fn client_ip(peer: IpAddr, _headers: &http::HeaderMap, _trusted: &[ipnet::IpNet]) -> IpAddr {
-    peer
+/// Combines the rules' decisions and counts them.
+fn verdict(
+    applying: &[(&CompiledRule, KeyHash)],
+    decisions: &[(Outcome, Source)],
+    settings: &Settings,
+) -> Verdict {
+    let mut v = Verdict::default();
+    let mut best: Option<(bool, u64, usize)> = None;
+    for (i, ((rule, _), (o, source))) in applying.iter().zip(decisions).enumerate() {
+        let label = outcome_label(rule, o);
+        rule.counters.count(label);
+        if label == DecisionOutcome::rejected {
+            if v.rejected_by.is_none() {
+                v.rejected_by = Some(rule.name.clone());
+            }
+            let wait = Duration::from_millis(o.retry_after_ms);
+            v.retry_after = Some(v.retry_after.map_or(wait, |w| w.max(wait)));
+        }
+        if rule.shadow || *source == Source::Fallback(FallbackMode::open) {
+            continue;
+        }
+        // Rejections first (the first rejecting rule), then the fewest remaining.
+        let rank = (label != DecisionOutcome::rejected, o.remaining, i);
+        if best.is_none_or(|b| rank < b) {
+            best = Some(rank);
+        }
+    }
+    v.quota = best.map(|(_, _, i)| {
+        let (rule, _) = applying[i];
+        let (o, source) = decisions[i];
+        let limit = match source {
+            Source::Fallback(FallbackMode::local) => {
+                rule.params.per_replica(settings.expected_replicas).requests
+            }
+            _ => rule.params.requests,
+        };
+        Quota {
+            rule: rule.name.clone(),
+            limit,
+            remaining: if o.allowed { o.remaining } else { 0 },
+            reset: Duration::from_millis(o.reset_ms),
+            window: Duration::from_millis(rule.params.window_ms),
+        }
+    });
+    v
+}
+
+fn outcome_label(rule: &CompiledRule, o: &Outcome) -> DecisionOutcome {
+    match (o.allowed, rule.shadow) {
+        (true, _) => DecisionOutcome::allowed,
+        (false, false) => DecisionOutcome::rejected,
+        (false, true) => DecisionOutcome::shadow_rejected,
+    }
+}
+
+fn duration_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Background task: while the breaker is open, PING Redis every cooldown (within the call deadline) and
+/// close the breaker when it answers. Polls faster until Redis first answers, so a fresh sidecar starts
+/// enforcing through Redis quickly.
+async fn probe(shared: Arc<Shared>) {
+    let mut ever_healthy = false;
+    loop {
+        let settings = shared.settings.load_full();
+        if shared.breaker.is_open()
+            && let Some(redis) = &shared.redis
+            && redis.ping(settings.timeout).await
+        {
+            shared.breaker.close();
+            if ever_healthy {
+                tracing::info!("Redis answers again; circuit breaker closed");
+            }
+            ever_healthy = true;
+        }
+        let pause = if ever_healthy {
+            settings.breaker_cooldown
+        } else {
+            settings.breaker_cooldown.min(Duration::from_millis(50))
+        };
+        drop(settings);
+        tokio::time::sleep(pause).await;
+    }
 }

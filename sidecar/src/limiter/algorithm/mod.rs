@@ -1,0 +1,281 @@
+//! The counting algorithms. Each one has the same shape ([`Algorithm`]): a Lua script that decides in one
+//! atomic Redis round trip, and the same math in process (for the local fallback and for Redis-less runs).
+//! Both paths end in [`Algorithm::outcome`], which turns the script's raw reply into an [`Outcome`], so the
+//! two can be tested against each other step by step.
+//!
+//! Time is always the caller's clock, passed to the scripts as an argument: windows align across sidecars
+//! (wall-clock time) and tests drive Redis-side algorithms with a manual clock. Redis expiries only collect
+//! garbage; no decision depends on them.
+
+pub mod fixed_window;
+pub mod sliding_counter;
+pub mod sliding_log;
+pub mod token_bucket;
+
+use std::sync::LazyLock;
+
+use sha1::{Digest, Sha1};
+use sluice_crds::sidecar_config::Algorithm as AlgorithmKind;
+
+pub use fixed_window::FixedWindow;
+pub use sliding_counter::SlidingCounter;
+pub use sliding_log::SlidingLog;
+pub use token_bucket::TokenBucket;
+
+/// How long Redis keeps a key after the last moment it can matter, so sidecars whose clocks differ a little
+/// still see it.
+pub const EXPIRY_GRACE_MS: u64 = 1_000;
+
+/// The limit one algorithm run enforces (already divided by the replica count for the local fallback).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Params {
+    /// Requests per window (for the token bucket: the refill rate per window). At least 1.
+    pub requests: u64,
+    /// Window length in milliseconds. At least 1.
+    pub window_ms: u64,
+    /// Token bucket only: requests allowed above the rate at once (nginx `burst`).
+    pub burst: u64,
+}
+
+impl Params {
+    /// The share of one replica out of `replicas`: `limit / replicas`, at least one request.
+    pub fn per_replica(self, replicas: u32) -> Self {
+        let replicas = u64::from(replicas.max(1));
+        Self {
+            requests: (self.requests / replicas).max(1),
+            window_ms: self.window_ms,
+            burst: self.burst / replicas,
+        }
+    }
+}
+
+/// The decision of one algorithm for one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// Whether the request fits the limit.
+    pub allowed: bool,
+    /// Requests that would still be allowed right now after this one.
+    pub remaining: u64,
+    /// Milliseconds until the quota is fully available again (if no further requests arrive).
+    pub reset_ms: u64,
+    /// For a rejection: milliseconds until a request would be allowed. 0 when allowed.
+    pub retry_after_ms: u64,
+}
+
+/// What makes a sliding-log member unique across sidecars: a random id per limiter and a sequence number.
+#[derive(Clone, Copy, Debug)]
+pub struct Unique {
+    /// Random per limiter instance.
+    pub instance: u64,
+    /// Increases with every call of this instance.
+    pub seq: u64,
+}
+
+/// One Redis call: the keys (all under one hash tag) and the arguments of the script.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Call {
+    /// `KEYS`.
+    pub keys: Vec<String>,
+    /// `ARGV`.
+    pub args: Vec<String>,
+}
+
+/// A Lua script with its SHA-1 (computed here, so `EVALSHA` needs no round trip to learn it).
+#[derive(Debug)]
+pub struct Script {
+    /// Short name, for logs.
+    pub name: &'static str,
+    /// The Lua source.
+    pub source: &'static str,
+    /// Hex SHA-1 of the source, as Redis computes it.
+    pub sha1: String,
+}
+
+impl Script {
+    fn new(name: &'static str, source: &'static str) -> Self {
+        let digest = Sha1::digest(source.as_bytes());
+        let sha1 = digest.iter().map(|b| format!("{b:02x}")).collect();
+        Self { name, source, sha1 }
+    }
+}
+
+pub(crate) static FIXED_WINDOW_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new("fixed_window", include_str!("../scripts/fixed_window.lua")));
+pub(crate) static SLIDING_LOG_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new("sliding_log", include_str!("../scripts/sliding_log.lua")));
+pub(crate) static SLIDING_COUNTER_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new("sliding_counter", include_str!("../scripts/sliding_counter.lua")));
+pub(crate) static TOKEN_BUCKET_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new("token_bucket", include_str!("../scripts/token_bucket.lua")));
+
+/// The shape every algorithm shares.
+pub trait Algorithm {
+    /// Per-key state kept in process.
+    type State: Default + Send + 'static;
+
+    /// The Lua script.
+    fn script() -> &'static Script;
+
+    /// The Redis call for one request. `base` is the key prefix with the hash tag
+    /// (`sluice:{ns/policy/rule/keyhash}`); every key starts with it, so a script touches one cluster slot.
+    fn call(base: &str, p: &Params, now: u64, unique: Unique) -> Call;
+
+    /// The outcome from the script's raw reply; `None` when the reply has the wrong shape.
+    fn outcome(p: &Params, now: u64, reply: &[i64]) -> Option<Outcome>;
+
+    /// The same decision in process: updates `state` exactly as the script updates Redis and returns the
+    /// reply the script would have returned.
+    fn decide_raw(state: &mut Self::State, p: &Params, now: u64) -> Vec<i64>;
+
+    /// The in-process decision.
+    fn decide(state: &mut Self::State, p: &Params, now: u64) -> Outcome {
+        let raw = Self::decide_raw(state, p, now);
+        Self::outcome(p, now, &raw).expect("local replies have the script's shape")
+    }
+
+    /// Whether `state` holds nothing a fresh state would not: such a bucket may be evicted without letting a
+    /// client back in early.
+    fn is_idle(state: &Self::State, p: &Params, now: u64) -> bool;
+}
+
+/// In-process state of any algorithm (one entry of the local store).
+#[derive(Debug)]
+pub enum LocalState {
+    /// [`FixedWindow`].
+    FixedWindow(<FixedWindow as Algorithm>::State),
+    /// [`SlidingLog`].
+    SlidingLog(<SlidingLog as Algorithm>::State),
+    /// [`SlidingCounter`].
+    SlidingCounter(<SlidingCounter as Algorithm>::State),
+    /// [`TokenBucket`].
+    TokenBucket(<TokenBucket as Algorithm>::State),
+}
+
+impl LocalState {
+    /// A fresh state for `kind`.
+    pub fn new(kind: AlgorithmKind) -> Self {
+        match kind {
+            AlgorithmKind::FixedWindow => Self::FixedWindow(Default::default()),
+            AlgorithmKind::SlidingLog => Self::SlidingLog(Default::default()),
+            AlgorithmKind::SlidingCounter => Self::SlidingCounter(Default::default()),
+            AlgorithmKind::TokenBucket => Self::TokenBucket(Default::default()),
+        }
+    }
+
+    /// Which algorithm this state belongs to.
+    pub fn kind(&self) -> AlgorithmKind {
+        match self {
+            Self::FixedWindow(_) => AlgorithmKind::FixedWindow,
+            Self::SlidingLog(_) => AlgorithmKind::SlidingLog,
+            Self::SlidingCounter(_) => AlgorithmKind::SlidingCounter,
+            Self::TokenBucket(_) => AlgorithmKind::TokenBucket,
+        }
+    }
+
+    /// Decides one request in process, restarting the state when the rule changed algorithm.
+    pub fn decide(&mut self, kind: AlgorithmKind, p: &Params, now: u64) -> Outcome {
+        if self.kind() != kind {
+            *self = Self::new(kind);
+        }
+        match self {
+            Self::FixedWindow(s) => FixedWindow::decide(s, p, now),
+            Self::SlidingLog(s) => SlidingLog::decide(s, p, now),
+            Self::SlidingCounter(s) => SlidingCounter::decide(s, p, now),
+            Self::TokenBucket(s) => TokenBucket::decide(s, p, now),
+        }
+    }
+
+    /// See [`Algorithm::is_idle`].
+    pub fn is_idle(&self, p: &Params, now: u64) -> bool {
+        match self {
+            Self::FixedWindow(s) => FixedWindow::is_idle(s, p, now),
+            Self::SlidingLog(s) => SlidingLog::is_idle(s, p, now),
+            Self::SlidingCounter(s) => SlidingCounter::is_idle(s, p, now),
+            Self::TokenBucket(s) => TokenBucket::is_idle(s, p, now),
+        }
+    }
+}
+
+/// The script of `kind`.
+pub fn script(kind: AlgorithmKind) -> &'static Script {
+    match kind {
+        AlgorithmKind::FixedWindow => FixedWindow::script(),
+        AlgorithmKind::SlidingLog => SlidingLog::script(),
+        AlgorithmKind::SlidingCounter => SlidingCounter::script(),
+        AlgorithmKind::TokenBucket => TokenBucket::script(),
+    }
+}
+
+/// The Redis call of `kind`.
+pub fn call(kind: AlgorithmKind, base: &str, p: &Params, now: u64, unique: Unique) -> Call {
+    match kind {
+        AlgorithmKind::FixedWindow => FixedWindow::call(base, p, now, unique),
+        AlgorithmKind::SlidingLog => SlidingLog::call(base, p, now, unique),
+        AlgorithmKind::SlidingCounter => SlidingCounter::call(base, p, now, unique),
+        AlgorithmKind::TokenBucket => TokenBucket::call(base, p, now, unique),
+    }
+}
+
+/// The outcome of `kind` from a script reply.
+pub fn outcome(kind: AlgorithmKind, p: &Params, now: u64, reply: &[i64]) -> Option<Outcome> {
+    match kind {
+        AlgorithmKind::FixedWindow => FixedWindow::outcome(p, now, reply),
+        AlgorithmKind::SlidingLog => SlidingLog::outcome(p, now, reply),
+        AlgorithmKind::SlidingCounter => SlidingCounter::outcome(p, now, reply),
+        AlgorithmKind::TokenBucket => TokenBucket::outcome(p, now, reply),
+    }
+}
+
+/// Short tag of `kind` in Redis keys (`fw`, `sl`, `sc`, `tb`): the data types differ, so a rule that
+/// changes algorithm starts fresh instead of hitting `WRONGTYPE`.
+pub fn key_tag(kind: AlgorithmKind) -> &'static str {
+    match kind {
+        AlgorithmKind::FixedWindow => "fw",
+        AlgorithmKind::SlidingLog => "sl",
+        AlgorithmKind::SlidingCounter => "sc",
+        AlgorithmKind::TokenBucket => "tb",
+    }
+}
+
+/// A reply value as a count (negative values never come from the scripts; they read as 0).
+pub(crate) fn count(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+/// `a / b` rounded up.
+pub(crate) fn div_ceil(a: u128, b: u128) -> u64 {
+    u64::try_from(a.div_ceil(b)).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn script_sha1_matches_what_redis_computes() {
+        // SHA-1 of "return 1", as `SCRIPT LOAD "return 1"` answers.
+        assert_eq!(
+            Script::new("t", "return 1").sha1,
+            "e0e1f9fabfc9d4800c877a703b823ac0578ff8db"
+        );
+    }
+
+    #[test]
+    fn per_replica_share_divides_limit_and_burst_but_keeps_one_request() {
+        let p = Params {
+            requests: 100,
+            window_ms: 60_000,
+            burst: 10,
+        };
+        assert_eq!(
+            p.per_replica(4),
+            Params {
+                requests: 25,
+                window_ms: 60_000,
+                burst: 2
+            }
+        );
+        assert_eq!(p.per_replica(1000).requests, 1);
+        assert_eq!(p.per_replica(0), p);
+    }
+}

@@ -1,0 +1,327 @@
+//! Key derivation: which counter a request counts against.
+//!
+//! A rule's key parts (client IP masked to a prefix, headers, method, path) are fed, length-prefixed, into
+//! SHA-256 together with the namespace, policy and rule name; the first 16 bytes name the counter. So the
+//! Redis key has a fixed length, carries no raw header value or credential, and depends only on
+//! (namespace, policy, rule, key value) plus the window length — never on limit values or rule order, so a
+//! limit change keeps its counters. Redis keys look like
+//! `sluice:{<namespace>/<policy>/<rule>/<32 hex digits>}:<algorithm>:<window ms>[:<window index>]`;
+//! the braces are a Redis Cluster hash tag, so every key of one counter lives in one slot.
+
+use std::{
+    fmt::Write as _,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
+
+use http::HeaderName;
+use sha2::{Digest, Sha256};
+use sluice_crds::sidecar_config::{KeyPart, KeySource, PolicyRef};
+
+use super::{RequestFacts, client_ip::unmap};
+use crate::{Error, Result};
+
+/// Header hashed by `credential` key parts unless the rule names another.
+pub const CREDENTIAL_HEADER_DEFAULT: &str = "authorization";
+
+/// 128 bits of SHA-256: the identity of one counter (rule and key value).
+pub type KeyHash = [u8; 16];
+
+/// One compiled key part.
+#[derive(Debug, Clone)]
+enum Part {
+    ClientIp { v4: u8, v6: u8 },
+    Header(HeaderName),
+    HashedHeader(HeaderName),
+    Credential { header: HeaderName, v4: u8, v6: u8 },
+    Method,
+    Path,
+}
+
+/// How one rule derives keys from requests.
+#[derive(Debug, Clone)]
+pub struct KeySpec {
+    /// Namespace, policy and rule, hashed into every key of the rule.
+    scope: Vec<u8>,
+    /// `sluice:{ns/policy/rule/`, the readable start of every Redis key of the rule.
+    redis_prefix: String,
+    parts: Vec<Part>,
+}
+
+impl KeySpec {
+    /// Compiles the key of rule `rule` (at `field`, e.g. `limits.rules[2]`).
+    pub fn compile(policy: Option<&PolicyRef>, rule: &str, parts: &[KeyPart], field: &str) -> Result<Self> {
+        let (ns, name) = policy.map_or(("-", "-"), |p| (p.namespace.as_str(), p.name.as_str()));
+        let mut scope = Vec::new();
+        for s in [ns, name, rule] {
+            scope.extend_from_slice(&(s.len() as u64).to_be_bytes());
+            scope.extend_from_slice(s.as_bytes());
+        }
+        let redis_prefix = format!("sluice:{{{}/{}/{}/", escape(ns), escape(name), escape(rule));
+        let parts = if parts.is_empty() {
+            vec![Part::ClientIp { v4: 32, v6: 64 }]
+        } else {
+            parts
+                .iter()
+                .enumerate()
+                .map(|(j, p)| compile_part(p, &format!("{field}.key[{j}]")))
+                .collect::<Result<_>>()?
+        };
+        Ok(Self {
+            scope,
+            redis_prefix,
+            parts,
+        })
+    }
+
+    /// The key hash of `req`, or `None` when a header the key needs is missing (the rule does not apply).
+    pub fn hash(&self, req: &RequestFacts<'_>) -> Option<KeyHash> {
+        let mut h = Sha256::new();
+        h.update(&self.scope);
+        for part in &self.parts {
+            match part {
+                Part::ClientIp { v4, v6 } => feed_ip(&mut h, b'i', masked(req.client_ip, *v4, *v6)),
+                Part::Header(name) => feed(&mut h, b'h', req.headers.get(name)?.as_bytes()),
+                Part::HashedHeader(name) => feed(&mut h, b'x', req.headers.get(name)?.as_bytes()),
+                Part::Credential { header, v4, v6 } => match req.headers.get(header) {
+                    Some(v) => feed(&mut h, b'x', v.as_bytes()),
+                    None => feed_ip(&mut h, b'i', masked(req.client_ip, *v4, *v6)),
+                },
+                Part::Method => feed(&mut h, b'm', req.method.as_str().as_bytes()),
+                Part::Path => feed(&mut h, b'p', req.path.as_bytes()),
+            }
+        }
+        let digest = h.finalize();
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&digest[..16]);
+        Some(out)
+    }
+
+    /// `sluice:{ns/policy/rule/<hex>}`: the start of every Redis key of this counter.
+    pub fn redis_base(&self, hash: &KeyHash) -> String {
+        let mut s = String::with_capacity(self.redis_prefix.len() + 33 + 24);
+        s.push_str(&self.redis_prefix);
+        for b in hash {
+            let _ = write!(s, "{b:02x}");
+        }
+        s.push('}');
+        s
+    }
+}
+
+fn compile_part(p: &KeyPart, field: &str) -> Result<Part> {
+    if p.ipv4_prefix > 32 {
+        return Err(Error::Config(format!(
+            "{field}.ipv4Prefix: {} is longer than 32",
+            p.ipv4_prefix
+        )));
+    }
+    if p.ipv6_prefix > 128 {
+        return Err(Error::Config(format!(
+            "{field}.ipv6Prefix: {} is longer than 128",
+            p.ipv6_prefix
+        )));
+    }
+    let header = |default: Option<&str>| -> Result<HeaderName> {
+        let name = p.name.as_deref().or(default).ok_or_else(|| {
+            Error::Config(format!(
+                "{field}.name: a {:?} key part needs a header name",
+                p.source
+            ))
+        })?;
+        HeaderName::try_from(name)
+            .map_err(|_| Error::Config(format!("{field}.name: {name:?} is not a header name")))
+    };
+    Ok(match p.source {
+        KeySource::ClientIp => Part::ClientIp {
+            v4: p.ipv4_prefix,
+            v6: p.ipv6_prefix,
+        },
+        KeySource::Header => Part::Header(header(None)?),
+        KeySource::HashedHeader => Part::HashedHeader(header(None)?),
+        KeySource::Credential => Part::Credential {
+            header: header(Some(CREDENTIAL_HEADER_DEFAULT))?,
+            v4: p.ipv4_prefix,
+            v6: p.ipv6_prefix,
+        },
+        KeySource::Method => Part::Method,
+        KeySource::Path => Part::Path,
+    })
+}
+
+/// The client address grouped by prefix: IPv4-mapped addresses are unwrapped first, then IPv4 addresses
+/// keep their first `v4` bits and IPv6 addresses their first `v6` bits (a /64 by default).
+pub fn masked(ip: IpAddr, v4: u8, v6: u8) -> (IpAddr, u8) {
+    match unmap(ip) {
+        IpAddr::V4(a) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(v4.min(32))).unwrap_or(0);
+            (IpAddr::V4(Ipv4Addr::from(u32::from(a) & mask)), v4.min(32))
+        }
+        IpAddr::V6(a) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(v6.min(128))).unwrap_or(0);
+            (IpAddr::V6(Ipv6Addr::from(u128::from(a) & mask)), v6.min(128))
+        }
+    }
+}
+
+fn feed(h: &mut Sha256, tag: u8, value: &[u8]) {
+    h.update([tag]);
+    h.update((value.len() as u64).to_be_bytes());
+    h.update(value);
+}
+
+fn feed_ip(h: &mut Sha256, tag: u8, (ip, prefix): (IpAddr, u8)) {
+    match ip {
+        IpAddr::V4(a) => {
+            feed(h, tag, &a.octets());
+        }
+        IpAddr::V6(a) => {
+            feed(h, tag, &a.octets());
+        }
+    }
+    h.update([prefix]);
+}
+
+/// Keeps `{`, `}` and `%` out of the readable part of keys (they would break the hash tag).
+fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            '%' => out.push_str("%25"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use http::{HeaderMap, Method};
+
+    use super::*;
+
+    fn facts<'a>(ip: &str, headers: &'a HeaderMap, method: &'a Method, path: &'a str) -> RequestFacts<'a> {
+        RequestFacts {
+            method,
+            path,
+            host: None,
+            headers,
+            client_ip: ip.parse().unwrap(),
+        }
+    }
+
+    fn spec(parts: &[KeyPart]) -> KeySpec {
+        let policy = PolicyRef {
+            namespace: "shop".into(),
+            name: "api".into(),
+            generation: 1,
+        };
+        KeySpec::compile(Some(&policy), "read", parts, "limits.rules[0]").unwrap()
+    }
+
+    fn hash_of(s: &KeySpec, ip: &str, headers: &HeaderMap) -> Option<KeyHash> {
+        s.hash(&facts(ip, headers, &Method::GET, "/x"))
+    }
+
+    #[test]
+    fn ipv6_clients_in_one_slash_64_share_a_key() {
+        let s = spec(&[]);
+        let h = HeaderMap::new();
+        let a = hash_of(&s, "2001:db8:1:2:aaaa::1", &h);
+        assert_eq!(a, hash_of(&s, "2001:db8:1:2:ffff:ffff:ffff:ffff", &h));
+        assert_ne!(a, hash_of(&s, "2001:db8:1:3::1", &h));
+    }
+
+    #[test]
+    fn ipv4_mapped_addresses_count_as_their_ipv4_address() {
+        let s = spec(&[]);
+        let h = HeaderMap::new();
+        assert_eq!(
+            hash_of(&s, "::ffff:198.51.100.7", &h),
+            hash_of(&s, "198.51.100.7", &h)
+        );
+        assert_ne!(hash_of(&s, "198.51.100.7", &h), hash_of(&s, "198.51.100.8", &h));
+    }
+
+    #[test]
+    fn prefix_lengths_are_configurable() {
+        let s = spec(&[KeyPart {
+            ipv4_prefix: 24,
+            ipv6_prefix: 48,
+            ..KeyPart::client_ip()
+        }]);
+        let h = HeaderMap::new();
+        assert_eq!(hash_of(&s, "198.51.100.7", &h), hash_of(&s, "198.51.100.200", &h));
+        assert_eq!(
+            hash_of(&s, "2001:db8:1:2::1", &h),
+            hash_of(&s, "2001:db8:1:ffff::1", &h)
+        );
+        assert_eq!(
+            masked("10.1.2.3".parse().unwrap(), 0, 0).0,
+            "0.0.0.0".parse::<IpAddr>().unwrap()
+        );
+    }
+
+    #[test]
+    fn credential_keys_hash_the_header_and_fall_back_to_the_client_ip() {
+        let s = spec(&[KeyPart {
+            source: KeySource::Credential,
+            ..KeyPart::client_ip()
+        }]);
+        let mut alice = HeaderMap::new();
+        alice.insert("authorization", "Bearer alice-secret".parse().unwrap());
+        let from_a = hash_of(&s, "198.51.100.7", &alice).unwrap();
+        assert_eq!(
+            Some(from_a),
+            hash_of(&s, "203.0.113.1", &alice),
+            "same token, any address"
+        );
+        assert_ne!(Some(from_a), hash_of(&s, "198.51.100.7", &HeaderMap::new()));
+        let base = s.redis_base(&from_a);
+        assert!(!base.contains("alice"), "{base}");
+        assert!(
+            base.starts_with("sluice:{shop/api/read/") && base.ends_with('}'),
+            "{base}"
+        );
+        assert_eq!(base.len(), "sluice:{shop/api/read/}".len() + 32);
+    }
+
+    #[test]
+    fn header_keys_do_not_apply_without_the_header() {
+        let s = spec(&[KeyPart {
+            source: KeySource::Header,
+            name: Some("x-tenant".into()),
+            ..KeyPart::client_ip()
+        }]);
+        assert_eq!(hash_of(&s, "198.51.100.7", &HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn key_parts_are_named_when_invalid() {
+        let bad = KeyPart {
+            source: KeySource::Header,
+            name: None,
+            ..KeyPart::client_ip()
+        };
+        let err = KeySpec::compile(None, "r", &[KeyPart::client_ip(), bad], "limits.rules[3]").unwrap_err();
+        assert!(err.to_string().contains("limits.rules[3].key[1].name"), "{err}");
+        let bad = KeyPart {
+            ipv6_prefix: 129,
+            ..KeyPart::client_ip()
+        };
+        let err = KeySpec::compile(None, "r", &[bad], "limits.rules[0]").unwrap_err();
+        assert!(
+            err.to_string().contains("limits.rules[0].key[0].ipv6Prefix"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn braces_in_rule_names_cannot_break_the_hash_tag() {
+        let s = KeySpec::compile(None, "a}b{", &[], "limits.rules[0]").unwrap();
+        let base = s.redis_base(&[0; 16]);
+        assert_eq!(base.matches('{').count(), 1);
+        assert_eq!(base.matches('}').count(), 1);
+    }
+}

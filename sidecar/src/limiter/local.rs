@@ -1,0 +1,210 @@
+//! Bounded in-process state: the buckets of the local fallback and of Redis-less runs.
+//!
+//! A hard cap on buckets (`localMaxKeys`), split over shards so requests for different keys rarely share a
+//! lock. Only idle buckets are evicted (a bucket is idle when it holds nothing a fresh one would not, so
+//! eviction never hands an abuser a fresh quota early). When a shard is full of active buckets, a new key
+//! is decided by its rule's shared overflow bucket (the rule's limit for all such clients together): new
+//! clients stay limited and memory stays bounded. Evictions and overflow decisions are counted.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Mutex, MutexGuard, PoisonError,
+        atomic::{AtomicUsize, Ordering},
+    },
+};
+
+use sluice_crds::sidecar_config::Algorithm as AlgorithmKind;
+
+use super::{
+    algorithm::{LocalState, Outcome, Params},
+    key::KeyHash,
+    metrics::Metrics,
+};
+
+/// Shards of the map; a power of two.
+const SHARDS: usize = 16;
+/// After a sweep of a full shard found nothing idle, the shard is not swept again for this long (clock ms),
+/// so a flood of new keys does not turn every request into a scan.
+const SWEEP_BACKOFF_MS: u64 = 100;
+
+#[derive(Debug)]
+struct Entry {
+    state: LocalState,
+    params: Params,
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    map: HashMap<(KeyHash, u64), Entry>,
+    next_sweep: u64,
+}
+
+/// In-process buckets under a hard cap.
+#[derive(Debug)]
+pub struct LocalStore {
+    shards: Vec<Mutex<Shard>>,
+    overflow: Mutex<HashMap<(String, u64), Entry>>,
+    cap: AtomicUsize,
+    metrics: Metrics,
+}
+
+impl LocalStore {
+    /// A store holding at most `cap` buckets (plus one overflow bucket per rule).
+    pub fn new(cap: usize, metrics: Metrics) -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            overflow: Mutex::default(),
+            cap: AtomicUsize::new(cap),
+            metrics,
+        }
+    }
+
+    /// Changes the cap; a smaller cap is reached as idle buckets are evicted on insert.
+    pub fn set_cap(&self, cap: usize) {
+        self.cap.store(cap, Ordering::Relaxed);
+    }
+
+    /// Buckets held (overflow buckets not included).
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).map.len()).sum()
+    }
+
+    /// Whether no bucket is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Decides one request for counter `key` of rule `rule`.
+    pub fn decide(&self, rule: &str, key: &KeyHash, kind: AlgorithmKind, p: Params, now: u64) -> Outcome {
+        let index = usize::from(key[0]) % SHARDS;
+        let cap = self.shard_cap(index);
+        let mut shard = lock(&self.shards[index]);
+        let k = (*key, p.window_ms);
+        if let Some(e) = shard.map.get_mut(&k) {
+            e.params = p;
+            return e.state.decide(kind, &p, now);
+        }
+        if shard.map.len() >= cap && now >= shard.next_sweep {
+            let before = shard.map.len();
+            shard.map.retain(|_, e| !e.state.is_idle(&e.params, now));
+            let evicted = before - shard.map.len();
+            if evicted == 0 {
+                shard.next_sweep = now + SWEEP_BACKOFF_MS;
+            }
+            self.metrics.local_evictions.inc_by(evicted as u64);
+            self.metrics.local_buckets.dec_by(evicted as i64);
+        }
+        if shard.map.len() < cap {
+            let mut state = LocalState::new(kind);
+            let outcome = state.decide(kind, &p, now);
+            shard.map.insert(k, Entry { state, params: p });
+            self.metrics.local_buckets.inc();
+            return outcome;
+        }
+        drop(shard);
+        self.metrics.local_overflow.inc();
+        let mut overflow = lock(&self.overflow);
+        let e = overflow
+            .entry((rule.to_owned(), p.window_ms))
+            .or_insert_with(|| Entry {
+                state: LocalState::new(kind),
+                params: p,
+            });
+        e.params = p;
+        e.state.decide(kind, &p, now)
+    }
+
+    /// This shard's share of the cap; the shares add up to the cap exactly.
+    fn shard_cap(&self, index: usize) -> usize {
+        let cap = self.cap.load(Ordering::Relaxed);
+        cap / SHARDS + usize::from(index < cap % SHARDS)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding a bucket lock leaves at worst one bucket half-updated; keep serving.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: Params = Params {
+        requests: 2,
+        window_ms: 1_000,
+        burst: 0,
+    };
+
+    fn key(i: u32) -> KeyHash {
+        let mut k = [0u8; 16];
+        k[..4].copy_from_slice(&i.to_le_bytes());
+        k
+    }
+
+    #[test]
+    fn cap_holds_and_only_idle_buckets_are_evicted() {
+        let m = Metrics::unregistered();
+        let store = LocalStore::new(64, m.clone());
+        let t0 = 1_700_000_000_000;
+        for i in 0..1000 {
+            store.decide("r", &key(i), AlgorithmKind::FixedWindow, P, t0);
+        }
+        assert!(store.len() <= 64);
+        assert_eq!(m.local_evictions.get(), 0, "active buckets must not be evicted");
+        assert!(m.local_overflow.get() >= 1000 - 64);
+        // A window later every bucket is idle: new keys evict them.
+        for i in 1000..1100 {
+            store.decide("r", &key(i), AlgorithmKind::FixedWindow, P, t0 + 1_000);
+        }
+        assert!(store.len() <= 64);
+        assert!(m.local_evictions.get() > 0);
+        assert_eq!(m.local_buckets.get() as usize, store.len());
+    }
+
+    #[test]
+    fn clients_past_the_cap_share_their_rules_overflow_bucket() {
+        let store = LocalStore::new(0, Metrics::unregistered());
+        let t0 = 1_700_000_000_000;
+        let allowed = (0..10)
+            .filter(|i| {
+                store
+                    .decide("r", &key(*i), AlgorithmKind::FixedWindow, P, t0)
+                    .allowed
+            })
+            .count();
+        assert_eq!(allowed, 2);
+    }
+
+    #[test]
+    fn an_active_abuser_keeps_its_bucket_while_others_come_and_go() {
+        let store = LocalStore::new(16, Metrics::unregistered());
+        let t0 = 1_700_000_000_000;
+        let tb = Params {
+            requests: 1,
+            window_ms: 60_000,
+            burst: 0,
+        };
+        let abuser = key(u32::MAX);
+        assert!(
+            store
+                .decide("r", &abuser, AlgorithmKind::TokenBucket, tb, t0)
+                .allowed
+        );
+        for i in 0..10_000 {
+            store.decide(
+                "r",
+                &key(i),
+                AlgorithmKind::TokenBucket,
+                tb,
+                t0 + 1 + u64::from(i),
+            );
+        }
+        assert!(
+            !store
+                .decide("r", &abuser, AlgorithmKind::TokenBucket, tb, t0 + 30_000)
+                .allowed
+        );
+    }
+}
