@@ -15,6 +15,16 @@ pub enum Error {
     /// Reading or writing a file or socket failed.
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
+    /// A queue or job does not exist (the message names it).
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// The request conflicts with stored state: an idempotency key reused with another payload, a cancel
+    /// of a finished job, a retry of a job that is not dead.
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// The request is invalid (the message names the field).
+    #[error("invalid request: {0}")]
+    Invalid(String),
 }
 
 impl Error {
@@ -25,6 +35,9 @@ impl Error {
             Error::Redis(_) => "redis",
             Error::Database(_) => "database",
             Error::Io(_) => "io",
+            Error::NotFound(_) => "not_found",
+            Error::Conflict(_) => "conflict",
+            Error::Invalid(_) => "invalid",
         }
     }
 }

@@ -1,6 +1,37 @@
 //! Job-queue settings of the sidecar: the worker role and the queue HTTP API served to the app.
+//!
+//! The operator renders this section from a `JobQueue`; without a file, `sluice-sidecar worker` builds it
+//! from env vars alone (`SLUICE_DATABASE_URL`, `SLUICE_QUEUES`, `SLUICE_HANDLER_URL`,
+//! `SLUICE_WORKER_CONCURRENCY`, `SLUICE_API_LISTEN`). Reference: docs/queue.md.
+
+use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
+
+use crate::duration::Duration;
+
+/// Default jobs handled at once by one worker (`SLUICE_WORKER_CONCURRENCY`).
+pub const WORKER_CONCURRENCY_DEFAULT: u32 = 16;
+/// Default largest claim batch.
+pub const CLAIM_BATCH_DEFAULT: u32 = 100;
+/// Default handler URL (`SLUICE_HANDLER_URL`).
+pub const HANDLER_URL_DEFAULT: &str = "http://127.0.0.1:3000/jobs";
+/// Default deadline of one handler call.
+pub const JOB_TIMEOUT_DEFAULT: Duration = Duration::from_secs(300);
+/// Default handler statuses that fail a job permanently (no retry).
+pub const PERMANENT_FAILURE_STATUSES_DEFAULT: [u16; 1] = [422];
+/// Default shortest idle poll interval.
+pub const POLL_INTERVAL_DEFAULT: Duration = Duration::from_millis(50);
+/// Default longest idle poll interval (polls back off to this while the queue stays empty).
+pub const MAX_POLL_INTERVAL_DEFAULT: Duration = Duration::from_secs(2);
+/// Default time in-flight jobs get to finish after SIGTERM before they are handed back.
+pub const SHUTDOWN_GRACE_DEFAULT: Duration = Duration::from_secs(25);
+/// Default address of the worker's `/metrics` and `/healthz`.
+pub const METRICS_LISTEN_DEFAULT: &str = "0.0.0.0:9902";
+/// Default largest number of jobs in one batch enqueue request.
+pub const MAX_ENQUEUE_BATCH_DEFAULT: u32 = 1000;
+/// Default connections in the worker's pool.
+pub const POOL_SIZE_DEFAULT: u32 = 8;
 
 /// Job queue settings. The database URL normally comes from `SLUICE_DATABASE_URL`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -9,4 +40,265 @@ pub struct QueueConfig {
     /// PostgreSQL URL; overridden by `SLUICE_DATABASE_URL`. Prefer the env var: it comes from a Secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub database_url: Option<String>,
+    /// Connections in the pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_size: Option<u32>,
+    /// Queues the worker serves (`SLUICE_QUEUES`, comma-separated). A served queue that does not exist is
+    /// created with default settings.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub queues: Vec<String>,
+    /// Settings applied (created or updated) at start for the named queues.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub queue_settings: Vec<QueueSettingsSpec>,
+    /// The worker role.
+    #[serde(default)]
+    pub worker: WorkerConfig,
+    /// The handler the worker hands jobs to.
+    #[serde(default)]
+    pub handler: HandlerConfig,
+    /// The queue HTTP API for the app.
+    #[serde(default)]
+    pub api: QueueApiConfig,
+}
+
+/// How the worker claims and runs jobs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// Jobs handled at once (`SLUICE_WORKER_CONCURRENCY`).
+    #[serde(default = "default_concurrency")]
+    pub concurrency: u32,
+    /// Most jobs claimed by one query.
+    #[serde(default = "default_claim_batch")]
+    pub claim_batch: u32,
+    /// Shortest wait between polls of an empty queue.
+    #[serde(default = "default_poll_interval")]
+    pub poll_interval: Duration,
+    /// Longest wait between polls of an empty queue (NOTIFY usually wakes the worker sooner).
+    #[serde(default = "default_max_poll_interval")]
+    pub max_poll_interval: Duration,
+    /// LISTEN for `sluice_jobs` notifications. Turn off behind PgBouncer in transaction mode or on replicas;
+    /// polling alone still works.
+    #[serde(default = "yes")]
+    pub listen: bool,
+    /// Time in-flight jobs get to finish after SIGTERM; the rest are handed back at once.
+    #[serde(default = "default_shutdown_grace")]
+    pub shutdown_grace: Duration,
+    /// Heartbeat interval. Absent: a third of the shortest lease of the served queues.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_interval: Option<Duration>,
+    /// Address of the worker's `/metrics` and `/healthz`.
+    #[serde(default = "default_metrics_listen")]
+    pub metrics_listen: SocketAddr,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            concurrency: WORKER_CONCURRENCY_DEFAULT,
+            claim_batch: CLAIM_BATCH_DEFAULT,
+            poll_interval: POLL_INTERVAL_DEFAULT,
+            max_poll_interval: MAX_POLL_INTERVAL_DEFAULT,
+            listen: true,
+            shutdown_grace: SHUTDOWN_GRACE_DEFAULT,
+            heartbeat_interval: None,
+            metrics_listen: default_metrics_listen(),
+        }
+    }
+}
+
+/// The team's handler: each job is POSTed to `url`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HandlerConfig {
+    /// `http://127.0.0.1:PORT/PATH` (`SLUICE_HANDLER_URL`).
+    #[serde(default = "default_handler_url")]
+    pub url: String,
+    /// Deadline of one call; a call that takes longer is abandoned and the job retried.
+    #[serde(default = "default_job_timeout")]
+    pub timeout: Duration,
+    /// Response statuses that fail the job permanently (it goes to `dead` at once).
+    #[serde(default = "default_permanent_statuses")]
+    pub permanent_failure_statuses: Vec<u16>,
+}
+
+impl Default for HandlerConfig {
+    fn default() -> Self {
+        Self {
+            url: HANDLER_URL_DEFAULT.into(),
+            timeout: JOB_TIMEOUT_DEFAULT,
+            permanent_failure_statuses: PERMANENT_FAILURE_STATUSES_DEFAULT.to_vec(),
+        }
+    }
+}
+
+/// The queue HTTP API served on localhost for the app.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct QueueApiConfig {
+    /// Address to serve on (`SLUICE_API_LISTEN`). Absent: the API is not served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    /// Most jobs in one batch enqueue request.
+    #[serde(default = "default_max_batch")]
+    pub max_batch: u32,
+}
+
+impl Default for QueueApiConfig {
+    fn default() -> Self {
+        Self {
+            listen: None,
+            max_batch: MAX_ENQUEUE_BATCH_DEFAULT,
+        }
+    }
+}
+
+/// Settings of one queue (the `sluice.queues` row). Absent fields take the defaults below.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct QueueSettingsSpec {
+    /// Queue name: letters, digits, `.`, `_`, `-`; at most 100 characters.
+    pub name: String,
+    /// Attempts before a job is dead-lettered (default 25).
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    /// Retry backoff.
+    #[serde(default)]
+    pub backoff: BackoffSpec,
+    /// Lease of a running job; heartbeats extend it, and a job whose lease runs out is retried.
+    #[serde(default = "default_lease")]
+    pub lease_duration: Duration,
+    /// How long succeeded and cancelled jobs are kept.
+    #[serde(default = "default_retention_succeeded")]
+    pub retention_succeeded: Duration,
+    /// How long dead jobs are kept.
+    #[serde(default = "default_retention_dead")]
+    pub retention_dead: Duration,
+    /// How long an idempotency key is remembered.
+    #[serde(default = "default_idempotency_window")]
+    pub idempotency_window: Duration,
+}
+
+impl QueueSettingsSpec {
+    /// Default settings for queue `name`.
+    pub fn named(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            max_attempts: default_max_attempts(),
+            backoff: BackoffSpec::default(),
+            lease_duration: default_lease(),
+            retention_succeeded: default_retention_succeeded(),
+            retention_dead: default_retention_dead(),
+            idempotency_window: default_idempotency_window(),
+        }
+    }
+}
+
+/// Exponential backoff with jitter: attempt n waits about `min(cap, base × multiplier^(n-1))`, of which
+/// a random half is jitter.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BackoffSpec {
+    /// Wait after the first failure (default 1s).
+    #[serde(default = "default_backoff_base")]
+    pub base: Duration,
+    /// Longest wait (default 1h).
+    #[serde(default = "default_backoff_cap")]
+    pub cap: Duration,
+    /// Growth per attempt (default 2).
+    #[serde(default = "default_backoff_multiplier")]
+    pub multiplier: f64,
+}
+
+impl Default for BackoffSpec {
+    fn default() -> Self {
+        Self {
+            base: default_backoff_base(),
+            cap: default_backoff_cap(),
+            multiplier: default_backoff_multiplier(),
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_concurrency() -> u32 {
+    WORKER_CONCURRENCY_DEFAULT
+}
+fn default_claim_batch() -> u32 {
+    CLAIM_BATCH_DEFAULT
+}
+fn default_poll_interval() -> Duration {
+    POLL_INTERVAL_DEFAULT
+}
+fn default_max_poll_interval() -> Duration {
+    MAX_POLL_INTERVAL_DEFAULT
+}
+fn default_shutdown_grace() -> Duration {
+    SHUTDOWN_GRACE_DEFAULT
+}
+fn default_metrics_listen() -> SocketAddr {
+    METRICS_LISTEN_DEFAULT.parse().expect("valid default")
+}
+fn default_handler_url() -> String {
+    HANDLER_URL_DEFAULT.into()
+}
+fn default_job_timeout() -> Duration {
+    JOB_TIMEOUT_DEFAULT
+}
+fn default_permanent_statuses() -> Vec<u16> {
+    PERMANENT_FAILURE_STATUSES_DEFAULT.to_vec()
+}
+fn default_max_batch() -> u32 {
+    MAX_ENQUEUE_BATCH_DEFAULT
+}
+fn default_max_attempts() -> u32 {
+    25
+}
+fn default_lease() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_retention_succeeded() -> Duration {
+    Duration::from_secs(86_400)
+}
+fn default_retention_dead() -> Duration {
+    Duration::from_secs(7 * 86_400)
+}
+fn default_idempotency_window() -> Duration {
+    Duration::from_secs(86_400)
+}
+fn default_backoff_base() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_backoff_cap() -> Duration {
+    Duration::from_secs(3600)
+}
+fn default_backoff_multiplier() -> f64 {
+    2.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_queue_section_takes_the_documented_defaults() {
+        let c: QueueConfig = serde_yaml::from_str("{}").unwrap();
+        assert_eq!(c.worker.concurrency, WORKER_CONCURRENCY_DEFAULT);
+        assert_eq!(c.handler.permanent_failure_statuses, vec![422]);
+        assert!(c.api.listen.is_none());
+    }
+
+    #[test]
+    fn queue_settings_read_camel_case_durations() {
+        let c: QueueConfig = serde_yaml::from_str(
+            "queues: [emails]\nqueueSettings:\n- name: emails\n  leaseDuration: 5s\n  backoff: {base: 100ms, cap: 10s, multiplier: 3}\n",
+        )
+        .unwrap();
+        let s = &c.queue_settings[0];
+        assert_eq!(s.lease_duration, Duration::from_secs(5));
+        assert_eq!(s.backoff.base, Duration::from_millis(100));
+        assert_eq!(s.max_attempts, 25);
+    }
 }

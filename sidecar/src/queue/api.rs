@@ -1,0 +1,445 @@
+//! The queue HTTP API the sidecar serves to the app on localhost, with its OpenAPI document at
+//! `/openapi.json`.
+//!
+//! Bad input gets a JSON error (`{"error": {"code": "...", "message": "..."}}`) and changes nothing:
+//! invalid JSON or missing fields 400, a payload over 1 MiB 413, an unknown queue or job 404, an
+//! idempotency key reused with another request 409, a batch over the limit 400.
+
+use std::{future::Future, net::SocketAddr};
+
+use axum::{
+    Json, Router,
+    body::{Body, to_bytes},
+    extract::{DefaultBodyLimit, Path, Query, State},
+    http::{HeaderMap, StatusCode},
+    response::{IntoResponse, Response},
+    routing::{get, post},
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::{
+    job::{CancelOutcome, JobState, MAX_PAYLOAD_BYTES, NewJob, QueueSettings},
+    store::{QueueStore, check_new_job},
+};
+use crate::error::Error;
+
+/// Default most jobs in one batch request.
+pub const MAX_BATCH_DEFAULT: usize = 1000;
+/// Most jobs returned by one list request.
+pub const LIST_LIMIT_MAX: i64 = 500;
+/// Room in a single-job request for the fields around the payload.
+const ENVELOPE_BYTES: usize = 64 * 1024;
+
+/// What the API handlers share.
+#[derive(Clone, Debug)]
+pub struct ApiState {
+    /// The queue store.
+    pub store: QueueStore,
+    /// Most jobs in one batch request.
+    pub max_batch: usize,
+}
+
+impl ApiState {
+    /// State over `store` with the default batch limit.
+    pub fn new(store: QueueStore) -> Self {
+        Self {
+            store,
+            max_batch: MAX_BATCH_DEFAULT,
+        }
+    }
+}
+
+/// An API error: status, stable code and message, rendered as JSON.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+    fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+    fn too_large(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::NotFound(m) => Self::new(StatusCode::NOT_FOUND, "not_found", m),
+            Error::Conflict(m) => Self::new(StatusCode::CONFLICT, "conflict", m),
+            Error::Invalid(m) | Error::Config(m) => Self::bad_request(m),
+            other => {
+                // Internals (SQL, hosts) stay in the log, not in the response.
+                tracing::warn!(error = %other, "queue api request failed");
+                Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    other.metric_label(),
+                    "the queue database is unavailable; retry later",
+                )
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            Json(json!({"error": {"code": self.code, "message": self.message}})),
+        )
+            .into_response()
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// The API's routes over `state`.
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/openapi.json", get(openapi))
+        .route("/v1/queues", get(list_queues))
+        .route("/v1/queues/{queue}", get(get_queue).put(put_queue))
+        .route("/v1/queues/{queue}/stats", get(get_queue))
+        .route("/v1/queues/{queue}/pause", post(pause))
+        .route("/v1/queues/{queue}/resume", post(resume))
+        .route("/v1/queues/{queue}/jobs", post(enqueue_one).get(list_jobs))
+        .route("/v1/queues/{queue}/jobs/batch", post(enqueue_batch))
+        .route("/v1/jobs/{id}", get(get_job))
+        .route("/v1/jobs/{id}/cancel", post(cancel_job))
+        .route("/v1/jobs/{id}/retry", post(retry_job))
+        // Bodies are read by the handlers themselves so that limits answer with JSON errors.
+        .layer(DefaultBodyLimit::disable())
+        .with_state(state)
+}
+
+/// Serves the API on `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: ApiState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Binds `addr` and serves the API until `shutdown` completes.
+pub async fn bind_and_serve(
+    addr: SocketAddr,
+    state: ApiState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    serve(tokio::net::TcpListener::bind(addr).await?, state, shutdown).await
+}
+
+async fn read_body(body: Body, limit: usize) -> ApiResult<bytes::Bytes> {
+    to_bytes(body, limit)
+        .await
+        .map_err(|_| ApiError::too_large(format!("request body is over {limit} bytes")))
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
+    serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
+}
+
+fn check_payload_size(job: &NewJob, at: &str) -> ApiResult<()> {
+    let size = serde_json::to_vec(&job.payload)
+        .map(|v| v.len())
+        .unwrap_or(usize::MAX);
+    if size > MAX_PAYLOAD_BYTES {
+        return Err(ApiError::too_large(format!(
+            "{at}payload is {size} bytes, over the limit of {MAX_PAYLOAD_BYTES}"
+        )));
+    }
+    Ok(())
+}
+
+fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
+    headers
+        .get("idempotency-key")
+        .map(|v| {
+            v.to_str()
+                .map(str::to_owned)
+                .map_err(|_| ApiError::bad_request("Idempotency-Key: must be visible ASCII"))
+        })
+        .transpose()
+}
+
+async fn enqueue_one(
+    State(st): State<ApiState>,
+    Path(queue): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let bytes = read_body(body, MAX_PAYLOAD_BYTES + ENVELOPE_BYTES).await?;
+    let mut job: NewJob = parse_json(&bytes)?;
+    check_payload_size(&job, "")?;
+    if let Some(key) = idempotency_key(&headers)? {
+        job.idempotency_key = Some(key);
+    }
+    check_new_job(&job)?;
+    let done = st.store.enqueue(&queue, &job).await?;
+    let stored = st
+        .store
+        .get(done.id)
+        .await?
+        .ok_or_else(|| ApiError::from(Error::NotFound(format!("job {}", done.id))))?;
+    let status = if done.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(stored)).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Batch {
+    jobs: Vec<NewJob>,
+}
+
+async fn enqueue_batch(
+    State(st): State<ApiState>,
+    Path(queue): Path<String>,
+    body: Body,
+) -> ApiResult<Response> {
+    let limit = (st.max_batch * 4096).clamp(MAX_PAYLOAD_BYTES + ENVELOPE_BYTES, 64 * MAX_PAYLOAD_BYTES);
+    let bytes = read_body(body, limit).await?;
+    let batch: Batch = parse_json(&bytes)?;
+    if batch.jobs.is_empty() {
+        return Err(ApiError::bad_request("jobs: must hold at least one job"));
+    }
+    if batch.jobs.len() > st.max_batch {
+        return Err(ApiError::bad_request(format!(
+            "jobs: {} jobs is over the batch limit of {}",
+            batch.jobs.len(),
+            st.max_batch
+        )));
+    }
+    for (i, j) in batch.jobs.iter().enumerate() {
+        check_payload_size(j, &format!("jobs[{i}]."))?;
+    }
+    let ids = st.store.enqueue_many(&queue, &batch.jobs).await?;
+    Ok((StatusCode::CREATED, Json(json!({ "ids": ids }))).into_response())
+}
+
+async fn get_job(State(st): State<ApiState>, Path(id): Path<String>) -> ApiResult<Response> {
+    let id = parse_id(&id)?;
+    let job = st
+        .store
+        .get(id)
+        .await?
+        .ok_or_else(|| ApiError::from(Error::NotFound(format!("job {id}"))))?;
+    Ok(Json(job).into_response())
+}
+
+fn parse_id(id: &str) -> ApiResult<Uuid> {
+    id.parse()
+        .map_err(|_| ApiError::bad_request(format!("job id {id:?} is not a UUID")))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    state: Option<String>,
+    after: Option<Uuid>,
+    limit: Option<i64>,
+}
+
+async fn list_jobs(
+    State(st): State<ApiState>,
+    Path(queue): Path<String>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Response> {
+    let Query(q) = query.map_err(|e| ApiError::bad_request(format!("query: {e}")))?;
+    let state = q
+        .state
+        .as_deref()
+        .map(str::parse::<JobState>)
+        .transpose()
+        .map_err(|e| ApiError::bad_request(format!("state: {e}")))?;
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=LIST_LIMIT_MAX).contains(&limit) {
+        return Err(ApiError::bad_request(format!(
+            "limit: must be 1-{LIST_LIMIT_MAX}"
+        )));
+    }
+    if st.store.queue(&queue).await?.is_none() {
+        return Err(Error::NotFound(format!("queue {queue:?}")).into());
+    }
+    let jobs = st.store.list(&queue, state, q.after, limit).await?;
+    let next = (jobs.len() as i64 == limit)
+        .then(|| jobs.last().map(|j| j.id))
+        .flatten();
+    Ok(Json(json!({ "jobs": jobs, "next": next })).into_response())
+}
+
+async fn cancel_job(State(st): State<ApiState>, Path(id): Path<String>) -> ApiResult<Response> {
+    let id = parse_id(&id)?;
+    let (status, outcome) = match st.store.cancel(id).await? {
+        CancelOutcome::Cancelled => (StatusCode::OK, "cancelled"),
+        CancelOutcome::Requested => (StatusCode::ACCEPTED, "cancel_requested"),
+        CancelOutcome::AlreadyFinished(state) => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "conflict",
+                format!("job {id} already finished: {}", state.as_str()),
+            ));
+        }
+    };
+    Ok((status, Json(json!({ "id": id, "outcome": outcome }))).into_response())
+}
+
+async fn retry_job(State(st): State<ApiState>, Path(id): Path<String>) -> ApiResult<Response> {
+    let id = parse_id(&id)?;
+    st.store.retry_dead(id).await?;
+    get_job(State(st), Path(id.to_string())).await
+}
+
+async fn get_queue(State(st): State<ApiState>, Path(queue): Path<String>) -> ApiResult<Response> {
+    let depth = st
+        .store
+        .depth(&queue)
+        .await?
+        .ok_or_else(|| ApiError::from(Error::NotFound(format!("queue {queue:?}"))))?;
+    Ok(Json(depth).into_response())
+}
+
+async fn list_queues(State(st): State<ApiState>) -> ApiResult<Response> {
+    Ok(Json(json!({ "queues": st.store.depth_all().await? })).into_response())
+}
+
+async fn put_queue(State(st): State<ApiState>, Path(queue): Path<String>, body: Body) -> ApiResult<Response> {
+    let bytes = read_body(body, ENVELOPE_BYTES).await?;
+    let mut spec: Value = if bytes.iter().all(u8::is_ascii_whitespace) {
+        json!({})
+    } else {
+        parse_json(&bytes)?
+    };
+    let Some(obj) = spec.as_object_mut() else {
+        return Err(ApiError::bad_request(
+            "body: must be a JSON object of queue settings",
+        ));
+    };
+    if obj
+        .get("name")
+        .is_some_and(|n| n != &Value::String(queue.clone()))
+    {
+        return Err(ApiError::bad_request("name: must match the queue in the path"));
+    }
+    obj.insert("name".into(), Value::String(queue.clone()));
+    let spec: sluice_crds::sidecar_config::QueueSettingsSpec =
+        serde_json::from_value(spec).map_err(|e| ApiError::bad_request(format!("invalid settings: {e}")))?;
+    let settings = QueueSettings::from(&spec);
+    let created = st.store.upsert_queue(&settings).await?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    let stored = st.store.queue(&queue).await?;
+    Ok((status, Json(stored)).into_response())
+}
+
+async fn pause(State(st): State<ApiState>, Path(queue): Path<String>) -> ApiResult<Response> {
+    st.store.set_paused(&queue, true).await?;
+    get_queue(State(st), Path(queue)).await
+}
+
+async fn resume(State(st): State<ApiState>, Path(queue): Path<String>) -> ApiResult<Response> {
+    st.store.set_paused(&queue, false).await?;
+    get_queue(State(st), Path(queue)).await
+}
+
+async fn openapi() -> Json<Value> {
+    Json(openapi_document())
+}
+
+/// The OpenAPI 3.1 document of this API.
+pub fn openapi_document() -> Value {
+    let err = json!({"$ref": "#/components/responses/Error"});
+    let queue = json!({"name": "queue", "in": "path", "required": true, "schema": {"type": "string"}});
+    let id =
+        json!({"name": "id", "in": "path", "required": true, "schema": {"type": "string", "format": "uuid"}});
+    json!({
+        "openapi": "3.1.0",
+        "info": {"title": "Sluice queue API", "version": "v1",
+                 "description": "Served by the sluice sidecar on localhost for the app. Errors are JSON: {\"error\": {\"code\", \"message\"}}."},
+        "paths": {
+            "/v1/queues": {"get": {"summary": "Depth of every queue", "responses": {"200": {"description": "{queues: [Depth]}"}}}},
+            "/v1/queues/{queue}": {
+                "parameters": [queue],
+                "get": {"summary": "Depth of a queue", "responses": {"200": {"description": "Depth", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Depth"}}}}, "404": err}},
+                "put": {"summary": "Create or update a queue's settings",
+                        "requestBody": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/QueueSettings"}}}},
+                        "responses": {"201": {"description": "created"}, "200": {"description": "updated"}, "400": err}}
+            },
+            "/v1/queues/{queue}/stats": {"parameters": [queue], "get": {"summary": "Depth of a queue", "responses": {"200": {"description": "Depth"}, "404": err}}},
+            "/v1/queues/{queue}/pause": {"parameters": [queue], "post": {"summary": "Stop claims from the queue", "responses": {"200": {"description": "Depth"}, "404": err}}},
+            "/v1/queues/{queue}/resume": {"parameters": [queue], "post": {"summary": "Resume claims", "responses": {"200": {"description": "Depth"}, "404": err}}},
+            "/v1/queues/{queue}/jobs": {
+                "parameters": [queue],
+                "post": {"summary": "Enqueue a job",
+                         "parameters": [{"name": "Idempotency-Key", "in": "header", "schema": {"type": "string", "maxLength": 255}}],
+                         "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NewJob"}}}},
+                         "responses": {"201": {"description": "created", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Job"}}}},
+                                       "200": {"description": "the job an earlier request with the same Idempotency-Key made"},
+                                       "400": err, "404": err, "409": err, "413": err}},
+                "get": {"summary": "List jobs, in creation order",
+                        "parameters": [{"name": "state", "in": "query", "schema": {"$ref": "#/components/schemas/JobState"}},
+                                       {"name": "after", "in": "query", "schema": {"type": "string", "format": "uuid"}, "description": "the `next` of the previous page"},
+                                       {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": LIST_LIMIT_MAX, "default": 100}}],
+                        "responses": {"200": {"description": "{jobs: [Job], next: uuid|null}"}, "400": err, "404": err}}
+            },
+            "/v1/queues/{queue}/jobs/batch": {
+                "parameters": [queue],
+                "post": {"summary": "Enqueue many jobs in one statement (no idempotency keys)",
+                         "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "required": ["jobs"], "properties": {"jobs": {"type": "array", "items": {"$ref": "#/components/schemas/NewJob"}}}}}}},
+                         "responses": {"201": {"description": "{ids: [uuid]}"}, "400": err, "404": err, "413": err}}
+            },
+            "/v1/jobs/{id}": {"parameters": [id], "get": {"summary": "A job", "responses": {"200": {"description": "Job"}, "404": err}}},
+            "/v1/jobs/{id}/cancel": {"parameters": [id], "post": {"summary": "Cancel a job",
+                "responses": {"200": {"description": "was waiting: cancelled"}, "202": {"description": "running: cancellation delivered to its handler"}, "409": err, "404": err}}},
+            "/v1/jobs/{id}/retry": {"parameters": [id], "post": {"summary": "Retry a dead job", "responses": {"200": {"description": "Job"}, "409": err, "404": err}}}
+        },
+        "components": {
+            "responses": {"Error": {"description": "error", "content": {"application/json": {"schema": {"type": "object", "properties": {"error": {"type": "object", "properties": {"code": {"type": "string"}, "message": {"type": "string"}}}}}}}}},
+            "schemas": {
+                "JobState": {"type": "string", "enum": ["pending", "running", "succeeded", "retrying", "dead", "cancelled"]},
+                "NewJob": {"type": "object", "required": ["kind", "payload"], "additionalProperties": false, "properties": {
+                    "kind": {"type": "string", "minLength": 1, "maxLength": 200},
+                    "payload": {"description": "any JSON, at most 1 MiB"},
+                    "priority": {"type": "integer", "minimum": -1000, "maximum": 1000, "default": 0, "description": "higher runs first"},
+                    "runAt": {"type": "string", "format": "date-time"},
+                    "delayMs": {"type": "integer", "minimum": 0},
+                    "maxAttempts": {"type": "integer", "minimum": 1, "maximum": 1000}}},
+                "Job": {"type": "object", "properties": {
+                    "id": {"type": "string", "format": "uuid"}, "queue": {"type": "string"}, "kind": {"type": "string"}, "payload": {},
+                    "state": {"$ref": "#/components/schemas/JobState"}, "priority": {"type": "integer"}, "attempt": {"type": "integer"},
+                    "maxAttempts": {"type": "integer"}, "runAt": {"type": "string", "format": "date-time"}, "leaseOwner": {"type": ["string", "null"]},
+                    "leaseExpiresAt": {"type": ["string", "null"]}, "lastError": {"type": ["string", "null"]}, "idempotencyKey": {"type": ["string", "null"]},
+                    "cancelRequested": {"type": "boolean"}, "createdAt": {"type": "string"}, "startedAt": {"type": ["string", "null"]}, "finishedAt": {"type": ["string", "null"]}}},
+                "Depth": {"type": "object", "properties": {
+                    "queue": {"type": "string"}, "ready": {"type": "integer"}, "scheduled": {"type": "integer"}, "retrying": {"type": "integer"},
+                    "running": {"type": "integer"}, "dead": {"type": "integer"}, "oldestReadyAgeMs": {"type": "integer"}, "paused": {"type": "boolean"}}},
+                "QueueSettings": {"type": "object", "properties": {
+                    "maxAttempts": {"type": "integer"}, "backoff": {"type": "object", "properties": {"base": {"type": "string", "example": "1s"}, "cap": {"type": "string", "example": "1h"}, "multiplier": {"type": "number"}}},
+                    "leaseDuration": {"type": "string", "example": "30s"}, "retentionSucceeded": {"type": "string", "example": "1d"},
+                    "retentionDead": {"type": "string", "example": "7d"}, "idempotencyWindow": {"type": "string", "example": "1d"}}}
+            }
+        }
+    })
+}

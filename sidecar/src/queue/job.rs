@@ -1,0 +1,374 @@
+//! The queue's data: jobs, their states, queue settings and depth. Plain types; SQL lives in
+//! [`super::sql`] and I/O in [`super::store`].
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sluice_crds::sidecar_config::QueueSettingsSpec;
+use uuid::Uuid;
+
+use super::backoff::Backoff;
+
+/// Largest payload accepted, in bytes of JSON (1 MiB).
+pub const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
+
+/// Where a job is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// Waiting for its first attempt (maybe scheduled for later).
+    Pending,
+    /// Claimed by a worker that holds its lease.
+    Running,
+    /// Done.
+    Succeeded,
+    /// Failed and waiting out its backoff before the next attempt.
+    Retrying,
+    /// Failed permanently or ran out of attempts (dead letter); can be retried by API.
+    Dead,
+    /// Cancelled before or while running.
+    Cancelled,
+}
+
+impl JobState {
+    /// All states.
+    pub const ALL: [JobState; 6] = [
+        JobState::Pending,
+        JobState::Running,
+        JobState::Succeeded,
+        JobState::Retrying,
+        JobState::Dead,
+        JobState::Cancelled,
+    ];
+
+    /// The name stored in the `state` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Pending => "pending",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Retrying => "retrying",
+            JobState::Dead => "dead",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    /// Whether the job will never run again by itself.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, JobState::Succeeded | JobState::Dead | JobState::Cancelled)
+    }
+}
+
+impl std::str::FromStr for JobState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        JobState::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| format!("unknown job state {s:?}"))
+    }
+}
+
+/// A job row as stored.
+#[derive(Clone, Debug, PartialEq, Serialize, sqlx::FromRow)]
+#[serde(rename_all = "camelCase")]
+pub struct Job {
+    /// UUIDv7.
+    pub id: Uuid,
+    /// Queue name.
+    pub queue: String,
+    /// What kind of work (the handler dispatches on it).
+    pub kind: String,
+    /// The job's input.
+    pub payload: serde_json::Value,
+    /// Current state (one of [`JobState`]).
+    pub state: String,
+    /// Higher runs first.
+    pub priority: i16,
+    /// Attempts started so far.
+    pub attempt: i32,
+    /// Attempts allowed.
+    pub max_attempts: i32,
+    /// Earliest time of the next attempt.
+    pub run_at: DateTime<Utc>,
+    /// The worker holding the lease while running.
+    pub lease_owner: Option<String>,
+    /// When the lease runs out unless renewed.
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    /// The error of the last failed attempt.
+    pub last_error: Option<String>,
+    /// The idempotency key, while it is remembered.
+    pub idempotency_key: Option<String>,
+    /// Fingerprint of the request the key was used with.
+    #[serde(skip)]
+    pub payload_hash: Option<Vec<u8>>,
+    /// Cancellation was asked for while running.
+    pub cancel_requested: bool,
+    /// When it was enqueued.
+    pub created_at: DateTime<Utc>,
+    /// When the last attempt started.
+    pub started_at: Option<DateTime<Utc>>,
+    /// When it reached a terminal state.
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// A job as handed to a handler after a claim.
+#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
+pub struct ClaimedJob {
+    /// UUIDv7.
+    pub id: Uuid,
+    /// Queue name.
+    pub queue: String,
+    /// What kind of work.
+    pub kind: String,
+    /// The job's input.
+    pub payload: serde_json::Value,
+    /// Higher runs first.
+    pub priority: i16,
+    /// This attempt's number (1-based): the fence of its completion.
+    pub attempt: i32,
+    /// Attempts allowed.
+    pub max_attempts: i32,
+    /// When the lease runs out unless renewed.
+    pub lease_expires_at: DateTime<Utc>,
+    /// When it was enqueued.
+    pub created_at: DateTime<Utc>,
+}
+
+/// A job to enqueue.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NewJob {
+    /// What kind of work.
+    pub kind: String,
+    /// The job's input (at most [`MAX_PAYLOAD_BYTES`] of JSON).
+    pub payload: serde_json::Value,
+    /// Higher runs first (-1000..=1000, default 0).
+    #[serde(default)]
+    pub priority: i16,
+    /// Run no earlier than this.
+    #[serde(default)]
+    pub run_at: Option<DateTime<Utc>>,
+    /// Run no earlier than this many milliseconds from now (ignored when `run_at` is given).
+    #[serde(default)]
+    pub delay_ms: Option<u64>,
+    /// Attempts allowed; absent: the queue's setting.
+    #[serde(default)]
+    pub max_attempts: Option<i32>,
+    /// Idempotency key (the HTTP API takes it from the `Idempotency-Key` header).
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+}
+
+impl NewJob {
+    /// A job of `kind` with `payload` and default options.
+    pub fn new(kind: impl Into<String>, payload: serde_json::Value) -> Self {
+        Self {
+            kind: kind.into(),
+            payload,
+            priority: 0,
+            run_at: None,
+            delay_ms: None,
+            max_attempts: None,
+            idempotency_key: None,
+        }
+    }
+
+    /// With an idempotency key.
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+
+    /// With a priority (higher runs first).
+    pub fn priority(mut self, priority: i16) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Not before `delay` from now.
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay_ms = Some(delay.as_millis() as u64);
+        self
+    }
+
+    /// At most `n` attempts.
+    pub fn max_attempts(mut self, n: i32) -> Self {
+        self.max_attempts = Some(n);
+        self
+    }
+
+    /// The earliest run time: `run_at`, else now + `delay_ms`, else None (now, by the database clock).
+    pub fn effective_run_at(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        self.run_at.or_else(|| {
+            self.delay_ms
+                .map(|ms| now + chrono::Duration::milliseconds(ms.min(i64::MAX as u64 / 2) as i64))
+        })
+    }
+}
+
+/// What an enqueue did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Enqueued {
+    /// The job's id (the original job's, for a repeated idempotency key).
+    pub id: Uuid,
+    /// False when an earlier request with the same idempotency key made the job.
+    pub created: bool,
+}
+
+/// A queue's settings (a `sluice.queues` row).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueSettings {
+    /// Queue name.
+    pub name: String,
+    /// Attempts before dead-lettering.
+    pub max_attempts: i32,
+    /// Backoff base in ms.
+    pub backoff_base_ms: i64,
+    /// Backoff cap in ms.
+    pub backoff_cap_ms: i64,
+    /// Backoff growth per attempt.
+    pub backoff_multiplier: f64,
+    /// Lease of a running job in ms.
+    pub lease_ms: i64,
+    /// Retention of succeeded and cancelled jobs in ms.
+    pub retention_succeeded_ms: i64,
+    /// Retention of dead jobs in ms.
+    pub retention_dead_ms: i64,
+    /// How long idempotency keys are remembered, in ms.
+    pub idempotency_window_ms: i64,
+    /// Claims are suspended.
+    #[sqlx(default)]
+    #[serde(default)]
+    pub paused: bool,
+}
+
+impl QueueSettings {
+    /// The settings a queue gets when a worker creates it.
+    pub fn defaults(name: impl Into<String>) -> Self {
+        Self::from(&QueueSettingsSpec::named(name))
+    }
+
+    /// The backoff policy.
+    pub fn backoff(&self) -> Backoff {
+        Backoff {
+            base: Duration::from_millis(self.backoff_base_ms.max(1) as u64),
+            cap: Duration::from_millis(self.backoff_cap_ms.max(1) as u64),
+            multiplier: self.backoff_multiplier,
+        }
+    }
+
+    /// The lease.
+    pub fn lease(&self) -> Duration {
+        Duration::from_millis(self.lease_ms.max(100) as u64)
+    }
+}
+
+impl From<&QueueSettingsSpec> for QueueSettings {
+    fn from(s: &QueueSettingsSpec) -> Self {
+        let ms = |d: sluice_crds::duration::Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        Self {
+            name: s.name.clone(),
+            max_attempts: i32::try_from(s.max_attempts).unwrap_or(i32::MAX),
+            backoff_base_ms: ms(s.backoff.base),
+            backoff_cap_ms: ms(s.backoff.cap),
+            backoff_multiplier: s.backoff.multiplier,
+            lease_ms: ms(s.lease_duration),
+            retention_succeeded_ms: ms(s.retention_succeeded),
+            retention_dead_ms: ms(s.retention_dead),
+            idempotency_window_ms: ms(s.idempotency_window),
+            paused: false,
+        }
+    }
+}
+
+/// How deep a queue is, from one query. Autoscaling reads [`Depth::demand`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, sqlx::FromRow)]
+#[serde(rename_all = "camelCase")]
+pub struct Depth {
+    /// Queue name.
+    pub queue: String,
+    /// Waiting and due now.
+    pub ready: i64,
+    /// Pending and due later.
+    pub scheduled: i64,
+    /// Waiting out a retry backoff.
+    pub retrying: i64,
+    /// Leased by a worker.
+    pub running: i64,
+    /// Dead-lettered (kept for their retention).
+    pub dead: i64,
+    /// Age of the oldest ready job in ms (0 when none is ready).
+    pub oldest_ready_age_ms: i64,
+    /// Claims are suspended.
+    pub paused: bool,
+}
+
+impl Depth {
+    /// Work that needs a worker now: ready + running (running counts so scale-in never starves
+    /// in-flight jobs).
+    pub fn demand(&self) -> i64 {
+        self.ready + self.running
+    }
+}
+
+/// What a cancel request did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// The job was waiting and is now cancelled.
+    Cancelled,
+    /// The job is running: cancellation was requested and is delivered to its handler.
+    Requested,
+    /// The job had already finished in this state; nothing changed.
+    AlreadyFinished(JobState),
+}
+
+/// Whether a queue name is acceptable (the `sluice.queues` CHECK, mirrored to give a clear error early).
+pub fn valid_queue_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    let Some(first) = chars.next() else {
+        return false;
+    };
+    name.len() <= 100
+        && first.is_ascii_alphanumeric()
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_names_follow_the_table_check() {
+        assert!(valid_queue_name("emails"));
+        assert!(valid_queue_name("a.b_c-1"));
+        assert!(!valid_queue_name(""));
+        assert!(!valid_queue_name("-x"));
+        assert!(!valid_queue_name("a b"));
+        assert!(!valid_queue_name(&"a".repeat(101)));
+    }
+
+    #[test]
+    fn states_round_trip_through_their_column_names() {
+        for s in JobState::ALL {
+            assert_eq!(s.as_str().parse::<JobState>().unwrap(), s);
+        }
+        assert!(JobState::Dead.is_terminal());
+        assert!(!JobState::Retrying.is_terminal());
+    }
+
+    #[test]
+    fn a_delay_becomes_a_run_at_and_an_explicit_run_at_wins() {
+        let now = DateTime::<Utc>::from_timestamp(1_000, 0).unwrap();
+        let j = NewJob::new("k", serde_json::json!({})).delay(Duration::from_secs(5));
+        assert_eq!(j.effective_run_at(now), Some(now + chrono::Duration::seconds(5)));
+        let at = now + chrono::Duration::seconds(60);
+        let j = NewJob {
+            run_at: Some(at),
+            ..j
+        };
+        assert_eq!(j.effective_run_at(now), Some(at));
+    }
+}

@@ -1,0 +1,170 @@
+//! Prometheus metrics of the queue worker: jobs started/succeeded/failed/dead/cancelled by queue and kind,
+//! handler duration, claim batch sizes, lost leases and depth gauges.
+
+use prometheus_client::{
+    encoding::text::encode,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+
+type QueueKind = [(&'static str, String); 2];
+type QueueOnly = [(&'static str, String); 1];
+type QueueState = [(&'static str, String); 2];
+
+fn duration_histogram() -> Histogram {
+    Histogram::new([
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+        300.0,
+    ])
+}
+
+fn batch_histogram() -> Histogram {
+    Histogram::new([1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0])
+}
+
+/// The worker's metrics and their registry.
+pub struct QueueMetrics {
+    registry: Registry,
+    started: Family<QueueKind, Counter>,
+    succeeded: Family<QueueKind, Counter>,
+    failed: Family<QueueKind, Counter>,
+    dead: Family<QueueKind, Counter>,
+    cancelled: Family<QueueKind, Counter>,
+    lost: Family<QueueOnly, Counter>,
+    duration: Family<QueueKind, Histogram, fn() -> Histogram>,
+    claim_batch: Family<QueueOnly, Histogram, fn() -> Histogram>,
+    depth: Family<QueueState, Gauge>,
+}
+
+impl Default for QueueMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for QueueMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueueMetrics").finish_non_exhaustive()
+    }
+}
+
+impl QueueMetrics {
+    /// Fresh metrics in their own registry.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let started = Family::default();
+        let succeeded = Family::default();
+        let failed = Family::default();
+        let dead = Family::default();
+        let cancelled = Family::default();
+        let lost = Family::default();
+        let duration = Family::new_with_constructor(duration_histogram as fn() -> Histogram);
+        let claim_batch = Family::new_with_constructor(batch_histogram as fn() -> Histogram);
+        let depth = Family::default();
+        registry.register("sluice_jobs_started", "Job attempts started", started.clone());
+        registry.register("sluice_jobs_succeeded", "Jobs that succeeded", succeeded.clone());
+        registry.register(
+            "sluice_jobs_failed",
+            "Job attempts that failed and will be retried",
+            failed.clone(),
+        );
+        registry.register("sluice_jobs_dead", "Jobs dead-lettered", dead.clone());
+        registry.register(
+            "sluice_jobs_cancelled",
+            "Jobs cancelled while running",
+            cancelled.clone(),
+        );
+        registry.register(
+            "sluice_jobs_lease_lost",
+            "Attempts whose lease was lost before they finished (their result was discarded)",
+            lost.clone(),
+        );
+        registry.register(
+            "sluice_job_handler_duration_seconds",
+            "Time the handler took per attempt",
+            duration.clone(),
+        );
+        registry.register(
+            "sluice_claim_batch_size",
+            "Jobs claimed per claim query",
+            claim_batch.clone(),
+        );
+        registry.register(
+            "sluice_queue_depth",
+            "Jobs per queue and state (ready, scheduled, retrying, running, dead)",
+            depth.clone(),
+        );
+        Self {
+            registry,
+            started,
+            succeeded,
+            failed,
+            dead,
+            cancelled,
+            lost,
+            duration,
+            claim_batch,
+            depth,
+        }
+    }
+
+    fn qk(queue: &str, kind: &str) -> QueueKind {
+        [("queue", queue.to_owned()), ("kind", kind.to_owned())]
+    }
+
+    /// An attempt started.
+    pub fn started(&self, queue: &str, kind: &str) {
+        self.started.get_or_create(&Self::qk(queue, kind)).inc();
+    }
+
+    /// An attempt's handler finished after `secs`.
+    pub fn handled(&self, queue: &str, kind: &str, secs: f64) {
+        self.duration.get_or_create(&Self::qk(queue, kind)).observe(secs);
+    }
+
+    /// A finished attempt was recorded with `state`.
+    pub fn finished(&self, queue: &str, kind: &str, state: &str) {
+        let family = match state {
+            "succeeded" => &self.succeeded,
+            "retrying" => &self.failed,
+            "dead" => &self.dead,
+            "cancelled" => &self.cancelled,
+            _ => return,
+        };
+        family.get_or_create(&Self::qk(queue, kind)).inc();
+    }
+
+    /// An attempt's lease was lost.
+    pub fn lease_lost(&self, queue: &str) {
+        self.lost.get_or_create(&[("queue", queue.to_owned())]).inc();
+    }
+
+    /// A claim query returned `n` jobs.
+    pub fn claimed(&self, queue: &str, n: usize) {
+        self.claim_batch
+            .get_or_create(&[("queue", queue.to_owned())])
+            .observe(n as f64);
+    }
+
+    /// Sets the depth gauges of a queue.
+    pub fn set_depth(&self, d: &super::job::Depth) {
+        for (state, v) in [
+            ("ready", d.ready),
+            ("scheduled", d.scheduled),
+            ("retrying", d.retrying),
+            ("running", d.running),
+            ("dead", d.dead),
+        ] {
+            self.depth
+                .get_or_create(&[("queue", d.queue.clone()), ("state", state.to_owned())])
+                .set(v);
+        }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}

@@ -1,0 +1,54 @@
+//! Applying the queue schema (`migrations/`, embedded at build time) to a database.
+//!
+//! Safe to run from many processes at once: sqlx's migrator holds a PostgreSQL advisory lock while it
+//! checks and applies migrations, so concurrent callers wait for the first and then find nothing to do.
+//! The bookkeeping table lives in the `sluice` schema too (`sluice._sqlx_migrations`), so the queue
+//! never collides with the app's own sqlx migrations in `public`.
+
+use sqlx::{
+    PgPool, SqlSafeStr,
+    migrate::{Migration, MigrationType, Migrator},
+};
+
+use crate::error::{Error, Result};
+
+/// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
+/// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
+/// which the workspace does not enable).
+const MIGRATIONS: [(i64, &str, &str); 2] = [
+    (
+        1,
+        "queue tables",
+        include_str!("../../../migrations/0001_queue_tables.sql"),
+    ),
+    (
+        2,
+        "queue sql api",
+        include_str!("../../../migrations/0002_queue_sql_api.sql"),
+    ),
+];
+
+/// The migrator, with its bookkeeping table in the `sluice` schema.
+pub fn migrator() -> Migrator {
+    let migrations = MIGRATIONS
+        .iter()
+        .map(|(v, d, sql)| Migration::new(*v, (*d).into(), MigrationType::Simple, sql.into_sql_str(), false))
+        .collect();
+    let mut m = Migrator::with_migrations(migrations);
+    m.create_schema("sluice");
+    m.dangerous_set_table_name("sluice._sqlx_migrations");
+    m
+}
+
+/// Applies every pending queue migration; idempotent and safe under concurrency.
+pub async fn migrate(pool: &PgPool) -> Result<()> {
+    migrator()
+        .run(pool)
+        .await
+        .map_err(|e| Error::Database(sqlx::Error::Migrate(Box::new(e))))
+}
+
+/// The newest migration version this build knows.
+pub fn latest_version() -> i64 {
+    MIGRATIONS.iter().map(|m| m.0).max().unwrap_or(0)
+}

@@ -1,0 +1,246 @@
+//! The queue's SQL, one named statement each, entity first (`job_claim_batch`, `job_finish_fenced`, ...).
+//!
+//! Every statement that changes a running job is fenced on (id, state running, lease owner, attempt):
+//! a job rescued after its lease expired has another owner or a higher attempt, so the late worker's
+//! write matches no row and the worker learns it lost the lease (River #1302 is the bug this prevents).
+
+/// Claims up to `$3` ready jobs of queue `$1` for owner `$2` with a lease of `$4` ms. Highest priority
+/// first, then oldest `run_at`; rows other workers hold are skipped, not waited for; a paused queue
+/// yields nothing.
+pub const JOB_CLAIM_BATCH: &str = r#"
+WITH picked AS (
+    SELECT j.id
+      FROM sluice.jobs j
+     WHERE j.queue = $1
+       AND j.state IN ('pending', 'retrying')
+       AND j.run_at <= now()
+       AND NOT EXISTS (SELECT 1 FROM sluice.queues q WHERE q.name = $1 AND q.paused)
+     ORDER BY j.priority DESC, j.run_at
+     LIMIT $3
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE sluice.jobs j
+   SET state = 'running',
+       attempt = j.attempt + 1,
+       lease_owner = $2,
+       lease_expires_at = now() + $4 * interval '1 millisecond',
+       started_at = now()
+  FROM picked
+ WHERE j.id = picked.id
+RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts, j.lease_expires_at,
+          j.created_at
+"#;
+
+/// Finishes a batch of running jobs in one statement. Per job: id, attempt (the fence), outcome
+/// (`s` succeeded, `r` retry, `p` permanent failure, `c` cancelled by its handler), retry delay in ms and
+/// error text. A retry past `max_attempts` or a permanent failure makes the job `dead`; a failing job
+/// whose cancellation was requested becomes `cancelled`. Returns the rows that matched the fence with
+/// their new state.
+pub const JOB_FINISH_FENCED: &str = r#"
+UPDATE sluice.jobs j
+   SET state = CASE
+           WHEN f.outcome = 's' THEN 'succeeded'
+           WHEN f.outcome = 'c' OR j.cancel_requested THEN 'cancelled'
+           WHEN f.outcome = 'p' OR j.attempt >= j.max_attempts THEN 'dead'
+           ELSE 'retrying'
+       END,
+       run_at = CASE
+           WHEN f.outcome = 'r' AND NOT j.cancel_requested AND j.attempt < j.max_attempts
+           THEN now() + f.delay_ms * interval '1 millisecond'
+           ELSE j.run_at
+       END,
+       finished_at = CASE
+           WHEN f.outcome = 'r' AND NOT j.cancel_requested AND j.attempt < j.max_attempts THEN NULL
+           ELSE now()
+       END,
+       last_error = CASE WHEN f.outcome = 's' THEN j.last_error ELSE f.error END,
+       lease_owner = NULL,
+       lease_expires_at = NULL
+  FROM unnest($1::uuid[], $2::integer[], $3::text[], $4::bigint[], $5::text[])
+       AS f(id, attempt, outcome, delay_ms, error)
+ WHERE j.id = f.id
+   AND j.state = 'running'
+   AND j.lease_owner = $6
+   AND j.attempt = f.attempt
+RETURNING j.id, j.state
+"#;
+
+/// Extends the leases of the owner's running jobs (`$1` ids, `$2` attempts) by `$4` ms from now. Returns
+/// the jobs still held, with their cancellation flag; a job missing from the result was lost.
+/// Only `lease_expires_at` changes, which no index covers: a HOT update.
+pub const JOB_HEARTBEAT: &str = r#"
+UPDATE sluice.jobs j
+   SET lease_expires_at = now() + $4 * interval '1 millisecond'
+  FROM unnest($1::uuid[], $2::integer[]) AS h(id, attempt)
+ WHERE j.id = h.id
+   AND j.state = 'running'
+   AND j.lease_owner = $3
+   AND j.attempt = h.attempt
+RETURNING j.id, j.cancel_requested
+"#;
+
+/// Hands running jobs back at once (shutdown): the attempt is not counted and the job is ready again.
+pub const JOB_RELEASE_FENCED: &str = r#"
+UPDATE sluice.jobs j
+   SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
+                    WHEN j.attempt = 1 THEN 'pending' ELSE 'retrying' END,
+       attempt = CASE WHEN j.cancel_requested THEN j.attempt ELSE j.attempt - 1 END,
+       finished_at = CASE WHEN j.cancel_requested THEN now() END,
+       run_at = now(),
+       lease_owner = NULL,
+       lease_expires_at = NULL
+  FROM unnest($1::uuid[], $2::integer[]) AS r(id, attempt)
+ WHERE j.id = r.id
+   AND j.state = 'running'
+   AND j.lease_owner = $3
+   AND j.attempt = r.attempt
+RETURNING j.id
+"#;
+
+/// Rescues up to `$2` jobs of queues `$1` whose lease expired (worker crashed, node lost): they become
+/// ready again at once, or `dead` when that was their last attempt, or `cancelled` when asked to.
+pub const JOB_RESCUE_EXPIRED: &str = r#"
+WITH expired AS (
+    SELECT j.id
+      FROM sluice.jobs j
+     WHERE j.queue = ANY($1)
+       AND j.state = 'running'
+       AND j.lease_expires_at < now()
+     LIMIT $2
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE sluice.jobs j
+   SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
+                    WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'retrying' END,
+       finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN now() END,
+       run_at = now(),
+       last_error = 'lease expired: worker ' || j.lease_owner || ' stopped heartbeating',
+       lease_owner = NULL,
+       lease_expires_at = NULL
+  FROM expired
+ WHERE j.id = expired.id
+RETURNING j.id
+"#;
+
+/// Enqueues one job through the SQL API (`sluice.enqueue_job`): returns (id, created).
+pub const JOB_ENQUEUE: &str = "SELECT id, created FROM sluice.enqueue_job($1, $2, $3, $4, $5, $6, $7, $8)";
+
+/// Enqueues many jobs in one statement through the SQL API (`sluice.enqueue_many`): returns the ids.
+pub const JOB_ENQUEUE_MANY: &str = "SELECT id FROM sluice.enqueue_many($1, $2, $3, $4, $5, $6) AS id";
+
+/// One job by id.
+pub const JOB_GET: &str = "SELECT * FROM sluice.jobs WHERE id = $1";
+
+/// Jobs of a queue (optionally in one state), in id order (UUIDv7: creation order), after cursor `$3`.
+pub const JOB_LIST: &str = r#"
+SELECT * FROM sluice.jobs
+ WHERE queue = $1
+   AND ($2::text IS NULL OR state = $2)
+   AND ($3::uuid IS NULL OR id > $3)
+ ORDER BY id
+ LIMIT $4
+"#;
+
+/// Cancels a job: waiting jobs at once, running jobs by request (the worker delivers it). Returns the
+/// state before and after; no row when the job does not exist.
+pub const JOB_CANCEL: &str = r#"
+WITH before AS (
+    SELECT id, state FROM sluice.jobs WHERE id = $1 FOR UPDATE
+), changed AS (
+    UPDATE sluice.jobs j
+       SET state = CASE WHEN b.state IN ('pending', 'retrying') THEN 'cancelled' ELSE j.state END,
+           finished_at = CASE WHEN b.state IN ('pending', 'retrying') THEN now() ELSE j.finished_at END,
+           cancel_requested = CASE WHEN b.state = 'running' THEN true ELSE j.cancel_requested END
+      FROM before b
+     WHERE j.id = b.id AND b.state IN ('pending', 'retrying', 'running')
+    RETURNING j.id, j.state
+)
+SELECT b.state AS before, coalesce(c.state, b.state) AS after
+  FROM before b LEFT JOIN changed c ON c.id = b.id
+"#;
+
+/// Retries a dead job: it gets one more attempt and is ready at once. Returns the new state; no row when
+/// the job does not exist or is not dead.
+pub const JOB_RETRY_DEAD: &str = r#"
+UPDATE sluice.jobs
+   SET state = 'retrying',
+       max_attempts = greatest(max_attempts, attempt + 1),
+       run_at = now(),
+       finished_at = NULL,
+       cancel_requested = false
+ WHERE id = $1 AND state = 'dead'
+RETURNING state
+"#;
+
+/// Deletes up to `$3` finished jobs of queue `$1` older than their retention (`$2`: the queue row's
+/// settings are read in the statement). Pending, retrying and running jobs are never touched.
+pub const JOB_DELETE_EXPIRED: &str = r#"
+WITH q AS (
+    SELECT retention_succeeded_ms, retention_dead_ms FROM sluice.queues WHERE name = $1
+), doomed AS (
+    SELECT j.id
+      FROM sluice.jobs j, q
+     WHERE j.queue = $1
+       AND j.state IN ('succeeded', 'cancelled', 'dead')
+       AND j.finished_at < now() - CASE WHEN j.state = 'dead' THEN q.retention_dead_ms
+                                        ELSE q.retention_succeeded_ms END * interval '1 millisecond'
+     ORDER BY j.finished_at
+     LIMIT $2
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM sluice.jobs j
+ USING doomed
+ WHERE j.id = doomed.id
+   AND j.state IN ('succeeded', 'cancelled', 'dead')
+"#;
+
+/// Depth of queues (`$1` one queue, or NULL for all), from the partial indexes: ready = waiting and due
+/// now; scheduled = pending, due later; retrying = waiting out a backoff; running; dead; age in ms of
+/// the oldest ready job. Autoscaling reads ready + running.
+pub const QUEUE_DEPTH: &str = r#"
+SELECT q.name AS queue,
+       w.ready, w.scheduled, w.retrying,
+       (SELECT count(*) FROM sluice.jobs r WHERE r.queue = q.name AND r.state = 'running') AS running,
+       (SELECT count(*) FROM sluice.jobs d WHERE d.queue = q.name AND d.state = 'dead') AS dead,
+       coalesce((extract(epoch FROM now() - w.oldest_ready) * 1000)::bigint, 0) AS oldest_ready_age_ms,
+       q.paused
+  FROM sluice.queues q
+ CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE j.run_at <= now()) AS ready,
+           count(*) FILTER (WHERE j.run_at > now() AND j.state = 'pending') AS scheduled,
+           count(*) FILTER (WHERE j.run_at > now() AND j.state = 'retrying') AS retrying,
+           min(j.run_at) FILTER (WHERE j.run_at <= now()) AS oldest_ready
+      FROM sluice.jobs j
+     WHERE j.queue = q.name AND j.state IN ('pending', 'retrying')
+ ) w
+ WHERE $1::text IS NULL OR q.name = $1
+ ORDER BY q.name
+"#;
+
+/// Creates a queue with default settings unless it exists.
+pub const QUEUE_ENSURE: &str = "INSERT INTO sluice.queues (name) VALUES ($1) ON CONFLICT DO NOTHING";
+
+/// Creates or updates a queue's settings (not its paused flag). Returns whether it was created.
+pub const QUEUE_UPSERT: &str = r#"
+INSERT INTO sluice.queues AS q (name, max_attempts, backoff_base_ms, backoff_cap_ms, backoff_multiplier,
+                                lease_ms, retention_succeeded_ms, retention_dead_ms, idempotency_window_ms)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+ON CONFLICT (name) DO UPDATE
+   SET max_attempts = EXCLUDED.max_attempts,
+       backoff_base_ms = EXCLUDED.backoff_base_ms,
+       backoff_cap_ms = EXCLUDED.backoff_cap_ms,
+       backoff_multiplier = EXCLUDED.backoff_multiplier,
+       lease_ms = EXCLUDED.lease_ms,
+       retention_succeeded_ms = EXCLUDED.retention_succeeded_ms,
+       retention_dead_ms = EXCLUDED.retention_dead_ms,
+       idempotency_window_ms = EXCLUDED.idempotency_window_ms,
+       updated_at = now()
+RETURNING (xmax = 0) AS created
+"#;
+
+/// One queue's settings.
+pub const QUEUE_GET: &str = "SELECT * FROM sluice.queues WHERE name = $1";
+
+/// Pauses or resumes a queue. No row when it does not exist.
+pub const QUEUE_SET_PAUSED: &str =
+    "UPDATE sluice.queues SET paused = $2, updated_at = now() WHERE name = $1 RETURNING name";

@@ -1,0 +1,475 @@
+//! The queue's PostgreSQL adapter: every statement of [`super::sql`] behind a typed function.
+//!
+//! [`QueueStore`] wraps a pool for the worker, the HTTP API and the operator. The enqueue functions are
+//! also free functions over any executor ([`enqueue`], [`enqueue_many`]), so an app can enqueue inside
+//! its own sqlx transaction: the job exists exactly when the transaction commits.
+
+use std::{sync::Arc, time::Duration};
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgExecutor, PgPool, Row};
+use uuid::Uuid;
+
+use super::{
+    job::{
+        CancelOutcome, ClaimedJob, Depth, Enqueued, Job, JobState, MAX_PAYLOAD_BYTES, NewJob, QueueSettings,
+        valid_queue_name,
+    },
+    sql,
+};
+use crate::{
+    clock::{SharedClock, SystemClock},
+    error::{Error, Result},
+};
+
+/// How a finished attempt ends, as the completer writes it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Finish {
+    /// The handler succeeded.
+    Succeeded,
+    /// The handler failed; retry after `delay` unless that was the last attempt.
+    Retry {
+        /// Backoff before the next attempt.
+        delay: Duration,
+        /// What went wrong.
+        error: String,
+    },
+    /// The handler failed and said retrying is pointless: dead at once.
+    Permanent {
+        /// What went wrong.
+        error: String,
+    },
+    /// The handler stopped because cancellation was requested.
+    Cancelled,
+}
+
+/// One finished attempt: the fence (id, attempt) and the outcome.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Finished {
+    /// The job.
+    pub id: Uuid,
+    /// The attempt that finished (must still be the job's current attempt).
+    pub attempt: i32,
+    /// How it ended.
+    pub finish: Finish,
+}
+
+/// The queue store: typed access to `sluice.jobs` and `sluice.queues`.
+#[derive(Clone)]
+pub struct QueueStore {
+    pool: PgPool,
+    clock: SharedClock,
+}
+
+impl std::fmt::Debug for QueueStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueueStore").finish_non_exhaustive()
+    }
+}
+
+impl QueueStore {
+    /// A store on `pool`, reading wall-clock time (for `delayMs`) from the system clock.
+    pub fn new(pool: PgPool) -> Self {
+        Self::with_clock(pool, Arc::new(SystemClock))
+    }
+
+    /// A store reading time from `clock`.
+    pub fn with_clock(pool: PgPool, clock: SharedClock) -> Self {
+        Self { pool, clock }
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    fn now(&self) -> DateTime<Utc> {
+        DateTime::<Utc>::from_timestamp_millis(self.clock.now_millis() as i64).unwrap_or_else(Utc::now)
+    }
+
+    // ---- queues -------------------------------------------------------------------------------------
+
+    /// Creates or updates a queue's settings (its paused flag is kept). Returns whether it was created.
+    pub async fn upsert_queue(&self, s: &QueueSettings) -> Result<bool> {
+        check_queue_name(&s.name)?;
+        let row = sqlx::query(sql::QUEUE_UPSERT)
+            .bind(&s.name)
+            .bind(s.max_attempts)
+            .bind(s.backoff_base_ms)
+            .bind(s.backoff_cap_ms)
+            .bind(s.backoff_multiplier)
+            .bind(s.lease_ms)
+            .bind(s.retention_succeeded_ms)
+            .bind(s.retention_dead_ms)
+            .bind(s.idempotency_window_ms)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(map_db_error)?;
+        Ok(row.try_get("created")?)
+    }
+
+    /// Creates queue `name` with default settings unless it exists.
+    pub async fn ensure_queue(&self, name: &str) -> Result<()> {
+        check_queue_name(name)?;
+        sqlx::query(sql::QUEUE_ENSURE)
+            .bind(name)
+            .execute(&self.pool)
+            .await
+            .map_err(map_db_error)?;
+        Ok(())
+    }
+
+    /// A queue's settings, if it exists.
+    pub async fn queue(&self, name: &str) -> Result<Option<QueueSettings>> {
+        Ok(sqlx::query_as::<_, QueueSettings>(sql::QUEUE_GET)
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    /// Pauses (no claims) or resumes a queue.
+    pub async fn set_paused(&self, name: &str, paused: bool) -> Result<()> {
+        sqlx::query(sql::QUEUE_SET_PAUSED)
+            .bind(name)
+            .bind(paused)
+            .fetch_optional(&self.pool)
+            .await?
+            .map(|_| ())
+            .ok_or_else(|| Error::NotFound(format!("queue {name:?}")))
+    }
+
+    /// Depth of one queue; None when it does not exist.
+    pub async fn depth(&self, queue: &str) -> Result<Option<Depth>> {
+        Ok(sqlx::query_as::<_, Depth>(sql::QUEUE_DEPTH)
+            .bind(Some(queue))
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    /// Depth of every queue, in name order.
+    pub async fn depth_all(&self) -> Result<Vec<Depth>> {
+        Ok(sqlx::query_as::<_, Depth>(sql::QUEUE_DEPTH)
+            .bind(None::<String>)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    // ---- enqueue ------------------------------------------------------------------------------------
+
+    /// Enqueues one job (see [`enqueue`]).
+    pub async fn enqueue(&self, queue: &str, job: &NewJob) -> Result<Enqueued> {
+        enqueue_at(&self.pool, queue, job, self.now()).await
+    }
+
+    /// Enqueues many jobs in one statement (see [`enqueue_many`]).
+    pub async fn enqueue_many(&self, queue: &str, jobs: &[NewJob]) -> Result<Vec<Uuid>> {
+        enqueue_many_at(&self.pool, queue, jobs, self.now()).await
+    }
+
+    // ---- jobs ---------------------------------------------------------------------------------------
+
+    /// One job, if it exists.
+    pub async fn get(&self, id: Uuid) -> Result<Option<Job>> {
+        Ok(sqlx::query_as::<_, Job>(sql::JOB_GET)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    /// Up to `limit` jobs of `queue` (in `state`, if given) with ids after `after`, in id order.
+    pub async fn list(
+        &self,
+        queue: &str,
+        state: Option<JobState>,
+        after: Option<Uuid>,
+        limit: i64,
+    ) -> Result<Vec<Job>> {
+        Ok(sqlx::query_as::<_, Job>(sql::JOB_LIST)
+            .bind(queue)
+            .bind(state.map(JobState::as_str))
+            .bind(after)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    /// Cancels a job: waiting → cancelled at once; running → cancellation requested (its worker stops
+    /// the handler and records `cancelled`); finished → nothing.
+    pub async fn cancel(&self, id: Uuid) -> Result<CancelOutcome> {
+        let row = sqlx::query(sql::JOB_CANCEL)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("job {id}")))?;
+        let before: String = row.try_get("before")?;
+        let before: JobState = before.parse().map_err(Error::Invalid)?;
+        Ok(match before {
+            JobState::Pending | JobState::Retrying => CancelOutcome::Cancelled,
+            JobState::Running => CancelOutcome::Requested,
+            done => CancelOutcome::AlreadyFinished(done),
+        })
+    }
+
+    /// Retries a dead job: one more attempt, ready now. Not found → [`Error::NotFound`]; not dead →
+    /// [`Error::Conflict`].
+    pub async fn retry_dead(&self, id: Uuid) -> Result<()> {
+        let row = sqlx::query(sql::JOB_RETRY_DEAD)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        match row {
+            Some(_) => Ok(()),
+            None => match self.get(id).await? {
+                None => Err(Error::NotFound(format!("job {id}"))),
+                Some(j) => Err(Error::Conflict(format!(
+                    "job {id} is {}, only dead jobs can be retried",
+                    j.state
+                ))),
+            },
+        }
+    }
+
+    // ---- worker side --------------------------------------------------------------------------------
+
+    /// Claims up to `limit` ready jobs of `queue` for `owner`, leased for `lease`.
+    pub async fn claim_batch(
+        &self,
+        queue: &str,
+        owner: &str,
+        limit: u32,
+        lease: Duration,
+    ) -> Result<Vec<ClaimedJob>> {
+        Ok(sqlx::query_as::<_, ClaimedJob>(sql::JOB_CLAIM_BATCH)
+            .bind(queue)
+            .bind(owner)
+            .bind(i64::from(limit))
+            .bind(lease.as_millis() as i64)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    /// Records finished attempts in one statement, fenced on (id, running, owner, attempt). Returns the
+    /// jobs written with their new state; a job missing from the result was no longer this owner's.
+    pub async fn finish_batch(&self, owner: &str, done: &[Finished]) -> Result<Vec<(Uuid, String)>> {
+        let mut ids = Vec::with_capacity(done.len());
+        let mut attempts = Vec::with_capacity(done.len());
+        let mut outcomes = Vec::with_capacity(done.len());
+        let mut delays = Vec::with_capacity(done.len());
+        let mut errors = Vec::with_capacity(done.len());
+        for d in done {
+            ids.push(d.id);
+            attempts.push(d.attempt);
+            let (o, delay, err) = match &d.finish {
+                Finish::Succeeded => ("s", 0, String::new()),
+                Finish::Retry { delay, error } => ("r", delay.as_millis() as i64, error.clone()),
+                Finish::Permanent { error } => ("p", 0, error.clone()),
+                Finish::Cancelled => ("c", 0, "cancelled while running".to_owned()),
+            };
+            outcomes.push(o.to_owned());
+            delays.push(delay);
+            errors.push(err);
+        }
+        let rows = sqlx::query(sql::JOB_FINISH_FENCED)
+            .bind(ids)
+            .bind(attempts)
+            .bind(outcomes)
+            .bind(delays)
+            .bind(errors)
+            .bind(owner)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get("id")?, r.try_get("state")?)))
+            .collect()
+    }
+
+    /// Extends the leases of `owner`'s running jobs by `lease`. Returns (id, cancel requested) for the
+    /// jobs still held.
+    pub async fn heartbeat(
+        &self,
+        owner: &str,
+        jobs: &[(Uuid, i32)],
+        lease: Duration,
+    ) -> Result<Vec<(Uuid, bool)>> {
+        let (ids, attempts): (Vec<Uuid>, Vec<i32>) = jobs.iter().copied().unzip();
+        let rows = sqlx::query(sql::JOB_HEARTBEAT)
+            .bind(ids)
+            .bind(attempts)
+            .bind(owner)
+            .bind(lease.as_millis() as i64)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get("id")?, r.try_get("cancel_requested")?)))
+            .collect()
+    }
+
+    /// Hands `owner`'s running jobs back without counting the attempt. Returns the jobs released.
+    pub async fn release(&self, owner: &str, jobs: &[(Uuid, i32)]) -> Result<Vec<Uuid>> {
+        let (ids, attempts): (Vec<Uuid>, Vec<i32>) = jobs.iter().copied().unzip();
+        let rows = sqlx::query(sql::JOB_RELEASE_FENCED)
+            .bind(ids)
+            .bind(attempts)
+            .bind(owner)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(|r| Ok(r.try_get("id")?)).collect()
+    }
+
+    /// Makes up to `limit` jobs of `queues` whose lease expired ready again (or dead, or cancelled).
+    /// Returns how many.
+    pub async fn rescue_expired(&self, queues: &[String], limit: i64) -> Result<u64> {
+        let rows = sqlx::query(sql::JOB_RESCUE_EXPIRED)
+            .bind(queues)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.len() as u64)
+    }
+
+    /// Deletes up to `limit` finished jobs of `queue` past their retention. Returns how many.
+    pub async fn delete_expired(&self, queue: &str, limit: i64) -> Result<u64> {
+        let done = sqlx::query(sql::JOB_DELETE_EXPIRED)
+            .bind(queue)
+            .bind(limit)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+}
+
+/// Enqueues one job through `sluice.enqueue_job` on any executor — a pool, a connection, or `&mut *tx`
+/// of the caller's transaction (the job then commits or rolls back with it).
+///
+/// Errors: [`Error::NotFound`] for an unknown queue, [`Error::Conflict`] for an idempotency key reused with
+/// another kind or payload, [`Error::Invalid`] for bad input.
+pub async fn enqueue<'e>(exec: impl PgExecutor<'e>, queue: &str, job: &NewJob) -> Result<Enqueued> {
+    enqueue_at(exec, queue, job, Utc::now()).await
+}
+
+async fn enqueue_at<'e>(
+    exec: impl PgExecutor<'e>,
+    queue: &str,
+    job: &NewJob,
+    now: DateTime<Utc>,
+) -> Result<Enqueued> {
+    check_new_job(job)?;
+    let row = sqlx::query(sql::JOB_ENQUEUE)
+        .bind(queue)
+        .bind(&job.kind)
+        .bind(&job.payload)
+        .bind(i32::from(job.priority))
+        .bind(job.effective_run_at(now))
+        .bind(job.max_attempts)
+        .bind(job.idempotency_key.as_deref())
+        .bind(Uuid::now_v7())
+        .fetch_one(exec)
+        .await
+        .map_err(map_db_error)?;
+    Ok(Enqueued {
+        id: row.try_get("id")?,
+        created: row.try_get("created")?,
+    })
+}
+
+/// Enqueues many jobs in one statement (`sluice.enqueue_many`, an UNNEST insert) on any executor; returns
+/// their ids in order. Idempotency keys are not supported in bulk (a job carrying one is refused), and
+/// every job takes `max_attempts` of the first job or the queue's setting.
+pub async fn enqueue_many<'e>(exec: impl PgExecutor<'e>, queue: &str, jobs: &[NewJob]) -> Result<Vec<Uuid>> {
+    enqueue_many_at(exec, queue, jobs, Utc::now()).await
+}
+
+async fn enqueue_many_at<'e>(
+    exec: impl PgExecutor<'e>,
+    queue: &str,
+    jobs: &[NewJob],
+    now: DateTime<Utc>,
+) -> Result<Vec<Uuid>> {
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut payloads = Vec::with_capacity(jobs.len());
+    let mut kinds = Vec::with_capacity(jobs.len());
+    let mut priorities = Vec::with_capacity(jobs.len());
+    let mut run_ats = Vec::with_capacity(jobs.len());
+    for (i, j) in jobs.iter().enumerate() {
+        check_new_job(j).map_err(|e| Error::Invalid(format!("jobs[{i}]: {e}")))?;
+        if j.idempotency_key.is_some() {
+            return Err(Error::Invalid(format!(
+                "jobs[{i}].idempotencyKey: not supported in a batch; enqueue it alone"
+            )));
+        }
+        payloads.push(&j.payload);
+        kinds.push(j.kind.as_str());
+        priorities.push(i32::from(j.priority));
+        run_ats.push(j.effective_run_at(now).unwrap_or(now));
+    }
+    let all_now = jobs.iter().all(|j| j.run_at.is_none() && j.delay_ms.is_none());
+    let rows = sqlx::query(sql::JOB_ENQUEUE_MANY)
+        .bind(queue)
+        .bind(payloads)
+        .bind(kinds)
+        .bind(priorities)
+        // Jobs without a time take the database's now() (NULL array), so a client clock ahead of the
+        // database cannot delay them.
+        .bind((!all_now).then_some(run_ats))
+        .bind(jobs[0].max_attempts)
+        .fetch_all(exec)
+        .await
+        .map_err(map_db_error)?;
+    rows.iter().map(|r| Ok(r.try_get("id")?)).collect()
+}
+
+fn check_queue_name(name: &str) -> Result<()> {
+    if valid_queue_name(name) {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "queue name {name:?}: use 1-100 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )))
+    }
+}
+
+/// Validates a job before it reaches the database, naming the field at fault.
+pub fn check_new_job(job: &NewJob) -> Result<()> {
+    if job.kind.is_empty() || job.kind.len() > 200 {
+        return Err(Error::Invalid("kind: must be 1-200 characters".into()));
+    }
+    if !(-1000..=1000).contains(&job.priority) {
+        return Err(Error::Invalid("priority: must be between -1000 and 1000".into()));
+    }
+    if let Some(n) = job.max_attempts
+        && !(1..=1000).contains(&n)
+    {
+        return Err(Error::Invalid("maxAttempts: must be between 1 and 1000".into()));
+    }
+    if let Some(k) = &job.idempotency_key
+        && (k.is_empty() || k.len() > 255)
+    {
+        return Err(Error::Invalid("idempotencyKey: must be 1-255 characters".into()));
+    }
+    let size = serde_json::to_vec(&job.payload)
+        .map(|v| v.len())
+        .unwrap_or(usize::MAX);
+    if size > MAX_PAYLOAD_BYTES {
+        return Err(Error::Invalid(format!(
+            "payload: {size} bytes is over the limit of {MAX_PAYLOAD_BYTES}"
+        )));
+    }
+    Ok(())
+}
+
+/// Maps the SQL API's SQLSTATEs to the crate's errors: SL404 → not found, SL409 → conflict, constraint
+/// violations → invalid.
+pub fn map_db_error(e: sqlx::Error) -> Error {
+    if let sqlx::Error::Database(db) = &e {
+        let msg = db.message().to_owned();
+        match db.code().as_deref() {
+            Some("SL404") => return Error::NotFound(msg),
+            Some("SL409") => return Error::Conflict(msg),
+            Some("23514") | Some("22P02") | Some("22023") | Some("23503") => return Error::Invalid(msg),
+            _ => {}
+        }
+    }
+    Error::Database(e)
+}

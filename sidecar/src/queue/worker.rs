@@ -1,0 +1,659 @@
+//! The worker engine shared by the in-process [`Worker`] and the sidecar's worker role (the engine plus
+//! [`super::dispatch::HttpHandler`]).
+//!
+//! Parts, each a task:
+//! - the **claim loop** takes as many concurrency permits as are free (up to the claim batch), claims that
+//!   many jobs in one `FOR UPDATE SKIP LOCKED` query and starts one task per job; when the queues are
+//!   empty it sleeps until a NOTIFY hint, or a poll timer that backs off from `poll_interval` to
+//!   `max_poll_interval`;
+//! - the **listener** LISTENs on `sluice_jobs` and turns notifications into one coalesced wake-up;
+//! - the **heartbeat** extends the leases of running jobs, delivers cancellation requests, and stops a job
+//!   whose lease was lost (another worker rescued it);
+//! - the **completer** writes finished attempts in batches, fenced on (id, running, owner, attempt);
+//! - **maintenance** rescues expired leases, deletes finished jobs past retention in bounded batches and
+//!   refreshes the depth gauges.
+//!
+//! Shutdown: claims stop at once; in-flight jobs get `shutdown_grace` to finish; the rest are stopped and
+//! handed back (lease released, attempt not counted), not left to expire.
+
+use std::{
+    collections::HashMap,
+    future::Future,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use sqlx::postgres::PgListener;
+use tokio::{
+    sync::{Notify, Semaphore, mpsc},
+    task::JoinSet,
+};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::{
+    job::{ClaimedJob, QueueSettings},
+    metrics::QueueMetrics,
+    store::{Finish, Finished, QueueStore},
+};
+use crate::error::Result;
+
+/// The channel the SQL API notifies on, with the queue name as payload.
+pub const NOTIFY_CHANNEL: &str = "sluice_jobs";
+/// Most finished attempts written by one completer statement.
+const COMPLETER_BATCH: usize = 1000;
+/// Most expired leases rescued, or finished jobs deleted, by one statement.
+const MAINTENANCE_BATCH: i64 = 1000;
+/// How often finished jobs past retention are deleted.
+const RETENTION_INTERVAL: Duration = Duration::from_secs(30);
+/// How often the depth gauges and cached queue settings are refreshed.
+const REFRESH_INTERVAL: Duration = Duration::from_secs(5);
+
+/// How a handler's attempt ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Done.
+    Succeeded,
+    /// Failed; retry with backoff (dead after the last attempt).
+    Retry(String),
+    /// Failed for good: dead at once.
+    Permanent(String),
+    /// Stopped because cancellation was requested.
+    Cancelled,
+}
+
+/// Work for jobs, in process. The future is dropped when the job is cancelled, its lease is lost or the
+/// worker shuts down past its grace period; `cancel` fires first, for handlers that want to clean up.
+pub trait Handler: Send + Sync + 'static {
+    /// Handles one attempt of `job`.
+    fn handle(&self, job: ClaimedJob, cancel: CancellationToken) -> impl Future<Output = Outcome> + Send;
+}
+
+/// How a worker runs.
+#[derive(Clone, Debug)]
+pub struct WorkerOptions {
+    /// Queues served (round robin between them).
+    pub queues: Vec<String>,
+    /// Jobs handled at once.
+    pub concurrency: usize,
+    /// Most jobs claimed by one query.
+    pub claim_batch: u32,
+    /// Shortest wait between polls of empty queues.
+    pub poll_interval: Duration,
+    /// Longest wait between polls of empty queues.
+    pub max_poll_interval: Duration,
+    /// LISTEN for wake-up hints (off: polling only).
+    pub listen: bool,
+    /// Deadline of one attempt; past it the attempt fails and is retried.
+    pub job_timeout: Duration,
+    /// Time in-flight jobs get to finish after shutdown is asked for.
+    pub shutdown_grace: Duration,
+    /// Heartbeat interval; None: a third of the shortest lease of the served queues.
+    pub heartbeat_interval: Option<Duration>,
+    /// The lease owner written on claimed jobs (see [`default_owner`]).
+    pub owner: String,
+}
+
+impl WorkerOptions {
+    /// Defaults for serving `queues`.
+    pub fn new(queues: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        Self {
+            queues: queues.into_iter().map(Into::into).collect(),
+            concurrency: 16,
+            claim_batch: 100,
+            poll_interval: Duration::from_millis(50),
+            max_poll_interval: Duration::from_secs(2),
+            listen: true,
+            job_timeout: Duration::from_secs(300),
+            shutdown_grace: Duration::from_secs(25),
+            heartbeat_interval: None,
+            owner: default_owner(),
+        }
+    }
+}
+
+/// The lease owner of this process: `SLUICE_POD_NAME` (or the hostname) plus a process-unique suffix, so
+/// the operator can tell which pod holds a lease and two processes in one pod never share one.
+pub fn default_owner() -> String {
+    let host = std::env::var("SLUICE_POD_NAME")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|s| s.trim().to_owned())
+        })
+        .unwrap_or_else(|| "sluice".into());
+    format!("{host}-{:08x}", rand::random::<u32>())
+}
+
+/// Why a running job's handler was stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StopReason {
+    Cancel,
+    Lost,
+    Shutdown,
+}
+
+struct InFlight {
+    attempt: i32,
+    queue: String,
+    stop: CancellationToken,
+    reason: Arc<Mutex<Option<StopReason>>>,
+    finishing: Arc<AtomicBool>,
+}
+
+impl InFlight {
+    fn stop(&self, why: StopReason) {
+        let mut r = self.reason.lock().expect("reason lock");
+        if r.is_none() {
+            *r = Some(why);
+        }
+        self.stop.cancel();
+    }
+}
+
+struct Done {
+    id: Uuid,
+    attempt: i32,
+    queue: String,
+    kind: String,
+    /// None: hand the job back.
+    finish: Option<Finish>,
+}
+
+struct Shared<H> {
+    store: QueueStore,
+    handler: H,
+    opts: WorkerOptions,
+    metrics: Arc<QueueMetrics>,
+    inflight: Mutex<HashMap<Uuid, InFlight>>,
+    settings: Mutex<HashMap<String, QueueSettings>>,
+    wake: Notify,
+}
+
+impl<H> Shared<H> {
+    fn settings(&self, queue: &str) -> QueueSettings {
+        self.settings
+            .lock()
+            .expect("settings lock")
+            .get(queue)
+            .cloned()
+            .unwrap_or_else(|| QueueSettings::defaults(queue))
+    }
+}
+
+/// A worker: the engine with a handler. Build it, then [`Worker::run`] it until shutdown.
+pub struct Worker<H> {
+    store: QueueStore,
+    handler: H,
+    opts: WorkerOptions,
+    metrics: Arc<QueueMetrics>,
+}
+
+impl<H: Handler> Worker<H> {
+    /// A worker serving `opts.queues` with `handler`.
+    pub fn new(store: QueueStore, handler: H, opts: WorkerOptions) -> Self {
+        Self {
+            store,
+            handler,
+            opts,
+            metrics: Arc::new(QueueMetrics::new()),
+        }
+    }
+
+    /// Reports into `metrics` instead of a private registry.
+    pub fn with_metrics(mut self, metrics: Arc<QueueMetrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The worker's metrics.
+    pub fn metrics(&self) -> Arc<QueueMetrics> {
+        self.metrics.clone()
+    }
+
+    /// Runs until `shutdown` fires, then drains as described in the module docs. Creates the served
+    /// queues (default settings) when they do not exist, retrying while the database is unreachable.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<()> {
+        let shared = Arc::new(Shared {
+            store: self.store,
+            handler: self.handler,
+            opts: self.opts,
+            metrics: self.metrics,
+            inflight: Mutex::new(HashMap::new()),
+            settings: Mutex::new(HashMap::new()),
+            wake: Notify::new(),
+        });
+        if !prepare_queues(&shared, &shutdown).await {
+            return Ok(());
+        }
+        let background = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+        if shared.opts.listen {
+            tasks.spawn(listen(shared.clone(), background.clone()));
+        }
+        tasks.spawn(heartbeat(shared.clone(), background.clone()));
+        tasks.spawn(maintenance(shared.clone(), background.clone()));
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let completer = tokio::spawn(complete(shared.clone(), done_rx));
+
+        let mut jobs = JoinSet::new();
+        claim_loop(&shared, &shutdown, &done_tx, &mut jobs).await;
+
+        // Drain: in-flight jobs get the grace period, then are handed back.
+        let deadline = tokio::time::Instant::now() + shared.opts.shutdown_grace;
+        tracing::info!(in_flight = jobs.len(), "worker stopping: no more claims");
+        loop {
+            match tokio::time::timeout_at(deadline, jobs.join_next()).await {
+                Ok(Some(_)) => continue,
+                Ok(None) => break,
+                Err(_) => {
+                    {
+                        let inflight = shared.inflight.lock().expect("inflight lock");
+                        tracing::info!(
+                            handed_back = inflight.len(),
+                            "grace period over: handing jobs back"
+                        );
+                        for f in inflight.values() {
+                            f.stop(StopReason::Shutdown);
+                        }
+                    }
+                    while jobs.join_next().await.is_some() {}
+                    break;
+                }
+            }
+        }
+        drop(done_tx);
+        let _ = completer.await;
+        background.cancel();
+        while tasks.join_next().await.is_some() {}
+        Ok(())
+    }
+}
+
+/// Creates the served queues and loads their settings; false when shutdown came first.
+async fn prepare_queues<H>(shared: &Shared<H>, shutdown: &CancellationToken) -> bool {
+    let mut wait = Duration::from_millis(100);
+    loop {
+        match load_settings(shared, true).await {
+            Ok(()) => return true,
+            Err(e) => tracing::warn!(error = %e, "preparing queues failed; retrying"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.cancelled() => return false,
+        }
+        wait = (wait * 2).min(Duration::from_secs(5));
+    }
+}
+
+async fn load_settings<H>(shared: &Shared<H>, create: bool) -> Result<()> {
+    for q in &shared.opts.queues {
+        if create {
+            shared.store.ensure_queue(q).await?;
+        }
+        if let Some(s) = shared.store.queue(q).await? {
+            shared
+                .settings
+                .lock()
+                .expect("settings lock")
+                .insert(q.clone(), s);
+        }
+    }
+    Ok(())
+}
+
+async fn claim_loop<H: Handler>(
+    shared: &Arc<Shared<H>>,
+    shutdown: &CancellationToken,
+    done_tx: &mpsc::UnboundedSender<Done>,
+    jobs: &mut JoinSet<()>,
+) {
+    let opts = &shared.opts;
+    let permits = Arc::new(Semaphore::new(opts.concurrency.max(1)));
+    let batch = (opts.claim_batch.max(1) as usize).min(opts.concurrency.max(1));
+    let mut idle = opts.poll_interval;
+    let mut next_queue = 0usize;
+    loop {
+        // Reap finished job tasks so the set does not grow.
+        while jobs.try_join_next().is_some() {}
+        let first = tokio::select! {
+            p = permits.clone().acquire_owned() => p.expect("semaphore open"),
+            _ = shutdown.cancelled() => return,
+        };
+        let mut held = vec![first];
+        while held.len() < batch {
+            match permits.clone().try_acquire_owned() {
+                Ok(p) => held.push(p),
+                Err(_) => break,
+            }
+        }
+        let mut claimed_any = false;
+        let mut failed = false;
+        for i in 0..opts.queues.len() {
+            if held.is_empty() || shutdown.is_cancelled() {
+                break;
+            }
+            let queue = &opts.queues[(next_queue + i) % opts.queues.len()];
+            let lease = shared.settings(queue).lease();
+            match shared
+                .store
+                .claim_batch(queue, &opts.owner, held.len() as u32, lease)
+                .await
+            {
+                Ok(claimed) => {
+                    shared.metrics.claimed(queue, claimed.len());
+                    claimed_any |= !claimed.is_empty();
+                    for job in claimed {
+                        let permit = held.pop().expect("claimed no more than the permits held");
+                        let shared = shared.clone();
+                        let done_tx = done_tx.clone();
+                        jobs.spawn(async move {
+                            run_job(&shared, job, &done_tx).await;
+                            drop(permit);
+                        });
+                    }
+                }
+                Err(e) => {
+                    failed = true;
+                    tracing::warn!(queue, error = %e, "claim failed");
+                }
+            }
+        }
+        next_queue = next_queue.wrapping_add(1);
+        drop(held);
+        if claimed_any {
+            idle = opts.poll_interval;
+            continue;
+        }
+        if failed {
+            idle = idle.max(Duration::from_millis(200));
+        }
+        tokio::select! {
+            _ = shared.wake.notified() => idle = opts.poll_interval,
+            _ = tokio::time::sleep(idle) => idle = (idle * 2).min(opts.max_poll_interval),
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
+async fn run_job<H: Handler>(shared: &Shared<H>, job: ClaimedJob, done_tx: &mpsc::UnboundedSender<Done>) {
+    let stop = CancellationToken::new();
+    let reason = Arc::new(Mutex::new(None));
+    let finishing = Arc::new(AtomicBool::new(false));
+    shared.inflight.lock().expect("inflight lock").insert(
+        job.id,
+        InFlight {
+            attempt: job.attempt,
+            queue: job.queue.clone(),
+            stop: stop.clone(),
+            reason: reason.clone(),
+            finishing: finishing.clone(),
+        },
+    );
+    let (id, attempt, queue, kind) = (job.id, job.attempt, job.queue.clone(), job.kind.clone());
+    shared.metrics.started(&queue, &kind);
+    let started = Instant::now();
+    let timeout = shared.opts.job_timeout;
+    let outcome = tokio::select! {
+        r = tokio::time::timeout(timeout, shared.handler.handle(job, stop.clone())) => {
+            Some(r.unwrap_or_else(|_| Outcome::Retry(format!("handler timed out after {timeout:?}"))))
+        }
+        _ = stop.cancelled() => None,
+    };
+    shared
+        .metrics
+        .handled(&queue, &kind, started.elapsed().as_secs_f64());
+    finishing.store(true, Ordering::SeqCst);
+    let finish = match outcome {
+        Some(Outcome::Succeeded) => Some(Finish::Succeeded),
+        Some(Outcome::Cancelled) => Some(Finish::Cancelled),
+        Some(Outcome::Permanent(error)) => Some(Finish::Permanent { error }),
+        Some(Outcome::Retry(error)) => {
+            let delay = shared
+                .settings(&queue)
+                .backoff()
+                .delay(attempt.max(1) as u32, rand::random::<f64>());
+            Some(Finish::Retry { delay, error })
+        }
+        None => match *reason.lock().expect("reason lock") {
+            Some(StopReason::Cancel) => Some(Finish::Cancelled),
+            Some(StopReason::Shutdown) | None => None,
+            Some(StopReason::Lost) => {
+                shared.inflight.lock().expect("inflight lock").remove(&id);
+                shared.metrics.lease_lost(&queue);
+                tracing::warn!(%id, attempt, "lease lost: another worker owns the job now");
+                return;
+            }
+        },
+    };
+    let _ = done_tx.send(Done {
+        id,
+        attempt,
+        queue,
+        kind,
+        finish,
+    });
+}
+
+async fn complete<H>(shared: Arc<Shared<H>>, mut rx: mpsc::UnboundedReceiver<Done>) {
+    let owner = shared.opts.owner.clone();
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < COMPLETER_BATCH {
+            match rx.try_recv() {
+                Ok(d) => batch.push(d),
+                Err(_) => break,
+            }
+        }
+        let (finish, release): (Vec<Done>, Vec<Done>) = batch.into_iter().partition(|d| d.finish.is_some());
+        let mut wait = Duration::from_millis(50);
+        for attempt in 0.. {
+            match write_batch(&shared.store, &owner, &finish, &release).await {
+                Ok(written) => {
+                    for d in finish.iter().chain(&release) {
+                        match written.get(&d.id) {
+                            Some(state) => shared.metrics.finished(&d.queue, &d.kind, state),
+                            None => {
+                                shared.metrics.lease_lost(&d.queue);
+                                tracing::warn!(id = %d.id, attempt = d.attempt, "result discarded: lease lost");
+                            }
+                        }
+                    }
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, attempt, "recording finished jobs failed; retrying");
+                    // The leases keep being renewed while we retry; if the database stays away longer than
+                    // the lease, other workers rescue the jobs and this write is fenced out.
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+        let mut inflight = shared.inflight.lock().expect("inflight lock");
+        for d in finish.iter().chain(&release) {
+            inflight.remove(&d.id);
+        }
+    }
+}
+
+async fn write_batch(
+    store: &QueueStore,
+    owner: &str,
+    finish: &[Done],
+    release: &[Done],
+) -> Result<HashMap<Uuid, String>> {
+    let mut written = HashMap::new();
+    if !finish.is_empty() {
+        let rows: Vec<Finished> = finish
+            .iter()
+            .map(|d| Finished {
+                id: d.id,
+                attempt: d.attempt,
+                finish: d.finish.clone().expect("partitioned on finish"),
+            })
+            .collect();
+        written.extend(store.finish_batch(owner, &rows).await?);
+    }
+    if !release.is_empty() {
+        let jobs: Vec<(Uuid, i32)> = release.iter().map(|d| (d.id, d.attempt)).collect();
+        for id in store.release(owner, &jobs).await? {
+            written.insert(id, "released".to_owned());
+        }
+    }
+    Ok(written)
+}
+
+fn heartbeat_interval<H>(shared: &Shared<H>) -> Duration {
+    shared.opts.heartbeat_interval.unwrap_or_else(|| {
+        let shortest = shared
+            .opts
+            .queues
+            .iter()
+            .map(|q| shared.settings(q).lease())
+            .min()
+            .unwrap_or(Duration::from_secs(30));
+        (shortest / 3).max(Duration::from_millis(50))
+    })
+}
+
+async fn heartbeat<H>(shared: Arc<Shared<H>>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(heartbeat_interval(&shared)) => {}
+            _ = stop.cancelled() => return,
+        }
+        // Group the running jobs by their queue's lease.
+        let mut by_lease: HashMap<Duration, Vec<(Uuid, i32)>> = HashMap::new();
+        for (id, f) in shared.inflight.lock().expect("inflight lock").iter() {
+            if !f.finishing.load(Ordering::SeqCst) {
+                by_lease
+                    .entry(shared.settings(&f.queue).lease())
+                    .or_default()
+                    .push((*id, f.attempt));
+            }
+        }
+        for (lease, jobs) in by_lease {
+            match shared.store.heartbeat(&shared.opts.owner, &jobs, lease).await {
+                Ok(held) => {
+                    let held: HashMap<Uuid, bool> = held.into_iter().collect();
+                    let inflight = shared.inflight.lock().expect("inflight lock");
+                    for (id, attempt) in jobs {
+                        let Some(f) = inflight.get(&id) else { continue };
+                        if f.attempt != attempt || f.finishing.load(Ordering::SeqCst) {
+                            continue;
+                        }
+                        match held.get(&id) {
+                            Some(true) => f.stop(StopReason::Cancel),
+                            Some(false) => {}
+                            None => f.stop(StopReason::Lost),
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+            }
+        }
+    }
+}
+
+async fn listen<H>(shared: Arc<Shared<H>>, stop: CancellationToken) {
+    let mut wait = Duration::from_millis(100);
+    loop {
+        let connected = async {
+            let mut l = PgListener::connect_with(shared.store.pool()).await?;
+            l.listen(NOTIFY_CHANNEL).await?;
+            Ok::<_, sqlx::Error>(l)
+        };
+        let mut listener = tokio::select! {
+            l = connected => l,
+            _ = stop.cancelled() => return,
+        };
+        match listener {
+            Ok(ref mut l) => {
+                wait = Duration::from_millis(100);
+                // Anything enqueued while we were not listening is found by this poll.
+                shared.wake.notify_one();
+                loop {
+                    let n = tokio::select! {
+                        n = l.try_recv() => n,
+                        _ = stop.cancelled() => return,
+                    };
+                    match n {
+                        Ok(Some(n)) => {
+                            if shared.opts.queues.iter().any(|q| q == n.payload()) {
+                                shared.wake.notify_one();
+                            }
+                        }
+                        Ok(None) => {
+                            shared.wake.notify_one();
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %e, "listener lost its connection");
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "listen failed; polling meanwhile"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.cancelled() => return,
+        }
+        wait = (wait * 2).min(Duration::from_secs(5));
+    }
+}
+
+async fn maintenance<H>(shared: Arc<Shared<H>>, stop: CancellationToken) {
+    let mut last_retention = Instant::now() - RETENTION_INTERVAL;
+    let mut last_refresh = Instant::now();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(heartbeat_interval(&shared)) => {}
+            _ = stop.cancelled() => return,
+        }
+        match shared
+            .store
+            .rescue_expired(&shared.opts.queues, MAINTENANCE_BATCH)
+            .await
+        {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::info!(rescued = n, "jobs with expired leases made ready again");
+                shared.wake.notify_one();
+            }
+            Err(e) => tracing::debug!(error = %e, "lease rescue failed"),
+        }
+        if last_refresh.elapsed() >= REFRESH_INTERVAL {
+            last_refresh = Instant::now();
+            let _ = load_settings(&shared, false).await;
+            for q in &shared.opts.queues {
+                if let Ok(Some(d)) = shared.store.depth(q).await {
+                    shared.metrics.set_depth(&d);
+                }
+            }
+        }
+        if last_retention.elapsed() >= RETENTION_INTERVAL {
+            last_retention = Instant::now();
+            for q in &shared.opts.queues {
+                // Bounded batches, a few per round, so retention never holds long locks or starves claims.
+                for _ in 0..10 {
+                    match shared.store.delete_expired(q, MAINTENANCE_BATCH).await {
+                        Ok(n) if n as i64 == MAINTENANCE_BATCH => continue,
+                        Ok(_) => break,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "retention failed");
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
