@@ -670,7 +670,7 @@ fn plan(store: &Store, t: &Target, req: &Req, mutation: &Mutation) -> Result<Pla
             if rt.namespaced {
                 applied["metadata"]["namespace"] = json!(t.ns());
             }
-            default_builtin(rt, &mut applied);
+            default_builtin(rt, &mut applied, false);
             if let Some(old) = &existing {
                 precondition(rt, t.name(), old, &applied)?;
             }
@@ -692,7 +692,7 @@ fn plan(store: &Store, t: &Target, req: &Req, mutation: &Mutation) -> Result<Pla
     };
 
     // 2. Server-side rules: identity, subresource split, generation, defaults, ownership, validation.
-    default_builtin(rt, &mut new);
+    default_builtin(rt, &mut new, true);
     let mut warnings = vec![];
     match &old {
         None => {
@@ -1006,55 +1006,47 @@ fn validate_name(rt: &ResourceType, obj: &Value) -> Result<(), ApiError> {
     ))
 }
 
-/// The few defaults built-in kinds get that Sluice's code reads back.
-fn default_builtin(rt: &ResourceType, obj: &mut Value) {
+/// The few defaults built-in kinds get that Sluice's code reads back. `all: false` fills in only the
+/// defaults of list-map keys (`protocol`), which an applied configuration needs to be merged correctly.
+fn default_builtin(rt: &ResourceType, obj: &mut Value, all: bool) {
     if rt.custom {
         return;
     }
-    let default_ports = |spec: &mut Value, key: &str| {
-        for c in spec
-            .get_mut(key)
-            .and_then(Value::as_array_mut)
-            .into_iter()
-            .flatten()
-        {
-            for p in c
-                .get_mut("ports")
+    // `get_mut` chains, never `obj["a"]["b"]` writes: indexing would invent the missing levels.
+    fn default_protocols(ports: Option<&mut Value>) {
+        for p in ports.and_then(Value::as_array_mut).into_iter().flatten() {
+            if p.get("protocol").is_none_or(Value::is_null)
+                && let Some(m) = p.as_object_mut()
+            {
+                m.insert("protocol".into(), json!("TCP"));
+            }
+        }
+    }
+    fn default_pod_spec(spec: Option<&mut Value>) {
+        let Some(spec) = spec else { return };
+        for key in ["containers", "initContainers"] {
+            for c in spec
+                .get_mut(key)
                 .and_then(Value::as_array_mut)
                 .into_iter()
                 .flatten()
             {
-                if p.get("protocol").is_none_or(Value::is_null) {
-                    p["protocol"] = json!("TCP");
-                }
+                default_protocols(c.get_mut("ports"));
             }
         }
-    };
+    }
     match (rt.group.as_str(), rt.plural.as_str()) {
-        ("", "pods") => {
-            for key in ["containers", "initContainers"] {
-                default_ports(&mut obj["spec"], key);
-            }
-        }
+        ("", "pods") => default_pod_spec(obj.get_mut("spec")),
         ("apps", "deployments") => {
-            if obj.get("spec").is_some() && obj["spec"].get("replicas").is_none() {
-                obj["spec"]["replicas"] = json!(1);
+            let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
+                return;
+            };
+            if all && !spec.contains_key("replicas") {
+                spec.insert("replicas".into(), json!(1));
             }
-            if obj.get("spec").is_some() {
-                for key in ["containers", "initContainers"] {
-                    default_ports(&mut obj["spec"]["template"]["spec"], key);
-                }
-            }
+            default_pod_spec(spec.get_mut("template").and_then(|t| t.get_mut("spec")));
         }
-        ("", "services") => {
-            if let Some(ports) = obj["spec"].get_mut("ports").and_then(Value::as_array_mut) {
-                for p in ports {
-                    if p.get("protocol").is_none_or(Value::is_null) {
-                        p["protocol"] = json!("TCP");
-                    }
-                }
-            }
-        }
+        ("", "services") => default_protocols(obj.get_mut("spec").and_then(|s| s.get_mut("ports"))),
         _ => {}
     }
 }

@@ -158,37 +158,23 @@ fn namespace_resource() -> kube::api::ApiResource {
     kube::api::ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Namespace"), "namespaces")
 }
 
-/// Finds kubectl: `$KUBECTL`, else `kubectl` on PATH. When missing, tries `apt-get install kubectl` once
-/// and says so; fails with instructions when that is not possible.
+/// Finds kubectl: `$KUBECTL`, else `kubectl` on PATH. `make deps` (run by `make test`) installs it when
+/// it is missing.
 pub fn kubectl_path() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os(KUBECTL_ENV).filter(|p| !p.is_empty()) {
         return Ok(PathBuf::from(p));
     }
-    let find = || {
-        std::env::var_os("PATH")
-            .map(|paths| {
-                std::env::split_paths(&paths)
-                    .map(|d| d.join("kubectl"))
-                    .find(|p| p.is_file())
-            })
-            .unwrap_or_default()
-    };
-    if let Some(p) = find() {
-        return Ok(p);
-    }
-    static INSTALL: std::sync::Once = std::sync::Once::new();
-    INSTALL.call_once(|| {
-        eprintln!("kubectl is missing: trying `apt-get install -y kubectl`");
-        let ok = Command::new("apt-get").args(["install", "-y", "kubectl"]).status().is_ok_and(|s| s.success());
-        if !ok {
-            eprintln!("could not install kubectl with apt-get; install kubectl 1.32 and put it on PATH or set {KUBECTL_ENV}");
-        }
-    });
-    find().ok_or_else(|| {
-        Error::Config(format!(
-            "kubectl not found on PATH (set {KUBECTL_ENV}); installing it with apt-get failed"
-        ))
-    })
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join("kubectl"))
+                .find(|p| p.is_file())
+        })
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "kubectl not found on PATH: run `make deps` (installs it with apt-get) or set {KUBECTL_ENV}"
+            ))
+        })
 }
 
 /// See [`Env::apply_yaml`].
