@@ -1,0 +1,282 @@
+//! The queue HTTP API: the happy paths, and every bad input answered with a JSON error that changes
+//! nothing.
+
+mod queue_support;
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+use queue_support::*;
+use serde_json::{Value, json};
+use sluice_sidecar::queue::{QueueStore, api};
+use tokio_util::sync::CancellationToken;
+
+struct Api {
+    base: String,
+    client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+    stop: CancellationToken,
+}
+
+impl Api {
+    async fn start(store: QueueStore, max_batch: usize) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let stop = CancellationToken::new();
+        let s = stop.clone();
+        tokio::spawn(api::serve(
+            listener,
+            api::ApiState { store, max_batch },
+            async move { s.cancelled().await },
+        ));
+        Self {
+            base,
+            client: Client::builder(TokioExecutor::new()).build_http(),
+            stop,
+        }
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Vec<u8>,
+    ) -> (StatusCode, Value) {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let resp = self
+            .client
+            .request(req.body(Full::new(Bytes::from(body))).unwrap())
+            .await
+            .unwrap();
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        (status, json)
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.call(Method::POST, path, &[], body.to_string().into_bytes())
+            .await
+    }
+
+    async fn get(&self, path: &str) -> (StatusCode, Value) {
+        self.call(Method::GET, path, &[], Vec::new()).await
+    }
+}
+
+impl Drop for Api {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn job_count(store: &QueueStore) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM sluice.jobs")
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_a_clear_json_error_and_changes_nothing() {
+    let (_pg, pool) = pg().await;
+    let store = QueueStore::new(pool);
+    queue(&store, "emails").await;
+    let api = Api::start(store.clone(), 10).await;
+    let keyed = |body: &Value| {
+        (
+            [("idempotency-key", "k-1"), ("content-type", "application/json")],
+            body.to_string().into_bytes(),
+        )
+    };
+    let (h, b) = keyed(&json!({"kind": "welcome", "payload": {"to": "a"}}));
+    let (status, _) = api.call(Method::POST, "/v1/queues/emails/jobs", &h, b).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let before = job_count(&store).await;
+
+    let cases: Vec<(&str, StatusCode, Vec<u8>, Vec<(&str, &str)>, &str)> = vec![
+        (
+            "invalid JSON",
+            StatusCode::BAD_REQUEST,
+            b"{not json".to_vec(),
+            vec![],
+            "/v1/queues/emails/jobs",
+        ),
+        (
+            "missing payload",
+            StatusCode::BAD_REQUEST,
+            br#"{"kind":"x"}"#.to_vec(),
+            vec![],
+            "/v1/queues/emails/jobs",
+        ),
+        (
+            "missing kind",
+            StatusCode::BAD_REQUEST,
+            br#"{"payload":{}}"#.to_vec(),
+            vec![],
+            "/v1/queues/emails/jobs",
+        ),
+        (
+            "payload over 1 MiB",
+            StatusCode::PAYLOAD_TOO_LARGE,
+            json!({"kind": "x", "payload": "a".repeat(1024 * 1024 + 10)})
+                .to_string()
+                .into_bytes(),
+            vec![],
+            "/v1/queues/emails/jobs",
+        ),
+        (
+            "unknown queue",
+            StatusCode::NOT_FOUND,
+            br#"{"kind":"x","payload":{}}"#.to_vec(),
+            vec![],
+            "/v1/queues/nope/jobs",
+        ),
+        (
+            "conflicting idempotency key",
+            StatusCode::CONFLICT,
+            br#"{"kind":"welcome","payload":{"to":"b"}}"#.to_vec(),
+            vec![("idempotency-key", "k-1")],
+            "/v1/queues/emails/jobs",
+        ),
+        (
+            "batch over the limit",
+            StatusCode::BAD_REQUEST,
+            json!({"jobs": (0..11).map(|_| json!({"kind": "x", "payload": {}})).collect::<Vec<_>>()})
+                .to_string()
+                .into_bytes(),
+            vec![],
+            "/v1/queues/emails/jobs/batch",
+        ),
+        (
+            "bad priority",
+            StatusCode::BAD_REQUEST,
+            br#"{"kind":"x","payload":{},"priority":5000}"#.to_vec(),
+            vec![],
+            "/v1/queues/emails/jobs",
+        ),
+    ];
+    for (what, want, body, headers, path) in cases {
+        let (status, err) = api.call(Method::POST, path, &headers, body).await;
+        assert_eq!(status, want, "{what}: {err}");
+        assert!(
+            err["error"]["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{what}: {err}"
+        );
+        assert!(err["error"]["code"].is_string(), "{what}: {err}");
+    }
+    assert_eq!(job_count(&store).await, before, "no bad request stored anything");
+    let (status, _) = api.get("/v1/jobs/not-a-uuid").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, _) = api.get("/v1/queues/emails/jobs?state=bogus").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_enqueues_reads_lists_cancels_and_manages_queues() {
+    let (_pg, pool) = pg().await;
+    let store = QueueStore::new(pool);
+    let api = Api::start(store.clone(), 100).await;
+
+    let (status, q) = api
+        .call(
+            Method::PUT,
+            "/v1/queues/reports",
+            &[],
+            br#"{"maxAttempts":5,"leaseDuration":"10s"}"#.to_vec(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{q}");
+    assert_eq!(q["leaseMs"], 10_000);
+    let (status, _) = api
+        .call(Method::PUT, "/v1/queues/reports", &[], b"{}".to_vec())
+        .await;
+    assert_eq!(status, StatusCode::OK);
+
+    let body = br#"{"kind":"pdf","payload":{"id":1},"priority":5,"delayMs":3600000}"#.to_vec();
+    let (status, job) = api
+        .call(
+            Method::POST,
+            "/v1/queues/reports/jobs",
+            &[("idempotency-key", "r1")],
+            body.clone(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(
+        (job["state"].as_str(), job["priority"].as_i64()),
+        (Some("pending"), Some(5))
+    );
+    let (status, again) = api
+        .call(
+            Method::POST,
+            "/v1/queues/reports/jobs",
+            &[("idempotency-key", "r1")],
+            body,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "a repeated key returns the original job");
+    assert_eq!(again["id"], job["id"]);
+
+    let (status, batch) = api
+        .post(
+            "/v1/queues/reports/jobs/batch",
+            json!({"jobs": [{"kind": "a", "payload": 1}, {"kind": "b", "payload": 2}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(batch["ids"].as_array().unwrap().len(), 2);
+
+    let id = job["id"].as_str().unwrap();
+    let (status, got) = api.get(&format!("/v1/jobs/{id}")).await;
+    assert_eq!((status, got["kind"].as_str()), (StatusCode::OK, Some("pdf")));
+    let (_, page1) = api.get("/v1/queues/reports/jobs?limit=2").await;
+    assert_eq!(page1["jobs"].as_array().unwrap().len(), 2);
+    let next = page1["next"].as_str().unwrap();
+    let (_, page2) = api
+        .get(&format!("/v1/queues/reports/jobs?limit=2&after={next}"))
+        .await;
+    assert_eq!(page2["jobs"].as_array().unwrap().len(), 1);
+    let (_, pending) = api.get("/v1/queues/reports/jobs?state=pending").await;
+    assert_eq!(pending["jobs"].as_array().unwrap().len(), 3);
+
+    let (status, stats) = api.get("/v1/queues/reports/stats").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (stats["ready"].as_i64(), stats["scheduled"].as_i64()),
+        (Some(2), Some(1))
+    );
+    let (status, paused) = api.post("/v1/queues/reports/pause", json!({})).await;
+    assert_eq!((status, paused["paused"].as_bool()), (StatusCode::OK, Some(true)));
+    assert!(
+        store
+            .claim_batch("reports", "w", 10, std::time::Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let (_, resumed) = api.post("/v1/queues/reports/resume", json!({})).await;
+    assert_eq!(resumed["paused"].as_bool(), Some(false));
+    let (status, _) = api.post("/v1/queues/nope/pause", json!({})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    let (status, c) = api.post(&format!("/v1/jobs/{id}/cancel"), json!({})).await;
+    assert_eq!(
+        (status, c["outcome"].as_str()),
+        (StatusCode::OK, Some("cancelled"))
+    );
+    let (status, _) = api.post(&format!("/v1/jobs/{id}/cancel"), json!({})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "a finished job cannot be cancelled");
+    let (status, _) = api.post(&format!("/v1/jobs/{id}/retry"), json!({})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "only dead jobs can be retried");
+
+    let (status, doc) = api.get("/openapi.json").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(doc["paths"]["/v1/queues/{queue}/jobs"]["post"].is_object());
+}
