@@ -1,0 +1,256 @@
+//! The sidecar worker as a real process: HTTP dispatch with headers and status mapping, kill -9 mid-job
+//! (the job is retried after its lease expires and completes once), SIGTERM hand-back, and PostgreSQL
+//! restarted under load (no acknowledged enqueue lost).
+
+mod queue_support;
+
+use std::{
+    collections::HashMap,
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use axum::{Router, extract::State, http::HeaderMap, routing::post};
+use queue_support::*;
+use sluice_sidecar::queue::{NewJob, Outcome, QueueStore, Worker};
+use sluice_testsupport::wait_for_async;
+use tokio_util::sync::CancellationToken;
+
+const DEADLINE: Duration = Duration::from_secs(15);
+
+/// What the test handler saw: per job id, the attempts it was called with.
+#[derive(Clone, Default)]
+struct Seen(Arc<Mutex<HashMap<String, Vec<HeaderMap>>>>);
+
+impl Seen {
+    fn calls(&self, id: uuid::Uuid) -> Vec<HeaderMap> {
+        self.0
+            .lock()
+            .unwrap()
+            .get(&id.to_string())
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+/// A handler on 127.0.0.1: kind `hang-first` hangs on attempt 1 and succeeds later; `status-N` answers N.
+async fn start_handler(seen: Seen) -> String {
+    async fn handle(
+        State(seen): State<Seen>,
+        headers: HeaderMap,
+        _body: String,
+    ) -> (http::StatusCode, String) {
+        let id = headers["sluice-job-id"].to_str().unwrap().to_owned();
+        let kind = headers["sluice-job-kind"].to_str().unwrap().to_owned();
+        let attempt: u32 = headers["sluice-job-attempt"].to_str().unwrap().parse().unwrap();
+        seen.0.lock().unwrap().entry(id).or_default().push(headers);
+        if kind == "hang-first" && attempt == 1 {
+            std::future::pending::<()>().await;
+        }
+        if let Some(code) = kind.strip_prefix("status-") {
+            return (
+                http::StatusCode::from_u16(code.parse().unwrap()).unwrap(),
+                format!("said {code}"),
+            );
+        }
+        (http::StatusCode::OK, "done".into())
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/jobs", listener.local_addr().unwrap());
+    let app = Router::new().route("/jobs", post(handle)).with_state(seen);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+/// Starts `sluice-sidecar worker` from env vars alone.
+fn spawn_worker(db: &str, queue: &str, handler: &str, pod: &str) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_sluice-sidecar"))
+        .arg("worker")
+        .env("SLUICE_DATABASE_URL", db)
+        .env("SLUICE_QUEUES", queue)
+        .env("SLUICE_HANDLER_URL", handler)
+        .env("SLUICE_WORKER_CONCURRENCY", "4")
+        .env("SLUICE_METRICS_LISTEN", "127.0.0.1:0")
+        .env("SLUICE_POD_NAME", pod)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start sluice-sidecar worker")
+}
+
+async fn wait_state(store: &QueueStore, id: uuid::Uuid, want: &str) {
+    wait_for_async(&format!("job {id} to be {want}"), DEADLINE, || {
+        let store = store.clone();
+        async move { (state(&store, id).await == want).then_some(()) }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sidecar_worker_posts_jobs_with_headers_and_maps_statuses() {
+    let (pg, pool) = pg().await;
+    let store = QueueStore::new(pool);
+    queue(&store, "http").await; // 3 attempts
+    let seen = Seen::default();
+    let url = start_handler(seen.clone()).await;
+    let mut child = spawn_worker(&pg.url(), "http", &url, "pod-a");
+
+    let ok = store
+        .enqueue("http", &NewJob::new("ok", serde_json::json!({"x": 1})))
+        .await
+        .unwrap()
+        .id;
+    let unprocessable = store
+        .enqueue("http", &NewJob::new("status-422", serde_json::json!({})))
+        .await
+        .unwrap()
+        .id;
+    let broken = store
+        .enqueue("http", &NewJob::new("status-500", serde_json::json!({})))
+        .await
+        .unwrap()
+        .id;
+    wait_state(&store, ok, "succeeded").await;
+    wait_state(&store, unprocessable, "dead").await;
+    wait_state(&store, broken, "dead").await;
+
+    let h = &seen.calls(ok)[0];
+    assert_eq!(h["sluice-job-kind"], "ok");
+    assert_eq!(h["sluice-job-attempt"], "1");
+    assert_eq!(h["sluice-job-queue"], "http");
+    assert!(h.contains_key("sluice-job-deadline"));
+    assert_eq!(seen.calls(unprocessable).len(), 1, "422 fails permanently");
+    assert_eq!(seen.calls(broken).len(), 3, "500 is retried up to max attempts");
+    let last = store.get(broken).await.unwrap().unwrap().last_error.unwrap();
+    assert!(last.contains("500") && last.contains("said 500"), "{last}");
+
+    // SIGTERM ends the process cleanly (hand-back of running jobs is tested in queue_semantics).
+    Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "worker exits 0 on SIGTERM: {status}");
+    drop(pg);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_whose_worker_is_killed_is_retried_after_its_lease_and_completes_once() {
+    let (pg, pool) = pg().await;
+    let store = QueueStore::new(pool);
+    queue(&store, "crash").await; // lease 1s
+    let seen = Seen::default();
+    let url = start_handler(seen.clone()).await;
+    let mut doomed = spawn_worker(&pg.url(), "crash", &url, "pod-doomed");
+    let id = store
+        .enqueue("crash", &NewJob::new("hang-first", serde_json::json!({})))
+        .await
+        .unwrap()
+        .id;
+    wait_for_async("the first attempt to reach the handler", DEADLINE, || {
+        let n = seen.calls(id).len();
+        async move { (n == 1).then_some(()) }
+    })
+    .await;
+    let owner = store.get(id).await.unwrap().unwrap().lease_owner.unwrap();
+    assert!(
+        owner.starts_with("pod-doomed-"),
+        "lease owner names the pod: {owner}"
+    );
+
+    doomed.kill().unwrap(); // SIGKILL
+    doomed.wait().unwrap();
+    let mut rescuer = spawn_worker(&pg.url(), "crash", &url, "pod-rescuer");
+    wait_state(&store, id, "succeeded").await;
+    let job = store.get(id).await.unwrap().unwrap();
+    assert_eq!(job.attempt, 2);
+    assert!(job.last_error.unwrap_or_default().contains("lease expired"));
+    let calls = seen.calls(id);
+    assert_eq!(calls.len(), 2, "one hung attempt, one that completed");
+    assert_eq!(calls[1]["sluice-job-attempt"], "2");
+    rescuer.kill().unwrap();
+    rescuer.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_restarted_under_load_loses_no_acknowledged_enqueue() {
+    let (pg, pool) = pg().await;
+    let store = QueueStore::new(pool.clone());
+    queue(&store, "load").await;
+    let handler = FnHandler::new(|_, _| async { Outcome::Succeeded });
+    let shutdown = CancellationToken::new();
+    let worker = tokio::spawn(Worker::new(store.clone(), handler, opts("load", "w1")).run(shutdown.clone()));
+
+    let acked: Arc<Mutex<Vec<uuid::Uuid>>> = Arc::default();
+    let stop_enqueue = CancellationToken::new();
+    let producers: Vec<_> = (0..4)
+        .map(|p| {
+            let (store, acked, stop) = (store.clone(), acked.clone(), stop_enqueue.clone());
+            tokio::spawn(async move {
+                let mut n = 0;
+                while !stop.is_cancelled() {
+                    n += 1;
+                    let job = NewJob::new("k", serde_json::json!({"p": p, "n": n}));
+                    match store.enqueue("load", &job).await {
+                        Ok(e) => acked.lock().unwrap().push(e.id),
+                        Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                    }
+                }
+            })
+        })
+        .collect();
+    let count = |acked: &Arc<Mutex<Vec<uuid::Uuid>>>| acked.lock().unwrap().len();
+    wait_for_async("some enqueues before the restart", DEADLINE, || {
+        let n = count(&acked);
+        async move { (n >= 200).then_some(()) }
+    })
+    .await;
+
+    let mut pg = pg;
+    let before = count(&acked);
+    tokio::task::block_in_place(|| {
+        pg.kill();
+        pg.restart();
+    });
+    wait_for_async(
+        "enqueues to be acknowledged again after the restart",
+        DEADLINE,
+        || {
+            let n = count(&acked);
+            async move { (n >= before + 200).then_some(()) }
+        },
+    )
+    .await;
+    stop_enqueue.cancel();
+    for p in producers {
+        p.await.unwrap();
+    }
+
+    let acked = acked.lock().unwrap().clone();
+    wait_for_async(
+        "every acknowledged job to succeed",
+        Duration::from_secs(30),
+        || {
+            let (pool, acked) = (pool.clone(), acked.clone());
+            async move {
+                let n: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM sluice.jobs WHERE id = ANY($1) AND state = 'succeeded'",
+                )
+                .bind(&acked)
+                .fetch_one(&pool)
+                .await
+                .ok()?;
+                (n == acked.len() as i64).then_some(())
+            }
+        },
+    )
+    .await;
+    shutdown.cancel();
+    worker.await.unwrap().unwrap();
+}
