@@ -9,7 +9,7 @@
 //! `InvalidSpec`.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
-use kube::{CustomResource, core::Rule};
+use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 

@@ -14,8 +14,12 @@
 //! - [`crdgen`], [`config`], [`run`]: the CRD YAML generator, the typed command line, and the wiring
 //!   the binary calls.
 
+pub mod controller;
 pub mod crdgen;
+pub mod metrics;
+pub mod redis;
 pub mod render;
+pub mod webhook;
 
 /// Port of the sidecar's `/healthz`, `/readyz` and `/metrics` in injected pods; rendered into the
 /// config (`limits.adminListen`) and probed by the injected readiness probe, so both agree.

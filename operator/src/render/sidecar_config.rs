@@ -51,6 +51,9 @@ pub enum RenderError {
         /// The value.
         value: String,
     },
+    /// The sidecar's own validation refused the rendered config (a field the CRD cannot check).
+    #[error("the sidecar would refuse the rendered config: {0}")]
+    SidecarRejects(String),
     /// The policy has no namespace (it is namespaced, so only a malformed object lacks one).
     #[error("the policy has no namespace")]
     NoNamespace,
@@ -85,7 +88,7 @@ pub fn render(policy: &RateLimitPolicy) -> Result<SidecarConfig, RenderError> {
         rules,
         ..LimitsConfig::default()
     };
-    Ok(SidecarConfig {
+    let config = SidecarConfig {
         policy: Some(PolicyRef {
             namespace: policy.namespace().ok_or(RenderError::NoNamespace)?,
             name: policy.name_any(),
@@ -93,7 +96,11 @@ pub fn render(policy: &RateLimitPolicy) -> Result<SidecarConfig, RenderError> {
         }),
         limits,
         ..SidecarConfig::default()
-    })
+    };
+    // The sidecar validates every config it loads; checking here turns a config that every pod would
+    // refuse into a status condition on the policy instead.
+    sluice_sidecar::config::validate(&config).map_err(|e| RenderError::SidecarRejects(e.to_string()))?;
+    Ok(config)
 }
 
 /// Render `policy` into the YAML file the sidecar reads.

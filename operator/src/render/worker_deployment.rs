@@ -1,0 +1,531 @@
+//! A `JobQueue` rendered into its worker: the sidecar's `worker.yaml` (in a ConfigMap) and the worker
+//! Deployment (the team's handler container plus `sluice-sidecar worker`). Pure: no I/O.
+//!
+//! Invariants the tests hold:
+//! - the database URL reaches pods only through `secretKeyRef`, never as text in the pod spec or the
+//!   ConfigMap;
+//! - `terminationGracePeriodSeconds` exceeds the job timeout, and the worker's shutdown grace equals it,
+//!   so a scale-in lets a running job finish instead of killing it;
+//! - the sidecar runs non-root, read-only, without privilege escalation and with every capability
+//!   dropped;
+//! - a config change changes the pod template (a hash annotation), so workers roll onto it.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::{
+    api::{
+        apps::v1::{Deployment, DeploymentSpec},
+        core::v1::{
+            Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
+            HTTPGetAction, ObjectFieldSelector, PodSpec, Probe, ResourceRequirements, SeccompProfile,
+            SecretKeySelector, SecurityContext, Volume, VolumeMount,
+        },
+    },
+    apimachinery::pkg::{apis::meta::v1::LabelSelector, util::intstr::IntOrString},
+};
+use kube::{Resource, ResourceExt, api::ObjectMeta};
+use sha2::{Digest, Sha256};
+use sluice_crds::{
+    job_queue::JobQueue,
+    sidecar_config::{
+        CONFIG_VERSION, HandlerConfig, QueueApiConfig, QueueConfig, SidecarConfig, WorkerConfig,
+    },
+};
+
+use crate::SIDECAR_CONTAINER_NAME;
+
+/// Label every object rendered for a JobQueue carries, valued with its name; also the worker
+/// Deployment's selector.
+pub const JOB_QUEUE_LABEL: &str = "sluice.dev/jobqueue";
+/// Key of the worker config in its ConfigMap, and the file name the sidecar reads.
+pub const WORKER_CONFIG_KEY: &str = "worker.yaml";
+/// Where the worker config is mounted in the sidecar.
+pub const WORKER_CONFIG_DIR: &str = "/etc/sluice";
+/// Name of the config volume added to worker pods.
+pub const WORKER_CONFIG_VOLUME: &str = "sluice-worker-config";
+/// Pod-template annotation holding a hash of the worker config, so a config change rolls the workers.
+pub const CONFIG_HASH_ANNOTATION: &str = "sluice.dev/config-hash";
+/// Port of the worker sidecar's `/metrics` and `/healthz`.
+pub const WORKER_METRICS_PORT: u16 = 9902;
+/// Address the queue API listens on in pods that enqueue through the sidecar.
+pub const QUEUE_API_LISTEN_DEFAULT: &str = "127.0.0.1:7070";
+/// Time added to the job timeout in `terminationGracePeriodSeconds`: the worker's own shutdown steps
+/// (handing back unstarted jobs, the last completion batch) happen after in-flight jobs end.
+pub const TERMINATION_MARGIN_SECS: i64 = 30;
+/// UID the sidecar runs as (the distroless `nonroot` user).
+pub const SIDECAR_UID: i64 = 65532;
+
+/// What the operator's command line decides about worker pods.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WorkerRenderOptions {
+    /// The `sluice-sidecar` image (`SLUICE_SIDECAR_IMAGE`).
+    pub sidecar_image: String,
+    /// Requests and limits of the sidecar container (`SLUICE_SIDECAR_RESOURCES`).
+    pub sidecar_resources: Option<ResourceRequirements>,
+}
+
+/// Why a JobQueue that passed the CRD's validation cannot be rendered. The message names the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RenderError {
+    /// The pod template has no containers.
+    #[error("spec.worker.template.spec.containers: the template needs the handler container")]
+    NoContainers,
+    /// `handler.container` names no container of the template.
+    #[error("spec.worker.handler.container: {0:?} is not a container of spec.worker.template")]
+    NoSuchHandler(String),
+    /// A template container is named like the sidecar.
+    #[error("spec.worker.template.spec.containers: the name {0:?} is reserved for the Sluice worker sidecar")]
+    ReservedName(String),
+    /// The handler port collides with the sidecar's metrics port.
+    #[error("spec.worker.handler.port: {0} is the Sluice worker's metrics port; use another")]
+    PortInUse(u16),
+}
+
+/// Name of the worker Deployment (and its HPA): `<jobqueue>-worker`.
+pub fn worker_name(jq: &JobQueue) -> String {
+    format!("{}-worker", jq.name_any())
+}
+
+/// Name of the ConfigMap holding the worker config: `<jobqueue>-worker-config`.
+pub fn config_map_name(jq: &JobQueue) -> String {
+    format!("{}-worker-config", jq.name_any())
+}
+
+/// Labels of every object rendered for `jq`.
+pub fn labels(jq: &JobQueue) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (JOB_QUEUE_LABEL.to_owned(), jq.name_any()),
+        ("app.kubernetes.io/name".to_owned(), "sluice-worker".to_owned()),
+        ("app.kubernetes.io/instance".to_owned(), jq.name_any()),
+        ("app.kubernetes.io/managed-by".to_owned(), crate::FIELD_MANAGER.to_owned()),
+    ])
+}
+
+/// Metadata of an object owned (controller reference) by `jq`.
+pub fn owned_meta(jq: &JobQueue, name: String) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: jq.namespace(),
+        labels: Some(labels(jq)),
+        owner_references: jq.controller_owner_ref(&()).map(|r| vec![r]),
+        ..ObjectMeta::default()
+    }
+}
+
+/// The sidecar config the worker reads: the queue to serve, concurrency, the handler URL and timeout.
+/// The database URL is left out (it comes from `SLUICE_DATABASE_URL`), and so are the queue's settings
+/// (the operator registers them once, so workers of an older generation cannot write old ones back).
+pub fn render_worker_config(jq: &JobQueue) -> SidecarConfig {
+    let w = &jq.spec.worker;
+    SidecarConfig {
+        version: CONFIG_VERSION,
+        policy: None,
+        limits: Default::default(),
+        queue: Some(QueueConfig {
+            database_url: None,
+            pool_size: None,
+            queues: vec![jq.queue_name()],
+            queue_settings: vec![],
+            worker: WorkerConfig {
+                concurrency: w.concurrency,
+                // Jobs in flight at SIGTERM get the whole job timeout to finish.
+                shutdown_grace: w.job_timeout,
+                metrics_listen: ([0, 0, 0, 0], WORKER_METRICS_PORT).into(),
+                ..WorkerConfig::default()
+            },
+            handler: HandlerConfig {
+                url: format!("http://127.0.0.1:{}{}", w.handler.port, w.handler.path),
+                timeout: w.job_timeout,
+                permanent_failure_statuses: w.handler.permanent_failure_statuses.clone(),
+            },
+            api: QueueApiConfig::default(),
+        }),
+    }
+}
+
+/// The worker config as the YAML file the sidecar reads.
+pub fn worker_config_yaml(jq: &JobQueue) -> String {
+    // Plain data: serialising cannot fail.
+    serde_yaml::to_string(&render_worker_config(jq)).expect("worker config serialises")
+}
+
+/// The ConfigMap holding `worker.yaml`, owned by the JobQueue.
+pub fn render_config_map(jq: &JobQueue) -> ConfigMap {
+    ConfigMap {
+        metadata: owned_meta(jq, config_map_name(jq)),
+        data: Some(BTreeMap::from([(WORKER_CONFIG_KEY.to_owned(), worker_config_yaml(jq))])),
+        ..ConfigMap::default()
+    }
+}
+
+/// The worker Deployment. `replicas` is set only when the operator decides the count (at 0, while
+/// paused, or with no autoscaler); `None` leaves `spec.replicas` to the HPA or KEDA.
+pub fn render_worker_deployment(
+    jq: &JobQueue,
+    opts: &WorkerRenderOptions,
+    replicas: Option<i32>,
+) -> Result<Deployment, RenderError> {
+    let w = &jq.spec.worker;
+    let mut template = w.template.clone();
+    let mut pod = template.spec.take().unwrap_or_default();
+    if pod.containers.is_empty() {
+        return Err(RenderError::NoContainers);
+    }
+    if let Some(c) = pod.containers.iter().find(|c| c.name == SIDECAR_CONTAINER_NAME) {
+        return Err(RenderError::ReservedName(c.name.clone()));
+    }
+    if let Some(handler) = &w.handler.container
+        && !pod.containers.iter().any(|c| &c.name == handler)
+    {
+        return Err(RenderError::NoSuchHandler(handler.clone()));
+    }
+    if w.handler.port == WORKER_METRICS_PORT {
+        return Err(RenderError::PortInUse(w.handler.port));
+    }
+
+    pod.containers.push(sidecar_container(jq, opts));
+    pod.volumes.get_or_insert_with(Vec::new).push(Volume {
+        name: WORKER_CONFIG_VOLUME.into(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: config_map_name(jq),
+            ..ConfigMapVolumeSource::default()
+        }),
+        ..Volume::default()
+    });
+    pod.termination_grace_period_seconds = Some(termination_grace_seconds(jq).max(
+        pod.termination_grace_period_seconds.unwrap_or(0),
+    ));
+
+    let mut meta = template.metadata.take().unwrap_or_default();
+    meta.labels.get_or_insert_with(BTreeMap::new).extend(labels(jq));
+    meta.annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(CONFIG_HASH_ANNOTATION.into(), config_hash(jq));
+    template.metadata = Some(meta);
+    template.spec = Some(pod);
+
+    Ok(Deployment {
+        metadata: owned_meta(jq, worker_name(jq)),
+        spec: Some(DeploymentSpec {
+            replicas,
+            selector: LabelSelector {
+                match_labels: Some(BTreeMap::from([(JOB_QUEUE_LABEL.to_owned(), jq.name_any())])),
+                ..LabelSelector::default()
+            },
+            template,
+            ..DeploymentSpec::default()
+        }),
+        ..Deployment::default()
+    })
+}
+
+/// `terminationGracePeriodSeconds` of worker pods: the job timeout plus [`TERMINATION_MARGIN_SECS`].
+pub fn termination_grace_seconds(jq: &JobQueue) -> i64 {
+    let timeout = jq.spec.worker.job_timeout.get().as_secs_f64().ceil() as i64;
+    timeout + TERMINATION_MARGIN_SECS
+}
+
+/// A short hash of the worker config, for [`CONFIG_HASH_ANNOTATION`].
+pub fn config_hash(jq: &JobQueue) -> String {
+    let digest = Sha256::digest(worker_config_yaml(jq).as_bytes());
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `SLUICE_DATABASE_URL` from the JobQueue's Secret, by reference.
+pub fn database_url_env(jq: &JobQueue) -> EnvVar {
+    let r = &jq.spec.database.secret_ref;
+    EnvVar {
+        name: "SLUICE_DATABASE_URL".into(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: r.name.clone(),
+                key: r.key.clone(),
+                optional: Some(false),
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
+/// Env vars that give an app pod the sidecar's queue HTTP API for `jq` (for the pod webhook, when a pod
+/// is annotated `sluice.dev/job-queues: <name>`): the database URL by `secretKeyRef` to the JobQueue's
+/// Secret (never as text), the queue name, and the API's address on localhost.
+///
+/// One database per sidecar: a pod naming several JobQueues gets the queue API for those that share
+/// the first one's Secret reference; the caller decides what to do with the others.
+pub fn queue_api_env(jq: &JobQueue) -> Vec<EnvVar> {
+    vec![
+        database_url_env(jq),
+        EnvVar {
+            name: "SLUICE_QUEUES".into(),
+            value: Some(jq.queue_name()),
+            ..EnvVar::default()
+        },
+        EnvVar {
+            name: "SLUICE_API_LISTEN".into(),
+            value: Some(QUEUE_API_LISTEN_DEFAULT.into()),
+            ..EnvVar::default()
+        },
+    ]
+}
+
+fn sidecar_container(jq: &JobQueue, opts: &WorkerRenderOptions) -> Container {
+    Container {
+        name: SIDECAR_CONTAINER_NAME.into(),
+        image: Some(opts.sidecar_image.clone()),
+        args: Some(vec![
+            "worker".into(),
+            "--config".into(),
+            format!("{WORKER_CONFIG_DIR}/{WORKER_CONFIG_KEY}"),
+        ]),
+        env: Some(vec![
+            database_url_env(jq),
+            EnvVar {
+                name: "SLUICE_POD_NAME".into(),
+                value_from: Some(EnvVarSource {
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: "metadata.name".into(),
+                        ..ObjectFieldSelector::default()
+                    }),
+                    ..EnvVarSource::default()
+                }),
+                ..EnvVar::default()
+            },
+        ]),
+        ports: Some(vec![ContainerPort {
+            name: Some("sluice-metrics".into()),
+            container_port: i32::from(WORKER_METRICS_PORT),
+            protocol: Some("TCP".into()),
+            ..ContainerPort::default()
+        }]),
+        readiness_probe: Some(Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some("/healthz".into()),
+                port: IntOrString::Int(i32::from(WORKER_METRICS_PORT)),
+                ..HTTPGetAction::default()
+            }),
+            period_seconds: Some(5),
+            ..Probe::default()
+        }),
+        resources: opts.sidecar_resources.clone(),
+        security_context: Some(strict_security_context()),
+        volume_mounts: Some(vec![VolumeMount {
+            name: WORKER_CONFIG_VOLUME.into(),
+            mount_path: WORKER_CONFIG_DIR.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        }]),
+        ..Container::default()
+    }
+}
+
+/// Non-root, read-only root filesystem, no privilege escalation, every capability dropped, the runtime's
+/// seccomp profile: what the `restricted` Pod Security Standard asks.
+pub fn strict_security_context() -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(SIDECAR_UID),
+        run_as_group: Some(SIDECAR_UID),
+        read_only_root_filesystem: Some(true),
+        allow_privilege_escalation: Some(false),
+        privileged: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Capabilities::default()
+        }),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            ..SeccompProfile::default()
+        }),
+        ..SecurityContext::default()
+    }
+}
+
+/// The handler container's name: `handler.container`, else the template's first container.
+pub fn handler_container(jq: &JobQueue) -> Option<String> {
+    jq.spec.worker.handler.container.clone().or_else(|| {
+        jq.spec
+            .worker
+            .template
+            .spec
+            .as_ref()
+            .and_then(|s: &PodSpec| s.containers.first())
+            .map(|c| c.name.clone())
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use sluice_crds::job_queue::JobQueueSpec;
+
+    /// A JobQueue `emails` in `shop` from a YAML spec, with a uid so it can own objects.
+    pub(crate) fn job_queue(spec_yaml: &str) -> JobQueue {
+        let spec: JobQueueSpec = serde_yaml::from_str(spec_yaml).unwrap();
+        let mut jq = JobQueue::new("emails", spec);
+        jq.metadata.namespace = Some("shop".into());
+        jq.metadata.uid = Some("0a0a0a0a-1111-2222-3333-444444444444".into());
+        jq.metadata.generation = Some(3);
+        jq
+    }
+
+    pub(crate) const BASIC: &str = r#"
+database: {secretRef: {name: pg, key: dsn}}
+worker:
+  template:
+    metadata: {labels: {team: mail}}
+    spec:
+      containers:
+      - name: handler
+        image: mail-handler:1.2
+        ports: [{containerPort: 8080}]
+  handler: {port: 8080, path: /run}
+  concurrency: 4
+  jobTimeout: 2m
+"#;
+
+    fn opts() -> WorkerRenderOptions {
+        WorkerRenderOptions {
+            sidecar_image: "ghcr.io/sluice-dev/sluice-sidecar:0.1.0".into(),
+            sidecar_resources: None,
+        }
+    }
+
+    fn pod(d: &Deployment) -> &PodSpec {
+        d.spec.as_ref().unwrap().template.spec.as_ref().unwrap()
+    }
+
+    fn sidecar(d: &Deployment) -> &Container {
+        pod(d).containers.iter().find(|c| c.name == SIDECAR_CONTAINER_NAME).unwrap()
+    }
+
+    #[test]
+    fn the_deployment_runs_the_handler_beside_the_sidecar_in_worker_role() {
+        let jq = job_queue(BASIC);
+        let d = render_worker_deployment(&jq, &opts(), Some(0)).unwrap();
+        assert_eq!(d.metadata.name.as_deref(), Some("emails-worker"));
+        assert_eq!(d.metadata.namespace.as_deref(), Some("shop"));
+        let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!((owner.kind.as_str(), owner.controller), ("JobQueue", Some(true)));
+        assert_eq!(d.spec.as_ref().unwrap().replicas, Some(0));
+        let names: Vec<_> = pod(&d).containers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["handler", "sluice-sidecar"]);
+        let s = sidecar(&d);
+        assert_eq!(
+            s.args.as_ref().unwrap(),
+            &["worker", "--config", "/etc/sluice/worker.yaml"]
+        );
+        assert_eq!(s.image.as_deref(), Some("ghcr.io/sluice-dev/sluice-sidecar:0.1.0"));
+        let labels = d.spec.as_ref().unwrap().template.metadata.as_ref().unwrap().labels.as_ref().unwrap();
+        assert_eq!(labels["team"], "mail", "the user's labels are kept");
+        assert_eq!(labels[JOB_QUEUE_LABEL], "emails");
+        let selector = d.spec.as_ref().unwrap().selector.match_labels.as_ref().unwrap();
+        assert!(selector.iter().all(|(k, v)| labels.get(k) == Some(v)), "the selector selects the pods");
+    }
+
+    #[test]
+    fn the_database_url_reaches_pods_only_by_secret_reference() {
+        let jq = job_queue(BASIC);
+        let d = render_worker_deployment(&jq, &opts(), None).unwrap();
+        let env = sidecar(&d).env.as_ref().unwrap();
+        let url = env.iter().find(|e| e.name == "SLUICE_DATABASE_URL").unwrap();
+        assert!(url.value.is_none());
+        let r = url.value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
+        assert_eq!((r.name.as_str(), r.key.as_str()), ("pg", "dsn"));
+        let pod_name = env.iter().find(|e| e.name == "SLUICE_POD_NAME").unwrap();
+        assert_eq!(
+            pod_name.value_from.as_ref().unwrap().field_ref.as_ref().unwrap().field_path,
+            "metadata.name"
+        );
+        let cm = render_config_map(&jq);
+        let text = &cm.data.as_ref().unwrap()[WORKER_CONFIG_KEY];
+        assert!(!text.contains("databaseUrl"), "{text}");
+        assert!(!serde_json::to_string(&d).unwrap().contains("postgres://"));
+    }
+
+    #[test]
+    fn scale_in_waits_for_the_job_timeout() {
+        let jq = job_queue(BASIC);
+        let d = render_worker_deployment(&jq, &opts(), None).unwrap();
+        assert_eq!(pod(&d).termination_grace_period_seconds, Some(120 + TERMINATION_MARGIN_SECS));
+        let cfg = render_worker_config(&jq).queue.unwrap();
+        assert_eq!(cfg.worker.shutdown_grace, jq.spec.worker.job_timeout);
+        assert!(termination_grace_seconds(&jq) > jq.spec.worker.job_timeout.get().as_secs() as i64);
+    }
+
+    #[test]
+    fn a_longer_grace_period_of_the_users_template_is_kept() {
+        let yaml = BASIC.replace("      containers:", "      terminationGracePeriodSeconds: 900\n      containers:");
+        let d = render_worker_deployment(&job_queue(&yaml), &opts(), None).unwrap();
+        assert_eq!(pod(&d).termination_grace_period_seconds, Some(900));
+    }
+
+    #[test]
+    fn the_sidecar_security_context_is_strict() {
+        let d = render_worker_deployment(&job_queue(BASIC), &opts(), None).unwrap();
+        let sc = sidecar(&d).security_context.as_ref().unwrap();
+        assert_eq!(sc.run_as_non_root, Some(true));
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(sc.capabilities.as_ref().unwrap().drop.as_ref().unwrap(), &["ALL"]);
+    }
+
+    #[test]
+    fn the_worker_config_points_at_the_handler_and_serves_the_queue() {
+        let jq = job_queue(&BASIC.replace("database:", "queueName: mail.outbound\ndatabase:"));
+        let cfg = render_worker_config(&jq);
+        let q = cfg.queue.as_ref().unwrap();
+        assert_eq!(q.queues, ["mail.outbound"]);
+        assert_eq!(q.handler.url, "http://127.0.0.1:8080/run");
+        assert_eq!(q.worker.concurrency, 4);
+        assert_eq!(q.handler.timeout.to_string(), "2m");
+        // The file reads back as the sidecar reads it.
+        let back: SidecarConfig = serde_yaml::from_str(&worker_config_yaml(&jq)).unwrap();
+        assert_eq!(back, cfg);
+    }
+
+    #[test]
+    fn a_config_change_rolls_the_workers() {
+        let a = render_worker_deployment(&job_queue(BASIC), &opts(), None).unwrap();
+        let b = render_worker_deployment(&job_queue(&BASIC.replace("concurrency: 4", "concurrency: 8")), &opts(), None)
+            .unwrap();
+        let hash = |d: &Deployment| {
+            d.spec.as_ref().unwrap().template.metadata.as_ref().unwrap().annotations.as_ref().unwrap()
+                [CONFIG_HASH_ANNOTATION]
+                .clone()
+        };
+        assert_ne!(hash(&a), hash(&b));
+    }
+
+    #[test]
+    fn templates_that_cannot_run_a_worker_are_refused_naming_the_field() {
+        let no_containers = job_queue("database: {secretRef: {name: pg}}\nworker: {template: {spec: {containers: []}}}\n");
+        assert_eq!(
+            render_worker_deployment(&no_containers, &opts(), None).unwrap_err(),
+            RenderError::NoContainers
+        );
+        let wrong_handler = job_queue(&BASIC.replace("handler: {port: 8080", "handler: {container: nope, port: 8080"));
+        let err = render_worker_deployment(&wrong_handler, &opts(), None).unwrap_err();
+        assert!(err.to_string().contains("spec.worker.handler.container"), "{err}");
+        let reserved = job_queue(&BASIC.replace("name: handler", "name: sluice-sidecar"));
+        assert!(matches!(
+            render_worker_deployment(&reserved, &opts(), None),
+            Err(RenderError::ReservedName(_))
+        ));
+        let port = job_queue(&BASIC.replace("port: 8080, path", "port: 9902, path"));
+        assert_eq!(
+            render_worker_deployment(&port, &opts(), None).unwrap_err(),
+            RenderError::PortInUse(9902)
+        );
+    }
+
+    #[test]
+    fn apps_get_the_queue_api_with_the_url_by_reference() {
+        let env = queue_api_env(&job_queue(BASIC));
+        let names: Vec<_> = env.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["SLUICE_DATABASE_URL", "SLUICE_QUEUES", "SLUICE_API_LISTEN"]);
+        assert!(env[0].value.is_none());
+        assert_eq!(env[1].value.as_deref(), Some("emails"));
+    }
+}

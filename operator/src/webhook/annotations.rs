@@ -1,0 +1,218 @@
+//! The `sluice.dev/*` pod annotations that ask for injection and tune it, parsed strictly: a bad value
+//! is an error naming the annotation, so a pod is rejected rather than injected half-way.
+
+use std::collections::BTreeMap;
+
+/// `"true"` asks for the sidecar; `"false"` (or absence) leaves the pod alone.
+pub const INJECT: &str = "sluice.dev/inject";
+/// Name of the `RateLimitPolicy` (in the pod's namespace) that governs the pod. Absent: the one policy
+/// whose `selector` matches the pod's labels.
+pub const POLICY: &str = "sluice.dev/policy";
+/// The application's port the sidecar fronts: a container port name (`http`) or number (`8080`).
+/// Absent: the port named `http`, else the pod's only container port.
+pub const APP_PORT: &str = "sluice.dev/app-port";
+/// Port the sidecar listens on (default [`crate::SIDECAR_LISTEN_PORT_DEFAULT`]).
+pub const LISTEN_PORT: &str = "sluice.dev/listen-port";
+/// `"true"`: inject a native sidecar (init container with `restartPolicy: Always`); `"false"`: a plain
+/// container. Absent: the operator's default (`--sidecar-native`).
+pub const NATIVE_SIDECAR: &str = "sluice.dev/native-sidecar";
+
+/// Label the webhook puts on injected pods, naming their policy, so the controller can find them.
+pub const POLICY_LABEL: &str = "sluice.dev/policy";
+
+/// A port as an annotation names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PortRef {
+    /// A container port's `name`.
+    Name(String),
+    /// A container port number.
+    Number(u16),
+}
+
+/// What a pod's annotations ask for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InjectAnnotations {
+    /// Whether injection is asked for.
+    pub inject: bool,
+    /// `sluice.dev/policy`.
+    pub policy: Option<String>,
+    /// `sluice.dev/app-port`.
+    pub app_port: Option<PortRef>,
+    /// `sluice.dev/listen-port`.
+    pub listen_port: Option<u16>,
+    /// `sluice.dev/native-sidecar`.
+    pub native_sidecar: Option<bool>,
+}
+
+/// A `sluice.dev/*` annotation with a value the webhook cannot use.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("annotation {annotation}: {value:?} {problem}")]
+pub struct AnnotationError {
+    /// The annotation key.
+    pub annotation: &'static str,
+    /// The value found.
+    pub value: String,
+    /// What is wrong and what to write instead.
+    pub problem: &'static str,
+}
+
+impl InjectAnnotations {
+    /// Parse the annotations of a pod. Only `sluice.dev/*` keys are read.
+    pub fn parse(annotations: &BTreeMap<String, String>) -> Result<Self, AnnotationError> {
+        let get = |k: &str| annotations.get(k).map(|v| v.trim());
+        let err = |annotation, value: &str, problem| AnnotationError {
+            annotation,
+            value: value.to_owned(),
+            problem,
+        };
+        let boolean = |annotation: &'static str| -> Result<Option<bool>, AnnotationError> {
+            match get(annotation) {
+                None => Ok(None),
+                Some("true") => Ok(Some(true)),
+                Some("false") => Ok(Some(false)),
+                Some(v) => Err(err(
+                    annotation,
+                    v,
+                    "is not a boolean: write \"true\" or \"false\"",
+                )),
+            }
+        };
+        let inject = boolean(INJECT)?.unwrap_or(false);
+        let native_sidecar = boolean(NATIVE_SIDECAR)?;
+        let policy = match get(POLICY) {
+            None => None,
+            Some(v) if is_dns_label(v) => Some(v.to_owned()),
+            Some(v) => {
+                return Err(err(
+                    POLICY,
+                    v,
+                    "is not a RateLimitPolicy name: lower-case letters, digits and '-', at most 63 characters",
+                ));
+            }
+        };
+        let app_port = match get(APP_PORT) {
+            None => None,
+            Some(v) => Some(parse_port_ref(v).ok_or_else(|| {
+                err(
+                    APP_PORT,
+                    v,
+                    "is neither a container port number (1-65535) nor a port name (e.g. http)",
+                )
+            })?),
+        };
+        let listen_port = match get(LISTEN_PORT) {
+            None => None,
+            Some(v) => Some(
+                v.parse::<u16>()
+                    .ok()
+                    .filter(|p| *p > 0)
+                    .ok_or_else(|| err(LISTEN_PORT, v, "is not a port number (1-65535)"))?,
+            ),
+        };
+        Ok(Self {
+            inject,
+            policy,
+            app_port,
+            listen_port,
+            native_sidecar,
+        })
+    }
+}
+
+fn parse_port_ref(v: &str) -> Option<PortRef> {
+    if v.bytes().all(|b| b.is_ascii_digit()) {
+        return v.parse::<u16>().ok().filter(|p| *p > 0).map(PortRef::Number);
+    }
+    is_port_name(v).then(|| PortRef::Name(v.to_owned()))
+}
+
+/// IANA service name, as Kubernetes requires of container port names: at most 15 characters of
+/// lower-case letters, digits and '-', at least one letter, no leading, trailing or double '-'.
+pub fn is_port_name(v: &str) -> bool {
+    !v.is_empty()
+        && v.len() <= 15
+        && v.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && v.bytes().any(|b| b.is_ascii_lowercase())
+        && !v.starts_with('-')
+        && !v.ends_with('-')
+        && !v.contains("--")
+}
+
+fn is_dns_label(v: &str) -> bool {
+    !v.is_empty()
+        && v.len() <= 63
+        && v.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !v.starts_with('-')
+        && !v.ends_with('-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(pairs: &[(&str, &str)]) -> Result<InjectAnnotations, AnnotationError> {
+        InjectAnnotations::parse(
+            &pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn pod_without_annotations_asks_for_nothing() {
+        assert_eq!(parse(&[]).unwrap(), InjectAnnotations::default());
+    }
+
+    #[test]
+    fn every_annotation_is_read() {
+        let a = parse(&[
+            (INJECT, "true"),
+            (POLICY, "api"),
+            (APP_PORT, "http"),
+            (LISTEN_PORT, "9000"),
+            (NATIVE_SIDECAR, "false"),
+        ])
+        .unwrap();
+        assert_eq!(
+            a,
+            InjectAnnotations {
+                inject: true,
+                policy: Some("api".into()),
+                app_port: Some(PortRef::Name("http".into())),
+                listen_port: Some(9000),
+                native_sidecar: Some(false),
+            }
+        );
+        assert_eq!(
+            parse(&[(APP_PORT, "8080")]).unwrap().app_port,
+            Some(PortRef::Number(8080))
+        );
+    }
+
+    #[test]
+    fn bad_values_are_errors_naming_the_annotation() {
+        for (key, value) in [
+            (INJECT, "yes"),
+            (INJECT, "True"),
+            (POLICY, "My_Policy"),
+            (POLICY, &"a".repeat(64)),
+            (APP_PORT, "0"),
+            (APP_PORT, "70000"),
+            (APP_PORT, "Http"),
+            (APP_PORT, "a-very-long-port-name"),
+            (LISTEN_PORT, "http"),
+            (LISTEN_PORT, "0"),
+            (NATIVE_SIDECAR, "maybe"),
+        ] {
+            let err = parse(&[(INJECT, "true"), (key, value)]).unwrap_err();
+            assert_eq!(err.annotation, key);
+            assert!(
+                err.to_string().starts_with(&format!("annotation {key}: ")),
+                "{err}"
+            );
+        }
+    }
+}

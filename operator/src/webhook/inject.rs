@@ -1,0 +1,426 @@
+//! The injection patch, as a pure function of the pod, its annotations, the policies in its namespace
+//! and the operator's settings. No I/O: the server ([`super::server`]) resolves nothing itself.
+//!
+//! What injection does (docs/injection.md shows before/after specs):
+//! - adds the `sluice-sidecar` container (native sidecar by default: an init container with
+//!   `restartPolicy: Always`), its config volume, Redis URL from the policy's Secret, probes, resources
+//!   and a locked-down security context;
+//! - moves the app's *named* port to the sidecar, so Services that target the port by name reach the
+//!   sidecar without edits, while the app keeps listening where it did;
+//! - rewrites the app container's probes and lifecycle hooks that used that name to the number, so
+//!   kubelet keeps reaching the app directly;
+//! - labels the pod `sluice.dev/policy=<name>`, which is how the controller finds the pods it governs.
+//!
+//! Invariants: a pod that already has the container is left alone (re-admission changes nothing), and
+//! every check runs before anything is changed, so a pod is either injected completely or rejected.
+
+#[cfg(test)]
+mod tests;
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use k8s_openapi::{
+    api::core::v1::{Container, ContainerPort, Pod, Probe, ResourceRequirements},
+    apimachinery::pkg::util::intstr::IntOrString,
+};
+use kube::core::{Selector, SelectorExt};
+use serde_json::json;
+use sluice_crds::rate_limit_policy::{RateLimitPolicy, SecretKeyRef};
+
+use super::annotations::{self, AnnotationError, InjectAnnotations, PortRef};
+use crate::{
+    SIDECAR_ADMIN_PORT, SIDECAR_CONTAINER_NAME, SIDECAR_LISTEN_PORT_DEFAULT,
+    render::sidecar_config::{CONFIG_KEY, CONFIG_MOUNT_DIR, config_map_name},
+};
+
+/// Name of the config volume added to injected pods.
+pub const CONFIG_VOLUME: &str = "sluice-config";
+/// Name given to the sidecar's listen port when the app port had no name to take over.
+pub const LISTEN_PORT_NAME: &str = "sluice";
+/// Name of the sidecar's admin port (health, readiness, metrics).
+pub const ADMIN_PORT_NAME: &str = "sluice-admin";
+/// The port name fronted when no `sluice.dev/app-port` annotation says otherwise.
+pub const APP_PORT_NAME_DEFAULT: &str = "http";
+/// User the sidecar runs as (the image's non-root user).
+pub const SIDECAR_UID: i64 = 65532;
+
+/// The operator's injection settings (flags `--sidecar-*`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct InjectConfig {
+    /// The sidecar image, e.g. `ghcr.io/sluice-dev/sluice-sidecar:0.1.0`.
+    pub image: String,
+    /// `imagePullPolicy` of the sidecar; absent: the cluster's default for the tag.
+    pub image_pull_policy: Option<String>,
+    /// Requests and limits of the sidecar.
+    pub resources: Option<ResourceRequirements>,
+    /// Inject a native sidecar (init container with `restartPolicy: Always`) unless the pod says
+    /// otherwise; `false` for clusters older than 1.29.
+    pub native: bool,
+}
+
+/// The policy a pod is governed by, as far as injection needs to know.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyTarget {
+    /// Name of the `RateLimitPolicy` (in the pod's namespace).
+    pub name: String,
+    /// Where the Redis URL is.
+    pub redis_secret: SecretKeyRef,
+}
+
+/// Why a pod cannot be injected. The message is what `kubectl` shows the user.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InjectError {
+    /// An annotation value is malformed.
+    #[error(transparent)]
+    Annotation(#[from] AnnotationError),
+    /// The annotations are well-formed but do not fit the pod or the namespace.
+    #[error("annotation {annotation}: {message}")]
+    Mismatch {
+        /// The annotation to change.
+        annotation: &'static str,
+        /// What does not fit.
+        message: String,
+    },
+}
+
+fn mismatch(annotation: &'static str, message: impl Into<String>) -> InjectError {
+    InjectError::Mismatch {
+        annotation,
+        message: message.into(),
+    }
+}
+
+/// Whether the pod already has the sidecar (in `containers` or `initContainers`).
+pub fn already_injected(pod: &Pod) -> bool {
+    pod.spec.as_ref().is_some_and(|s| {
+        s.containers
+            .iter()
+            .chain(s.init_containers.iter().flatten())
+            .any(|c| c.name == SIDECAR_CONTAINER_NAME)
+    })
+}
+
+/// Decide what to do with a pod at admission: `Ok(None)` leaves it as it is, `Ok(Some(pod))` is the
+/// injected pod, `Err` rejects it. `policies` are the `RateLimitPolicy`s in the pod's namespace.
+pub fn admit(
+    pod: &Pod,
+    policies: &[Arc<RateLimitPolicy>],
+    config: &InjectConfig,
+) -> Result<Option<Pod>, InjectError> {
+    let empty = BTreeMap::new();
+    let ann = InjectAnnotations::parse(pod.metadata.annotations.as_ref().unwrap_or(&empty))?;
+    if !ann.inject || already_injected(pod) {
+        return Ok(None);
+    }
+    let target = resolve_policy(pod, &ann, policies)?;
+    inject(pod, &ann, &target, config).map(Some)
+}
+
+/// The policy governing `pod`: the one its annotation names, else the one whose selector matches.
+pub fn resolve_policy(
+    pod: &Pod,
+    ann: &InjectAnnotations,
+    policies: &[Arc<RateLimitPolicy>],
+) -> Result<PolicyTarget, InjectError> {
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let target = |p: &RateLimitPolicy| PolicyTarget {
+        name: p.metadata.name.clone().unwrap_or_default(),
+        redis_secret: p.spec.redis.secret_ref.clone(),
+    };
+    if let Some(name) = &ann.policy {
+        return policies
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some(name))
+            .map(|p| target(p))
+            .ok_or_else(|| {
+                mismatch(
+                    annotations::POLICY,
+                    format!(
+                        "RateLimitPolicy {name:?} does not exist in namespace {ns:?}; create it first \
+                         (controllers retry creating the pod)"
+                    ),
+                )
+            });
+    }
+    let empty = BTreeMap::new();
+    let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
+    let selecting: Vec<&RateLimitPolicy> = policies
+        .iter()
+        .filter(|p| {
+            p.spec
+                .selector
+                .clone()
+                .and_then(|s| Selector::try_from(s).ok())
+                .is_some_and(|s| s.matches(labels))
+        })
+        .map(|p| p.as_ref())
+        .collect();
+    match selecting.as_slice() {
+        [one] => Ok(target(one)),
+        [] => Err(mismatch(
+            annotations::POLICY,
+            format!(
+                "absent, and no RateLimitPolicy in namespace {ns:?} selects this pod's labels: name the \
+                 policy in the annotation or give a policy a matching spec.selector"
+            ),
+        )),
+        many => Err(mismatch(
+            annotations::POLICY,
+            format!(
+                "absent, and RateLimitPolicies {} all select this pod: name one in the annotation",
+                many.iter()
+                    .map(|p| format!("{:?}", p.metadata.name.as_deref().unwrap_or_default()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )),
+    }
+}
+
+/// The pod with the sidecar injected for `target`.
+pub fn inject(
+    pod: &Pod,
+    ann: &InjectAnnotations,
+    target: &PolicyTarget,
+    config: &InjectConfig,
+) -> Result<Pod, InjectError> {
+    let mut pod = pod.clone();
+    let spec = pod.spec.get_or_insert_with(Default::default);
+    let listen = ann.listen_port.unwrap_or(SIDECAR_LISTEN_PORT_DEFAULT);
+
+    // --- checks first: nothing below may fail once the pod is being changed ---
+    let app = find_app_port(&spec.containers, ann.app_port.as_ref())?;
+    let all_ports = || {
+        spec.containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+            .flat_map(|c| c.ports.iter().flatten())
+    };
+    if listen == app.number || all_ports().any(|p| p.container_port == i32::from(listen)) {
+        return Err(mismatch(
+            annotations::LISTEN_PORT,
+            format!("port {listen} is already used by a container of this pod: choose a free port"),
+        ));
+    }
+    if listen == SIDECAR_ADMIN_PORT
+        || app.number == SIDECAR_ADMIN_PORT
+        || all_ports().any(|p| p.container_port == i32::from(SIDECAR_ADMIN_PORT))
+    {
+        return Err(mismatch(
+            annotations::LISTEN_PORT,
+            format!("port {SIDECAR_ADMIN_PORT} is reserved for the sidecar's health and metrics endpoints"),
+        ));
+    }
+    let listen_name = app.name.clone().unwrap_or_else(|| LISTEN_PORT_NAME.to_owned());
+    for reserved in [LISTEN_PORT_NAME, ADMIN_PORT_NAME] {
+        let taken_elsewhere = all_ports().any(|p| p.name.as_deref() == Some(reserved));
+        if taken_elsewhere && app.name.as_deref() != Some(reserved) {
+            return Err(mismatch(
+                annotations::APP_PORT,
+                format!("the pod already has a port named {reserved:?}, which the sidecar needs"),
+            ));
+        }
+    }
+    if spec.volumes.iter().flatten().any(|v| v.name == CONFIG_VOLUME) {
+        return Err(mismatch(
+            annotations::INJECT,
+            format!("the pod already has a volume named {CONFIG_VOLUME:?}, which the sidecar needs"),
+        ));
+    }
+
+    // --- the app keeps its port number; its name moves to the sidecar ---
+    if let (Some(name), Some(index)) = (&app.name, app.container) {
+        let container = &mut spec.containers[index];
+        for port in container.ports.iter_mut().flatten() {
+            if port.name.as_deref() == Some(name) {
+                port.name = None;
+            }
+        }
+        rewrite_named_probes(container, name, app.number);
+    }
+
+    let sidecar = sidecar_container(target, config, listen, &listen_name, app.number);
+    let native = ann.native_sidecar.unwrap_or(config.native);
+    if native {
+        let mut sidecar = sidecar;
+        sidecar.restart_policy = Some("Always".into());
+        // A native sidecar's startup probe holds back the app containers until the config is loaded.
+        sidecar.startup_probe = Some(admin_probe("/readyz", 1, 120));
+        spec.init_containers.get_or_insert_with(Vec::new).push(sidecar);
+    } else {
+        spec.containers.push(sidecar);
+    }
+    spec.volumes.get_or_insert_with(Vec::new).push(
+        serde_json::from_value(json!({
+            "name": CONFIG_VOLUME,
+            "configMap": {"name": config_map_name(&target.name)},
+        }))
+        .expect("static volume shape"),
+    );
+    pod.metadata
+        .labels
+        .get_or_insert_with(BTreeMap::new)
+        .insert(annotations::POLICY_LABEL.into(), target.name.clone());
+    Ok(pod)
+}
+
+/// The JSON patch that turns `original` into `injected`.
+pub fn patch(original: &Pod, injected: &Pod) -> json_patch::Patch {
+    // Pods are plain data: serialising them cannot fail.
+    let from = serde_json::to_value(original).expect("pod serialises");
+    let to = serde_json::to_value(injected).expect("pod serialises");
+    json_patch::diff(&from, &to)
+}
+
+/// The port the sidecar fronts.
+#[derive(Debug)]
+struct AppPort {
+    /// Index of the container declaring it, if any does.
+    container: Option<usize>,
+    /// Its name, which moves to the sidecar.
+    name: Option<String>,
+    /// Its number, which the app keeps listening on.
+    number: u16,
+}
+
+fn find_app_port(containers: &[Container], wanted: Option<&PortRef>) -> Result<AppPort, InjectError> {
+    let declared = || {
+        containers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, c)| c.ports.iter().flatten().map(move |p| (i, p)))
+    };
+    let found = |(i, p): (usize, &ContainerPort)| AppPort {
+        container: Some(i),
+        name: p.name.clone(),
+        number: u16::try_from(p.container_port).unwrap_or_default(),
+    };
+    match wanted {
+        Some(PortRef::Name(name)) => declared()
+            .find(|(_, p)| p.name.as_deref() == Some(name))
+            .map(found)
+            .ok_or_else(|| {
+                mismatch(
+                    annotations::APP_PORT,
+                    format!("no container of this pod has a port named {name:?}"),
+                )
+            }),
+        Some(PortRef::Number(n)) => Ok(declared()
+            .find(|(_, p)| p.container_port == i32::from(*n))
+            .map(found)
+            // The app may listen on a port it does not declare: front it all the same.
+            .unwrap_or(AppPort {
+                container: None,
+                name: None,
+                number: *n,
+            })),
+        None => {
+            if let Some(http) = declared().find(|(_, p)| p.name.as_deref() == Some(APP_PORT_NAME_DEFAULT)) {
+                return Ok(found(http));
+            }
+            let tcp: Vec<_> = declared()
+                .filter(|(_, p)| p.protocol.as_deref().unwrap_or("TCP") == "TCP")
+                .collect();
+            match tcp.as_slice() {
+                [only] => Ok(found(*only)),
+                [] => Err(mismatch(
+                    annotations::APP_PORT,
+                    "absent, and no container declares a port: name the port the app serves HTTP on",
+                )),
+                _ => Err(mismatch(
+                    annotations::APP_PORT,
+                    "absent, and the pod declares several ports and none is named \"http\": name the port \
+                     the app serves HTTP on",
+                )),
+            }
+        }
+    }
+}
+
+/// Point the container's probes and lifecycle hooks that use port `name` at `number` instead, because
+/// the name now belongs to the sidecar and kubelet must keep reaching the app directly.
+fn rewrite_named_probes(container: &mut Container, name: &str, number: u16) {
+    let fix = |port: &mut IntOrString| {
+        if matches!(port, IntOrString::String(s) if s == name) {
+            *port = IntOrString::Int(i32::from(number));
+        }
+    };
+    let probes = [
+        container.liveness_probe.as_mut(),
+        container.readiness_probe.as_mut(),
+        container.startup_probe.as_mut(),
+    ];
+    for probe in probes.into_iter().flatten() {
+        if let Some(h) = probe.http_get.as_mut() {
+            fix(&mut h.port);
+        }
+        if let Some(t) = probe.tcp_socket.as_mut() {
+            fix(&mut t.port);
+        }
+    }
+    if let Some(lifecycle) = container.lifecycle.as_mut() {
+        for hook in [lifecycle.post_start.as_mut(), lifecycle.pre_stop.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            if let Some(h) = hook.http_get.as_mut() {
+                fix(&mut h.port);
+            }
+            if let Some(t) = hook.tcp_socket.as_mut() {
+                fix(&mut t.port);
+            }
+        }
+    }
+}
+
+fn admin_probe(path: &str, period: i32, failure_threshold: i32) -> Probe {
+    serde_json::from_value(json!({
+        "httpGet": {"path": path, "port": SIDECAR_ADMIN_PORT},
+        "periodSeconds": period,
+        "failureThreshold": failure_threshold,
+        "timeoutSeconds": 1,
+    }))
+    .expect("static probe shape")
+}
+
+fn sidecar_container(
+    target: &PolicyTarget,
+    config: &InjectConfig,
+    listen: u16,
+    listen_name: &str,
+    app_port: u16,
+) -> Container {
+    let mut c: Container = serde_json::from_value(json!({
+        "name": SIDECAR_CONTAINER_NAME,
+        "image": config.image,
+        "args": ["--config", format!("{CONFIG_MOUNT_DIR}/{CONFIG_KEY}")],
+        "env": [
+            {"name": "SLUICE_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "SLUICE_LISTEN", "value": format!("0.0.0.0:{listen}")},
+            {"name": "SLUICE_UPSTREAM", "value": format!("http://127.0.0.1:{app_port}")},
+            {"name": "SLUICE_REDIS_URL", "valueFrom": {"secretKeyRef": {
+                "name": target.redis_secret.name, "key": target.redis_secret.key}}},
+        ],
+        "ports": [
+            {"name": listen_name, "containerPort": listen, "protocol": "TCP"},
+            {"name": ADMIN_PORT_NAME, "containerPort": SIDECAR_ADMIN_PORT, "protocol": "TCP"},
+        ],
+        "volumeMounts": [{"name": CONFIG_VOLUME, "mountPath": CONFIG_MOUNT_DIR, "readOnly": true}],
+        "securityContext": {
+            "runAsNonRoot": true,
+            "runAsUser": SIDECAR_UID,
+            "runAsGroup": SIDECAR_UID,
+            "allowPrivilegeEscalation": false,
+            "readOnlyRootFilesystem": true,
+            "privileged": false,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }))
+    .expect("static container shape");
+    c.image_pull_policy = config.image_pull_policy.clone();
+    c.resources = config.resources.clone();
+    c.readiness_probe = Some(admin_probe("/readyz", 2, 3));
+    c.liveness_probe = Some(admin_probe("/healthz", 10, 3));
+    c
+}
