@@ -3,7 +3,7 @@
 //! with a failure mode for when Redis cannot decide.
 //!
 //! Layout: [`rule`] (matching, compiled rules), [`key`] (key derivation, IP masking, hashing),
-//! [`client_ip`] (socket peer and trusted `X-Forwarded-For`), [`algorithm`] (fixed window, sliding log,
+//! [`mod@client_ip`] (socket peer and trusted `X-Forwarded-For`), [`algorithm`] (fixed window, sliding log,
 //! sliding counter, token bucket: Lua script and in-process math each), [`redis_store`] (fred pool,
 //! `EVALSHA`), [`breaker`], [`local`] (bounded in-process buckets), [`metrics`].
 //!
@@ -59,7 +59,7 @@ pub struct RequestFacts<'a> {
     pub host: Option<&'a str>,
     /// Request headers.
     pub headers: &'a http::HeaderMap,
-    /// The client address (already resolved through trusted proxies, see [`client_ip`]).
+    /// The client address (already resolved through trusted proxies, see [`client_ip()`]).
     pub client_ip: IpAddr,
 }
 
