@@ -100,7 +100,9 @@ async fn bad_input_gets_a_clear_json_error_and_changes_nothing() {
     assert_eq!(status, StatusCode::CREATED);
     let before = job_count(&store).await;
 
-    let cases: Vec<(&str, StatusCode, Vec<u8>, Vec<(&str, &str)>, &str)> = vec![
+    // (what, expected status, body, headers, path)
+    type Case<'a> = (&'a str, StatusCode, Vec<u8>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case> = vec![
         (
             "invalid JSON",
             StatusCode::BAD_REQUEST,

@@ -63,7 +63,7 @@ async fn eight_workers_process_two_thousand_jobs_each_exactly_once() {
         w.await.unwrap().unwrap();
     }
 
-    let seen = seen.lock().unwrap();
+    let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 2000, "every job was handled");
     let twice: Vec<_> = seen.iter().filter(|(_, v)| v.len() != 1).collect();
     assert!(twice.is_empty(), "jobs handled more than once: {twice:?}");
