@@ -30,6 +30,10 @@ pub struct LimitsConfig {
     /// Base URL of the app (on localhost in a pod); `SLUICE_UPSTREAM` overrides it.
     #[serde(default = "default_upstream")]
     pub upstream: String,
+    /// HTTP version spoken to the app: `http1` (default), `h2c` (HTTP/2 without TLS, e.g. gRPC apps), or
+    /// `matchClient` (h2c when the client spoke HTTP/2, HTTP/1.1 otherwise).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub upstream_protocol: UpstreamProtocol,
     /// Address of the health, readiness and metrics endpoints.
     #[serde(default = "default_admin_listen")]
     pub admin_listen: SocketAddr,
@@ -73,6 +77,7 @@ impl Default for LimitsConfig {
         Self {
             listen: default_listen(),
             upstream: default_upstream(),
+            upstream_protocol: UpstreamProtocol::default(),
             admin_listen: default_admin_listen(),
             redis: RedisConfig::default(),
             failure_mode: FailureMode::default(),
@@ -87,6 +92,19 @@ impl Default for LimitsConfig {
             rules: Vec::new(),
         }
     }
+}
+
+/// HTTP version the proxy speaks to the app.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 with pooled keep-alive connections, whatever the client spoke.
+    #[default]
+    Http1,
+    /// HTTP/2 with prior knowledge (cleartext), whatever the client spoke.
+    H2c,
+    /// The client's version: HTTP/2 clients are forwarded over h2c, HTTP/1.x clients over HTTP/1.1.
+    MatchClient,
 }
 
 /// Redis connection. The URL normally comes from `SLUICE_REDIS_URL` (a Secret), not from the file.
@@ -139,21 +157,13 @@ pub enum FailureMode {
 }
 
 /// How the client address is found.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClientIpConfig {
     /// Peers whose `X-Forwarded-For` is believed. The client is the rightmost address not in these CIDRs;
     /// from any other peer the socket address is the client and the header is ignored.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub trusted_proxies: Vec<IpNet>,
-}
-
-impl Default for ClientIpConfig {
-    fn default() -> Self {
-        Self {
-            trusted_proxies: Vec::new(),
-        }
-    }
 }
 
 /// Which rate-limit headers responses of limited routes carry.
@@ -461,6 +471,9 @@ fn default_breaker_cooldown() -> Duration {
 }
 fn default_pool_size() -> usize {
     4
+}
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
 }
 fn one() -> u32 {
     1

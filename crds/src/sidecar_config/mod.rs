@@ -19,7 +19,7 @@ pub use queue::*;
 pub const CONFIG_VERSION: u32 = 1;
 
 /// The whole sidecar config file.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SidecarConfig {
     /// Format version; must be [`CONFIG_VERSION`].
@@ -34,6 +34,18 @@ pub struct SidecarConfig {
     /// Job queue roles: the worker and the queue HTTP API for the app. Absent: neither runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<QueueConfig>,
+}
+
+impl Default for SidecarConfig {
+    /// The current format version, no policy, default limits (the seed tiers), no queue.
+    fn default() -> Self {
+        Self {
+            version: CONFIG_VERSION,
+            policy: None,
+            limits: LimitsConfig::default(),
+            queue: None,
+        }
+    }
 }
 
 /// Identity of the `RateLimitPolicy` a config was rendered from.

@@ -1,14 +1,189 @@
 //! The rate-limiting reverse proxy and its admin endpoints.
+//!
+//! Layout: [`server`] (accept loop, graceful shutdown), [`forward`] (one request: body limit, verdict,
+//! rewriting, hop-by-hop, `X-Forwarded-*`), [`upgrade`] (WebSocket tunnels), [`headers`] (quota headers),
+//! [`reject`] (the 429 and its sampled log line), [`admin`] (`/healthz`, `/readyz`, `/metrics`),
+//! [`state`] (the running config, swapped on reload), [`limit`] (the seam to the limiter),
+//! [`metrics`], [`demo`] (`sluice-sidecar demo`).
+
+pub mod admin;
+pub mod demo;
+pub mod forward;
+pub mod headers;
+pub mod limit;
+pub mod metrics;
+pub mod reject;
+pub mod server;
+pub mod state;
+pub mod upgrade;
+
+use std::{path::PathBuf, sync::Arc};
+
+use anyhow::Context;
+use bytes::Bytes;
+use http_body_util::{Either, Full, Limited};
+use hyper::body::Incoming;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    clock::{SharedClock, SystemClock},
+    config::{
+        ConfigErrors, Effective,
+        env::{Env, ProcessEnv},
+        load, reload, remote,
+    },
+};
+use metrics::ProxyMetrics;
+use state::ProxyState;
+
+/// Body of a request forwarded to the app: the client's, capped at `limits.maxRequestBody`.
+pub type RequestBody = Limited<Incoming>;
+/// Body of a response: the app's, streamed, or a short one the proxy made itself.
+pub type ProxyBody = Either<Incoming, Full<Bytes>>;
 
 /// Command-line arguments of the proxy role.
 #[derive(clap::Args, Debug, Default)]
 pub struct ProxyArgs {
     /// The config file (YAML). Without it the sidecar runs on env vars alone, with the seed tiers as rules.
     #[arg(long, env = "SLUICE_CONFIG")]
-    pub config: Option<std::path::PathBuf>,
+    pub config: Option<PathBuf>,
+    /// Validate FILE (with the env overrides) and exit: 0 when valid, 1 naming every field at fault.
+    #[arg(long, value_name = "FILE")]
+    pub check_config: Option<PathBuf>,
+    /// How often the config file is re-read for hot reload.
+    #[arg(long, env = "SLUICE_CONFIG_POLL", default_value = "1s")]
+    pub config_poll: sluice_crds::Duration,
 }
 
-/// Runs the proxy role until SIGTERM.
-pub async fn main(_args: ProxyArgs) -> anyhow::Result<()> {
-    anyhow::bail!("the proxy role is being built")
+/// Validates a config file as `--check-config` does; returns a one-line summary when it is valid.
+pub fn check_config(path: &std::path::Path, env: &dyn Env) -> Result<String, ConfigErrors> {
+    let e = load::from_file(path, env)?;
+    Ok(format!(
+        "{}: valid ({} rules{}, generation {})",
+        path.display(),
+        e.config.limits.rules.len(),
+        if e.seed_tiers { ", the seed tiers" } else { "" },
+        e.generation()
+    ))
+}
+
+/// Builds the proxy state for `effective`: the limiter (which never fails because Redis is down), its
+/// metrics and the proxy's in one registry.
+pub async fn build_state(effective: Effective, clock: SharedClock) -> crate::Result<Arc<ProxyState>> {
+    let mut registry = Registry::default();
+    let limiter = limit::connect(
+        &effective.config.limits,
+        effective.config.policy.as_ref(),
+        clock.clone(),
+        &mut registry,
+    )
+    .await?;
+    let metrics = ProxyMetrics::register(&mut registry);
+    Ok(Arc::new(ProxyState::new(
+        effective,
+        Arc::new(limiter),
+        metrics,
+        registry,
+        clock,
+    )?))
+}
+
+/// Starts the background config sources for a running proxy: the file watch (when started from a
+/// file) and the Redis channel (when the config names a policy and Redis is configured).
+pub fn spawn_config_sources(
+    state: &Arc<ProxyState>,
+    file: Option<(PathBuf, u64)>,
+    poll: std::time::Duration,
+    env: Arc<dyn Env>,
+    shutdown: &CancellationToken,
+) {
+    if let Some((path, hash)) = file {
+        tokio::spawn(reload::watch_file(
+            path,
+            env.clone(),
+            poll,
+            hash,
+            state.clone(),
+            shutdown.clone(),
+        ));
+    }
+    let snap = state.snapshot();
+    let cfg = &snap.effective.config;
+    if let (Some(policy), Some(url)) = (&cfg.policy, &cfg.limits.redis.url) {
+        let remote = remote::Remote {
+            redis_url: url.clone(),
+            policy: policy.clone(),
+            pod: remote::pod_name(&*env),
+            env,
+            clock: state.clock.clone(),
+        };
+        let applied = state.generation_changes();
+        let sink = state.clone();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            if let Err(e) = remote::run(remote, sink, applied, stop).await {
+                tracing::error!(error = %e, "config channel disabled");
+            }
+        });
+    }
+}
+
+/// Cancels `shutdown` on SIGTERM or SIGINT.
+pub fn cancel_on_signal(shutdown: CancellationToken) -> std::io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = int.recv() => tracing::info!("SIGINT received"),
+        }
+        shutdown.cancel();
+    });
+    Ok(())
+}
+
+/// Runs the proxy role until SIGTERM: load and validate the config (before binding any port), bind,
+/// serve, hot-reload, drain.
+pub async fn main(args: ProxyArgs) -> anyhow::Result<()> {
+    let env: Arc<dyn Env> = Arc::new(ProcessEnv);
+    let (effective, file) = match &args.config {
+        Some(path) => {
+            let (text, hash) = load::read(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let effective = load::from_yaml(&text, &*env)
+                .map_err(|e| anyhow::anyhow!("invalid config {}:\n{e}", path.display()))?;
+            (effective, Some((path.clone(), hash)))
+        }
+        None => (
+            load::from_env(&*env).map_err(|e| anyhow::anyhow!("invalid environment:\n{e}"))?,
+            None,
+        ),
+    };
+    let limits = &effective.config.limits;
+    let listener = TcpListener::bind(limits.listen)
+        .await
+        .with_context(|| format!("bind limits.listen {}", limits.listen))?;
+    let admin = TcpListener::bind(limits.admin_listen)
+        .await
+        .with_context(|| format!("bind limits.adminListen {}", limits.admin_listen))?;
+    tracing::info!(
+        listen = %limits.listen,
+        admin = %limits.admin_listen,
+        upstream = %limits.upstream,
+        redis = limits.redis.url.is_some(),
+        rules = limits.rules.len(),
+        seed_tiers = effective.seed_tiers,
+        limiting = effective.limiting_enabled,
+        "sluice-sidecar proxy starting"
+    );
+    let clock: SharedClock = Arc::new(SystemClock);
+    let state = build_state(effective, clock).await?;
+    let shutdown = CancellationToken::new();
+    cancel_on_signal(shutdown.clone())?;
+    spawn_config_sources(&state, file, args.config_poll.get(), env, &shutdown);
+    server::run(listener, admin, state, shutdown).await?;
+    tracing::info!("stopped");
+    Ok(())
 }

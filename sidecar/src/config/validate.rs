@@ -1,0 +1,484 @@
+//! Checks a parsed config and names every field at fault by its path (`limits.rules[1].limit.burst`).
+//!
+//! Used by `--check-config`, by every reload (file or Redis) before the config is applied, and by the
+//! operator before it publishes a rendered config, so a config that passes here is one the sidecar runs.
+
+use std::{collections::HashSet, fmt};
+
+use sluice_crds::{
+    Duration,
+    sidecar_config::{
+        Algorithm, CONFIG_VERSION, KeyPart, KeySource, LimitsConfig, PolicyRef, Rule, RuleMatch,
+        SidecarConfig,
+    },
+};
+
+/// Shortest window a rule may have.
+pub const WINDOW_MIN: Duration = Duration::from_secs(1);
+/// Longest window a rule may have.
+pub const WINDOW_MAX: Duration = Duration::from_secs(24 * 3600);
+/// Longest shutdown grace period accepted.
+pub const SHUTDOWN_GRACE_MAX: Duration = Duration::from_secs(600);
+/// Longest Redis deadline accepted: a longer one defeats the point of a per-call deadline.
+pub const REDIS_TIMEOUT_MAX: Duration = Duration::from_secs(5);
+/// Methods a rule may match.
+pub const KNOWN_METHODS: [&str; 9] = [
+    "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE",
+];
+/// URL schemes of the Redis topologies the limiter speaks.
+pub const REDIS_SCHEMES: [&str; 4] = ["redis", "rediss", "redis-sentinel", "redis-cluster"];
+
+/// One field at fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    /// Dotted path of the field (`limits.rules[1].limit.burst`); empty when the document itself is bad.
+    pub path: String,
+    /// What is wrong and, where it helps, what would be right.
+    pub message: String,
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+/// Every field at fault in one config, in document order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<FieldError>);
+
+impl ConfigErrors {
+    /// Records a field at fault.
+    pub fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.0.push(FieldError {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+
+    /// Whether nothing is at fault.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The fields at fault.
+    pub fn fields(&self) -> impl Iterator<Item = &FieldError> {
+        self.0.iter()
+    }
+
+    fn into_result(self) -> Result<(), ConfigErrors> {
+        if self.is_empty() { Ok(()) } else { Err(self) }
+    }
+}
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+impl From<ConfigErrors> for crate::Error {
+    fn from(e: ConfigErrors) -> Self {
+        crate::Error::Config(e.to_string())
+    }
+}
+
+/// Checks everything a type cannot say: ranges, names, regexes, combinations. Lists every field at fault.
+pub fn validate(config: &SidecarConfig) -> Result<(), ConfigErrors> {
+    let mut errs = ConfigErrors::default();
+    if config.version != CONFIG_VERSION {
+        errs.push(
+            "version",
+            format!(
+                "this sidecar reads version {CONFIG_VERSION}, the file says {}",
+                config.version
+            ),
+        );
+    }
+    if let Some(policy) = &config.policy {
+        check_policy(policy, &mut errs);
+    }
+    check_limits(&config.limits, &mut errs);
+    errs.into_result()
+}
+
+fn check_policy(p: &PolicyRef, errs: &mut ConfigErrors) {
+    if !is_dns_subdomain(&p.namespace) {
+        errs.push(
+            "policy.namespace",
+            format!("{:?} is not a Kubernetes namespace name", p.namespace),
+        );
+    }
+    if !is_dns_subdomain(&p.name) {
+        errs.push(
+            "policy.name",
+            format!("{:?} is not a Kubernetes object name", p.name),
+        );
+    }
+    if p.generation < 0 {
+        errs.push("policy.generation", "must not be negative");
+    }
+}
+
+fn check_limits(l: &LimitsConfig, errs: &mut ConfigErrors) {
+    if let Err(msg) = check_upstream_url(&l.upstream) {
+        errs.push("limits.upstream", msg);
+    }
+    if l.listen == l.admin_listen {
+        errs.push(
+            "limits.adminListen",
+            format!("must differ from limits.listen ({})", l.listen),
+        );
+    }
+    if let Some(url) = &l.redis.url
+        && let Err(msg) = check_redis_url(url)
+    {
+        errs.push("limits.redis.url", msg);
+    }
+    if l.redis.timeout.as_millis() == 0 || l.redis.timeout > REDIS_TIMEOUT_MAX {
+        errs.push(
+            "limits.redis.timeout",
+            format!(
+                "must be between 1ms and {REDIS_TIMEOUT_MAX}, got {}",
+                l.redis.timeout
+            ),
+        );
+    }
+    if l.redis.breaker_failures == 0 {
+        errs.push("limits.redis.breakerFailures", "must be at least 1");
+    }
+    if l.redis.breaker_cooldown.as_millis() == 0 {
+        errs.push("limits.redis.breakerCooldown", "must be longer than 0s");
+    }
+    if !(1..=64).contains(&l.redis.pool_size) {
+        errs.push(
+            "limits.redis.poolSize",
+            format!("must be between 1 and 64, got {}", l.redis.pool_size),
+        );
+    }
+    if l.expected_replicas < 1 {
+        errs.push("limits.expectedReplicas", "must be at least 1");
+    }
+    if l.local_max_keys < 1 {
+        errs.push("limits.localMaxKeys", "must be at least 1");
+    }
+    if l.max_request_body < 1 {
+        errs.push(
+            "limits.maxRequestBody",
+            "must be at least 1 byte (requests without a body are always allowed)",
+        );
+    }
+    if l.shutdown_grace > SHUTDOWN_GRACE_MAX {
+        errs.push(
+            "limits.shutdownGrace",
+            format!("must be at most {SHUTDOWN_GRACE_MAX}, got {}", l.shutdown_grace),
+        );
+    }
+    let mut seen = HashSet::new();
+    for (i, rule) in l.rules.iter().enumerate() {
+        let at = format!("limits.rules[{i}]");
+        if rule.name.is_empty() {
+            errs.push(format!("{at}.name"), "must not be empty");
+        } else if !is_dns_label(&rule.name) {
+            errs.push(
+                format!("{at}.name"),
+                format!(
+                    "{:?} is not a DNS label: lower-case letters, digits and '-', at most 63, starting and \
+                     ending with a letter or digit",
+                    rule.name
+                ),
+            );
+        } else if !seen.insert(rule.name.as_str()) {
+            errs.push(
+                format!("{at}.name"),
+                format!("{:?} is used by an earlier rule; names must be unique", rule.name),
+            );
+        }
+        check_rule(rule, &at, errs);
+    }
+}
+
+fn check_rule(rule: &Rule, at: &str, errs: &mut ConfigErrors) {
+    check_match(&rule.matches, &format!("{at}.match"), errs);
+    for (j, part) in rule.key.iter().enumerate() {
+        check_key_part(part, &format!("{at}.key[{j}]"), errs);
+    }
+    let limit = &rule.limit;
+    if limit.requests == 0 {
+        errs.push(format!("{at}.limit.requests"), "must be at least 1");
+    }
+    if limit.window < WINDOW_MIN || limit.window > WINDOW_MAX {
+        errs.push(
+            format!("{at}.limit.window"),
+            format!(
+                "must be between {WINDOW_MIN} and {WINDOW_MAX}, got {}",
+                limit.window
+            ),
+        );
+    }
+    match (rule.algorithm, limit.burst) {
+        (Algorithm::TokenBucket, Some(0)) => {
+            errs.push(format!("{at}.limit.burst"), "must be at least 1 when given")
+        }
+        (Algorithm::TokenBucket, _) | (_, None) => {}
+        (_, Some(_)) => errs.push(format!("{at}.limit.burst"), "only tokenBucket rules take a burst"),
+    }
+}
+
+fn check_match(m: &RuleMatch, at: &str, errs: &mut ConfigErrors) {
+    for (field, value) in [("pathPrefix", &m.path_prefix), ("pathExact", &m.path_exact)] {
+        if let Some(v) = value
+            && !v.starts_with('/')
+        {
+            errs.push(format!("{at}.{field}"), format!("{v:?} must start with '/'"));
+        }
+    }
+    if let Some(re) = &m.path_regex
+        && let Err(e) = regex::Regex::new(re)
+    {
+        // regex errors draw a caret diagram over several lines; the last line says what is wrong.
+        let text = e.to_string();
+        let reason = text
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or_default();
+        errs.push(
+            format!("{at}.pathRegex"),
+            format!(
+                "{re:?} does not compile: {}",
+                reason.trim().trim_start_matches("error: ")
+            ),
+        );
+    }
+    for (k, p) in m.exclude_path_prefixes.iter().enumerate() {
+        if !p.starts_with('/') {
+            errs.push(
+                format!("{at}.excludePathPrefixes[{k}]"),
+                format!("{p:?} must start with '/'"),
+            );
+        }
+    }
+    for (k, method) in m.methods.iter().enumerate() {
+        if !KNOWN_METHODS.contains(&method.as_str()) {
+            errs.push(
+                format!("{at}.methods[{k}]"),
+                format!(
+                    "{method:?} is not a known method (upper case): one of {}",
+                    KNOWN_METHODS.join(", ")
+                ),
+            );
+        }
+    }
+    if let Some(host) = &m.host
+        && (host.is_empty() || host.contains([':', '/', ' ']))
+    {
+        errs.push(
+            format!("{at}.host"),
+            format!("{host:?} is not a host name (no port, no scheme)"),
+        );
+    }
+    if let Some(h) = &m.header_present
+        && http::HeaderName::from_bytes(h.as_bytes()).is_err()
+    {
+        errs.push(
+            format!("{at}.headerPresent"),
+            format!("{h:?} is not a valid header name"),
+        );
+    }
+}
+
+fn check_key_part(p: &KeyPart, at: &str, errs: &mut ConfigErrors) {
+    match (p.source, &p.name) {
+        (KeySource::Header | KeySource::HashedHeader, None) => errs.push(
+            format!("{at}.name"),
+            "header and hashedHeader keys need a header name",
+        ),
+        (KeySource::Header | KeySource::HashedHeader | KeySource::Credential, Some(name))
+            if http::HeaderName::from_bytes(name.as_bytes()).is_err() =>
+        {
+            errs.push(
+                format!("{at}.name"),
+                format!("{name:?} is not a valid header name"),
+            );
+        }
+        (KeySource::ClientIp | KeySource::Method | KeySource::Path, Some(_)) => errs.push(
+            format!("{at}.name"),
+            "only header, hashedHeader and credential keys take a name",
+        ),
+        _ => {}
+    }
+    if p.ipv4_prefix > 32 {
+        errs.push(
+            format!("{at}.ipv4Prefix"),
+            format!("must be between 0 and 32, got {}", p.ipv4_prefix),
+        );
+    }
+    if p.ipv6_prefix > 128 {
+        errs.push(
+            format!("{at}.ipv6Prefix"),
+            format!("must be between 0 and 128, got {}", p.ipv6_prefix),
+        );
+    }
+}
+
+/// The app's base URL: `http://host:port`, no path beyond `/`, no query.
+pub(crate) fn check_upstream_url(url: &str) -> Result<http::Uri, String> {
+    let uri: http::Uri = url.parse().map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+    if uri.scheme_str() != Some("http") {
+        return Err(format!(
+            "{url:?} must start with http:// (the app is reached over cleartext on localhost)"
+        ));
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(format!("{url:?} names no host"));
+    }
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+        return Err(format!("{url:?} must not carry a path or query"));
+    }
+    Ok(uri)
+}
+
+fn check_redis_url(url: &str) -> Result<(), String> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err("is not a URL (expected redis://host:port)".into());
+    };
+    if !REDIS_SCHEMES.contains(&scheme) {
+        return Err(format!(
+            "scheme {scheme:?} is not one of {}",
+            REDIS_SCHEMES.join(", ")
+        ));
+    }
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    let host = authority.rsplit('@').next().unwrap_or_default();
+    if host.is_empty() {
+        return Err("names no host".into());
+    }
+    Ok(())
+}
+
+/// RFC 1123 label: what a rule name must be (it is part of Redis keys and metric labels).
+fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
+/// RFC 1123 subdomain: what Kubernetes names are.
+fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && !s.is_empty() && s.split('.').all(is_dns_label)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_crds::sidecar_config::{Limit, TierLimits, default_rules};
+
+    fn config_with(rule: Rule) -> SidecarConfig {
+        let mut c = SidecarConfig::default();
+        c.limits.rules = vec![rule];
+        c
+    }
+
+    fn rule(name: &str) -> Rule {
+        Rule {
+            name: name.into(),
+            matches: RuleMatch::default(),
+            key: vec![],
+            algorithm: Algorithm::FixedWindow,
+            limit: Limit {
+                requests: 10,
+                window: Duration::from_secs(60),
+                burst: None,
+            },
+            shadow: false,
+        }
+    }
+
+    fn paths(r: Result<(), ConfigErrors>) -> Vec<String> {
+        r.unwrap_err().0.into_iter().map(|e| e.path).collect()
+    }
+
+    #[test]
+    fn the_seed_tiers_are_a_valid_config() {
+        let mut c = SidecarConfig::default();
+        c.limits.rules = default_rules(TierLimits::default());
+        validate(&c).unwrap();
+    }
+
+    #[test]
+    fn a_burst_on_a_fixed_window_rule_is_named_with_its_path() {
+        let mut r = rule("a");
+        r.limit.burst = Some(5);
+        let err = validate(&config_with(r)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "limits.rules[0].limit.burst: only tokenBucket rules take a burst"
+        );
+    }
+
+    #[test]
+    fn every_field_at_fault_is_listed_not_only_the_first() {
+        let mut r = rule("Bad_Name");
+        r.limit.requests = 0;
+        r.limit.window = Duration::from_millis(500);
+        r.matches.path_regex = Some("(".into());
+        r.matches.methods = vec!["get".into()];
+        r.key = vec![KeyPart {
+            ipv6_prefix: 129,
+            ..KeyPart::client_ip()
+        }];
+        let got = paths(validate(&config_with(r)));
+        assert_eq!(
+            got,
+            [
+                "limits.rules[0].name",
+                "limits.rules[0].match.pathRegex",
+                "limits.rules[0].match.methods[0]",
+                "limits.rules[0].key[0].ipv6Prefix",
+                "limits.rules[0].limit.requests",
+                "limits.rules[0].limit.window",
+            ]
+        );
+    }
+
+    #[test]
+    fn duplicate_rule_names_are_refused_at_the_second() {
+        let mut c = config_with(rule("same"));
+        c.limits.rules.push(rule("same"));
+        assert_eq!(paths(validate(&c)), ["limits.rules[1].name"]);
+    }
+
+    #[test]
+    fn upstream_must_be_a_plain_http_base_url() {
+        for bad in [
+            "localhost:3000",
+            "https://127.0.0.1:3000",
+            "http://127.0.0.1:3000/app",
+            "http://",
+        ] {
+            let mut c = SidecarConfig::default();
+            c.limits.upstream = bad.into();
+            assert_eq!(paths(validate(&c)), ["limits.upstream"], "{bad}");
+        }
+        for good in ["http://127.0.0.1:3000", "http://localhost:8080/"] {
+            assert!(check_upstream_url(good).is_ok(), "{good}");
+        }
+    }
+}
