@@ -4,263 +4,268 @@
 
 mod limiter_common;
 
-use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering},
-    },
-    time::{Duration, Instant},
-};
+/// Named `limiter` so `cargo nextest run -p sluice-sidecar limiter` selects these tests too.
+mod limiter {
 
-use limiter_common::*;
-use sluice_crds::sidecar_config::{Algorithm, FailureMode};
-use sluice_sidecar::{
-    clock::ManualClock,
-    limiter::{
-        Limiter,
-        metrics::{DecisionOutcome, FallbackMode},
-    },
-};
-use sluice_testsupport::{RedisServer, wait_for_async};
+    use std::{
+        sync::{
+            Arc,
+            atomic::{AtomicBool, AtomicU64, Ordering},
+        },
+        time::{Duration, Instant},
+    };
 
-/// The configured Redis deadline.
-const DEADLINE: Duration = Duration::from_millis(50);
-/// What the test tolerates beyond the deadline for scheduling on a busy two-core machine (timer wheel
-/// granularity, tasks waiting for a core); the limiter itself never waits longer than the deadline.
-const SCHEDULING_SLACK: Duration = Duration::from_millis(60);
-/// Concurrent clients.
-const CLIENTS: usize = 16;
+    use crate::limiter_common::*;
+    use sluice_crds::sidecar_config::{Algorithm, FailureMode};
+    use sluice_sidecar::{
+        clock::ManualClock,
+        limiter::{
+            Limiter,
+            metrics::{DecisionOutcome, FallbackMode},
+        },
+    };
+    use sluice_testsupport::{RedisServer, wait_for_async};
 
-/// Concurrent clients calling `check` in a loop, each from its own address, until stopped.
-struct Load {
-    stop: Arc<AtomicBool>,
-    done: Arc<AtomicU64>,
-    slowest_us: Arc<AtomicU64>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
+    /// The configured Redis deadline.
+    const DEADLINE: Duration = Duration::from_millis(50);
+    /// What the test tolerates beyond the deadline for scheduling on a busy two-core machine (timer wheel
+    /// granularity, tasks waiting for a core); the limiter itself never waits longer than the deadline.
+    const SCHEDULING_SLACK: Duration = Duration::from_millis(60);
+    /// Concurrent clients.
+    const CLIENTS: usize = 16;
 
-impl Load {
-    fn start(l: &Arc<Limiter>) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let done = Arc::new(AtomicU64::new(0));
-        let slowest_us = Arc::new(AtomicU64::new(0));
-        let tasks = (0..CLIENTS)
-            .map(|i| {
-                let (l, stop, done, slowest) = (l.clone(), stop.clone(), done.clone(), slowest_us.clone());
-                tokio::spawn(async move {
-                    let ip = format!("198.51.100.{i}");
-                    while !stop.load(Ordering::Relaxed) {
-                        let start = Instant::now();
-                        l.check(&get_from(&ip)).await;
-                        slowest.fetch_max(start.elapsed().as_micros() as u64, Ordering::Relaxed);
-                        done.fetch_add(1, Ordering::Relaxed);
-                        tokio::task::yield_now().await;
-                    }
+    /// Concurrent clients calling `check` in a loop, each from its own address, until stopped.
+    struct Load {
+        stop: Arc<AtomicBool>,
+        done: Arc<AtomicU64>,
+        slowest_us: Arc<AtomicU64>,
+        tasks: Vec<tokio::task::JoinHandle<()>>,
+    }
+
+    impl Load {
+        fn start(l: &Arc<Limiter>) -> Self {
+            let stop = Arc::new(AtomicBool::new(false));
+            let done = Arc::new(AtomicU64::new(0));
+            let slowest_us = Arc::new(AtomicU64::new(0));
+            let tasks = (0..CLIENTS)
+                .map(|i| {
+                    let (l, stop, done, slowest) =
+                        (l.clone(), stop.clone(), done.clone(), slowest_us.clone());
+                    tokio::spawn(async move {
+                        let ip = format!("198.51.100.{i}");
+                        while !stop.load(Ordering::Relaxed) {
+                            let start = Instant::now();
+                            l.check(&get_from(&ip)).await;
+                            slowest.fetch_max(start.elapsed().as_micros() as u64, Ordering::Relaxed);
+                            done.fetch_add(1, Ordering::Relaxed);
+                            tokio::task::yield_now().await;
+                        }
+                    })
                 })
+                .collect();
+            Self {
+                stop,
+                done,
+                slowest_us,
+                tasks,
+            }
+        }
+
+        /// Waits until `n` more requests have been decided.
+        async fn run_for(&self, n: u64) {
+            let target = self.done.load(Ordering::Relaxed) + n;
+            wait_for_async("load to make progress", Duration::from_secs(10), || async {
+                (self.done.load(Ordering::Relaxed) >= target).then_some(())
             })
-            .collect();
-        Self {
-            stop,
-            done,
-            slowest_us,
-            tasks,
+            .await;
+        }
+
+        /// Stops the clients; returns the slowest decision seen.
+        async fn stop(self) -> Duration {
+            self.stop.store(true, Ordering::Relaxed);
+            for t in self.tasks {
+                t.await.unwrap();
+            }
+            Duration::from_micros(self.slowest_us.load(Ordering::Relaxed))
         }
     }
 
-    /// Waits until `n` more requests have been decided.
-    async fn run_for(&self, n: u64) {
-        let target = self.done.load(Ordering::Relaxed) + n;
-        wait_for_async("load to make progress", Duration::from_secs(10), || async {
-            (self.done.load(Ordering::Relaxed) >= target).then_some(())
+    fn assert_within_deadline(slowest: Duration) {
+        eprintln!("slowest decision: {slowest:?}");
+        assert!(
+            slowest <= DEADLINE + SCHEDULING_SLACK,
+            "a decision took {slowest:?}; the Redis deadline is {DEADLINE:?}"
+        );
+    }
+
+    async fn redis_limiter(redis: &RedisServer, mode: FailureMode, requests: u64) -> Arc<Limiter> {
+        let mut cfg = config(vec![rule("api", Algorithm::FixedWindow, requests, 60_000)], mode);
+        cfg.expected_replicas = 2;
+        let l = Arc::new(limiter(&cfg, Some(&redis.url()), &ManualClock::at(T0)));
+        healthy(&l).await;
+        l
+    }
+
+    /// Waits for the breaker to close again and returns how long that took.
+    async fn time_to_recover(l: &Limiter) -> Duration {
+        let back = Instant::now();
+        healthy(l).await;
+        let took = back.elapsed();
+        eprintln!("Redis decides again after {took:?}");
+        took
+    }
+
+    /// Decisions go to Redis again: no further fallback decisions, and counters appear in Redis.
+    async fn assert_enforced_through_redis(l: &Limiter, redis: &RedisServer) {
+        let fallbacks = |l: &Limiter| {
+            let m = l.metrics();
+            [FallbackMode::open, FallbackMode::closed, FallbackMode::local]
+                .into_iter()
+                .flat_map(|mode| {
+                    [DecisionOutcome::allowed, DecisionOutcome::rejected].map(|o| m.fallbacks(mode, o))
+                })
+                .sum::<u64>()
+        };
+        let before = fallbacks(l);
+        for _ in 0..20 {
+            check(l, "203.0.113.50").await;
+        }
+        assert_eq!(fallbacks(l), before, "decisions still made without Redis");
+        assert!(redis.command("DBSIZE").trim() != ":0", "no counters in Redis");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis_killed_under_load_falls_back_to_local_limits_within_the_deadline_and_recovers() {
+        let mut redis = RedisServer::start();
+        let l = redis_limiter(&redis, FailureMode::Local, 20).await;
+        let load = Load::start(&l);
+        load.run_for(300).await;
+        redis.kill();
+        wait_for_async("the breaker to open", Duration::from_secs(5), || async {
+            (!l.redis_healthy()).then_some(())
         })
         .await;
-    }
-
-    /// Stops the clients; returns the slowest decision seen.
-    async fn stop(self) -> Duration {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.tasks {
-            t.await.unwrap();
-        }
-        Duration::from_micros(self.slowest_us.load(Ordering::Relaxed))
-    }
-}
-
-fn assert_within_deadline(slowest: Duration) {
-    eprintln!("slowest decision: {slowest:?}");
-    assert!(
-        slowest <= DEADLINE + SCHEDULING_SLACK,
-        "a decision took {slowest:?}; the Redis deadline is {DEADLINE:?}"
-    );
-}
-
-async fn redis_limiter(redis: &RedisServer, mode: FailureMode, requests: u64) -> Arc<Limiter> {
-    let mut cfg = config(vec![rule("api", Algorithm::FixedWindow, requests, 60_000)], mode);
-    cfg.expected_replicas = 2;
-    let l = Arc::new(limiter(&cfg, Some(&redis.url()), &ManualClock::at(T0)));
-    healthy(&l).await;
-    l
-}
-
-/// Waits for the breaker to close again and returns how long that took.
-async fn time_to_recover(l: &Limiter) -> Duration {
-    let back = Instant::now();
-    healthy(l).await;
-    let took = back.elapsed();
-    eprintln!("Redis decides again after {took:?}");
-    took
-}
-
-/// Decisions go to Redis again: no further fallback decisions, and counters appear in Redis.
-async fn assert_enforced_through_redis(l: &Limiter, redis: &RedisServer) {
-    let fallbacks = |l: &Limiter| {
+        load.run_for(2_000).await;
+        redis.restart();
+        let recovery = time_to_recover(&l).await;
+        let slowest = load.stop().await;
+        assert!(
+            recovery <= Duration::from_secs(1),
+            "enforcement resumed after {recovery:?}"
+        );
+        assert_within_deadline(slowest);
         let m = l.metrics();
-        [FallbackMode::open, FallbackMode::closed, FallbackMode::local]
-            .into_iter()
-            .flat_map(|mode| {
-                [DecisionOutcome::allowed, DecisionOutcome::rejected].map(|o| m.fallbacks(mode, o))
-            })
-            .sum::<u64>()
-    };
-    let before = fallbacks(l);
-    for _ in 0..20 {
-        check(l, "203.0.113.50").await;
+        let (ok, no) = (
+            m.fallbacks(FallbackMode::local, DecisionOutcome::allowed),
+            m.fallbacks(FallbackMode::local, DecisionOutcome::rejected),
+        );
+        // Each client gets its replica's share (20 / 2) in process while Redis is gone.
+        assert!(ok > 0 && ok <= (CLIENTS as u64) * 10, "locally allowed {ok}");
+        assert!(no > 0, "local limits rejected nothing");
+        assert_enforced_through_redis(&l, &redis).await;
     }
-    assert_eq!(fallbacks(l), before, "decisions still made without Redis");
-    assert!(redis.command("DBSIZE").trim() != ":0", "no counters in Redis");
-}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_killed_under_load_falls_back_to_local_limits_within_the_deadline_and_recovers() {
-    let mut redis = RedisServer::start();
-    let l = redis_limiter(&redis, FailureMode::Local, 20).await;
-    let load = Load::start(&l);
-    load.run_for(300).await;
-    redis.kill();
-    wait_for_async("the breaker to open", Duration::from_secs(5), || async {
-        (!l.redis_healthy()).then_some(())
-    })
-    .await;
-    load.run_for(2_000).await;
-    redis.restart();
-    let recovery = time_to_recover(&l).await;
-    let slowest = load.stop().await;
-    assert!(
-        recovery <= Duration::from_secs(1),
-        "enforcement resumed after {recovery:?}"
-    );
-    assert_within_deadline(slowest);
-    let m = l.metrics();
-    let (ok, no) = (
-        m.fallbacks(FallbackMode::local, DecisionOutcome::allowed),
-        m.fallbacks(FallbackMode::local, DecisionOutcome::rejected),
-    );
-    // Each client gets its replica's share (20 / 2) in process while Redis is gone.
-    assert!(ok > 0 && ok <= (CLIENTS as u64) * 10, "locally allowed {ok}");
-    assert!(no > 0, "local limits rejected nothing");
-    assert_enforced_through_redis(&l, &redis).await;
-}
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis_frozen_under_load_fails_open_within_the_deadline_and_recovers() {
+        let redis = RedisServer::start();
+        let l = redis_limiter(&redis, FailureMode::Open, 1_000_000).await;
+        let load = Load::start(&l);
+        load.run_for(300).await;
+        redis.pause();
+        wait_for_async("the breaker to open", Duration::from_secs(5), || async {
+            (!l.redis_healthy()).then_some(())
+        })
+        .await;
+        load.run_for(2_000).await;
+        redis.resume();
+        let recovery = time_to_recover(&l).await;
+        let slowest = load.stop().await;
+        assert!(
+            recovery <= Duration::from_secs(1),
+            "enforcement resumed after {recovery:?}"
+        );
+        assert_within_deadline(slowest);
+        let m = l.metrics();
+        assert!(m.fallbacks(FallbackMode::open, DecisionOutcome::allowed) >= 2_000);
+        assert_eq!(m.decisions("api", DecisionOutcome::rejected), 0);
+        assert_enforced_through_redis(&l, &redis).await;
+    }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_frozen_under_load_fails_open_within_the_deadline_and_recovers() {
-    let redis = RedisServer::start();
-    let l = redis_limiter(&redis, FailureMode::Open, 1_000_000).await;
-    let load = Load::start(&l);
-    load.run_for(300).await;
-    redis.pause();
-    wait_for_async("the breaker to open", Duration::from_secs(5), || async {
-        (!l.redis_healthy()).then_some(())
-    })
-    .await;
-    load.run_for(2_000).await;
-    redis.resume();
-    let recovery = time_to_recover(&l).await;
-    let slowest = load.stop().await;
-    assert!(
-        recovery <= Duration::from_secs(1),
-        "enforcement resumed after {recovery:?}"
-    );
-    assert_within_deadline(slowest);
-    let m = l.metrics();
-    assert!(m.fallbacks(FallbackMode::open, DecisionOutcome::allowed) >= 2_000);
-    assert_eq!(m.decisions("api", DecisionOutcome::rejected), 0);
-    assert_enforced_through_redis(&l, &redis).await;
-}
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis_frozen_under_load_fails_closed_within_the_deadline_and_recovers() {
+        let redis = RedisServer::start();
+        let l = redis_limiter(&redis, FailureMode::Closed, 1_000_000).await;
+        let load = Load::start(&l);
+        load.run_for(300).await;
+        let rejected_before = l.metrics().decisions("api", DecisionOutcome::rejected);
+        assert_eq!(rejected_before, 0);
+        redis.pause();
+        wait_for_async("the breaker to open", Duration::from_secs(5), || async {
+            (!l.redis_healthy()).then_some(())
+        })
+        .await;
+        load.run_for(2_000).await;
+        let v = check(&l, "203.0.113.1").await;
+        assert_eq!(v.rejected_by.as_deref(), Some("api"));
+        assert!(v.retry_after.is_some());
+        redis.resume();
+        let recovery = time_to_recover(&l).await;
+        let slowest = load.stop().await;
+        assert!(
+            recovery <= Duration::from_secs(1),
+            "enforcement resumed after {recovery:?}"
+        );
+        assert_within_deadline(slowest);
+        let m = l.metrics();
+        assert!(m.fallbacks(FallbackMode::closed, DecisionOutcome::rejected) >= 2_000);
+        assert_eq!(m.fallbacks(FallbackMode::closed, DecisionOutcome::allowed), 0);
+        assert!(check(&l, "203.0.113.1").await.allowed());
+    }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_frozen_under_load_fails_closed_within_the_deadline_and_recovers() {
-    let redis = RedisServer::start();
-    let l = redis_limiter(&redis, FailureMode::Closed, 1_000_000).await;
-    let load = Load::start(&l);
-    load.run_for(300).await;
-    let rejected_before = l.metrics().decisions("api", DecisionOutcome::rejected);
-    assert_eq!(rejected_before, 0);
-    redis.pause();
-    wait_for_async("the breaker to open", Duration::from_secs(5), || async {
-        (!l.redis_healthy()).then_some(())
-    })
-    .await;
-    load.run_for(2_000).await;
-    let v = check(&l, "203.0.113.1").await;
-    assert_eq!(v.rejected_by.as_deref(), Some("api"));
-    assert!(v.retry_after.is_some());
-    redis.resume();
-    let recovery = time_to_recover(&l).await;
-    let slowest = load.stop().await;
-    assert!(
-        recovery <= Duration::from_secs(1),
-        "enforcement resumed after {recovery:?}"
-    );
-    assert_within_deadline(slowest);
-    let m = l.metrics();
-    assert!(m.fallbacks(FallbackMode::closed, DecisionOutcome::rejected) >= 2_000);
-    assert_eq!(m.fallbacks(FallbackMode::closed, DecisionOutcome::allowed), 0);
-    assert!(check(&l, "203.0.113.1").await.allowed());
-}
+    #[tokio::test]
+    async fn a_limiter_started_before_redis_serves_by_failure_mode_at_once_and_picks_redis_up() {
+        let mut redis = RedisServer::start();
+        redis.kill();
+        let clock = ManualClock::at(T0);
+        let l = limiter(
+            &config(
+                vec![rule("api", Algorithm::FixedWindow, 4, 60_000)],
+                FailureMode::Local,
+            ),
+            Some(&redis.url()),
+            &clock,
+        );
+        assert!(!l.redis_healthy());
+        let start = Instant::now();
+        assert_eq!(
+            allowed_of(&l, "198.51.100.7", 6).await,
+            4,
+            "local fallback at the full share"
+        );
+        assert!(
+            start.elapsed() < DEADLINE,
+            "waited {:?} for a Redis that is not there",
+            start.elapsed()
+        );
+        redis.restart();
+        healthy(&l).await;
+        assert_eq!(
+            allowed_of(&l, "198.51.100.7", 6).await,
+            4,
+            "Redis counts from zero"
+        );
+    }
 
-#[tokio::test]
-async fn a_limiter_started_before_redis_serves_by_failure_mode_at_once_and_picks_redis_up() {
-    let mut redis = RedisServer::start();
-    redis.kill();
-    let clock = ManualClock::at(T0);
-    let l = limiter(
-        &config(
-            vec![rule("api", Algorithm::FixedWindow, 4, 60_000)],
-            FailureMode::Local,
-        ),
-        Some(&redis.url()),
-        &clock,
-    );
-    assert!(!l.redis_healthy());
-    let start = Instant::now();
-    assert_eq!(
-        allowed_of(&l, "198.51.100.7", 6).await,
-        4,
-        "local fallback at the full share"
-    );
-    assert!(
-        start.elapsed() < DEADLINE,
-        "waited {:?} for a Redis that is not there",
-        start.elapsed()
-    );
-    redis.restart();
-    healthy(&l).await;
-    assert_eq!(
-        allowed_of(&l, "198.51.100.7", 6).await,
-        4,
-        "Redis counts from zero"
-    );
-}
-
-#[tokio::test]
-async fn an_unusable_redis_url_is_a_config_error_naming_the_field() {
-    let err = Limiter::with_metrics(
-        &config(vec![], FailureMode::Open),
-        None,
-        Some("not a url"),
-        Arc::new(ManualClock::at(T0)),
-        sluice_sidecar::limiter::metrics::Metrics::unregistered(),
-    )
-    .unwrap_err();
-    assert!(err.to_string().contains("limits.redis.url"), "{err}");
+    #[tokio::test]
+    async fn an_unusable_redis_url_is_a_config_error_naming_the_field() {
+        let err = Limiter::with_metrics(
+            &config(vec![], FailureMode::Open),
+            None,
+            Some("not a url"),
+            Arc::new(ManualClock::at(T0)),
+            sluice_sidecar::limiter::metrics::Metrics::unregistered(),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("limits.redis.url"), "{err}");
+    }
 }

@@ -4,246 +4,250 @@
 
 mod limiter_common;
 
-use std::time::Duration;
+/// Named `limiter` so `cargo nextest run -p sluice-sidecar limiter` selects these tests too.
+mod limiter {
 
-use limiter_common::*;
-use sluice_crds::sidecar_config::{Algorithm, FailureMode};
-use sluice_sidecar::{
-    clock::ManualClock,
-    limiter::{
-        algorithm::{self, LocalState, Params, Unique},
-        redis_store::RedisStore,
-    },
-};
-use sluice_testsupport::{RedisServer, wait_for_async};
+    use std::time::Duration;
 
-/// Limiter on a fresh Redis with one rule, Redis reachable, clock at `start`.
-async fn redis_limiter(
-    redis: &RedisServer,
-    rule: sluice_crds::sidecar_config::Rule,
-    start: u64,
-) -> (sluice_sidecar::limiter::Limiter, ManualClock) {
-    let clock = ManualClock::at(start);
-    let l = limiter(
-        &config(vec![rule], FailureMode::Closed),
-        Some(&redis.url()),
-        &clock,
-    );
-    healthy(&l).await;
-    (l, clock)
-}
-
-#[tokio::test]
-async fn fixed_window_allows_the_limit_in_the_last_millisecond_and_again_from_the_edge() {
-    let redis = RedisServer::start();
-    let w = 30_000;
-    let edge = next_edge(T0, w);
-    let (l, clock) = redis_limiter(&redis, rule("fw", Algorithm::FixedWindow, 5, w), edge - 1).await;
-    assert_eq!(allowed_of(&l, "198.51.100.7", 7).await, 5);
-    clock.set(edge);
-    assert_eq!(allowed_of(&l, "198.51.100.7", 7).await, 5);
-    let v = check(&l, "198.51.100.7").await;
-    assert_eq!(v.retry_after, Some(Duration::from_millis(w)));
-    assert_eq!(v.rejected_by.as_deref(), Some("fw"));
-}
-
-#[tokio::test]
-async fn sliding_log_frees_each_slot_exactly_one_window_after_it_was_taken() {
-    let redis = RedisServer::start();
-    let w = 5 * 60_000;
-    let (l, clock) = redis_limiter(&redis, rule("sl", Algorithm::SlidingLog, 4, w), T0).await;
-    assert_eq!(allowed_of(&l, "198.51.100.7", 2).await, 2);
-    clock.set(T0 + 1_000);
-    assert_eq!(allowed_of(&l, "198.51.100.7", 5).await, 2);
-    clock.set(T0 + w - 1);
-    let v = check(&l, "198.51.100.7").await;
-    assert!(!v.allowed());
-    assert_eq!(v.retry_after, Some(Duration::from_millis(1)));
-    clock.set(T0 + w);
-    assert_eq!(allowed_of(&l, "198.51.100.7", 5).await, 2, "the two from T0 left");
-    clock.set(T0 + w + 1_000);
-    assert_eq!(
-        allowed_of(&l, "198.51.100.7", 5).await,
-        2,
-        "the two from T0+1s left"
-    );
-}
-
-#[tokio::test]
-async fn sliding_counter_weighs_the_previous_window_by_its_overlap() {
-    let redis = RedisServer::start();
-    let w = 15 * 60_000;
-    let edge = next_edge(T0, w);
-    let (l, clock) = redis_limiter(&redis, rule("sc", Algorithm::SlidingCounter, 10, w), edge - 1).await;
-    assert_eq!(allowed_of(&l, "198.51.100.7", 12).await, 10);
-    clock.set(edge);
-    assert_eq!(
-        allowed_of(&l, "198.51.100.7", 3).await,
-        0,
-        "no 2x burst at the edge"
-    );
-    clock.set(edge + w / 4);
-    assert_eq!(allowed_of(&l, "198.51.100.7", 5).await, 2, "7.5 + 2 <= 10");
-    clock.set(edge + w / 2);
-    assert_eq!(allowed_of(&l, "198.51.100.7", 5).await, 3, "5 + 2 + 3 <= 10");
-}
-
-#[tokio::test]
-async fn token_bucket_allows_burst_plus_one_then_one_per_interval_like_nginx_nodelay() {
-    let redis = RedisServer::start();
-    let mut r = rule("tb", Algorithm::TokenBucket, 10, 1_000);
-    r.limit.burst = Some(4);
-    let (l, clock) = redis_limiter(&redis, r, T0).await;
-    assert_eq!(allowed_of(&l, "198.51.100.7", 8).await, 5);
-    clock.set(T0 + 99);
-    let v = check(&l, "198.51.100.7").await;
-    assert_eq!(v.retry_after, Some(Duration::from_millis(1)));
-    clock.set(T0 + 100);
-    assert_eq!(allowed_of(&l, "198.51.100.7", 3).await, 1);
-    clock.set(T0 + 100 + 1_000);
-    assert_eq!(
-        allowed_of(&l, "198.51.100.7", 8).await,
-        5,
-        "a full bucket again after 500 ms idle"
-    );
-}
-
-#[tokio::test]
-async fn lua_scripts_and_in_process_math_agree_step_by_step_for_every_window_length() {
-    let redis = RedisServer::start();
-    let store = RedisStore::connect(&redis.url(), 1, Duration::from_secs(2)).unwrap();
-    wait_for_async("redis to answer", Duration::from_secs(10), || async {
-        store.ping(Duration::from_millis(200)).await.then_some(())
-    })
-    .await;
-    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = move |below: u64| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng % below.max(1)
+    use crate::limiter_common::*;
+    use sluice_crds::sidecar_config::{Algorithm, FailureMode};
+    use sluice_sidecar::{
+        clock::ManualClock,
+        limiter::{
+            algorithm::{self, LocalState, Params, Unique},
+            redis_store::RedisStore,
+        },
     };
-    for kind in [
-        Algorithm::FixedWindow,
-        Algorithm::SlidingLog,
-        Algorithm::SlidingCounter,
-        Algorithm::TokenBucket,
-    ] {
-        for window_ms in [1_000, 30_000, 5 * 60_000, 15 * 60_000, 3_600_000] {
-            let p = Params {
-                requests: 7,
-                window_ms,
-                burst: 3,
-            };
-            let mut now = T0;
-            let mut local: Vec<LocalState> = (0..3).map(|_| LocalState::new(kind)).collect();
-            for step in 0..120u64 {
-                // Mostly bursts, sometimes long gaps: crosses edges and drains buckets.
-                now += match next(4) {
-                    0 => 0,
-                    1 => next(window_ms / 20),
-                    2 => next(window_ms / 3),
-                    _ => window_ms - 1 + next(3),
+    use sluice_testsupport::{RedisServer, wait_for_async};
+
+    /// Limiter on a fresh Redis with one rule, Redis reachable, clock at `start`.
+    async fn redis_limiter(
+        redis: &RedisServer,
+        rule: sluice_crds::sidecar_config::Rule,
+        start: u64,
+    ) -> (sluice_sidecar::limiter::Limiter, ManualClock) {
+        let clock = ManualClock::at(start);
+        let l = limiter(
+            &config(vec![rule], FailureMode::Closed),
+            Some(&redis.url()),
+            &clock,
+        );
+        healthy(&l).await;
+        (l, clock)
+    }
+
+    #[tokio::test]
+    async fn fixed_window_allows_the_limit_in_the_last_millisecond_and_again_from_the_edge() {
+        let redis = RedisServer::start();
+        let w = 30_000;
+        let edge = next_edge(T0, w);
+        let (l, clock) = redis_limiter(&redis, rule("fw", Algorithm::FixedWindow, 5, w), edge - 1).await;
+        assert_eq!(allowed_of(&l, "198.51.100.7", 7).await, 5);
+        clock.set(edge);
+        assert_eq!(allowed_of(&l, "198.51.100.7", 7).await, 5);
+        let v = check(&l, "198.51.100.7").await;
+        assert_eq!(v.retry_after, Some(Duration::from_millis(w)));
+        assert_eq!(v.rejected_by.as_deref(), Some("fw"));
+    }
+
+    #[tokio::test]
+    async fn sliding_log_frees_each_slot_exactly_one_window_after_it_was_taken() {
+        let redis = RedisServer::start();
+        let w = 5 * 60_000;
+        let (l, clock) = redis_limiter(&redis, rule("sl", Algorithm::SlidingLog, 4, w), T0).await;
+        assert_eq!(allowed_of(&l, "198.51.100.7", 2).await, 2);
+        clock.set(T0 + 1_000);
+        assert_eq!(allowed_of(&l, "198.51.100.7", 5).await, 2);
+        clock.set(T0 + w - 1);
+        let v = check(&l, "198.51.100.7").await;
+        assert!(!v.allowed());
+        assert_eq!(v.retry_after, Some(Duration::from_millis(1)));
+        clock.set(T0 + w);
+        assert_eq!(allowed_of(&l, "198.51.100.7", 5).await, 2, "the two from T0 left");
+        clock.set(T0 + w + 1_000);
+        assert_eq!(
+            allowed_of(&l, "198.51.100.7", 5).await,
+            2,
+            "the two from T0+1s left"
+        );
+    }
+
+    #[tokio::test]
+    async fn sliding_counter_weighs_the_previous_window_by_its_overlap() {
+        let redis = RedisServer::start();
+        let w = 15 * 60_000;
+        let edge = next_edge(T0, w);
+        let (l, clock) = redis_limiter(&redis, rule("sc", Algorithm::SlidingCounter, 10, w), edge - 1).await;
+        assert_eq!(allowed_of(&l, "198.51.100.7", 12).await, 10);
+        clock.set(edge);
+        assert_eq!(
+            allowed_of(&l, "198.51.100.7", 3).await,
+            0,
+            "no 2x burst at the edge"
+        );
+        clock.set(edge + w / 4);
+        assert_eq!(allowed_of(&l, "198.51.100.7", 5).await, 2, "7.5 + 2 <= 10");
+        clock.set(edge + w / 2);
+        assert_eq!(allowed_of(&l, "198.51.100.7", 5).await, 3, "5 + 2 + 3 <= 10");
+    }
+
+    #[tokio::test]
+    async fn token_bucket_allows_burst_plus_one_then_one_per_interval_like_nginx_nodelay() {
+        let redis = RedisServer::start();
+        let mut r = rule("tb", Algorithm::TokenBucket, 10, 1_000);
+        r.limit.burst = Some(4);
+        let (l, clock) = redis_limiter(&redis, r, T0).await;
+        assert_eq!(allowed_of(&l, "198.51.100.7", 8).await, 5);
+        clock.set(T0 + 99);
+        let v = check(&l, "198.51.100.7").await;
+        assert_eq!(v.retry_after, Some(Duration::from_millis(1)));
+        clock.set(T0 + 100);
+        assert_eq!(allowed_of(&l, "198.51.100.7", 3).await, 1);
+        clock.set(T0 + 100 + 1_000);
+        assert_eq!(
+            allowed_of(&l, "198.51.100.7", 8).await,
+            5,
+            "a full bucket again after 500 ms idle"
+        );
+    }
+
+    #[tokio::test]
+    async fn lua_scripts_and_in_process_math_agree_step_by_step_for_every_window_length() {
+        let redis = RedisServer::start();
+        let store = RedisStore::connect(&redis.url(), 1, Duration::from_secs(2)).unwrap();
+        wait_for_async("redis to answer", Duration::from_secs(10), || async {
+            store.ping(Duration::from_millis(200)).await.then_some(())
+        })
+        .await;
+        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move |below: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % below.max(1)
+        };
+        for kind in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingLog,
+            Algorithm::SlidingCounter,
+            Algorithm::TokenBucket,
+        ] {
+            for window_ms in [1_000, 30_000, 5 * 60_000, 15 * 60_000, 3_600_000] {
+                let p = Params {
+                    requests: 7,
+                    window_ms,
+                    burst: 3,
                 };
-                let who = next(3) as usize;
-                let base = format!("sluice:{{eq/{kind:?}/{window_ms}/{who}}}");
-                let unique = Unique {
-                    instance: 1,
-                    seq: step,
-                };
-                let call = algorithm::call(kind, &base, &p, now, unique);
-                let (reply, _) = store
-                    .run(algorithm::script(kind), call, Duration::from_secs(2))
-                    .await;
-                let reply = reply.unwrap_or_else(|e| panic!("{kind:?}: {e:?}"));
-                let remote = algorithm::outcome(kind, &p, now, &reply).unwrap();
-                let in_process = local[who].decide(kind, &p, now);
-                assert_eq!(
-                    remote, in_process,
-                    "{kind:?} window {window_ms} step {step} at {now}"
-                );
+                let mut now = T0;
+                let mut local: Vec<LocalState> = (0..3).map(|_| LocalState::new(kind)).collect();
+                for step in 0..120u64 {
+                    // Mostly bursts, sometimes long gaps: crosses edges and drains buckets.
+                    now += match next(4) {
+                        0 => 0,
+                        1 => next(window_ms / 20),
+                        2 => next(window_ms / 3),
+                        _ => window_ms - 1 + next(3),
+                    };
+                    let who = next(3) as usize;
+                    let base = format!("sluice:{{eq/{kind:?}/{window_ms}/{who}}}");
+                    let unique = Unique {
+                        instance: 1,
+                        seq: step,
+                    };
+                    let call = algorithm::call(kind, &base, &p, now, unique);
+                    let (reply, _) = store
+                        .run(algorithm::script(kind), call, Duration::from_secs(2))
+                        .await;
+                    let reply = reply.unwrap_or_else(|e| panic!("{kind:?}: {e:?}"));
+                    let remote = algorithm::outcome(kind, &p, now, &reply).unwrap();
+                    let in_process = local[who].decide(kind, &p, now);
+                    assert_eq!(
+                        remote, in_process,
+                        "{kind:?} window {window_ms} step {step} at {now}"
+                    );
+                }
             }
         }
     }
-}
 
-#[tokio::test]
-async fn a_limit_change_keeps_the_counters() {
-    let redis = RedisServer::start();
-    let clock = ManualClock::at(next_edge(T0, 60_000) + 10);
-    let cfg = |requests| {
-        config(
-            vec![rule("read", Algorithm::FixedWindow, requests, 60_000)],
-            FailureMode::Closed,
-        )
-    };
-    let l = limiter(&cfg(5), Some(&redis.url()), &clock);
-    healthy(&l).await;
-    assert_eq!(allowed_of(&l, "198.51.100.7", 5).await, 5);
-    l.reconfigure(&cfg(8), Some(&policy())).unwrap();
-    assert_eq!(
-        allowed_of(&l, "198.51.100.7", 5).await,
-        3,
-        "5 already counted against the new 8"
-    );
-    l.reconfigure(&cfg(2), Some(&policy())).unwrap();
-    assert_eq!(allowed_of(&l, "198.51.100.7", 2).await, 0);
-    // Reordering rules and adding one changes nothing for the existing counter either.
-    let mut two = cfg(10);
-    let mut other = rule("other", Algorithm::TokenBucket, 100, 1_000);
-    other.limit.burst = Some(100);
-    two.rules.insert(0, other);
-    l.reconfigure(&two, Some(&policy())).unwrap();
-    assert_eq!(allowed_of(&l, "198.51.100.7", 5).await, 2);
-    assert_eq!(
-        l.check(&get_from("198.51.100.7")).await.quota.unwrap().rule,
-        "read"
-    );
-}
-
-#[tokio::test]
-async fn two_limiters_sharing_one_redis_share_one_limit_exactly() {
-    let redis = RedisServer::start();
-    for kind in [
-        Algorithm::FixedWindow,
-        Algorithm::SlidingLog,
-        Algorithm::SlidingCounter,
-        Algorithm::TokenBucket,
-    ] {
-        let clock = ManualClock::at(T0);
-        let mut r = rule(&format!("shared-{kind:?}"), kind, 40, 60_000);
-        r.limit.burst = Some(39);
-        let cfg = config(vec![r], FailureMode::Closed);
-        let a = limiter(&cfg, Some(&redis.url()), &clock);
-        let b = limiter(&cfg, Some(&redis.url()), &clock);
-        healthy(&a).await;
-        healthy(&b).await;
-        // Both sidecars see the same millisecond: sliding-log members must still be distinct.
-        let tasks = (0..100).map(|i| {
-            let l = if i % 2 == 0 { &a } else { &b };
-            async move { l.check(&get_from("203.0.113.9")).await.allowed() }
-        });
-        let allowed = futures::future::join_all(tasks)
-            .await
-            .into_iter()
-            .filter(|a| *a)
-            .count();
-        assert_eq!(allowed, 40, "{kind:?}");
+    #[tokio::test]
+    async fn a_limit_change_keeps_the_counters() {
+        let redis = RedisServer::start();
+        let clock = ManualClock::at(next_edge(T0, 60_000) + 10);
+        let cfg = |requests| {
+            config(
+                vec![rule("read", Algorithm::FixedWindow, requests, 60_000)],
+                FailureMode::Closed,
+            )
+        };
+        let l = limiter(&cfg(5), Some(&redis.url()), &clock);
+        healthy(&l).await;
+        assert_eq!(allowed_of(&l, "198.51.100.7", 5).await, 5);
+        l.reconfigure(&cfg(8), Some(&policy())).unwrap();
+        assert_eq!(
+            allowed_of(&l, "198.51.100.7", 5).await,
+            3,
+            "5 already counted against the new 8"
+        );
+        l.reconfigure(&cfg(2), Some(&policy())).unwrap();
+        assert_eq!(allowed_of(&l, "198.51.100.7", 2).await, 0);
+        // Reordering rules and adding one changes nothing for the existing counter either.
+        let mut two = cfg(10);
+        let mut other = rule("other", Algorithm::TokenBucket, 100, 1_000);
+        other.limit.burst = Some(100);
+        two.rules.insert(0, other);
+        l.reconfigure(&two, Some(&policy())).unwrap();
+        assert_eq!(allowed_of(&l, "198.51.100.7", 5).await, 2);
+        assert_eq!(
+            l.check(&get_from("198.51.100.7")).await.quota.unwrap().rule,
+            "read"
+        );
     }
-}
 
-#[tokio::test]
-async fn scripts_are_sent_again_when_redis_has_forgotten_them() {
-    let redis = RedisServer::start();
-    let (l, _clock) = redis_limiter(&redis, rule("fw", Algorithm::FixedWindow, 3, 60_000), T0).await;
-    assert_eq!(allowed_of(&l, "198.51.100.7", 1).await, 1);
-    assert!(redis.command("SCRIPT FLUSH").starts_with("+OK"));
-    assert_eq!(allowed_of(&l, "198.51.100.7", 5).await, 2);
-    assert!(l.redis_healthy());
-    let keys = redis.command("KEYS sluice:*");
-    assert!(keys.contains("sluice:{tests/limits/fw/"), "{keys}");
-    assert!(
-        !keys.contains("198.51.100.7"),
-        "client addresses are hashed: {keys}"
-    );
+    #[tokio::test]
+    async fn two_limiters_sharing_one_redis_share_one_limit_exactly() {
+        let redis = RedisServer::start();
+        for kind in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingLog,
+            Algorithm::SlidingCounter,
+            Algorithm::TokenBucket,
+        ] {
+            let clock = ManualClock::at(T0);
+            let mut r = rule(&format!("shared-{kind:?}"), kind, 40, 60_000);
+            r.limit.burst = Some(39);
+            let cfg = config(vec![r], FailureMode::Closed);
+            let a = limiter(&cfg, Some(&redis.url()), &clock);
+            let b = limiter(&cfg, Some(&redis.url()), &clock);
+            healthy(&a).await;
+            healthy(&b).await;
+            // Both sidecars see the same millisecond: sliding-log members must still be distinct.
+            let tasks = (0..100).map(|i| {
+                let l = if i % 2 == 0 { &a } else { &b };
+                async move { l.check(&get_from("203.0.113.9")).await.allowed() }
+            });
+            let allowed = futures::future::join_all(tasks)
+                .await
+                .into_iter()
+                .filter(|a| *a)
+                .count();
+            assert_eq!(allowed, 40, "{kind:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn scripts_are_sent_again_when_redis_has_forgotten_them() {
+        let redis = RedisServer::start();
+        let (l, _clock) = redis_limiter(&redis, rule("fw", Algorithm::FixedWindow, 3, 60_000), T0).await;
+        assert_eq!(allowed_of(&l, "198.51.100.7", 1).await, 1);
+        assert!(redis.command("SCRIPT FLUSH").starts_with("+OK"));
+        assert_eq!(allowed_of(&l, "198.51.100.7", 5).await, 2);
+        assert!(l.redis_healthy());
+        let keys = redis.command("KEYS sluice:*");
+        assert!(keys.contains("sluice:{tests/limits/fw/"), "{keys}");
+        assert!(
+            !keys.contains("198.51.100.7"),
+            "client addresses are hashed: {keys}"
+        );
+    }
 }
