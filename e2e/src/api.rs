@@ -84,6 +84,18 @@ impl Req {
         if self.body.is_empty() {
             return Err(ApiError::bad_request("the request body is empty"));
         }
+        if self.content_type.contains("protobuf") || self.content_type.contains("cbor") {
+            // Typed client-go clients (`kubectl create configmap …`) send protobuf; this server decodes JSON
+            // and YAML only. `kubectl apply -f` and kube-rs always send JSON.
+            return Err(ApiError::new(
+                415,
+                "UnsupportedMediaType",
+                format!(
+                    "this test API server accepts JSON and YAML bodies only, not {}: use `kubectl apply -f` instead of `kubectl create <kind>`",
+                    self.content_type
+                ),
+            ));
+        }
         if let Ok(v) = serde_json::from_slice(&self.body) {
             return Ok(v);
         }

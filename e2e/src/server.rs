@@ -103,9 +103,11 @@ pub struct TestApiServer {
 }
 
 impl TestApiServer {
-    /// Binds and starts serving.
+    /// Binds and starts serving on a thread of its own, with its own Tokio runtime: the server keeps
+    /// answering while the test's runtime is blocked (a `std::process::Command`, a blocking read).
     pub async fn start(options: Options) -> Result<Self> {
-        let listener = TcpListener::bind(options.bind).await?;
+        let listener = std::net::TcpListener::bind(options.bind)?;
+        listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let pki = if options.tls {
             let ip = addr.ip().to_string();
@@ -133,7 +135,21 @@ impl TestApiServer {
             addr,
             shutdown: rx.clone(),
         });
-        tokio::spawn(accept_loop(listener, acceptor, state.clone(), rx));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let serving = state.clone();
+        std::thread::Builder::new()
+            .name(format!("test-apiserver-{}", addr.port()))
+            .spawn(move || {
+                runtime.block_on(async move {
+                    match TcpListener::from_std(listener) {
+                        Ok(listener) => accept_loop(listener, acceptor, serving, rx).await,
+                        Err(e) => tracing::error!(error = %e, "cannot serve"),
+                    }
+                });
+                // Dropping the runtime here ends every open connection and watch.
+            })?;
         tracing::info!(%addr, tls = pki.is_some(), "test API server listening");
         Ok(TestApiServer {
             state,

@@ -243,6 +243,22 @@ impl Store {
         if res.group == "apiextensions.k8s.io" && res.plural == "customresourcedefinitions" {
             crate::crd::register(&mut self.registry, &obj);
         }
+        // The garbage collector deletes objects whose owners are all gone, including objects written
+        // with ownerReferences to owners that were deleted meanwhile (a late reconcile).
+        let refs = obj["metadata"]["ownerReferences"]
+            .as_array()
+            .filter(|r| !r.is_empty());
+        if let Some(refs) = refs
+            && obj["metadata"]["deletionTimestamp"].is_null()
+            && !refs
+                .iter()
+                .any(|r| r["uid"].as_str().is_some_and(|u| self.exists_uid(u)))
+        {
+            let (ns, name) = ns_name(&obj);
+            if let Some((after, _)) = self.delete(res, &ns, &name, Propagation::Background) {
+                return after;
+            }
+        }
         obj
     }
 
