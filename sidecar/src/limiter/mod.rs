@@ -523,3 +523,58 @@ async fn probe(shared: Arc<Shared>) {
         tokio::time::sleep(pause).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use http::{HeaderMap, Method};
+
+    use super::*;
+
+    #[test]
+    fn request_facts_debug_leaves_out_header_values() {
+        let mut headers = HeaderMap::new();
+        headers.insert("authorization", "Bearer top-secret".parse().unwrap());
+        let facts = RequestFacts {
+            method: &Method::GET,
+            path: "/",
+            host: None,
+            headers: &headers,
+            client_ip: "198.51.100.7".parse().unwrap(),
+        };
+        let shown = format!("{facts:?}");
+        assert!(
+            shown.contains("authorization") && !shown.contains("top-secret"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn check_can_run_on_any_worker_thread() {
+        fn assert_send<T: Send>(_: &T) {}
+        let limiter = Limiter::new(&LimitsConfig::default(), None).unwrap();
+        let headers = HeaderMap::new();
+        let facts = RequestFacts {
+            method: &Method::GET,
+            path: "/",
+            host: None,
+            headers: &headers,
+            client_ip: "198.51.100.7".parse().unwrap(),
+        };
+        assert_send(&limiter.check(&facts));
+        assert!(!limiter.uses_redis());
+    }
+
+    #[test]
+    fn zero_replicas_or_deadline_are_config_errors_naming_the_field() {
+        let mut c = LimitsConfig {
+            expected_replicas: 0,
+            ..Default::default()
+        };
+        let err = Limiter::new(&c, None).unwrap_err();
+        assert!(err.to_string().contains("limits.expectedReplicas"), "{err}");
+        c.expected_replicas = 1;
+        c.redis.timeout = sluice_crds::duration::Duration::from_millis(0);
+        let err = Limiter::new(&c, None).unwrap_err();
+        assert!(err.to_string().contains("limits.redis.timeout"), "{err}");
+    }
+}
