@@ -143,14 +143,16 @@ LANGUAGE sql VOLATILE AS $$
 $$;
 
 -- Enqueues many jobs in one statement (no idempotency keys) and returns their ids in input order.
--- `kinds` may hold one kind for all; `priorities` and `run_ats` may be NULL or shorter (NULL = defaults).
+-- `kinds` may hold one kind for all; `priorities`, `run_ats` and `ids` may be NULL or shorter (NULL =
+-- defaults; callers that can make UUIDv7s themselves pass `ids`, which saves generating them here).
 CREATE OR REPLACE FUNCTION sluice.enqueue_many(
     queue text,
     payloads jsonb[],
     kinds text[] DEFAULT ARRAY['default'],
     priorities integer[] DEFAULT NULL,
     run_ats timestamptz[] DEFAULT NULL,
-    max_attempts integer DEFAULT NULL
+    max_attempts integer DEFAULT NULL,
+    ids uuid[] DEFAULT NULL
 ) RETURNS SETOF uuid
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -162,11 +164,12 @@ BEGIN
     END IF;
     RETURN QUERY
     INSERT INTO sluice.jobs (id, queue, kind, payload, priority, max_attempts, run_at)
-    SELECT sluice.uuid_v7(), $1,
+    SELECT coalesce(u.id, sluice.uuid_v7()), $1,
            CASE WHEN cardinality($3) = 1 THEN $3[1] ELSE u.kind END,
            u.payload, coalesce(u.priority, 0), coalesce($6, q.max_attempts), coalesce(u.run_at, now())
-      FROM unnest($2, $3, coalesce($4, '{}'::integer[]), coalesce($5, '{}'::timestamptz[]))
-           WITH ORDINALITY AS u(payload, kind, priority, run_at, n)
+      FROM unnest($2, $3, coalesce($4, '{}'::integer[]), coalesce($5, '{}'::timestamptz[]),
+                  coalesce($7, '{}'::uuid[]))
+           WITH ORDINALITY AS u(payload, kind, priority, run_at, id, n)
      WHERE u.payload IS NOT NULL
      ORDER BY u.n
     RETURNING sluice.jobs.id;

@@ -126,7 +126,7 @@ RETURNING j.id
 pub const JOB_ENQUEUE: &str = "SELECT id, created FROM sluice.enqueue_job($1, $2, $3, $4, $5, $6, $7, $8)";
 
 /// Enqueues many jobs in one statement through the SQL API (`sluice.enqueue_many`): returns the ids.
-pub const JOB_ENQUEUE_MANY: &str = "SELECT id FROM sluice.enqueue_many($1, $2, $3, $4, $5, $6) AS id";
+pub const JOB_ENQUEUE_MANY: &str = "SELECT id FROM sluice.enqueue_many($1, $2, $3, $4, $5, $6, $7) AS id";
 
 /// One job by id.
 pub const JOB_GET: &str = "SELECT * FROM sluice.jobs WHERE id = $1";

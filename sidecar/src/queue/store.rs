@@ -414,6 +414,7 @@ async fn enqueue_many_at<'e>(
         // database cannot delay them.
         .bind((!all_now).then_some(run_ats))
         .bind(jobs[0].max_attempts)
+        .bind(jobs.iter().map(|_| Uuid::now_v7()).collect::<Vec<_>>())
         .fetch_all(exec)
         .await
         .map_err(map_db_error)?;
