@@ -218,14 +218,23 @@ fn apply_response(name: &str, mut obj: Value, review: &Value) -> Result<Value, A
             format!("admission webhook \"{name}\" denied the request: {msg}"),
         ));
     }
-    if let Some(patch) = response["patch"].as_str() {
-        let raw = base64::engine::general_purpose::STANDARD
-            .decode(patch)
-            .map_err(|e| {
-                ApiError::internal(format!(
-                    "webhook \"{name}\" returned a patch that is not base64: {e}"
-                ))
-            })?;
+    // Go encodes `[]byte` as base64 and decodes it from base64 or from an array of numbers (kube-rs sends
+    // the latter); both are accepted.
+    let raw: Option<Vec<u8>> = match &response["patch"] {
+        Value::String(b) => Some(base64::engine::general_purpose::STANDARD.decode(b).map_err(|e| {
+            ApiError::internal(format!(
+                "webhook \"{name}\" returned a patch that is not base64: {e}"
+            ))
+        })?),
+        Value::Array(bytes) => Some(
+            bytes
+                .iter()
+                .map(|b| b.as_u64().unwrap_or_default() as u8)
+                .collect(),
+        ),
+        _ => None,
+    };
+    if let Some(raw) = raw {
         let ops: json_patch::Patch = serde_json::from_slice(&raw).map_err(|e| {
             ApiError::internal(format!("webhook \"{name}\" returned an invalid JSON patch: {e}"))
         })?;
