@@ -140,7 +140,10 @@ pub async fn start_sidecar(
     redis: Option<&str>,
     file: Option<&Path>,
 ) -> Sidecar {
-    let mut env = vec![("SLUICE_UPSTREAM".to_owned(), format!("http://{upstream}"))];
+    let mut env = vec![
+        ("SLUICE_UPSTREAM".to_owned(), format!("http://{upstream}")),
+        ("SLUICE_POD_NAME".to_owned(), "test-pod".to_owned()),
+    ];
     if let Some(url) = redis {
         env.push(("SLUICE_REDIS_URL".to_owned(), url.to_owned()));
     }
