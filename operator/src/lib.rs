@@ -14,11 +14,16 @@
 //! - [`crdgen`], [`config`], [`run`]: the CRD YAML generator, the typed command line, and the wiring
 //!   the binary calls.
 
+pub mod certs;
+pub mod config;
 pub mod controller;
 pub mod crdgen;
+pub mod leader;
 pub mod metrics;
 pub mod redis;
 pub mod render;
+pub mod run;
+pub mod telemetry;
 pub mod webhook;
 
 /// Port of the sidecar's `/healthz`, `/readyz` and `/metrics` in injected pods; rendered into the

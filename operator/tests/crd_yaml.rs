@@ -15,13 +15,3 @@ fn checked_in_crd_yaml_matches_the_rust_types() {
         );
     }
 }
-
-/// Not a check: writes the YAML when `SLUICE_WRITE_CRDS=1` (the same as `sluice-operator crdgen`, for
-/// when the binary cannot be built).
-#[test]
-fn write_crds_when_asked() {
-    if std::env::var_os("SLUICE_WRITE_CRDS").is_some() {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../crds");
-        sluice_operator::crdgen::write_all(&dir).unwrap();
-    }
-}

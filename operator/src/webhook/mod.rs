@@ -2,3 +2,4 @@
 
 pub mod annotations;
 pub mod inject;
+pub mod server;

@@ -1,0 +1,170 @@
+//! The operator's command line: one typed config, every flag also an environment variable (the Helm
+//! chart sets those). Doc comments are the `--help` text.
+
+use std::{net::SocketAddr, path::PathBuf};
+
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+use k8s_openapi::api::core::v1::ResourceRequirements;
+
+/// Default sidecar image: the release matching this operator.
+pub const SIDECAR_IMAGE_DEFAULT: &str =
+    concat!("ghcr.io/sluice-dev/sluice-sidecar:", env!("CARGO_PKG_VERSION"));
+/// Default address of the webhook (HTTPS).
+pub const WEBHOOK_LISTEN_DEFAULT: &str = "0.0.0.0:9443";
+/// Default address of `/metrics`, `/healthz` and `/readyz` (HTTP).
+pub const METRICS_LISTEN_DEFAULT: &str = "0.0.0.0:8080";
+/// Default sidecar resources when none are configured.
+pub const SIDECAR_RESOURCES_DEFAULT: &str =
+    r#"{"requests":{"cpu":"50m","memory":"32Mi"},"limits":{"memory":"64Mi"}}"#;
+
+/// Sluice's control plane.
+#[derive(Debug, Parser)]
+#[command(name = "sluice-operator", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the controllers, the injection webhook and the metrics endpoint.
+    Run(Box<RunArgs>),
+    /// Write the CRD YAML generated from the Rust types into a directory.
+    Crdgen {
+        /// Directory to write `<plural>.<group>.yaml` files into.
+        #[arg(long, default_value = "crds")]
+        dir: PathBuf,
+    },
+}
+
+/// Whether injected sidecars are native sidecars.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum NativeSidecar {
+    /// Native when the API server is 1.29 or newer (nodes must be, too).
+    Auto,
+    /// Always an init container with `restartPolicy: Always`.
+    True,
+    /// Always a plain container.
+    False,
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// One JSON object per line.
+    Json,
+    /// Human-readable lines.
+    Text,
+}
+
+/// Settings of `sluice-operator run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Namespace the operator runs in: its Lease and certificate Secret live there, and the webhook
+    /// never injects pods there.
+    #[arg(long, env = "SLUICE_NAMESPACE", default_value = "sluice-system")]
+    pub namespace: String,
+    /// This replica's name (its identity in leader election and Events); defaults to the host name.
+    #[arg(long, env = "SLUICE_POD_NAME")]
+    pub pod_name: Option<String>,
+    /// Elect a leader among replicas with a Lease; only the leader reconciles.
+    #[arg(long, env = "SLUICE_LEADER_ELECTION", default_value_t = true, action = ArgAction::Set)]
+    pub leader_election: bool,
+    /// Name of the Lease.
+    #[arg(long, env = "SLUICE_LEASE_NAME", default_value = "sluice-operator")]
+    pub lease_name: String,
+    /// Address of the HTTPS admission webhook.
+    #[arg(long, env = "SLUICE_WEBHOOK_LISTEN", default_value = WEBHOOK_LISTEN_DEFAULT)]
+    pub webhook_listen: SocketAddr,
+    /// Name of the Service in front of the webhook (the serving certificate is issued for it).
+    #[arg(long, env = "SLUICE_WEBHOOK_SERVICE", default_value = "sluice-webhook")]
+    pub webhook_service: String,
+    /// Name of the MutatingWebhookConfiguration whose caBundle the operator keeps current.
+    #[arg(long, env = "SLUICE_WEBHOOK_CONFIG_NAME", default_value = "sluice")]
+    pub webhook_config_name: String,
+    /// Secret holding the webhook's CA and serving certificate.
+    #[arg(
+        long,
+        env = "SLUICE_WEBHOOK_CERT_SECRET",
+        default_value = "sluice-webhook-tls"
+    )]
+    pub webhook_cert_secret: String,
+    /// cert-manager issues the serving certificate and injects the caBundle: read `tls.crt`/`tls.key`
+    /// from `--webhook-cert-dir` instead of generating them.
+    #[arg(long, env = "SLUICE_CERT_MANAGER", default_value_t = false, action = ArgAction::Set)]
+    pub cert_manager: bool,
+    /// Where the cert-manager certificate is mounted.
+    #[arg(
+        long,
+        env = "SLUICE_WEBHOOK_CERT_DIR",
+        default_value = "/var/run/sluice/webhook-tls"
+    )]
+    pub webhook_cert_dir: PathBuf,
+    /// Address of `/metrics`, `/healthz` and `/readyz`.
+    #[arg(long, env = "SLUICE_METRICS_LISTEN", default_value = METRICS_LISTEN_DEFAULT)]
+    pub metrics_listen: SocketAddr,
+    /// Image of the injected sidecar.
+    #[arg(long, env = "SLUICE_SIDECAR_IMAGE", default_value = SIDECAR_IMAGE_DEFAULT)]
+    pub sidecar_image: String,
+    /// imagePullPolicy of the injected sidecar.
+    #[arg(long, env = "SLUICE_SIDECAR_IMAGE_PULL_POLICY")]
+    pub sidecar_image_pull_policy: Option<String>,
+    /// Inject native sidecars (init containers with restartPolicy: Always).
+    #[arg(long, env = "SLUICE_SIDECAR_NATIVE", value_enum, default_value_t = NativeSidecar::Auto)]
+    pub sidecar_native: NativeSidecar,
+    /// Resources of the injected sidecar, as JSON (`{"requests":{...},"limits":{...}}`).
+    #[arg(long, env = "SLUICE_SIDECAR_RESOURCES", default_value = SIDECAR_RESOURCES_DEFAULT, value_parser = parse_resources)]
+    pub sidecar_resources: ResourceRequirements,
+    /// Log format.
+    #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Json)]
+    pub log_format: LogFormat,
+}
+
+fn parse_resources(s: &str) -> Result<ResourceRequirements, String> {
+    serde_json::from_str(s).map_err(|e| format!("not a ResourceRequirements JSON object: {e}"))
+}
+
+impl RunArgs {
+    /// This replica's identity.
+    pub fn identity(&self) -> String {
+        self.pod_name
+            .clone()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .unwrap_or_else(|| "sluice-operator".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_charts_environment_parses() {
+        let cli = Cli::try_parse_from([
+            "sluice-operator",
+            "run",
+            "--leader-election",
+            "false",
+            "--sidecar-native",
+            "true",
+            "--sidecar-resources",
+            r#"{"requests":{"cpu":"10m"}}"#,
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("run")
+        };
+        assert!(!args.leader_election);
+        assert_eq!(args.sidecar_native, NativeSidecar::True);
+        assert!(args.sidecar_resources.requests.unwrap().contains_key("cpu"));
+    }
+
+    #[test]
+    fn bad_resources_name_the_flag() {
+        let err =
+            Cli::try_parse_from(["sluice-operator", "run", "--sidecar-resources", "{oops"]).unwrap_err();
+        assert!(err.to_string().contains("--sidecar-resources"), "{err}");
+    }
+}

@@ -1,0 +1,305 @@
+//! Wiring for `sluice-operator run`: every replica serves the webhook and metrics; the Lease holder
+//! also runs the controllers. The binary only parses flags, starts tracing and calls [`run`].
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use axum::{Router, extract::State, http::StatusCode, routing::get};
+use futures::StreamExt;
+use kube::{
+    Api, Client,
+    runtime::{WatchStreamExt, reflector, watcher},
+};
+use sluice_crds::rate_limit_policy::RateLimitPolicy;
+use tokio::{net::TcpListener, sync::watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::{
+    Result, certs,
+    config::{NativeSidecar, RunArgs},
+    controller::{self, Context},
+    leader,
+    metrics::Metrics,
+    webhook::{
+        inject::InjectConfig,
+        server::{self, WebhookState},
+    },
+};
+
+/// What `/readyz` waits for: a certificate the API server trusts, and a synced policy cache.
+#[derive(Debug, Default)]
+pub struct Health {
+    /// The webhook serves a certificate that the `caBundle` trusts.
+    pub cert_ready: AtomicBool,
+    /// The policy cache has listed every `RateLimitPolicy` once.
+    pub policies_synced: AtomicBool,
+}
+
+impl Health {
+    fn ready(&self) -> bool {
+        self.cert_ready.load(Ordering::Relaxed) && self.policies_synced.load(Ordering::Relaxed)
+    }
+}
+
+/// `/metrics`, `/healthz`, `/readyz`.
+pub fn metrics_router(metrics: Arc<Metrics>, health: Arc<Health>) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(|State((m, _)): State<(Arc<Metrics>, Arc<Health>)>| async move {
+                (
+                    [(
+                        "content-type",
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    m.encode(),
+                )
+            }),
+        )
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(|State((_, h)): State<(Arc<Metrics>, Arc<Health>)>| async move {
+                if h.ready() {
+                    (StatusCode::OK, "ready")
+                } else {
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "waiting for the webhook certificate and the policy cache",
+                    )
+                }
+            }),
+        )
+        .with_state((metrics, health))
+}
+
+/// Whether to inject native sidecars, deciding `auto` from the API server's version (1.29+).
+pub async fn native_sidecars(client: &Client, choice: NativeSidecar) -> bool {
+    match choice {
+        NativeSidecar::True => true,
+        NativeSidecar::False => false,
+        NativeSidecar::Auto => match client.apiserver_version().await {
+            Ok(v) => {
+                let minor: u32 = v.minor.trim_end_matches('+').parse().unwrap_or(0);
+                v.major == "1" && minor >= 29 || v.major.parse::<u32>().unwrap_or(0) > 1
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot read the API server version; injecting plain containers");
+                false
+            }
+        },
+    }
+}
+
+/// Run until SIGTERM or Ctrl-C.
+pub async fn run(args: RunArgs) -> Result<()> {
+    let client = Client::try_default().await?;
+    let shutdown = CancellationToken::new();
+    {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            info!("shutting down");
+            shutdown.cancel();
+        });
+    }
+    run_with(client, args, shutdown).await
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(t) => t,
+            Err(_) => return std::future::pending().await,
+        };
+        tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+/// Run with a given client until `shutdown` is cancelled. Tests call this against the test API server.
+pub async fn run_with(client: Client, args: RunArgs, shutdown: CancellationToken) -> Result<()> {
+    let identity = args.identity();
+    let metrics = Arc::new(Metrics::default());
+    let health = Arc::new(Health::default());
+
+    // Policy cache for the webhook (every replica).
+    let (policies, writer) = reflector::store::<RateLimitPolicy>();
+    let policy_stream = reflector::reflector(
+        writer,
+        watcher(
+            Api::<RateLimitPolicy>::all(client.clone()),
+            watcher::Config::default(),
+        ),
+    )
+    .default_backoff()
+    .touched_objects()
+    .for_each(|_| async {});
+    tokio::spawn(policy_stream);
+    {
+        let (policies, health) = (policies.clone(), health.clone());
+        tokio::spawn(async move {
+            if policies.wait_until_ready().await.is_ok() {
+                health.policies_synced.store(true, Ordering::Relaxed);
+            }
+        });
+    }
+
+    // Serving certificate, rotated and trusted.
+    let cert_store = Arc::new(certs::CertStore::default());
+    let cert_settings = certs::CertSettings {
+        namespace: args.namespace.clone(),
+        secret: args.webhook_cert_secret.clone(),
+        service: args.webhook_service.clone(),
+        webhook_config: args.webhook_config_name.clone(),
+    };
+    tokio::spawn(keep_certificates(
+        client.clone(),
+        cert_settings,
+        args.cert_manager.then(|| args.webhook_cert_dir.clone()),
+        cert_store.clone(),
+        health.clone(),
+        shutdown.clone(),
+    ));
+
+    // The webhook (every replica).
+    let native = native_sidecars(&client, args.sidecar_native).await;
+    let state = Arc::new(WebhookState {
+        policies,
+        config: InjectConfig {
+            image: args.sidecar_image.clone(),
+            image_pull_policy: args.sidecar_image_pull_policy.clone(),
+            resources: Some(args.sidecar_resources.clone()),
+            native,
+        },
+        metrics: metrics.clone(),
+    });
+    let webhook_listener = TcpListener::bind(args.webhook_listen).await?;
+    info!(addr = %args.webhook_listen, native_sidecars = native, "webhook listening");
+    let tls = cert_store.server_config()?;
+    let webhook = tokio::spawn(server::serve_tls(
+        webhook_listener,
+        tls,
+        server::router(state),
+        shutdown.clone().cancelled_owned(),
+    ));
+
+    // Metrics and health (every replica).
+    let metrics_listener = TcpListener::bind(args.metrics_listen).await?;
+    let metrics_app = metrics_router(metrics.clone(), health.clone());
+    let metrics_shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        let _ = axum::serve(metrics_listener, metrics_app)
+            .with_graceful_shutdown(metrics_shutdown.cancelled_owned())
+            .await;
+    });
+
+    // Leadership, then controllers on the leader only.
+    let (leading_tx, leading) = watch::channel(!args.leader_election);
+    if args.leader_election {
+        let settings = leader::LeaseSettings::new(&args.namespace, &args.lease_name, &identity);
+        tokio::spawn(leader::run(
+            client.clone(),
+            settings,
+            leading_tx,
+            shutdown.clone().cancelled_owned(),
+        ));
+    }
+    let ctx = Arc::new(Context::new(client.clone(), metrics.clone(), Some(identity)));
+    supervise_controllers(ctx, leading, metrics, shutdown.clone()).await;
+    let _ = webhook.await;
+    Ok(())
+}
+
+/// Run the controllers while `leading` is true; stop them (gracefully) when it turns false.
+pub async fn supervise_controllers(
+    ctx: Arc<Context>,
+    mut leading: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        while !*leading.borrow_and_update() {
+            tokio::select! {
+                changed = leading.changed() => if changed.is_err() { return },
+                () = shutdown.cancelled() => return,
+            }
+        }
+        metrics.set_leader(true);
+        info!("leading: starting controllers");
+        let term = CancellationToken::new();
+        let rlp = tokio::spawn(controller::rate_limit_policy::run(
+            ctx.clone(),
+            term.clone().cancelled_owned(),
+        ));
+        loop {
+            tokio::select! {
+                changed = leading.changed() => if changed.is_err() || !*leading.borrow() { break },
+                () = shutdown.cancelled() => break,
+            }
+        }
+        term.cancel();
+        let _ = rlp.await;
+        metrics.set_leader(false);
+        info!("stopped controllers");
+        if shutdown.is_cancelled() {
+            return;
+        }
+    }
+}
+
+/// Keep a trusted certificate loaded: generate or rotate it in the Secret, patch the `caBundle`,
+/// load it for serving. With cert-manager, only (re)load the mounted files.
+async fn keep_certificates(
+    client: Client,
+    settings: certs::CertSettings,
+    cert_manager_dir: Option<std::path::PathBuf>,
+    store: Arc<certs::CertStore>,
+    health: Arc<Health>,
+    shutdown: CancellationToken,
+) {
+    let mut trusted = false;
+    loop {
+        let outcome: Result<bool> = async {
+            if let Some(dir) = &cert_manager_dir {
+                let cert = tokio::fs::read_to_string(dir.join(certs::TLS_CRT)).await?;
+                let key = tokio::fs::read_to_string(dir.join(certs::TLS_KEY)).await?;
+                store.load(&cert, &key)?;
+                return Ok(true);
+            }
+            let now = (controller::system_clock())();
+            let bundle = certs::ensure(&client, &settings, now, trusted).await?;
+            trusted = certs::patch_ca_bundle(&client, &settings, &bundle.ca_bundle_pem).await?;
+            store.load(&bundle.cert_pem, &bundle.key_pem)?;
+            Ok(trusted)
+        }
+        .await;
+        let wait = match outcome {
+            Ok(ready) => {
+                health.cert_ready.store(ready, Ordering::Relaxed);
+                if ready {
+                    certs::CHECK_INTERVAL
+                } else {
+                    Duration::from_secs(2)
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, "webhook certificate not ready");
+                Duration::from_secs(5)
+            }
+        };
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = shutdown.cancelled() => return,
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! The HTTPS admission server: `POST /inject` answers `AdmissionReview` v1 requests for pods with the
+//! patch from [`super::inject`]. Every operator replica serves it; it reads policies from an in-memory
+//! cache (a reflector), so admission never waits on the API server.
+
+use std::{future::Future, sync::Arc};
+
+use axum::{Json, Router, extract::State, routing::post};
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo},
+    server::conn::auto,
+    service::TowerToHyperService,
+};
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    ResourceExt,
+    core::{
+        DynamicObject,
+        admission::{AdmissionRequest, AdmissionResponse, AdmissionReview},
+    },
+    runtime::reflector::Store,
+};
+use sluice_crds::rate_limit_policy::RateLimitPolicy;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tracing::{debug, info, warn};
+
+use super::inject::{self, InjectConfig};
+use crate::{Result, metrics::Metrics};
+
+/// Path the `MutatingWebhookConfiguration` calls.
+pub const INJECT_PATH: &str = "/inject";
+
+/// What the admission handler reads.
+pub struct WebhookState {
+    /// Every `RateLimitPolicy` in the cluster, kept current by a reflector.
+    pub policies: Store<RateLimitPolicy>,
+    /// Injection settings.
+    pub config: InjectConfig,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+/// The admission routes. Having a function that builds them lets tests call them without TLS.
+pub fn router(state: Arc<WebhookState>) -> Router {
+    Router::new()
+        .route(INJECT_PATH, post(inject_pod))
+        .with_state(state)
+}
+
+async fn inject_pod(
+    State(state): State<Arc<WebhookState>>,
+    Json(review): Json<AdmissionReview<Pod>>,
+) -> Json<AdmissionReview<DynamicObject>> {
+    let request: AdmissionRequest<Pod> = match review.try_into() {
+        Ok(r) => r,
+        Err(e) => {
+            state.metrics.admission("error");
+            return Json(AdmissionResponse::invalid(e.to_string()).into_review());
+        }
+    };
+    Json(review_pod(&state, &request).into_review())
+}
+
+/// Answer one admission request.
+pub fn review_pod(state: &WebhookState, request: &AdmissionRequest<Pod>) -> AdmissionResponse {
+    let response = AdmissionResponse::from(request);
+    let Some(original) = request.object.as_ref() else {
+        return response;
+    };
+    // Pods created by controllers carry no namespace yet; the request says where they go.
+    let namespace = request
+        .namespace
+        .clone()
+        .or_else(|| original.namespace())
+        .unwrap_or_else(|| "default".into());
+    let mut pod = original.clone();
+    pod.metadata.namespace = Some(namespace.clone());
+    let policies: Vec<_> = state
+        .policies
+        .state()
+        .into_iter()
+        .filter(|p| p.namespace().as_deref() == Some(namespace.as_str()))
+        .collect();
+    let name = pod
+        .metadata
+        .name
+        .clone()
+        .or(pod.metadata.generate_name.clone())
+        .unwrap_or_default();
+    match inject::admit(&pod, &policies, &state.config) {
+        Ok(None) => {
+            state.metrics.admission("skipped");
+            response
+        }
+        Ok(Some(mut injected)) => {
+            injected.metadata.namespace = original.metadata.namespace.clone();
+            match response.with_patch(inject::patch(original, &injected)) {
+                Ok(r) => {
+                    state.metrics.admission("injected");
+                    info!(%namespace, pod = %name, "injected sluice-sidecar");
+                    r
+                }
+                Err(e) => {
+                    state.metrics.admission("error");
+                    warn!(error = %e, "could not serialise the patch");
+                    AdmissionResponse::from(request).deny("sluice-operator could not build the patch")
+                }
+            }
+        }
+        Err(e) => {
+            state.metrics.admission("rejected");
+            debug!(%namespace, pod = %name, error = %e, "rejected pod");
+            response.deny(e.to_string())
+        }
+    }
+}
+
+/// Serve `router` over TLS on `listener` until `shutdown` resolves. The certificate comes from `tls`
+/// at each handshake, so rotation needs no restart.
+pub async fn serve_tls(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    router: Router,
+    shutdown: impl Future<Output = ()>,
+) -> Result<()> {
+    let acceptor = TlsAcceptor::from(tls);
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => accepted?,
+            () = &mut shutdown => return Ok(()),
+        };
+        let acceptor = acceptor.clone();
+        let service = TowerToHyperService::new(router.clone());
+        tokio::spawn(async move {
+            let stream = match acceptor.accept(tcp).await {
+                Ok(s) => s,
+                Err(e) => {
+                    debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+            };
+            if let Err(e) = auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                debug!(%peer, error = %e, "webhook connection ended with an error");
+            }
+        });
+    }
+}
