@@ -30,11 +30,23 @@ impl Drop for Process {
 }
 
 fn spawn_sidecar(config: &std::path::Path, upstream: SocketAddr, redis: Option<&str>) -> Process {
+    spawn_with(Some(config), upstream, redis, &[])
+}
+
+fn spawn_with(
+    config: Option<&std::path::Path>,
+    upstream: SocketAddr,
+    redis: Option<&str>,
+    env: &[(&str, &str)],
+) -> Process {
     let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice-sidecar"));
-    cmd.arg("--config")
-        .arg(config)
+    if let Some(config) = config {
+        cmd.arg("--config").arg(config);
+    }
+    cmd.envs(env.iter().copied())
+        .env_remove("SLUICE_CONFIG")
         .env("SLUICE_LISTEN", addr.to_string())
         .env("SLUICE_ADMIN_LISTEN", admin.to_string())
         .env("SLUICE_UPSTREAM", format!("http://{upstream}"))
@@ -159,4 +171,53 @@ limits:
         p.child.try_wait().unwrap()
     });
     assert!(exit.success(), "exit status {exit}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_config_file_the_seed_tiers_run_with_the_adr_env_limits() {
+    let app = start_upstream().await;
+    let p = spawn_with(
+        None,
+        app.addr,
+        None,
+        &[("RATE_LIMIT__AUTH_REQUESTS_PER_MINUTE", "2")],
+    );
+    wait_ready(&p, false).await;
+    let c = client();
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let req = http::Request::post(format!("http://{}/v1/auth/login", p.addr))
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        statuses.push(send(&c, req).await.status.as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 429]);
+    let read = get(&c, p.addr, "/v1/packages", &[]).await;
+    assert_eq!(read.status, StatusCode::OK);
+    assert_eq!(read.headers["x-ratelimit-limit"], "300");
+}
+
+#[test]
+fn the_demo_fires_requests_and_prints_allowed_and_limited_counts() {
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice-sidecar"))
+        .args(["demo", "--seconds", "2", "--rate", "40"])
+        .env_remove("SLUICE_REDIS_URL")
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("t= 1s  allowed"), "{stdout}");
+    let done = stdout
+        .lines()
+        .find(|l| l.starts_with("done:"))
+        .expect("summary line");
+    // 40/s for 2 s against 10/s with a burst of 5: most are limited, about 25 pass.
+    let allowed: u32 = done.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!((15..=40).contains(&allowed), "{done}");
+    assert!(done.contains("0 errors"), "{done}");
 }
