@@ -58,6 +58,9 @@ pub struct Event {
     pub namespace: String,
     /// The object after the change (the last state for deletions).
     pub object: Value,
+    /// The object before the change, for modifications (watches with selectors need it to tell when an
+    /// object enters or leaves the selection).
+    pub previous: Option<Value>,
 }
 
 /// What the store broadcasts to open watches.
@@ -209,7 +212,7 @@ impl Store {
         let _ = self.tx.send(Message::Compacted);
     }
 
-    fn record(&mut self, type_: EventType, res: &ResKey, object: &Value) {
+    fn record(&mut self, type_: EventType, res: &ResKey, object: &Value, previous: Option<Value>) {
         let (namespace, _) = ns_name(object);
         let event = Arc::new(Event {
             rv: self.rv,
@@ -217,6 +220,7 @@ impl Store {
             res: res.clone(),
             namespace,
             object: object.clone(),
+            previous,
         });
         self.log.push_back(event.clone());
         while self.log.len() > self.capacity {
@@ -233,13 +237,13 @@ impl Store {
         obj["metadata"]["resourceVersion"] = json!(self.rv.to_string());
         let (ns, name) = ns_name(&obj);
         let bucket = self.objects.entry(res.clone()).or_default();
-        let type_ = if bucket.contains_key(&(ns.clone(), name.clone())) {
+        let previous = bucket.insert((ns, name), obj.clone());
+        let type_ = if previous.is_some() {
             EventType::Modified
         } else {
             EventType::Added
         };
-        bucket.insert((ns, name), obj.clone());
-        self.record(type_, res, &obj);
+        self.record(type_, res, &obj, previous);
         if res.group == "apiextensions.k8s.io" && res.plural == "customresourcedefinitions" {
             crate::crd::register(&mut self.registry, &obj);
         }
@@ -336,7 +340,7 @@ impl Store {
             .remove(&(namespace.to_string(), name.to_string()))?;
         self.rv += 1;
         obj["metadata"]["resourceVersion"] = json!(self.rv.to_string());
-        self.record(EventType::Deleted, res, &obj);
+        self.record(EventType::Deleted, res, &obj, None);
         self.after_removal(res, &obj);
         Some(obj)
     }

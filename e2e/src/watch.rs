@@ -21,7 +21,7 @@ use crate::error::ApiError;
 use crate::registry::ResourceType;
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::server::{Body, State};
-use crate::store::{Event, Message};
+use crate::store::{Event, EventType, Message};
 
 /// Default watch duration when the client gives no `timeoutSeconds` (kube-apiserver picks 30–60 min).
 pub const TIMEOUT_DEFAULT: Duration = Duration::from_secs(1800);
@@ -34,11 +34,24 @@ struct Filter {
 }
 
 impl Filter {
-    fn matches(&self, e: &Event) -> bool {
-        e.res == self.rt.key()
-            && self.namespace.as_ref().is_none_or(|ns| *ns == e.namespace)
-            && self.labels.matches(e.object["metadata"].get("labels"))
-            && self.fields.matches(&e.object)
+    fn selects(&self, obj: &Value) -> bool {
+        self.labels.matches(obj["metadata"].get("labels")) && self.fields.matches(obj)
+    }
+
+    /// The event type this watch sees, if any: an object that starts matching the selectors is ADDED, one
+    /// that stops matching is DELETED, as kube-apiserver reports them.
+    fn view(&self, e: &Event) -> Option<&'static str> {
+        if e.res != self.rt.key() || self.namespace.as_ref().is_some_and(|ns| *ns != e.namespace) {
+            return None;
+        }
+        let now = self.selects(&e.object);
+        let before = e.previous.as_ref().is_some_and(|p| self.selects(p));
+        match (e.type_, before, now) {
+            (EventType::Modified, false, true) => Some("ADDED"),
+            (EventType::Modified, true, false) => Some("DELETED"),
+            (_, _, true) => Some(e.type_.as_str()),
+            _ => None,
+        }
     }
 }
 
@@ -92,15 +105,8 @@ pub fn serve(state: &Arc<State>, t: &Target, req: &Req) -> Result<Response<Body>
         let initial = send_initial || matches!(rv, None | Some(0));
         if initial {
             for o in store.list(&t.rt.key(), t.namespace.as_deref()) {
-                let e = Event {
-                    rv: 0,
-                    type_: crate::store::EventType::Added,
-                    res: t.rt.key(),
-                    namespace: String::new(),
-                    object: o.clone(),
-                };
-                if filter.labels.matches(o["metadata"].get("labels")) && filter.fields.matches(o) {
-                    first.push(render(&filter.rt, "ADDED", e.object, table, first.is_empty()));
+                if filter.selects(o) {
+                    first.push(render(&filter.rt, "ADDED", o.clone(), table, first.is_empty()));
                 }
             }
             if send_initial && bookmarks {
@@ -111,14 +117,16 @@ pub fn serve(state: &Arc<State>, t: &Target, req: &Req) -> Result<Response<Body>
             let from = rv.unwrap_or_default();
             match store.subscribe_from(from) {
                 Ok((replay, sub)) => {
-                    for e in replay.iter().filter(|e| filter.matches(e)) {
-                        first.push(render(
-                            &filter.rt,
-                            e.type_.as_str(),
-                            e.object.clone(),
-                            table,
-                            first.is_empty(),
-                        ));
+                    for e in &replay {
+                        if let Some(type_) = filter.view(e) {
+                            first.push(render(
+                                &filter.rt,
+                                type_,
+                                e.object.clone(),
+                                table,
+                                first.is_empty(),
+                            ));
+                        }
                     }
                     subscription = Some(sub);
                 }
@@ -153,8 +161,8 @@ pub fn serve(state: &Arc<State>, t: &Target, req: &Req) -> Result<Response<Body>
                             continue;
                         }
                         last_rv = e.rv;
-                        if filter.matches(&e) {
-                            let b = render(&rt, e.type_.as_str(), e.object.clone(), table, !sent_any);
+                        if let Some(type_) = filter.view(&e) {
+                            let b = render(&rt, type_, e.object.clone(), table, !sent_any);
                             sent_any = true;
                             if tx.send(b).await.is_err() {
                                 return;

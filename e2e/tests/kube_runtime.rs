@@ -246,3 +246,44 @@ async fn a_controller_that_owns_config_maps_reconciles_its_children() {
     .unwrap();
     controller.abort();
 }
+
+#[tokio::test]
+async fn a_labelled_watch_sees_objects_enter_and_leave_its_selection() {
+    let env = Env::start().await.unwrap();
+    let ns = env.namespace("selection").await.unwrap();
+    let api: Api<ConfigMap> = ns.api();
+    let rv = api
+        .create(&PostParams::default(), &cm("a", "1"))
+        .await
+        .unwrap()
+        .resource_version()
+        .unwrap();
+    let mut stream = api
+        .watch(
+            &WatchParams::default().labels("team=blue").disable_bookmarks(),
+            &rv,
+        )
+        .await
+        .unwrap()
+        .boxed();
+    let label = |v: Option<&str>| Patch::Merge(json!({"metadata": {"labels": {"team": v}}}));
+    api.patch("a", &PatchParams::default(), &label(Some("blue")))
+        .await
+        .unwrap();
+    assert!(matches!(next(&mut stream).await.unwrap(), WatchEvent::Added(c) if c.name_any() == "a"));
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"k": "2"}})),
+    )
+    .await
+    .unwrap();
+    assert!(matches!(
+        next(&mut stream).await.unwrap(),
+        WatchEvent::Modified(_)
+    ));
+    api.patch("a", &PatchParams::default(), &label(None))
+        .await
+        .unwrap();
+    assert!(matches!(next(&mut stream).await.unwrap(), WatchEvent::Deleted(c) if c.name_any() == "a"));
+}
