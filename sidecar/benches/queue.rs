@@ -121,18 +121,22 @@ async fn fill(store: &QueueStore, queue: &str, n: usize) {
         .unwrap();
 }
 
-async fn wait_drained(store: &QueueStore, queue: &str, n: usize) {
+/// Waits until no job of `queue` is waiting or running. The probe is an EXISTS over the partial indexes,
+/// so polling costs the database next to nothing (a count would steal CPU from the workers measured).
+async fn wait_drained(store: &QueueStore, queue: &str) {
     loop {
-        let done: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM sluice.jobs WHERE queue = $1 AND state = 'succeeded'")
-                .bind(queue)
-                .fetch_one(store.pool())
-                .await
-                .unwrap();
-        if done as usize >= n {
+        let busy: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM sluice.jobs WHERE queue = $1 AND state IN ('pending', 'retrying')) \
+                 OR EXISTS (SELECT 1 FROM sluice.jobs WHERE queue = $1 AND state = 'running')",
+        )
+        .bind(queue)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        if !busy {
             return;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -183,7 +187,7 @@ async fn raw_sql_limit(pg: &PgServer, store: &QueueStore, n: usize) -> f64 {
         "pgbench: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    wait_drained(store, "raw", n).await;
+    wait_drained(store, "raw").await;
     n as f64 / secs
 }
 
@@ -203,11 +207,25 @@ async fn in_process(store: &QueueStore, n: usize) -> f64 {
         ..WorkerOptions::new(["inproc"])
     };
     let t0 = Instant::now();
-    let w = tokio::spawn(Worker::new(store.clone(), Noop, opts).run(shutdown.clone()));
-    wait_drained(store, "inproc", n).await;
+    let worker = Worker::new(store.clone(), Noop, opts);
+    let metrics = worker.metrics();
+    let w = tokio::spawn(worker.run(shutdown.clone()));
+    wait_drained(store, "inproc").await;
     let secs = t0.elapsed().as_secs_f64();
     shutdown.cancel();
     w.await.unwrap().unwrap();
+    let text = metrics.render();
+    let metric = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    };
+    eprintln!(
+        "in-process: {:.0} claims, {:.1} jobs per claim",
+        metric("sluice_claim_batch_size_count"),
+        metric("sluice_claim_batch_size_sum") / metric("sluice_claim_batch_size_count")
+    );
     n as f64 / secs
 }
 
@@ -229,7 +247,7 @@ async fn sidecar_worker(pg: &PgServer, store: &QueueStore, n: usize) -> f64 {
         .stdout(Stdio::null())
         .spawn()
         .expect("start sluice-sidecar worker");
-    wait_drained(store, "sidecar", n).await;
+    wait_drained(store, "sidecar").await;
     let secs = t0.elapsed().as_secs_f64();
     let _ = Command::new("kill")
         .arg("-TERM")
@@ -260,9 +278,9 @@ const { Pool } = require("pg");
                         localQueue: { size: 500 }, completeJobBatchDelay: 0, failJobBatchDelay: 0 } },
   });
   for (;;) {
-    const { rows } = await pool.query("select count(*)::int as c from graphile_worker.jobs");
-    if (rows[0].c === 0) break;
-    await new Promise((r) => setTimeout(r, 20));
+    const { rows } = await pool.query("select exists (select 1 from graphile_worker.jobs) as busy");
+    if (!rows[0].busy) break;
+    await new Promise((r) => setTimeout(r, 10));
   }
   const secs = Number(process.hrtime.bigint() - t0) / 1e9;
   await runner.stop();
@@ -311,7 +329,10 @@ async fn graphile(pg: &PgServer, n: usize) -> Result<f64, String> {
     if !out.status.success() {
         return Err(format!("node failed: {}", String::from_utf8_lossy(&out.stderr)));
     }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+    // graphile-worker logs to stdout too; the result is the last line.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().rev().find(|l| l.starts_with('{')).unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(last).map_err(|e| format!("{e}: {stdout}"))?;
     v["jobsPerSec"].as_f64().ok_or_else(|| "no result".into())
 }
 

@@ -141,6 +141,34 @@ async fn the_sidecar_worker_posts_jobs_with_headers_and_maps_statuses() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_running_job_aborts_its_http_request_and_cancels_it() {
+    let (pg, pool) = pg().await;
+    let store = QueueStore::new(pool);
+    queue(&store, "abort").await;
+    let seen = Seen::default();
+    let url = start_handler(seen.clone()).await;
+    let mut child = spawn_worker(&pg.url(), "abort", &url, "pod-c");
+    let id = store
+        .enqueue("abort", &NewJob::new("hang-first", serde_json::json!({})))
+        .await
+        .unwrap()
+        .id;
+    wait_for_async("the request to reach the handler", DEADLINE, || {
+        let n = seen.calls(id).len();
+        async move { (n == 1).then_some(()) }
+    })
+    .await;
+    assert_eq!(
+        store.cancel(id).await.unwrap(),
+        sluice_sidecar::queue::job::CancelOutcome::Requested
+    );
+    wait_state(&store, id, "cancelled").await;
+    assert_eq!(seen.calls(id).len(), 1, "a cancelled job is not retried");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_whose_worker_is_killed_is_retried_after_its_lease_and_completes_once() {
     let (pg, pool) = pg().await;
     let store = QueueStore::new(pool);

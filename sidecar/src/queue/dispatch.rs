@@ -114,9 +114,12 @@ impl HttpHandler {
 }
 
 impl Handler for HttpHandler {
-    async fn handle(&self, job: ClaimedJob, _cancel: CancellationToken) -> Outcome {
-        // The engine drops this future on cancellation, which closes the connection: the handler sees an
+    async fn handle(&self, job: ClaimedJob, cancel: CancellationToken) -> Outcome {
+        // Cancellation drops the request future, which closes the connection: the handler sees an
         // aborted request.
-        self.call(job).await
+        tokio::select! {
+            outcome = self.call(job) => outcome,
+            _ = cancel.cancelled() => Outcome::Cancelled,
+        }
     }
 }

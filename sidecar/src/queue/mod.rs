@@ -208,6 +208,7 @@ pub async fn run_worker_role(cfg: QueueConfig, shutdown: CancellationToken) -> a
         queues: cfg.queues.clone(),
         concurrency: cfg.worker.concurrency as usize,
         claim_batch: cfg.worker.claim_batch,
+        claimers: 2,
         poll_interval: cfg.worker.poll_interval.get(),
         max_poll_interval: cfg.worker.max_poll_interval.get(),
         listen: cfg.worker.listen,

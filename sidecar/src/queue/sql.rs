@@ -3,6 +3,10 @@
 //! Every statement that changes a running job is fenced on (id, state running, lease owner, attempt):
 //! a job rescued after its lease expired has another owner or a higher attempt, so the late worker's
 //! write matches no row and the worker learns it lost the lease (River #1302 is the bug this prevents).
+//!
+//! The batch statements repeat `j.id = ANY($1)` next to the join on the unnested ids: that gives the
+//! planner a primary-key index condition whatever it estimates for `unnest`, so a generic plan cannot turn
+//! a batch of 100 into a scan of the table.
 
 /// Claims up to `$3` ready jobs of queue `$1` for owner `$2` with a lease of `$4` ms. Highest priority
 /// first, then oldest `run_at`; rows other workers hold are skipped, not waited for; a paused queue
@@ -58,7 +62,8 @@ UPDATE sluice.jobs j
        lease_expires_at = NULL
   FROM unnest($1::uuid[], $2::integer[], $3::text[], $4::bigint[], $5::text[])
        AS f(id, attempt, outcome, delay_ms, error)
- WHERE j.id = f.id
+ WHERE j.id = ANY($1)
+   AND j.id = f.id
    AND j.state = 'running'
    AND j.lease_owner = $6
    AND j.attempt = f.attempt
@@ -72,7 +77,8 @@ pub const JOB_HEARTBEAT: &str = r#"
 UPDATE sluice.jobs j
    SET lease_expires_at = now() + $4 * interval '1 millisecond'
   FROM unnest($1::uuid[], $2::integer[]) AS h(id, attempt)
- WHERE j.id = h.id
+ WHERE j.id = ANY($1)
+   AND j.id = h.id
    AND j.state = 'running'
    AND j.lease_owner = $3
    AND j.attempt = h.attempt
@@ -90,7 +96,8 @@ UPDATE sluice.jobs j
        lease_owner = NULL,
        lease_expires_at = NULL
   FROM unnest($1::uuid[], $2::integer[]) AS r(id, attempt)
- WHERE j.id = r.id
+ WHERE j.id = ANY($1)
+   AND j.id = r.id
    AND j.state = 'running'
    AND j.lease_owner = $3
    AND j.attempt = r.attempt

@@ -49,6 +49,8 @@ const COMPLETER_BATCH: usize = 1000;
 const MAINTENANCE_BATCH: i64 = 1000;
 /// How often finished jobs past retention are deleted.
 const RETENTION_INTERVAL: Duration = Duration::from_secs(30);
+/// How long a handler whose job was cancelled may take to return after its token fires.
+pub const CANCEL_GRACE: Duration = Duration::from_secs(5);
 /// How often the depth gauges and cached queue settings are refreshed.
 const REFRESH_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -65,8 +67,9 @@ pub enum Outcome {
     Cancelled,
 }
 
-/// Work for jobs, in process. The future is dropped when the job is cancelled, its lease is lost or the
-/// worker shuts down past its grace period; `cancel` fires first, for handlers that want to clean up.
+/// Work for jobs, in process. When the job is cancelled, `cancel` fires and the handler has
+/// [`CANCEL_GRACE`] to return (say [`Outcome::Cancelled`]) before its future is dropped. When the lease is
+/// lost, or shutdown passes its grace period, the future is dropped at once.
 pub trait Handler: Send + Sync + 'static {
     /// Handles one attempt of `job`.
     fn handle(&self, job: ClaimedJob, cancel: CancellationToken) -> impl Future<Output = Outcome> + Send;
@@ -81,6 +84,8 @@ pub struct WorkerOptions {
     pub concurrency: usize,
     /// Most jobs claimed by one query.
     pub claim_batch: u32,
+    /// Claim loops running at once (each claims up to `claim_batch` while permits are free).
+    pub claimers: usize,
     /// Shortest wait between polls of empty queues.
     pub poll_interval: Duration,
     /// Longest wait between polls of empty queues.
@@ -104,6 +109,7 @@ impl WorkerOptions {
             queues: queues.into_iter().map(Into::into).collect(),
             concurrency: 16,
             claim_batch: 100,
+            claimers: 2,
             poll_interval: Duration::from_millis(50),
             max_poll_interval: Duration::from_secs(2),
             listen: true,
@@ -240,32 +246,46 @@ impl<H: Handler> Worker<H> {
         tasks.spawn(heartbeat(shared.clone(), background.clone()));
         tasks.spawn(maintenance(shared.clone(), background.clone()));
         let (done_tx, done_rx) = mpsc::unbounded_channel();
-        let completer = tokio::spawn(complete(shared.clone(), done_rx));
+        let completer = tokio::spawn(complete(shared.clone(), done_rx, shutdown.clone()));
 
-        let mut jobs = JoinSet::new();
-        claim_loop(&shared, &shutdown, &done_tx, &mut jobs).await;
+        let permits = Arc::new(Semaphore::new(shared.opts.concurrency.max(1)));
+        let mut job_sets: Vec<JoinSet<()>> =
+            (0..shared.opts.claimers.max(1)).map(|_| JoinSet::new()).collect();
+        futures::future::join_all(
+            job_sets
+                .iter_mut()
+                .enumerate()
+                .map(|(i, jobs)| claim_loop(&shared, &permits, i, &shutdown, &done_tx, jobs)),
+        )
+        .await;
 
         // Drain: in-flight jobs get the grace period, then are handed back.
         let deadline = tokio::time::Instant::now() + shared.opts.shutdown_grace;
-        tracing::info!(in_flight = jobs.len(), "worker stopping: no more claims");
-        loop {
-            match tokio::time::timeout_at(deadline, jobs.join_next()).await {
-                Ok(Some(_)) => continue,
-                Ok(None) => break,
-                Err(_) => {
-                    {
-                        let inflight = shared.inflight.lock().expect("inflight lock");
-                        tracing::info!(
-                            handed_back = inflight.len(),
-                            "grace period over: handing jobs back"
-                        );
-                        for f in inflight.values() {
-                            f.stop(StopReason::Shutdown);
-                        }
-                    }
-                    while jobs.join_next().await.is_some() {}
-                    break;
+        let in_flight: usize = job_sets.iter().map(JoinSet::len).sum();
+        tracing::info!(in_flight, "worker stopping: no more claims");
+        let mut grace_over = false;
+        for jobs in &mut job_sets {
+            while !grace_over {
+                match tokio::time::timeout_at(deadline, jobs.join_next()).await {
+                    Ok(Some(_)) => continue,
+                    Ok(None) => break,
+                    Err(_) => grace_over = true,
                 }
+            }
+        }
+        if grace_over {
+            {
+                let inflight = shared.inflight.lock().expect("inflight lock");
+                tracing::info!(
+                    handed_back = inflight.len(),
+                    "grace period over: handing jobs back"
+                );
+                for f in inflight.values() {
+                    f.stop(StopReason::Shutdown);
+                }
+            }
+            for jobs in &mut job_sets {
+                while jobs.join_next().await.is_some() {}
             }
         }
         drop(done_tx);
@@ -308,17 +328,20 @@ async fn load_settings<H>(shared: &Shared<H>, create: bool) -> Result<()> {
     Ok(())
 }
 
+/// One claim loop; `claimers` of them share the concurrency permits, so claims overlap with each other
+/// (and with completions) instead of queueing behind one connection.
 async fn claim_loop<H: Handler>(
     shared: &Arc<Shared<H>>,
+    permits: &Arc<Semaphore>,
+    index: usize,
     shutdown: &CancellationToken,
     done_tx: &mpsc::UnboundedSender<Done>,
     jobs: &mut JoinSet<()>,
 ) {
     let opts = &shared.opts;
-    let permits = Arc::new(Semaphore::new(opts.concurrency.max(1)));
     let batch = (opts.claim_batch.max(1) as usize).min(opts.concurrency.max(1));
     let mut idle = opts.poll_interval;
-    let mut next_queue = 0usize;
+    let mut next_queue = index;
     loop {
         // Reap finished job tasks so the set does not grow.
         while jobs.try_join_next().is_some() {}
@@ -400,12 +423,22 @@ async fn run_job<H: Handler>(shared: &Shared<H>, job: ClaimedJob, done_tx: &mpsc
     shared.metrics.started(&queue, &kind);
     let started = Instant::now();
     let timeout = shared.opts.job_timeout;
-    let outcome = tokio::select! {
-        r = tokio::time::timeout(timeout, shared.handler.handle(job, stop.clone())) => {
-            Some(r.unwrap_or_else(|_| Outcome::Retry(format!("handler timed out after {timeout:?}"))))
-        }
+    let timed_out = |_| Outcome::Retry(format!("handler timed out after {timeout:?}"));
+    let mut attempt_fut = std::pin::pin!(tokio::time::timeout(
+        timeout,
+        shared.handler.handle(job, stop.clone())
+    ));
+    let mut outcome = tokio::select! {
+        r = &mut attempt_fut => Some(r.unwrap_or_else(timed_out)),
         _ = stop.cancelled() => None,
     };
+    let stopped_for = *reason.lock().expect("reason lock");
+    if outcome.is_none() && stopped_for == Some(StopReason::Cancel) {
+        // A cancelled handler gets a moment to notice its token and clean up; then it is dropped.
+        if let Ok(r) = tokio::time::timeout(CANCEL_GRACE, &mut attempt_fut).await {
+            outcome = Some(r.unwrap_or_else(timed_out));
+        }
+    }
     shared
         .metrics
         .handled(&queue, &kind, started.elapsed().as_secs_f64());
@@ -441,7 +474,11 @@ async fn run_job<H: Handler>(shared: &Shared<H>, job: ClaimedJob, done_tx: &mpsc
     });
 }
 
-async fn complete<H>(shared: Arc<Shared<H>>, mut rx: mpsc::UnboundedReceiver<Done>) {
+async fn complete<H>(
+    shared: Arc<Shared<H>>,
+    mut rx: mpsc::UnboundedReceiver<Done>,
+    shutdown: CancellationToken,
+) {
     let owner = shared.opts.owner.clone();
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
@@ -468,6 +505,13 @@ async fn complete<H>(shared: Arc<Shared<H>>, mut rx: mpsc::UnboundedReceiver<Don
                     break;
                 }
                 Err(e) => {
+                    if shutdown.is_cancelled() && attempt >= 5 {
+                        // Exiting with the database away: the leases expire and other workers rescue the
+                        // jobs (at-least-once), rather than this process hanging on.
+                        let jobs = finish.len() + release.len();
+                        tracing::error!(error = %e, jobs, "giving up recording finished jobs");
+                        break;
+                    }
                     tracing::warn!(error = %e, attempt, "recording finished jobs failed; retrying");
                     // The leases keep being renewed while we retry; if the database stays away longer than
                     // the lease, other workers rescue the jobs and this write is fenced out.
