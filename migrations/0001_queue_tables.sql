@@ -37,7 +37,10 @@ CREATE TABLE sluice.jobs (
     -- UUIDv7, made by the caller (Rust) or by sluice.uuid_v7() (SQL): time-ordered, so inserts append
     -- to the right edge of the primary key instead of touching random pages.
     id                 uuid PRIMARY KEY,
-    queue              text NOT NULL REFERENCES sluice.queues (name) ON DELETE CASCADE,
+    -- No foreign key to sluice.queues, on purpose: an FK check is a per-row trigger that takes FOR KEY
+    -- SHARE on the queue's row, so concurrent enqueuers of one queue would pile MultiXacts onto that one
+    -- row and bulk inserts would pay a trigger per row. The SQL API checks that the queue exists (SL404).
+    queue              text NOT NULL,
     kind               text NOT NULL CHECK (length(kind) BETWEEN 1 AND 200),
     payload            jsonb NOT NULL,
     state              text NOT NULL DEFAULT 'pending'
