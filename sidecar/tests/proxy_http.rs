@@ -212,12 +212,15 @@ async fn h2c_clients_are_served_and_forwarded_as_h2c_when_the_app_speaks_it() {
         &h2,
         Request::get(format!("http://{}/h2", sidecar.addr))
             .version(http::Version::HTTP_2)
+            .header("te", "trailers")
             .body(Full::new(Bytes::new()))
             .unwrap(),
     )
     .await;
     assert_eq!(reply.status, StatusCode::OK);
     assert!(reply.body.starts_with("version=HTTP/2.0"), "{}", reply.body);
+    // gRPC needs `te: trailers` to survive the hop-by-hop stripping on an HTTP/2 hop.
+    assert!(reply.body.contains("te: trailers\n"), "{}", reply.body);
 
     // HTTP/1.1 clients of the same sidecar still reach the app over HTTP/1.1.
     let h1 = get(&client(), sidecar.addr, "/h1", &[]).await;

@@ -172,6 +172,14 @@ fn rewrite_request(
     {
         parts.headers.insert(header::HOST, v);
     }
+    // `TE: trailers` is the one hop-by-hop value HTTP/2 keeps (gRPC servers require it).
+    let te_trailers = parts
+        .headers
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("trailers"));
     strip_hop_by_hop(&mut parts.headers);
     if let Some(v) = upgrade_value {
         parts
@@ -201,6 +209,11 @@ fn rewrite_request(
     if parts.version == Version::HTTP_2 {
         // The authority travels as :authority; a Host field beside it is redundant.
         parts.headers.remove(header::HOST);
+        if te_trailers {
+            parts
+                .headers
+                .insert(header::TE, HeaderValue::from_static("trailers"));
+        }
     }
     let max = usize::try_from(limits.max_request_body).unwrap_or(usize::MAX);
     Ok(Request::from_parts(parts, Limited::new(body, max)))

@@ -2,10 +2,11 @@
 //! clients, metrics and readiness.
 
 use std::sync::{
-    Arc, Mutex, RwLock,
+    Arc, Mutex,
     atomic::{AtomicBool, Ordering},
 };
 
+use arc_swap::ArcSwap;
 use http::uri::{Authority, Scheme};
 use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
@@ -93,7 +94,7 @@ impl Default for UpstreamClients {
 
 /// Shared state of the proxy and the admin endpoints.
 pub struct ProxyState {
-    snapshot: RwLock<Arc<Snapshot>>,
+    snapshot: ArcSwap<Snapshot>,
     /// The limiter (the real one, or a test's stand-in).
     pub limiter: Arc<dyn RateLimit>,
     /// Clients to the app.
@@ -124,7 +125,7 @@ impl ProxyState {
         metrics.config_generation.set(generation);
         metrics.config_applies.inc();
         Ok(Self {
-            snapshot: RwLock::new(Arc::new(Snapshot::new(initial)?)),
+            snapshot: ArcSwap::from_pointee(Snapshot::new(initial)?),
             limiter,
             clients: UpstreamClients::new(),
             metrics,
@@ -139,7 +140,7 @@ impl ProxyState {
 
     /// The running config.
     pub fn snapshot(&self) -> Arc<Snapshot> {
-        self.snapshot.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.snapshot.load_full()
     }
 
     /// Applies a new config unless its policy generation is older than the running one's. The limiter
@@ -175,7 +176,7 @@ impl ProxyState {
             );
         }
         let generation = snapshot.effective.generation();
-        *self.snapshot.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(snapshot);
+        self.snapshot.store(Arc::new(snapshot));
         self.metrics.config_generation.set(generation);
         self.metrics.config_applies.inc();
         self.metrics.reload(source, ReloadOutcome::Applied);
