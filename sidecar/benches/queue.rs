@@ -331,7 +331,11 @@ async fn graphile(pg: &PgServer, n: usize) -> Result<f64, String> {
     }
     // graphile-worker logs to stdout too; the result is the last line.
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let last = stdout.lines().rev().find(|l| l.starts_with('{')).unwrap_or_default();
+    let last = stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_default();
     let v: serde_json::Value = serde_json::from_str(last).map_err(|e| format!("{e}: {stdout}"))?;
     v["jobsPerSec"].as_f64().ok_or_else(|| "no result".into())
 }
