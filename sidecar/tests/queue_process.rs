@@ -65,13 +65,18 @@ async fn start_handler(seen: Seen) -> String {
 
 /// Starts `sluice-sidecar worker` from env vars alone.
 fn spawn_worker(db: &str, queue: &str, handler: &str, pod: &str) -> Child {
+    spawn_worker_with_metrics(db, queue, handler, pod, 0)
+}
+
+/// Starts `sluice-sidecar worker` serving `/metrics` on `metrics_port` (0: any).
+fn spawn_worker_with_metrics(db: &str, queue: &str, handler: &str, pod: &str, metrics_port: u16) -> Child {
     Command::new(env!("CARGO_BIN_EXE_sluice-sidecar"))
         .arg("worker")
         .env("SLUICE_DATABASE_URL", db)
         .env("SLUICE_QUEUES", queue)
         .env("SLUICE_HANDLER_URL", handler)
         .env("SLUICE_WORKER_CONCURRENCY", "4")
-        .env("SLUICE_METRICS_LISTEN", "127.0.0.1:0")
+        .env("SLUICE_METRICS_LISTEN", format!("127.0.0.1:{}", metrics_port))
         .env("SLUICE_POD_NAME", pod)
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
@@ -95,7 +100,8 @@ async fn the_sidecar_worker_posts_jobs_with_headers_and_maps_statuses() {
     queue(&store, "http").await; // 3 attempts
     let seen = Seen::default();
     let url = start_handler(seen.clone()).await;
-    let mut child = spawn_worker(&pg.url(), "http", &url, "pod-a");
+    let metrics_port = sluice_testsupport::free_port();
+    let mut child = spawn_worker_with_metrics(&pg.url(), "http", &url, "pod-a", metrics_port);
 
     let ok = store
         .enqueue("http", &NewJob::new("ok", serde_json::json!({"x": 1})))
@@ -125,6 +131,33 @@ async fn the_sidecar_worker_posts_jobs_with_headers_and_maps_statuses() {
     assert_eq!(seen.calls(broken).len(), 3, "500 is retried up to max attempts");
     let last = store.get(broken).await.unwrap().unwrap().last_error.unwrap();
     assert!(last.contains("500") && last.contains("said 500"), "{last}");
+
+    let metrics = wait_for_async("the metrics endpoint", DEADLINE, || async move {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", metrics_port))
+            .await
+            .ok()?;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+            .await
+            .ok()?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).await.ok()?;
+        body.contains("sluice_jobs_dead_total").then_some(body)
+    })
+    .await;
+    assert!(
+        metrics.contains(r#"sluice_jobs_succeeded_total{queue="http",kind="ok"} 1"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"sluice_jobs_failed_total{queue="http",kind="status-500"} 2"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("sluice_job_handler_duration_seconds_bucket"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("sluice_claim_batch_size_count"), "{metrics}");
 
     // SIGTERM ends the process cleanly (hand-back of running jobs is tested in queue_semantics).
     Command::new("kill")

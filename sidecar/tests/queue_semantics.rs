@@ -455,3 +455,99 @@ async fn migrations_are_idempotent_under_concurrency() {
         .unwrap();
     assert_eq!(applied, schema::latest_version());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_keep_a_job_longer_than_its_lease_from_being_rescued() {
+    let (_pg, pool) = pg().await;
+    let store = QueueStore::new(pool);
+    let s = QueueSettings {
+        lease_ms: 300,
+        ..settings("long")
+    };
+    store.upsert_queue(&s).await.unwrap();
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let c = calls.clone();
+    let handler = FnHandler::new(move |_, _| {
+        c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        async {
+            tokio::time::sleep(Duration::from_millis(1200)).await; // four leases
+            Outcome::Succeeded
+        }
+    });
+    let shutdown = CancellationToken::new();
+    // Two workers, so a missed heartbeat would let the other one rescue and rerun the job.
+    let a =
+        tokio::spawn(Worker::new(store.clone(), handler.clone(), opts("long", "a")).run(shutdown.clone()));
+    let b = tokio::spawn(Worker::new(store.clone(), handler, opts("long", "b")).run(shutdown.clone()));
+    let id = store
+        .enqueue("long", &NewJob::new("k", serde_json::json!({})))
+        .await
+        .unwrap()
+        .id;
+    wait_state(&store, id, "succeeded").await;
+    assert_eq!(store.get(id).await.unwrap().unwrap().attempt, 1);
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    shutdown.cancel();
+    a.await.unwrap().unwrap();
+    b.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_take_higher_priority_first_and_never_jobs_scheduled_for_later() {
+    let (_pg, pool) = pg().await;
+    let store = QueueStore::new(pool);
+    queue(&store, "prio").await;
+    let low = store
+        .enqueue("prio", &NewJob::new("low", serde_json::json!({})).priority(-5))
+        .await
+        .unwrap()
+        .id;
+    let high = store
+        .enqueue("prio", &NewJob::new("high", serde_json::json!({})).priority(7))
+        .await
+        .unwrap()
+        .id;
+    let mid = store
+        .enqueue("prio", &NewJob::new("mid", serde_json::json!({})))
+        .await
+        .unwrap()
+        .id;
+    let later = NewJob::new("later", serde_json::json!({}))
+        .priority(100)
+        .delay(Duration::from_secs(3600));
+    store.enqueue("prio", &later).await.unwrap();
+    let mut order = Vec::new();
+    for _ in 0..4 {
+        order.extend(
+            store
+                .claim_batch("prio", "w", 1, Duration::from_secs(30))
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|j| j.id),
+        );
+    }
+    assert_eq!(
+        order,
+        vec![high, mid, low],
+        "priority order; the scheduled job is not due"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_creates_the_queues_it_serves_with_default_settings() {
+    let (_pg, pool) = pg().await;
+    let store = QueueStore::new(pool);
+    assert!(store.queue("fresh").await.unwrap().is_none());
+    let shutdown = CancellationToken::new();
+    let handler = FnHandler::new(|_, _| async { Outcome::Succeeded });
+    let w = tokio::spawn(Worker::new(store.clone(), handler, opts("fresh", "w")).run(shutdown.clone()));
+    let created = wait_for_async("the worker to create its queue", DEADLINE, || {
+        let store = store.clone();
+        async move { store.queue("fresh").await.unwrap() }
+    })
+    .await;
+    assert_eq!(created, QueueSettings::defaults("fresh"));
+    shutdown.cancel();
+    w.await.unwrap().unwrap();
+}
