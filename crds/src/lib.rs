@@ -6,6 +6,7 @@
 
 pub mod conditions;
 pub mod duration;
+pub mod job_queue;
 pub mod rate_limit_policy;
 pub mod sidecar_config;
 

@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use kube::CustomResourceExt;
+use sluice_crds::job_queue::JobQueue;
 use sluice_crds::rate_limit_policy::RateLimitPolicy;
 
 use crate::Result;
@@ -11,7 +12,8 @@ use crate::Result;
 /// Every CRD as `(file name, YAML)`.
 pub fn crds() -> Vec<(String, String)> {
     let rlp = RateLimitPolicy::crd();
-    vec![(file_name(&rlp), to_yaml(&rlp))]
+    let jq = JobQueue::crd();
+    vec![(file_name(&rlp), to_yaml(&rlp)), (file_name(&jq), to_yaml(&jq))]
 }
 
 /// Write every CRD into `dir`, one file each, named `<plural>.<group>.yaml`.

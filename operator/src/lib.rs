@@ -18,11 +18,13 @@ pub mod certs;
 pub mod config;
 pub mod controller;
 pub mod crdgen;
+pub mod external_metrics;
 pub mod leader;
 pub mod metrics;
 pub mod redis;
 pub mod render;
 pub mod run;
+pub mod scaling;
 pub mod telemetry;
 pub mod webhook;
 

@@ -5,6 +5,7 @@
 //! has none built in, kube-rs/kube#1916), and setting [`conditions`].
 
 pub mod conditions;
+pub mod job_queue;
 pub mod rate_limit_policy;
 
 use std::{

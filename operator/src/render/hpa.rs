@@ -91,7 +91,10 @@ mod tests {
         ));
         let hpa = render_hpa(&jq);
         assert_eq!(hpa.metadata.name.as_deref(), Some("emails-worker"));
-        assert_eq!(hpa.metadata.owner_references.as_ref().unwrap()[0].kind, "JobQueue");
+        assert_eq!(
+            hpa.metadata.owner_references.as_ref().unwrap()[0].kind,
+            "JobQueue"
+        );
         let spec = hpa.spec.unwrap();
         assert_eq!(spec.scale_target_ref.name, "emails-worker");
         assert_eq!(spec.scale_target_ref.kind, "Deployment");
@@ -99,7 +102,10 @@ mod tests {
         assert_eq!(spec.max_replicas, 20);
         let ext = spec.metrics.unwrap()[0].external.clone().unwrap();
         assert_eq!(ext.metric.name, EXTERNAL_METRIC_NAME);
-        assert_eq!(ext.metric.selector.unwrap().match_labels.unwrap()[JOB_QUEUE_LABEL], "emails");
+        assert_eq!(
+            ext.metric.selector.unwrap().match_labels.unwrap()[JOB_QUEUE_LABEL],
+            "emails"
+        );
         assert_eq!(ext.target.type_, "AverageValue");
         assert_eq!(ext.target.average_value, Some(Quantity("10".into())));
         assert!(spec.behavior.is_none());
@@ -111,7 +117,11 @@ mod tests {
         let spec = render_hpa(&jq).spec.unwrap();
         assert_eq!(spec.min_replicas, Some(3));
         let ext = spec.metrics.unwrap()[0].external.clone().unwrap();
-        assert_eq!(ext.target.average_value, Some(Quantity("4".into())), "worker.concurrency is 4");
+        assert_eq!(
+            ext.target.average_value,
+            Some(Quantity("4".into())),
+            "worker.concurrency is 4"
+        );
     }
 
     #[test]

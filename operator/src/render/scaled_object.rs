@@ -83,7 +83,6 @@ pub fn render_scaled_object(jq: &JobQueue) -> Value {
     })
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,9 +109,17 @@ mod tests {
         assert_eq!(trigger["metadata"]["connectionFromEnv"], "SLUICE_DATABASE_URL");
         assert_eq!(trigger["metadata"]["targetQueryValue"], "5");
         assert_eq!(trigger["metadata"]["activationTargetQueryValue"], "2");
-        assert!(trigger["metadata"]["query"].as_str().unwrap().contains("queue = 'emails'"));
+        assert!(
+            trigger["metadata"]["query"]
+                .as_str()
+                .unwrap()
+                .contains("queue = 'emails'")
+        );
         assert!(spec.get("advanced").is_none());
-        assert!(!so.to_string().contains("postgres://"), "no credentials in the ScaledObject");
+        assert!(
+            !so.to_string().contains("postgres://"),
+            "no credentials in the ScaledObject"
+        );
     }
 
     #[test]

@@ -97,7 +97,10 @@ pub fn labels(jq: &JobQueue) -> BTreeMap<String, String> {
         (JOB_QUEUE_LABEL.to_owned(), jq.name_any()),
         ("app.kubernetes.io/name".to_owned(), "sluice-worker".to_owned()),
         ("app.kubernetes.io/instance".to_owned(), jq.name_any()),
-        ("app.kubernetes.io/managed-by".to_owned(), crate::FIELD_MANAGER.to_owned()),
+        (
+            "app.kubernetes.io/managed-by".to_owned(),
+            crate::FIELD_MANAGER.to_owned(),
+        ),
     ])
 }
 
@@ -153,7 +156,10 @@ pub fn worker_config_yaml(jq: &JobQueue) -> String {
 pub fn render_config_map(jq: &JobQueue) -> ConfigMap {
     ConfigMap {
         metadata: owned_meta(jq, config_map_name(jq)),
-        data: Some(BTreeMap::from([(WORKER_CONFIG_KEY.to_owned(), worker_config_yaml(jq))])),
+        data: Some(BTreeMap::from([(
+            WORKER_CONFIG_KEY.to_owned(),
+            worker_config_yaml(jq),
+        )])),
         ..ConfigMap::default()
     }
 }
@@ -192,9 +198,8 @@ pub fn render_worker_deployment(
         }),
         ..Volume::default()
     });
-    pod.termination_grace_period_seconds = Some(termination_grace_seconds(jq).max(
-        pod.termination_grace_period_seconds.unwrap_or(0),
-    ));
+    pod.termination_grace_period_seconds =
+        Some(termination_grace_seconds(jq).max(pod.termination_grace_period_seconds.unwrap_or(0)));
 
     let mut meta = template.metadata.take().unwrap_or_default();
     meta.labels.get_or_insert_with(BTreeMap::new).extend(labels(jq));
@@ -397,7 +402,11 @@ worker:
     }
 
     fn sidecar(d: &Deployment) -> &Container {
-        pod(d).containers.iter().find(|c| c.name == SIDECAR_CONTAINER_NAME).unwrap()
+        pod(d)
+            .containers
+            .iter()
+            .find(|c| c.name == SIDECAR_CONTAINER_NAME)
+            .unwrap()
     }
 
     #[test]
@@ -416,12 +425,28 @@ worker:
             s.args.as_ref().unwrap(),
             &["worker", "--config", "/etc/sluice/worker.yaml"]
         );
-        assert_eq!(s.image.as_deref(), Some("ghcr.io/sluice-dev/sluice-sidecar:0.1.0"));
-        let labels = d.spec.as_ref().unwrap().template.metadata.as_ref().unwrap().labels.as_ref().unwrap();
+        assert_eq!(
+            s.image.as_deref(),
+            Some("ghcr.io/sluice-dev/sluice-sidecar:0.1.0")
+        );
+        let labels = d
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .labels
+            .as_ref()
+            .unwrap();
         assert_eq!(labels["team"], "mail", "the user's labels are kept");
         assert_eq!(labels[JOB_QUEUE_LABEL], "emails");
         let selector = d.spec.as_ref().unwrap().selector.match_labels.as_ref().unwrap();
-        assert!(selector.iter().all(|(k, v)| labels.get(k) == Some(v)), "the selector selects the pods");
+        assert!(
+            selector.iter().all(|(k, v)| labels.get(k) == Some(v)),
+            "the selector selects the pods"
+        );
     }
 
     #[test]
@@ -435,7 +460,14 @@ worker:
         assert_eq!((r.name.as_str(), r.key.as_str()), ("pg", "dsn"));
         let pod_name = env.iter().find(|e| e.name == "SLUICE_POD_NAME").unwrap();
         assert_eq!(
-            pod_name.value_from.as_ref().unwrap().field_ref.as_ref().unwrap().field_path,
+            pod_name
+                .value_from
+                .as_ref()
+                .unwrap()
+                .field_ref
+                .as_ref()
+                .unwrap()
+                .field_path,
             "metadata.name"
         );
         let cm = render_config_map(&jq);
@@ -448,7 +480,10 @@ worker:
     fn scale_in_waits_for_the_job_timeout() {
         let jq = job_queue(BASIC);
         let d = render_worker_deployment(&jq, &opts(), None).unwrap();
-        assert_eq!(pod(&d).termination_grace_period_seconds, Some(120 + TERMINATION_MARGIN_SECS));
+        assert_eq!(
+            pod(&d).termination_grace_period_seconds,
+            Some(120 + TERMINATION_MARGIN_SECS)
+        );
         let cfg = render_worker_config(&jq).queue.unwrap();
         assert_eq!(cfg.worker.shutdown_grace, jq.spec.worker.job_timeout);
         assert!(termination_grace_seconds(&jq) > jq.spec.worker.job_timeout.get().as_secs() as i64);
@@ -456,7 +491,10 @@ worker:
 
     #[test]
     fn a_longer_grace_period_of_the_users_template_is_kept() {
-        let yaml = BASIC.replace("      containers:", "      terminationGracePeriodSeconds: 900\n      containers:");
+        let yaml = BASIC.replace(
+            "      containers:",
+            "      terminationGracePeriodSeconds: 900\n      containers:",
+        );
         let d = render_worker_deployment(&job_queue(&yaml), &opts(), None).unwrap();
         assert_eq!(pod(&d).termination_grace_period_seconds, Some(900));
     }
@@ -488,11 +526,23 @@ worker:
     #[test]
     fn a_config_change_rolls_the_workers() {
         let a = render_worker_deployment(&job_queue(BASIC), &opts(), None).unwrap();
-        let b = render_worker_deployment(&job_queue(&BASIC.replace("concurrency: 4", "concurrency: 8")), &opts(), None)
-            .unwrap();
+        let b = render_worker_deployment(
+            &job_queue(&BASIC.replace("concurrency: 4", "concurrency: 8")),
+            &opts(),
+            None,
+        )
+        .unwrap();
         let hash = |d: &Deployment| {
-            d.spec.as_ref().unwrap().template.metadata.as_ref().unwrap().annotations.as_ref().unwrap()
-                [CONFIG_HASH_ANNOTATION]
+            d.spec
+                .as_ref()
+                .unwrap()
+                .template
+                .metadata
+                .as_ref()
+                .unwrap()
+                .annotations
+                .as_ref()
+                .unwrap()[CONFIG_HASH_ANNOTATION]
                 .clone()
         };
         assert_ne!(hash(&a), hash(&b));
@@ -500,12 +550,14 @@ worker:
 
     #[test]
     fn templates_that_cannot_run_a_worker_are_refused_naming_the_field() {
-        let no_containers = job_queue("database: {secretRef: {name: pg}}\nworker: {template: {spec: {containers: []}}}\n");
+        let no_containers =
+            job_queue("database: {secretRef: {name: pg}}\nworker: {template: {spec: {containers: []}}}\n");
         assert_eq!(
             render_worker_deployment(&no_containers, &opts(), None).unwrap_err(),
             RenderError::NoContainers
         );
-        let wrong_handler = job_queue(&BASIC.replace("handler: {port: 8080", "handler: {container: nope, port: 8080"));
+        let wrong_handler =
+            job_queue(&BASIC.replace("handler: {port: 8080", "handler: {container: nope, port: 8080"));
         let err = render_worker_deployment(&wrong_handler, &opts(), None).unwrap_err();
         assert!(err.to_string().contains("spec.worker.handler.container"), "{err}");
         let reserved = job_queue(&BASIC.replace("name: handler", "name: sluice-sidecar"));
@@ -524,7 +576,10 @@ worker:
     fn apps_get_the_queue_api_with_the_url_by_reference() {
         let env = queue_api_env(&job_queue(BASIC));
         let names: Vec<_> = env.iter().map(|e| e.name.as_str()).collect();
-        assert_eq!(names, ["SLUICE_DATABASE_URL", "SLUICE_QUEUES", "SLUICE_API_LISTEN"]);
+        assert_eq!(
+            names,
+            ["SLUICE_DATABASE_URL", "SLUICE_QUEUES", "SLUICE_API_LISTEN"]
+        );
         assert!(env[0].value.is_none());
         assert_eq!(env[1].value.as_deref(), Some("emails"));
     }

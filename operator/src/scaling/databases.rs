@@ -99,10 +99,17 @@ impl Databases {
     pub async fn prepare(&self, url: &str, settings: &QueueSettings, paused: bool) -> Result<(), DbError> {
         let pool = self.pool(url)?;
         let key = database_key(url);
-        let done = self.migrated.lock().unwrap_or_else(|p| p.into_inner()).contains(&key);
+        let done = self
+            .migrated
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&key);
         if !done {
             schema::migrate(&pool).await?;
-            self.migrated.lock().unwrap_or_else(|p| p.into_inner()).insert(key);
+            self.migrated
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key);
         }
         let store = QueueStore::new(pool);
         store.upsert_queue(settings).await?;
@@ -159,7 +166,71 @@ mod tests {
     fn database_keys_are_stable_and_do_not_contain_the_url() {
         let url = "postgres://app:secret@db:5432/app";
         assert_eq!(database_key(url), database_key(url));
-        assert_ne!(database_key(url), database_key("postgres://app:secret@db:5432/other"));
+        assert_ne!(
+            database_key(url),
+            database_key("postgres://app:secret@db:5432/other")
+        );
         assert!(!database_key(url).contains("secret"));
     }
+}
+
+/// Why a JobQueue's database URL could not be read from its Secret.
+#[derive(Debug, thiserror::Error)]
+pub enum UrlError {
+    /// The Secret does not exist.
+    #[error("Secret {namespace}/{name} named by spec.database.secretRef does not exist")]
+    SecretNotFound {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+    },
+    /// The Secret lacks the key (or its value is not UTF-8).
+    #[error("Secret {namespace}/{name} has no key {key:?} (spec.database.secretRef.key)")]
+    SecretKeyMissing {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// The key.
+        key: String,
+    },
+    /// Reading it failed.
+    #[error("reading the database Secret: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+/// The database URL of `jq`, read from the Secret its `spec.database.secretRef` names in its own
+/// namespace (the only Secret the operator reads for it).
+pub async fn read_database_url(
+    client: &kube::Client,
+    jq: &sluice_crds::job_queue::JobQueue,
+) -> Result<String, UrlError> {
+    use kube::ResourceExt;
+    let namespace = jq.namespace().unwrap_or_default();
+    let r = &jq.spec.database.secret_ref;
+    let api: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(client.clone(), &namespace);
+    let secret = api
+        .get_opt(&r.name)
+        .await?
+        .ok_or_else(|| UrlError::SecretNotFound {
+            namespace: namespace.clone(),
+            name: r.name.clone(),
+        })?;
+    let from_data = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(&r.key))
+        .and_then(|v| String::from_utf8(v.0.clone()).ok());
+    let from_string = secret.string_data.as_ref().and_then(|d| d.get(&r.key)).cloned();
+    from_data
+        .or(from_string)
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| UrlError::SecretKeyMissing {
+            namespace,
+            name: r.name.clone(),
+            key: r.key.clone(),
+        })
 }

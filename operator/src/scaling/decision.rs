@@ -236,8 +236,19 @@ mod tests {
             ..hpa
         };
         // (name, policy, ready, running, replicas, idle seconds) → (scale_to, desired, reason)
+        type Row = (
+            &'static str,
+            Policy,
+            Option<i64>,
+            Option<i64>,
+            i32,
+            i64,
+            Option<i32>,
+            i32,
+            Reason,
+        );
         #[rustfmt::skip]
-        let table: Vec<(&str, Policy, Option<i64>, Option<i64>, i32, i64, Option<i32>, i32, Reason)> = vec![
+        let table: Vec<Row> = vec![
             ("one job wakes an idle queue",             hpa, Some(1), Some(0), 0, 0,   Some(1), 1, Reason::Activated),
             ("a burst wakes it to one; the HPA grows",  hpa, Some(50), Some(0), 0, 0,  Some(1), 1, Reason::Activated),
             ("nothing to do at zero stays at zero",     hpa, Some(0), Some(0), 0, 999, None,    0, Reason::Idle),
@@ -260,7 +271,11 @@ mod tests {
         ];
         for (name, p, ready, running, replicas, idle, scale_to, desired, reason) in table {
             let d = run(p, ready, running, replicas, idle);
-            assert_eq!((d.scale_to, d.desired, d.reason), (scale_to, desired, reason), "{name}");
+            assert_eq!(
+                (d.scale_to, d.desired, d.reason),
+                (scale_to, desired, reason),
+                "{name}"
+            );
         }
     }
 

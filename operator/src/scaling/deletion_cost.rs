@@ -34,9 +34,15 @@ mod tests {
 
     #[test]
     fn lease_owners_map_to_their_pods() {
-        assert_eq!(pod_of_owner("emails-worker-7d9f8-abcde-0badcafe"), "emails-worker-7d9f8-abcde");
+        assert_eq!(
+            pod_of_owner("emails-worker-7d9f8-abcde-0badcafe"),
+            "emails-worker-7d9f8-abcde"
+        );
         assert_eq!(pod_of_owner("laptop"), "laptop");
-        assert_eq!(pod_of_owner("emails-worker-7d9f8-abcde"), "emails-worker-7d9f8-abcde");
+        assert_eq!(
+            pod_of_owner("emails-worker-7d9f8-abcde"),
+            "emails-worker-7d9f8-abcde"
+        );
     }
 
     #[test]

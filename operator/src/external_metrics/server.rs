@@ -1,0 +1,315 @@
+//! The HTTP surface of `external.metrics.k8s.io/v1beta1`: discovery and
+//! `GET /apis/external.metrics.k8s.io/v1beta1/namespaces/{ns}/sluice_jobqueue_depth?labelSelector=sluice.dev/jobqueue=<name>`,
+//! answering an `ExternalMetricValueList` whose value is the queue's ready + running jobs.
+//!
+//! A depth that cannot be read is a 503, never a 0: the HPA then keeps the replicas it has (the same
+//! safety rule as the operator's own decisions).
+
+use std::{
+    collections::HashMap,
+    future::Future,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use axum::{
+    Json, Router,
+    extract::{Path, Query, State},
+    http::StatusCode,
+    response::{IntoResponse, Response},
+    routing::get,
+};
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo},
+    service::TowerToHyperService,
+};
+use k8s_openapi::jiff::Timestamp;
+use kube::{Api, Client};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sluice_crds::job_queue::JobQueue;
+use tokio::net::TcpListener;
+
+use crate::{
+    controller::Clock,
+    render::{hpa::EXTERNAL_METRIC_NAME, worker_deployment::JOB_QUEUE_LABEL},
+    scaling::{Databases, JobQueueMetrics, databases::read_database_url},
+};
+
+/// The API group/version served.
+pub const GROUP_VERSION: &str = "external.metrics.k8s.io/v1beta1";
+/// How long a resolved JobQueue → database is reused.
+pub const TARGET_CACHE_TTL: Duration = Duration::from_secs(10);
+
+/// Where a JobQueue's jobs live.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// The database URL (from the JobQueue's Secret).
+    pub url: String,
+    /// The queue's name in the database.
+    pub queue: String,
+}
+
+/// How JobQueues are found: from the Kubernetes API (JobQueue, then its Secret), or a fixed table
+/// (tests).
+pub enum Targets {
+    /// Read the JobQueue and its Secret, cached for [`TARGET_CACHE_TTL`].
+    Kube {
+        /// The client.
+        client: Client,
+        /// (namespace, name) → (read at, target).
+        cache: Mutex<HashMap<(String, String), (Instant, Target)>>,
+    },
+    /// A fixed table of (namespace, name) → target.
+    Static(HashMap<(String, String), Target>),
+}
+
+impl Targets {
+    /// Targets read through `client`.
+    pub fn kube(client: Client) -> Self {
+        Targets::Kube {
+            client,
+            cache: Mutex::default(),
+        }
+    }
+
+    async fn resolve(&self, namespace: &str, name: &str) -> Result<Option<Target>, String> {
+        match self {
+            Targets::Static(map) => Ok(map.get(&(namespace.to_owned(), name.to_owned())).cloned()),
+            Targets::Kube { client, cache } => {
+                let key = (namespace.to_owned(), name.to_owned());
+                if let Some((at, t)) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key)
+                    && at.elapsed() < TARGET_CACHE_TTL
+                {
+                    return Ok(Some(t.clone()));
+                }
+                let api: Api<JobQueue> = Api::namespaced(client.clone(), namespace);
+                let Some(jq) = api.get_opt(name).await.map_err(|e| e.to_string())? else {
+                    return Ok(None);
+                };
+                let url = read_database_url(client, &jq).await.map_err(|e| e.to_string())?;
+                let t = Target {
+                    url,
+                    queue: jq.queue_name(),
+                };
+                cache
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key, (Instant::now(), t.clone()));
+                Ok(Some(t))
+            }
+        }
+    }
+}
+
+/// What the handlers share.
+pub struct MetricsState {
+    /// Connections and the depth cache (shared with the controller).
+    pub databases: Arc<Databases>,
+    /// How JobQueues are found.
+    pub targets: Targets,
+    /// Request latency and depth gauges.
+    pub metrics: Arc<JobQueueMetrics>,
+    /// Wall clock (Unix ms) for the values' timestamps.
+    pub clock: Clock,
+}
+
+/// The router: discovery, the metric, and `/healthz`.
+pub fn router(state: Arc<MetricsState>) -> Router {
+    Router::new()
+        .route("/apis/external.metrics.k8s.io/v1beta1", get(discovery))
+        .route(
+            "/apis/external.metrics.k8s.io/v1beta1/namespaces/{namespace}/{metric}",
+            get(metric),
+        )
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(|| async { "ok" }))
+        .with_state(state)
+}
+
+async fn discovery() -> Json<Value> {
+    Json(json!({
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": GROUP_VERSION,
+        "resources": [{
+            "name": EXTERNAL_METRIC_NAME,
+            "singularName": "",
+            "namespaced": true,
+            "kind": "ExternalMetricValueList",
+            "verbs": ["get"],
+        }],
+    }))
+}
+
+#[derive(Deserialize)]
+struct MetricQuery {
+    #[serde(rename = "labelSelector", default)]
+    label_selector: Option<String>,
+}
+
+/// The JobQueue a selector names: `sluice.dev/jobqueue=<name>` (or `==`), among other terms.
+pub fn jobqueue_from_selector(selector: &str) -> Option<String> {
+    selector.split(',').find_map(|term| {
+        let (k, v) = term.split_once("==").or_else(|| term.split_once('='))?;
+        (k.trim() == JOB_QUEUE_LABEL).then(|| v.trim().to_owned())
+    })
+}
+
+fn status(code: StatusCode, reason: &str, message: String) -> Response {
+    let body = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "reason": reason, "message": message, "code": code.as_u16(),
+    });
+    (code, Json(body)).into_response()
+}
+
+async fn metric(
+    State(state): State<Arc<MetricsState>>,
+    Path((namespace, metric)): Path<(String, String)>,
+    Query(q): Query<MetricQuery>,
+) -> Response {
+    let start = Instant::now();
+    let (result, response) = answer(&state, &namespace, &metric, q.label_selector.as_deref()).await;
+    state.metrics.request(result, start.elapsed().as_secs_f64());
+    response
+}
+
+async fn answer(
+    state: &MetricsState,
+    namespace: &str,
+    metric: &str,
+    selector: Option<&str>,
+) -> (&'static str, Response) {
+    if metric != EXTERNAL_METRIC_NAME {
+        return (
+            "not_found",
+            status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("no external metric {metric:?}; Sluice serves {EXTERNAL_METRIC_NAME}"),
+            ),
+        );
+    }
+    let Some(name) = selector.and_then(jobqueue_from_selector) else {
+        return (
+            "bad_request",
+            status(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                format!("labelSelector must name the JobQueue: {JOB_QUEUE_LABEL}=<name>"),
+            ),
+        );
+    };
+    let target = match state.targets.resolve(namespace, &name).await {
+        Ok(Some(t)) => t,
+        Ok(None) => {
+            return (
+                "not_found",
+                status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    format!("JobQueue {namespace}/{name} not found"),
+                ),
+            );
+        }
+        Err(e) => {
+            return (
+                "unavailable",
+                status(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "ServiceUnavailable",
+                    format!("JobQueue {namespace}/{name}: {e}"),
+                ),
+            );
+        }
+    };
+    match state.databases.depth(&target.url, &target.queue).await {
+        Ok(Some(d)) => {
+            state.metrics.set_depth(namespace, &name, &d);
+            let ts = Timestamp::from_millisecond((state.clock)()).unwrap_or(Timestamp::UNIX_EPOCH);
+            let body = json!({
+                "kind": "ExternalMetricValueList",
+                "apiVersion": GROUP_VERSION,
+                "metadata": {},
+                "items": [{
+                    "metricName": EXTERNAL_METRIC_NAME,
+                    "metricLabels": {JOB_QUEUE_LABEL: name},
+                    "timestamp": ts.to_string(),
+                    "value": d.demand().to_string(),
+                }],
+            });
+            ("ok", Json(body).into_response())
+        }
+        Ok(None) => (
+            "not_found",
+            status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("queue {:?} is not registered in the database yet", target.queue),
+            ),
+        ),
+        Err(e) => (
+            "unavailable",
+            status(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ServiceUnavailable",
+                format!("reading the depth of JobQueue {namespace}/{name}: {e}"),
+            ),
+        ),
+    }
+}
+
+/// Serves `router` on `listener` (TLS when `tls` is given) until `shutdown` completes.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, _) = tokio::select! {
+            r = listener.accept() => r?,
+            _ = &mut shutdown => return Ok(()),
+        };
+        let _ = tcp.set_nodelay(true);
+        let svc = TowerToHyperService::new(router.clone());
+        let acceptor = acceptor.clone();
+        tokio::spawn(async move {
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            let served = match acceptor {
+                Some(a) => match a.accept(tcp).await {
+                    Ok(tls) => builder.serve_connection(TokioIo::new(tls), svc).await,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "external metrics TLS handshake failed");
+                        return;
+                    }
+                },
+                None => builder.serve_connection(TokioIo::new(tcp), svc).await,
+            };
+            if let Err(e) = served {
+                tracing::debug!(error = %e, "external metrics connection ended");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_jobqueue_is_read_from_the_selector() {
+        assert_eq!(
+            jobqueue_from_selector("sluice.dev/jobqueue=emails").as_deref(),
+            Some("emails")
+        );
+        assert_eq!(
+            jobqueue_from_selector("a=b,sluice.dev/jobqueue==emails").as_deref(),
+            Some("emails")
+        );
+        assert_eq!(jobqueue_from_selector("app=emails"), None);
+    }
+}

@@ -1,0 +1,124 @@
+//! The CEL rules and bounds of the `JobQueue` CRD, evaluated the way the API server does (kube-cel,
+//! schema defaults applied first): valid queues pass, and each invalid one fails with the message a
+//! user reads.
+
+use kube::{CustomResourceExt, core::cel::Validator};
+use serde_json::{Value, json};
+use sluice_crds::job_queue::JobQueue;
+
+fn schema() -> Value {
+    let crd = JobQueue::crd();
+    serde_json::to_value(
+        crd.spec.versions[0]
+            .schema
+            .as_ref()
+            .and_then(|s| s.open_api_v3_schema.as_ref())
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+fn base() -> Value {
+    json!({
+        "database": {"secretRef": {"name": "pg"}},
+        "worker": {"template": {"spec": {"containers": [{"name": "app", "image": "app:1"}]}}},
+    })
+}
+
+fn messages(name: &str, edit: impl FnOnce(&mut Value)) -> Vec<String> {
+    let mut spec = base();
+    edit(&mut spec);
+    let obj = json!({
+        "apiVersion": "sluice.dev/v1alpha1", "kind": "JobQueue",
+        "metadata": {"name": name, "namespace": "shop"}, "spec": spec,
+    });
+    match Validator::new().validate(&schema(), &obj, None) {
+        Ok(()) => vec![],
+        Err(errors) => errors.iter().map(|e| e.message.clone()).collect(),
+    }
+}
+
+fn assert_rejected(edit: impl FnOnce(&mut Value), expected: &str) {
+    let got = messages("emails", edit);
+    assert!(
+        got.iter().any(|m| m.contains(expected)),
+        "expected a message containing {expected:?}, got {got:?}"
+    );
+}
+
+#[test]
+fn valid_job_queues_pass_every_rule() {
+    assert_eq!(messages("emails", |_| {}), Vec::<String>::new());
+    let full = messages("emails", |s| {
+        s["queueName"] = json!("mail.outbound");
+        s["worker"]["handler"] = json!({"container": "app", "port": 8080, "path": "/jobs"});
+        s["worker"]["concurrency"] = json!(32);
+        s["worker"]["jobTimeout"] = json!("10m");
+        s["retry"] = json!({"maxAttempts": 5, "backoff": {"base": "500ms", "cap": "5m", "multiplier": 3}});
+        s["retention"] = json!({"succeeded": "1h", "dead": "30d"});
+        s["scaling"] = json!({"minReplicaCount": 0, "maxReplicaCount": 50, "targetJobsPerReplica": 20,
+            "activationThreshold": 5, "pollingInterval": "5s", "cooldownPeriod": "2m", "provider": "keda",
+            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {"scaleDown": {"stabilizationWindowSeconds": 60}}}}});
+    });
+    assert_eq!(full, Vec::<String>::new());
+    let min_equals_max = messages("emails", |s| {
+        s["scaling"] = json!({"minReplicaCount": 3, "maxReplicaCount": 3});
+    });
+    assert_eq!(min_equals_max, Vec::<String>::new());
+}
+
+#[test]
+fn min_above_max_is_refused() {
+    assert_rejected(
+        |s| s["scaling"] = json!({"minReplicaCount": 5, "maxReplicaCount": 2}),
+        "scaling.minReplicaCount must not exceed scaling.maxReplicaCount",
+    );
+    // maxReplicaCount defaults to 100: a min above it is refused too.
+    assert_rejected(
+        |s| s["scaling"] = json!({"minReplicaCount": 101}),
+        "scaling.minReplicaCount must not exceed scaling.maxReplicaCount",
+    );
+}
+
+#[test]
+fn a_backoff_cap_below_its_base_is_refused() {
+    assert_rejected(
+        |s| s["retry"] = json!({"backoff": {"base": "10s", "cap": "1s"}}),
+        "retry.backoff.cap must be at least retry.backoff.base",
+    );
+}
+
+#[test]
+fn durations_out_of_range_are_refused_naming_the_field() {
+    assert_rejected(
+        |s| s["worker"]["jobTimeout"] = json!("48h"),
+        "worker.jobTimeout must be between 1s and 24h",
+    );
+    assert_rejected(
+        |s| s["worker"]["jobTimeout"] = json!("500ms"),
+        "worker.jobTimeout must be between 1s and 24h",
+    );
+    assert_rejected(
+        |s| s["scaling"] = json!({"pollingInterval": "100ms"}),
+        "scaling.pollingInterval must be between 1s and 1h",
+    );
+    assert_rejected(
+        |s| s["scaling"] = json!({"cooldownPeriod": "25h"}),
+        "scaling.cooldownPeriod must be at most 24h",
+    );
+}
+
+#[test]
+fn zero_targets_and_long_names_are_refused() {
+    assert_rejected(
+        |s| s["scaling"] = json!({"targetJobsPerReplica": 0}),
+        "scaling.targetJobsPerReplica must be greater than 0",
+    );
+    assert_rejected(
+        |s| s["scaling"] = json!({"minReplicaCount": 0, "maxReplicaCount": 0}),
+        "scaling.maxReplicaCount must be at least 1",
+    );
+    let got = messages(&"q".repeat(53), |_| {});
+    assert!(got.iter().any(|m| m.contains("at most 52 characters")), "{got:?}");
+    assert_eq!(messages(&"q".repeat(52), |_| {}), Vec::<String>::new());
+}
