@@ -315,3 +315,82 @@ async fn postgres_restarted_under_load_loses_no_acknowledged_enqueue() {
     shutdown.cancel();
     worker.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_hands_a_hanging_job_back_after_the_grace_period() {
+    let (pg, pool) = pg().await;
+    let store = QueueStore::new(pool);
+    queue(&store, "term").await;
+    let seen = Seen::default();
+    let url = start_handler(seen.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sidecar.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "version: 1\nqueue:\n  queues: [term]\n  handler: {{url: \"{url}\"}}\n  \
+             worker: {{shutdownGrace: 300ms, metricsListen: \"127.0.0.1:0\"}}\n"
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice-sidecar"))
+        .args(["worker", "--config"])
+        .arg(&config)
+        .env("SLUICE_DATABASE_URL", pg.url())
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let id = store
+        .enqueue("term", &NewJob::new("hang-first", serde_json::json!({})))
+        .await
+        .unwrap()
+        .id;
+    wait_for_async("the job to reach the handler", DEADLINE, || {
+        let n = seen.calls(id).len();
+        async move { (n == 1).then_some(()) }
+    })
+    .await;
+    let t0 = std::time::Instant::now();
+    Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "exited in {:?}",
+        t0.elapsed()
+    );
+    let job = store.get(id).await.unwrap().unwrap();
+    assert_eq!(
+        (job.state.as_str(), job.attempt, job.lease_owner),
+        ("pending", 0, None),
+        "handed back at once, the attempt not counted"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_migrate_command_prepares_the_schema_and_can_run_again() {
+    let pg = tokio::task::spawn_blocking(sluice_testsupport::PgServer::start)
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        let out = Command::new(env!("CARGO_BIN_EXE_sluice-sidecar"))
+            .arg("migrate")
+            .env("SLUICE_DATABASE_URL", pg.url())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    assert_eq!(
+        pg.psql("SELECT count(*) FROM sluice._sqlx_migrations"),
+        sluice_sidecar::queue::schema::latest_version().to_string()
+    );
+    assert_eq!(pg.psql("SELECT to_regclass('sluice.jobs') IS NOT NULL"), "t");
+}

@@ -443,6 +443,16 @@ async fn run_job<H: Handler>(shared: &Shared<H>, job: ClaimedJob, done_tx: &mpsc
         .metrics
         .handled(&queue, &kind, started.elapsed().as_secs_f64());
     finishing.store(true, Ordering::SeqCst);
+    // Read the reason again: it may have been set while the handler was returning. A lost lease
+    // discards whatever the handler said; at shutdown only a success counts (the handler saw its token
+    // fire and gave up: the job is handed back, not cancelled or failed).
+    let stopped_for = *reason.lock().expect("reason lock");
+    let outcome = match (stopped_for, outcome) {
+        (Some(StopReason::Lost), _) => None,
+        (Some(StopReason::Shutdown), Some(Outcome::Succeeded)) => Some(Outcome::Succeeded),
+        (Some(StopReason::Shutdown), _) => None,
+        (_, o) => o,
+    };
     let finish = match outcome {
         Some(Outcome::Succeeded) => Some(Finish::Succeeded),
         Some(Outcome::Cancelled) => Some(Finish::Cancelled),
@@ -454,7 +464,7 @@ async fn run_job<H: Handler>(shared: &Shared<H>, job: ClaimedJob, done_tx: &mpsc
                 .delay(attempt.max(1) as u32, rand::random::<f64>());
             Some(Finish::Retry { delay, error })
         }
-        None => match *reason.lock().expect("reason lock") {
+        None => match stopped_for {
             Some(StopReason::Cancel) => Some(Finish::Cancelled),
             Some(StopReason::Shutdown) | None => None,
             Some(StopReason::Lost) => {
