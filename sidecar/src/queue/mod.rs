@@ -76,6 +76,14 @@ pub fn load_worker_config(
         }
         None => QueueConfig::default(),
     };
+    apply_env(&mut cfg, env)?;
+    validate_worker_config(&cfg)?;
+    Ok(cfg)
+}
+
+/// Applies the env overrides of [`ENV_VARS`] to `cfg` (for the worker role, and for the proxy role's queue
+/// API: `SLUICE_API_LISTEN`, `SLUICE_DATABASE_URL`).
+pub fn apply_env(cfg: &mut QueueConfig, env: impl Fn(&str) -> Option<String>) -> crate::Result<()> {
     let bad = |field: &str, v: &str, why: &str| crate::Error::Config(format!("{field}: {v:?} {why}"));
     if let Some(v) = env("SLUICE_DATABASE_URL") {
         cfg.database_url = Some(v);
@@ -107,6 +115,12 @@ pub fn load_worker_config(
             .parse()
             .map_err(|_| bad("SLUICE_METRICS_LISTEN", &v, "is not an address like 0.0.0.0:9902"))?;
     }
+    Ok(())
+}
+
+/// Checks what the worker role needs, naming the field at fault.
+pub fn validate_worker_config(cfg: &QueueConfig) -> crate::Result<()> {
+    let bad = |field: &str, v: &str, why: &str| crate::Error::Config(format!("{field}: {v:?} {why}"));
     if cfg.database_url.is_none() {
         return Err(crate::Error::Config(
             "queue.databaseUrl: not set (set SLUICE_DATABASE_URL)".into(),
@@ -132,7 +146,34 @@ pub fn load_worker_config(
             "queue.worker.claimBatch: must be at least 1".into(),
         ));
     }
-    Ok(cfg)
+    Ok(())
+}
+
+/// Serves the queue HTTP API alone until `shutdown` — for the proxy role in app pods that enqueue
+/// through the sidecar. Returns at once when `cfg.api.listen` is unset. The schema is not migrated here
+/// (the operator or the workers do that); an unprepared database answers 503 until it is.
+pub async fn serve_api_role(cfg: &QueueConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let Some(addr) = cfg.api.listen else {
+        return Ok(());
+    };
+    let url = cfg
+        .database_url
+        .clone()
+        .context("queue.databaseUrl: not set (set SLUICE_DATABASE_URL) but queue.api.listen is")?;
+    let pool = connect_lazy(
+        &url,
+        cfg.pool_size
+            .unwrap_or(sluice_crds::sidecar_config::POOL_SIZE_DEFAULT),
+    )?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding queue.api.listen {addr}"))?;
+    let state = api::ApiState {
+        store: QueueStore::new(pool),
+        max_batch: cfg.api.max_batch as usize,
+    };
+    api::serve(listener, state, async move { shutdown.cancelled().await }).await?;
+    Ok(())
 }
 
 /// A pool for the queue: short acquire timeout so a dead database fails calls fast (they are retried).
