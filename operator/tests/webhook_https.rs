@@ -1,0 +1,249 @@
+//! The injection webhook over HTTPS, answering real `AdmissionReview` v1 requests the way the API
+//! server sends them: TLS verified against the generated CA for the Service's DNS name.
+
+use std::{net::SocketAddr, sync::Arc};
+
+use base64::Engine;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use kube::runtime::{reflector, watcher};
+use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
+use serde_json::{Value, json};
+use sluice_crds::rate_limit_policy::RateLimitPolicy;
+use sluice_operator::{
+    certs::{self, Bundle, CertStore, Plan},
+    metrics::Metrics,
+    webhook::{
+        inject::InjectConfig,
+        server::{self, WebhookState},
+    },
+};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+const SERVICE: &str = "sluice-webhook";
+const NAMESPACE: &str = "sluice-system";
+
+struct Webhook {
+    addr: SocketAddr,
+    store: Arc<CertStore>,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+}
+
+impl Drop for Webhook {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+fn bundle() -> Bundle {
+    let now = (sluice_operator::controller::system_clock())();
+    certs::execute(
+        Plan::Create,
+        None,
+        &certs::service_dns_names(SERVICE, NAMESPACE),
+        now,
+    )
+    .unwrap()
+    .unwrap()
+}
+
+async fn start(b: &Bundle) -> Webhook {
+    let store = Arc::new(CertStore::default());
+    store.load(&b.cert_pem, &b.key_pem).unwrap();
+    let (policies, mut writer) = reflector::store::<RateLimitPolicy>();
+    let policy: RateLimitPolicy = serde_json::from_value(json!({
+        "apiVersion": "sluice.dev/v1alpha1", "kind": "RateLimitPolicy",
+        "metadata": {"name": "api", "namespace": "shop", "uid": "u-1"},
+        "spec": {"redis": {"secretRef": {"name": "redis", "key": "url"}},
+                 "rules": [{"name": "all", "limit": {"requests": 10, "window": "1s"}}]}
+    }))
+    .unwrap();
+    writer.apply_watcher_event(&watcher::Event::Apply(policy));
+    let metrics = Arc::new(Metrics::default());
+    let state = Arc::new(WebhookState {
+        policies,
+        config: InjectConfig {
+            image: "ghcr.io/sluice-dev/sluice-sidecar:test".into(),
+            image_pull_policy: None,
+            resources: None,
+            native: true,
+        },
+        metrics: metrics.clone(),
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    tokio::spawn(server::serve_tls(
+        listener,
+        store.server_config().unwrap(),
+        server::router(state),
+        stop.clone().cancelled_owned(),
+    ));
+    Webhook {
+        addr,
+        store,
+        metrics,
+        stop,
+    }
+}
+
+/// POST an AdmissionReview as the API server does, trusting only `ca_pem`.
+async fn post(addr: SocketAddr, ca_pem: &str, review: &Value) -> Result<Value, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let config =
+        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = ServerName::try_from(format!("{SERVICE}.{NAMESPACE}.svc")).unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let request = hyper::Request::post(format!(
+        "https://{SERVICE}.{NAMESPACE}.svc{}?timeout=5s",
+        server::INJECT_PATH
+    ))
+    .header("content-type", "application/json")
+    .body(Full::new(Bytes::from(serde_json::to_vec(review).unwrap())))
+    .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    Ok(serde_json::from_slice(&body).unwrap())
+}
+
+fn review(uid: &str, pod: Value) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "shop",
+            "operation": "CREATE",
+            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller",
+                         "uid": "8b3c", "groups": ["system:serviceaccounts", "system:authenticated"]},
+            "object": pod,
+            "oldObject": null,
+            "dryRun": false,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"}
+        }
+    })
+}
+
+/// A pod as a ReplicaSet creates it: generateName, no name, no namespace in the object.
+fn replica_pod(annotations: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"generateName": "web-5d9c7-", "labels": {"app": "web"}, "annotations": annotations},
+        "spec": {"containers": [{"name": "web", "image": "shop/web:1",
+                                 "ports": [{"name": "http", "containerPort": 8080}],
+                                 "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}}}]}
+    })
+}
+
+#[tokio::test]
+async fn annotated_pod_gets_a_json_patch_that_injects_the_sidecar() {
+    let b = bundle();
+    let hook = start(&b).await;
+    let pod = replica_pod(json!({"sluice.dev/inject": "true", "sluice.dev/policy": "api"}));
+    let out = post(hook.addr, &b.ca_bundle_pem, &review("a1", pod.clone()))
+        .await
+        .unwrap();
+    assert_eq!(out["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(out["kind"], "AdmissionReview");
+    let resp = &out["response"];
+    assert_eq!(resp["uid"], "a1", "{out}");
+    assert_eq!(resp["allowed"], true);
+    assert_eq!(resp["patchType"], "JSONPatch", "{out}");
+    // Go's []byte: a base64 string, or (as kube-core writes it, and Go's decoder also accepts) an
+    // array of byte values.
+    let patch_bytes: Vec<u8> = match &resp["patch"] {
+        Value::String(b64) => base64::engine::general_purpose::STANDARD.decode(b64).unwrap(),
+        other => serde_json::from_value(other.clone()).unwrap(),
+    };
+    let patch: json_patch::Patch = serde_json::from_slice(&patch_bytes).unwrap();
+    let mut patched = pod;
+    json_patch::patch(&mut patched, &patch).unwrap();
+    assert_eq!(patched["spec"]["initContainers"][0]["name"], "sluice-sidecar");
+    assert_eq!(
+        patched["spec"]["containers"][0]["readinessProbe"]["httpGet"]["port"],
+        8080
+    );
+    assert!(
+        patched["metadata"]["namespace"].is_null(),
+        "the patch adds no namespace"
+    );
+    assert!(
+        hook.metrics
+            .encode()
+            .contains(r#"sluice_operator_admissions_total{result="injected"} 1"#)
+    );
+}
+
+#[tokio::test]
+async fn pod_with_a_bad_annotation_is_denied_with_a_message_naming_it() {
+    let b = bundle();
+    let hook = start(&b).await;
+    let pod = replica_pod(json!({"sluice.dev/inject": "true", "sluice.dev/listen-port": "eighty"}));
+    let out = post(hook.addr, &b.ca_bundle_pem, &review("a2", pod))
+        .await
+        .unwrap();
+    let resp = &out["response"];
+    assert_eq!(resp["uid"], "a2");
+    assert_eq!(resp["allowed"], false);
+    assert!(resp["patch"].is_null());
+    let message = resp["status"]["message"].as_str().unwrap();
+    assert!(message.contains("annotation sluice.dev/listen-port"), "{message}");
+}
+
+#[tokio::test]
+async fn pod_that_does_not_ask_is_allowed_unchanged() {
+    let b = bundle();
+    let hook = start(&b).await;
+    let out = post(
+        hook.addr,
+        &b.ca_bundle_pem,
+        &review("a3", replica_pod(json!({"sluice.dev/inject": "false"}))),
+    )
+    .await
+    .unwrap();
+    assert_eq!(out["response"]["allowed"], true);
+    assert!(out["response"]["patch"].is_null());
+}
+
+#[tokio::test]
+async fn a_rotated_certificate_is_served_without_a_restart() {
+    let first = bundle();
+    let hook = start(&first).await;
+    let second = bundle();
+    hook.store.load(&second.cert_pem, &second.key_pem).unwrap();
+    let pod = replica_pod(json!({}));
+    assert!(
+        post(hook.addr, &second.ca_bundle_pem, &review("a4", pod.clone()))
+            .await
+            .is_ok()
+    );
+    assert!(
+        post(hook.addr, &first.ca_bundle_pem, &review("a5", pod))
+            .await
+            .is_err(),
+        "the old CA no longer verifies the new certificate"
+    );
+}
