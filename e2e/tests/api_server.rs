@@ -583,3 +583,21 @@ async fn a_crd_becomes_established_and_its_removal_removes_its_resources() {
     let err = api.get("w").await.unwrap_err();
     assert_eq!(code(&err), 404);
 }
+
+#[tokio::test]
+async fn a_namespace_dump_lists_every_object_in_it() {
+    let env = Env::start().await.unwrap();
+    let ns = env.namespace("dump").await.unwrap();
+    ns.apply_yaml("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: one}\n---\napiVersion: v1\nkind: Secret\nmetadata: {name: two}\n")
+        .await
+        .unwrap();
+    let dump = ns.dump();
+    assert!(
+        dump.contains("kind: ConfigMap") && dump.contains("name: one"),
+        "{dump}"
+    );
+    assert!(
+        dump.contains("kind: Secret") && dump.contains("name: two"),
+        "{dump}"
+    );
+}

@@ -7,7 +7,6 @@ use serde_json::Value;
 
 use crate::error::Cause;
 use crate::registry::ResourceType;
-use crate::validation::schema::render;
 
 /// Causes for every failed rule.
 pub fn check(rt: &ResourceType, schema: &Value, obj: &Value, old: Option<&Value>) -> Vec<Cause> {
@@ -27,7 +26,8 @@ pub fn check(rt: &ResourceType, schema: &Value, obj: &Value, old: Option<&Value>
             }
             _ => {
                 let field = e.field_path.trim_start_matches('.').to_string();
-                let at = field_value(obj, &field);
+                // kube-apiserver shows the schema type where a rule failed, not the value.
+                let at = Value::String(type_name(&field_value(obj, &field)).to_string());
                 let message = if e.message.is_empty() {
                     format!("failed rule: {}", e.rule)
                 } else {
@@ -37,7 +37,7 @@ pub fn check(rt: &ResourceType, schema: &Value, obj: &Value, old: Option<&Value>
                 causes.push(Cause::new(
                     &reason,
                     field,
-                    format!("Invalid value: {}: {message}", render(&at)),
+                    format!("Invalid value: {at}: {message}"),
                 ));
             }
         }
@@ -45,13 +45,39 @@ pub fn check(rt: &ResourceType, schema: &Value, obj: &Value, old: Option<&Value>
     causes
 }
 
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_f64() => "number",
+        Value::Number(_) => "integer",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        _ => "object",
+    }
+}
+
+/// The value at `spec.rules[0].limit`, or null.
 fn field_value(obj: &Value, path: &str) -> Value {
     let mut cur = obj;
     for seg in path.split('.').filter(|s| !s.is_empty()) {
-        let name = seg.split('[').next().unwrap_or(seg);
-        match cur.get(name) {
-            Some(v) => cur = v,
-            None => return Value::Null,
+        let mut parts = seg.split('[');
+        let name = parts.next().unwrap_or_default();
+        if !name.is_empty() {
+            match cur.get(name) {
+                Some(v) => cur = v,
+                None => return Value::Null,
+            }
+        }
+        for index in parts {
+            let index = index.trim_end_matches(']');
+            let next = match index.parse::<usize>() {
+                Ok(i) => cur.get(i),
+                Err(_) => cur.get(index.trim_matches('\'').trim_matches('"')),
+            };
+            match next {
+                Some(v) => cur = v,
+                None => return Value::Null,
+            }
         }
     }
     cur.clone()

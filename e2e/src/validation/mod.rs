@@ -53,7 +53,9 @@ pub fn custom_resource(
     }
     let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
     let mut causes: Vec<Cause> = schema::check(schema, obj);
-    if causes.is_empty() {
+    // Like kube-apiserver, CEL rules run alongside the structural checks, unless a value has the wrong
+    // type (rules would then fail for reasons the user did not write).
+    if !causes.iter().any(|c| c.reason == "FieldValueTypeInvalid") {
         causes.extend(cel::check(rt, schema, obj, old));
     }
     if !causes.is_empty() {
