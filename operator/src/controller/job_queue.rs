@@ -637,6 +637,7 @@ async fn patch_status(ctx: &Context, jq: &JobQueue, status: &JobQueueStatus) -> 
     let body = json!({
         "apiVersion": "sluice.dev/v1alpha1",
         "kind": "JobQueue",
+        "metadata": {"name": jq.name_any()},
         "status": status,
     });
     api.patch_status(

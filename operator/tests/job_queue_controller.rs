@@ -1,0 +1,582 @@
+//! The JobQueue controller against the in-memory test API server and a real PostgreSQL: create, update,
+//! pause, delete, a bad Secret, an external metrics API owned by someone else, 0→1 on enqueue (timed)
+//! and 1→0 only after the cooldown and only when nothing runs.
+
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Arc,
+        atomic::{AtomicI64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::{
+    ByteString,
+    api::{
+        apps::v1::Deployment,
+        autoscaling::v2::HorizontalPodAutoscaler,
+        core::v1::{ConfigMap, Secret},
+    },
+    kube_aggregator::pkg::apis::apiregistration::v1::APIService,
+};
+use kube::{
+    Api,
+    api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
+};
+use serde_json::json;
+use sluice_crds::job_queue::JobQueue;
+use sluice_e2e::{Env, TestNamespace, wait_for};
+use sluice_operator::{
+    controller::{Clock, job_queue},
+    render::worker_deployment::{CONFIG_HASH_ANNOTATION, WorkerRenderOptions},
+    scaling::{Databases, JobQueueMetrics},
+};
+use sluice_sidecar::queue::{NewJob, QueueStore};
+use sluice_testsupport::PgServer;
+use tokio_util::sync::CancellationToken;
+
+const OPERATOR_NS: &str = "sluice-system";
+const DEADLINE: Duration = Duration::from_secs(15);
+const SCALING: &str = "pollingInterval: 1s, cooldownPeriod: 1m";
+
+/// A clock the test moves forward by hand.
+#[derive(Clone, Default)]
+struct TestClock(Arc<AtomicI64>);
+
+impl TestClock {
+    fn clock(&self) -> Clock {
+        let offset = self.0.clone();
+        let real = sluice_operator::controller::system_clock();
+        Arc::new(move || real() + offset.load(Ordering::SeqCst))
+    }
+    fn advance(&self, d: Duration) {
+        self.0.fetch_add(d.as_millis() as i64, Ordering::SeqCst);
+    }
+}
+
+struct Fixture {
+    env: Env,
+    ns: TestNamespace,
+    pg: PgServer,
+    clock: TestClock,
+    metrics: Arc<JobQueueMetrics>,
+    ctx: Arc<job_queue::Context>,
+    stop: CancellationToken,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// An API server with the JobQueue CRD, an APIService owned by `apiservice_namespace`, a namespace
+/// with the database Secret, a PostgreSQL, and the controller running.
+async fn fixture(apiservice_namespace: &str) -> Fixture {
+    let env = Env::start().await.unwrap();
+    for (_, yaml) in sluice_operator::crdgen::crds() {
+        env.apply_yaml(&yaml, None).await.unwrap();
+    }
+    let apiservice: APIService = serde_json::from_value(json!({
+        "apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+        "metadata": {"name": "v1beta1.external.metrics.k8s.io"},
+        "spec": {"group": "external.metrics.k8s.io", "version": "v1beta1", "groupPriorityMinimum": 100,
+                 "versionPriority": 100,
+                 "service": {"namespace": apiservice_namespace, "name": "metrics-apiserver", "port": 443}},
+    }))
+    .unwrap();
+    Api::<APIService>::all(env.client())
+        .create(&PostParams::default(), &apiservice)
+        .await
+        .unwrap();
+    let ns = env.namespace("jobqueue").await.unwrap();
+    let pg = PgServer::start();
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some("pg".into()),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(
+            "url".into(),
+            ByteString(pg.url().into_bytes()),
+        )])),
+        ..Secret::default()
+    };
+    ns.api::<Secret>()
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+
+    let clock = TestClock::default();
+    let metrics = Arc::new(JobQueueMetrics::default());
+    let stop = CancellationToken::new();
+    let wiring = job_queue::Context::wire(
+        env.client(),
+        Some("test".into()),
+        Arc::new(Databases::with_ttl(Duration::ZERO)),
+        metrics.clone(),
+        WorkerRenderOptions {
+            sidecar_image: "sluice-sidecar:test".into(),
+            sidecar_resources: None,
+        },
+        OPERATOR_NS.into(),
+        true,
+        clock.clock(),
+        stop.clone(),
+    );
+    let ctx = wiring.ctx.clone();
+    let s = stop.clone();
+    tokio::spawn(job_queue::run(wiring, async move { s.cancelled().await }));
+    Fixture {
+        env,
+        ns,
+        pg,
+        clock,
+        metrics,
+        ctx,
+        stop,
+    }
+}
+
+fn job_queue_yaml(scaling: &str) -> String {
+    format!(
+        r#"
+apiVersion: sluice.dev/v1alpha1
+kind: JobQueue
+metadata: {{name: emails}}
+spec:
+  database: {{secretRef: {{name: pg}}}}
+  worker:
+    template:
+      spec:
+        containers: [{{name: handler, image: "mail:1"}}]
+    concurrency: 4
+  scaling: {{{scaling}}}
+"#
+    )
+}
+
+impl Fixture {
+    async fn apply(&self, yaml: &str) {
+        self.ns.apply_yaml(yaml).await.unwrap();
+    }
+
+    async fn job_queue(&self) -> JobQueue {
+        self.ns.api::<JobQueue>().get("emails").await.unwrap()
+    }
+
+    /// Waits until the JobQueue's condition `type_` has `status` (and `reason`, if given).
+    async fn wait_condition(&self, type_: &str, status: &str, reason: Option<&str>) -> JobQueue {
+        let api = self.ns.api::<JobQueue>();
+        wait_for(&format!("{type_}={status} {reason:?}"), DEADLINE, || {
+            let api = api.clone();
+            async move {
+                let jq = api.get("emails").await.ok()?;
+                let c = jq.condition(type_)?;
+                (c.status == status && reason.is_none_or(|r| c.reason == r)).then_some(jq.clone())
+            }
+        })
+        .await
+        .unwrap()
+    }
+
+    async fn replicas(&self) -> Option<i32> {
+        self.ns
+            .api::<Deployment>()
+            .get_opt("emails-worker")
+            .await
+            .unwrap()
+            .and_then(|d| d.spec?.replicas)
+    }
+
+    async fn wait_replicas(&self, want: i32, deadline: Duration) -> Duration {
+        let start = Instant::now();
+        let api = self.ns.api::<Deployment>();
+        wait_for(&format!("worker replicas = {want}"), deadline, || {
+            let api = api.clone();
+            async move {
+                let d = api.get_opt("emails-worker").await.ok()??;
+                (d.spec?.replicas == Some(want)).then_some(())
+            }
+        })
+        .await
+        .unwrap();
+        start.elapsed()
+    }
+
+    /// Unix ms (test clock) when the controller last saw the queue busy.
+    fn last_active_ms(&self) -> Option<i64> {
+        self.ctx
+            .queues
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(r, _)| r.name == "emails")
+            .map(|(_, m)| m.last_active_ms)
+    }
+
+    /// Waits until the operator LISTENs on the database (an enqueue before that is found by polling only).
+    async fn wait_listening(&self) {
+        let store = self.store().await;
+        wait_for("the operator to LISTEN", DEADLINE, || {
+            let store = store.clone();
+            async move {
+                let n: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%sluice_jobs%'",
+                )
+                .fetch_one(store.pool())
+                .await
+                .ok()?;
+                (n > 0).then_some(())
+            }
+        })
+        .await
+        .unwrap();
+    }
+
+    async fn store(&self) -> QueueStore {
+        QueueStore::new(sluice_sidecar::queue::connect_lazy(&self.pg.url(), 2).unwrap())
+    }
+}
+
+#[tokio::test]
+async fn a_new_job_queue_gets_its_schema_workers_and_hpa_and_reports_ready() {
+    let f = fixture(OPERATOR_NS).await;
+    f.apply(&job_queue_yaml(SCALING)).await;
+    let jq = f.wait_condition("Ready", "True", Some("AsExpected")).await;
+    let status = jq.status.unwrap();
+    assert_eq!(status.observed_generation, jq.metadata.generation);
+    assert_eq!(status.scaler.as_deref(), Some("builtin"));
+    assert_eq!(status.depth.unwrap().ready, 0);
+    assert_eq!(
+        status.current_replicas,
+        Some(0),
+        "an idle queue with minReplicaCount 0 has no workers"
+    );
+
+    let d = f.ns.api::<Deployment>().get("emails-worker").await.unwrap();
+    assert_eq!(d.metadata.owner_references.unwrap()[0].name, "emails");
+    let containers: Vec<String> = d
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .containers
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
+    assert_eq!(containers, ["handler", "sluice-sidecar"]);
+    let hpa =
+        f.ns.api::<HorizontalPodAutoscaler>()
+            .get("emails-worker")
+            .await
+            .unwrap();
+    let metric = hpa.spec.unwrap().metrics.unwrap()[0].external.clone().unwrap();
+    assert_eq!(metric.metric.name, "sluice_jobqueue_depth");
+    assert!(
+        f.ns.api::<ConfigMap>()
+            .get_opt("emails-worker-config")
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    // The schema and the queue's settings are in the database.
+    let settings = f
+        .store()
+        .await
+        .queue("emails")
+        .await
+        .unwrap()
+        .expect("queue registered");
+    assert_eq!(settings.max_attempts, 25);
+    assert!(!settings.paused);
+}
+
+#[tokio::test]
+async fn an_update_rolls_the_worker_config_and_settings() {
+    let f = fixture(OPERATOR_NS).await;
+    f.apply(&job_queue_yaml(SCALING)).await;
+    f.wait_condition("Ready", "True", None).await;
+    let hash = |d: Deployment| {
+        d.spec.unwrap().template.metadata.unwrap().annotations.unwrap()[CONFIG_HASH_ANNOTATION].clone()
+    };
+    let before = hash(f.ns.api::<Deployment>().get("emails-worker").await.unwrap());
+
+    let updated =
+        job_queue_yaml(SCALING).replace("concurrency: 4", "concurrency: 9") + "  retry: {maxAttempts: 3}\n";
+    f.apply(&updated).await;
+    let api = f.ns.api::<Deployment>();
+    wait_for("the config hash to change", DEADLINE, || {
+        let api = api.clone();
+        let before = before.clone();
+        async move {
+            let d = api.get("emails-worker").await.ok()?;
+            (hash(d) != before).then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    let cm = f.ns.api::<ConfigMap>().get("emails-worker-config").await.unwrap();
+    assert!(cm.data.unwrap()["worker.yaml"].contains("concurrency: 9"));
+    let store = f.store().await;
+    wait_for("maxAttempts 3 in the database", DEADLINE, || {
+        let store = store.clone();
+        async move { (store.queue("emails").await.ok()??.max_attempts == 3).then_some(()) }
+    })
+    .await
+    .unwrap();
+    let jq = f.job_queue().await;
+    let jq = if jq.status.as_ref().and_then(|s| s.observed_generation) == jq.metadata.generation {
+        jq
+    } else {
+        f.wait_condition("Ready", "True", None).await
+    };
+    assert_eq!(jq.status.unwrap().observed_generation, Some(2));
+}
+
+#[tokio::test]
+async fn pausing_stops_claims_and_scaling_and_says_so() {
+    let f = fixture(OPERATOR_NS).await;
+    f.apply(&job_queue_yaml(SCALING)).await;
+    f.wait_condition("Ready", "True", None).await;
+    f.ns.api::<JobQueue>()
+        .patch(
+            "emails",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"sluice.dev/paused": "true"}}})),
+        )
+        .await
+        .unwrap();
+    f.wait_condition("Paused", "True", Some("PausedByAnnotation"))
+        .await;
+    let hpas = f.ns.api::<HorizontalPodAutoscaler>();
+    wait_for("the HPA to be removed while paused", DEADLINE, || {
+        let hpas = hpas.clone();
+        async move { hpas.get_opt("emails-worker").await.ok()?.is_none().then_some(()) }
+    })
+    .await
+    .unwrap();
+    assert!(f.store().await.queue("emails").await.unwrap().unwrap().paused);
+    // Work arriving while paused wakes nobody.
+    f.store()
+        .await
+        .enqueue("emails", &NewJob::new("send", json!({})))
+        .await
+        .unwrap();
+    let jq = f.wait_condition("Active", "False", Some("Waking")).await;
+    assert_eq!(jq.status.unwrap().current_replicas, Some(0));
+    assert_eq!(f.replicas().await, Some(0));
+}
+
+#[tokio::test]
+async fn deleting_the_job_queue_collects_its_objects() {
+    let f = fixture(OPERATOR_NS).await;
+    f.apply(&job_queue_yaml(SCALING)).await;
+    f.wait_condition("Ready", "True", None).await;
+    f.ns.api::<JobQueue>()
+        .delete("emails", &DeleteParams::default())
+        .await
+        .unwrap();
+    let (deployments, hpas, cms) = (
+        f.ns.api::<Deployment>(),
+        f.ns.api::<HorizontalPodAutoscaler>(),
+        f.ns.api::<ConfigMap>(),
+    );
+    wait_for("owned objects to be collected", DEADLINE, || {
+        let (deployments, hpas, cms) = (deployments.clone(), hpas.clone(), cms.clone());
+        async move {
+            let gone = deployments.get_opt("emails-worker").await.ok()?.is_none()
+                && hpas.get_opt("emails-worker").await.ok()?.is_none()
+                && cms.get_opt("emails-worker-config").await.ok()?.is_none();
+            gone.then_some(())
+        }
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_missing_secret_sets_ready_false_with_an_event_and_recovers() {
+    let f = fixture(OPERATOR_NS).await;
+    f.apply(&job_queue_yaml(SCALING).replace("name: pg}", "name: nope}"))
+        .await;
+    let jq = f.wait_condition("Ready", "False", Some("SecretNotFound")).await;
+    let ready = jq.condition("Ready").unwrap();
+    assert!(ready.message.contains("nope"), "{}", ready.message);
+    assert!(
+        f.replicas().await.is_none(),
+        "nothing is deployed without a database"
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> = f.ns.api();
+    wait_for("a SecretNotFound event", DEADLINE, || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items
+                .iter()
+                .any(|e| e.reason.as_deref() == Some("SecretNotFound"))
+                .then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    // Fixing the reference recovers (the retry backs off from 1 s).
+    f.apply(&job_queue_yaml(SCALING)).await;
+    f.wait_condition("Ready", "True", None).await;
+}
+
+#[tokio::test]
+async fn an_external_metrics_api_owned_by_keda_is_left_alone_and_reported() {
+    let f = fixture("keda").await;
+    f.apply(&job_queue_yaml(SCALING)).await;
+    let jq = f
+        .wait_condition("Degraded", "True", Some("ExternalMetricsOwnedElsewhere"))
+        .await;
+    let message = &jq.condition("Degraded").unwrap().message;
+    assert!(message.contains("keda/metrics-apiserver"), "{message}");
+    assert_eq!(
+        jq.condition("Ready").unwrap().status,
+        "True",
+        "the queue still works"
+    );
+    assert_eq!(jq.status.unwrap().scaler.as_deref(), Some("operator"));
+    assert!(
+        f.ns.api::<HorizontalPodAutoscaler>()
+            .get_opt("emails-worker")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let api = Api::<APIService>::all(f.env.client())
+        .get("v1beta1.external.metrics.k8s.io")
+        .await
+        .unwrap();
+    let svc = api.spec.unwrap().service.unwrap();
+    assert_eq!(
+        svc.namespace.as_deref(),
+        Some("keda"),
+        "the APIService is untouched"
+    );
+    // The operator scales the workers itself: depth 9 at target 4 → 3 workers.
+    let jobs: Vec<NewJob> = (0..9).map(|_| NewJob::new("send", json!({}))).collect();
+    f.store().await.enqueue_many("emails", &jobs).await.unwrap();
+    f.wait_replicas(3, DEADLINE).await;
+}
+
+#[tokio::test]
+async fn an_enqueue_wakes_an_idle_queue_from_zero_to_one_within_a_second() {
+    let f = fixture(OPERATOR_NS).await;
+    f.apply(&job_queue_yaml("pollingInterval: 1h, cooldownPeriod: 1m"))
+        .await;
+    let jq = f.wait_condition("Ready", "True", None).await;
+    assert_eq!(jq.status.unwrap().current_replicas, Some(0));
+    let store = f.store().await;
+    f.wait_listening().await;
+    let mut samples = vec![];
+    for round in 0..3 {
+        let start = Instant::now();
+        store
+            .enqueue("emails", &NewJob::new("send", json!({"round": round})))
+            .await
+            .unwrap();
+        f.wait_replicas(1, Duration::from_secs(5)).await;
+        samples.push(start.elapsed());
+        // Back to zero for the next round: drain the job and scale down by hand.
+        let claimed = store
+            .claim_batch("emails", "t-00000001", 10, Duration::from_secs(60))
+            .await
+            .unwrap();
+        let done: Vec<_> = claimed
+            .iter()
+            .map(|c| sluice_sidecar::queue::store::Finished {
+                id: c.id,
+                attempt: c.attempt,
+                finish: sluice_sidecar::queue::store::Finish::Succeeded,
+            })
+            .collect();
+        store.finish_batch("t-00000001", &done).await.unwrap();
+        f.clock.advance(Duration::from_secs(120));
+        f.ns.api::<JobQueue>()
+            .patch(
+                "emails",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {"test/round": round.to_string()}}})),
+            )
+            .await
+            .unwrap();
+        f.wait_replicas(0, DEADLINE).await;
+    }
+    eprintln!("enqueue → Deployment at 1 replica (observed through the API): {samples:?}");
+    let worst = samples.iter().max().unwrap();
+    assert!(
+        *worst < Duration::from_secs(1),
+        "0→1 took {worst:?}; target under 1 s"
+    );
+    assert!(f.metrics.scale_decisions("Activated") >= 1);
+}
+
+#[tokio::test]
+async fn workers_go_to_zero_only_after_the_cooldown_and_only_when_nothing_runs() {
+    let f = fixture(OPERATOR_NS).await;
+    f.apply(&job_queue_yaml(SCALING)).await;
+    f.wait_condition("Ready", "True", None).await;
+    let store = f.store().await;
+    store
+        .enqueue("emails", &NewJob::new("send", json!({})))
+        .await
+        .unwrap();
+    f.wait_replicas(1, DEADLINE).await;
+    let claimed = store
+        .claim_batch("emails", "emails-worker-x-0000000b", 1, Duration::from_secs(600))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+
+    // A running job holds its worker however long the queue has no ready job: the clock jumps an hour
+    // and the controller, seeing the running job, counts the queue as busy now.
+    f.clock.advance(Duration::from_secs(3600));
+    let moved = (f.clock.clock())();
+    wait_for(
+        "a reconcile after the clock moved that saw the running job",
+        DEADLINE,
+        || {
+            let seen = f.last_active_ms();
+            async move { (seen? >= moved - 1000).then_some(()) }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(f.replicas().await, Some(1), "a running job keeps its worker");
+
+    // Finished: idle from now; within the cooldown the worker stays.
+    store
+        .finish_batch(
+            "emails-worker-x-0000000b",
+            &[sluice_sidecar::queue::store::Finished {
+                id: claimed[0].id,
+                attempt: claimed[0].attempt,
+                finish: sluice_sidecar::queue::store::Finish::Succeeded,
+            }],
+        )
+        .await
+        .unwrap();
+    let jq = f.wait_condition("Active", "False", Some("Idle")).await;
+    assert_eq!(
+        jq.status.unwrap().current_replicas,
+        Some(1),
+        "cooling down: the worker stays"
+    );
+    assert_eq!(f.replicas().await, Some(1));
+
+    // Past the cooldown (1m), the next poll scales to zero.
+    f.clock.advance(Duration::from_secs(61));
+    f.wait_replicas(0, DEADLINE).await;
+    let jq = f.job_queue().await;
+    assert_eq!(
+        jq.status.unwrap().last_scale_reason.as_deref(),
+        Some("CooledDown")
+    );
+}
