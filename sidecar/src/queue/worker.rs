@@ -193,7 +193,9 @@ impl<H> Shared<H> {
     }
 }
 
-/// A worker: the engine with a handler. Build it, then [`Worker::run`] it until shutdown.
+/// A worker: the engine with a handler. Build it, then [`Worker::run`] it until shutdown. It uses up to
+/// six connections of the store's pool at once (LISTEN, two claim loops, completer, heartbeat,
+/// maintenance).
 pub struct Worker<H> {
     store: QueueStore,
     handler: H,
