@@ -1082,8 +1082,17 @@ fn delete_options(req: &Req) -> Result<(Propagation, Value), ApiError> {
     Ok((propagation, body))
 }
 
+/// Namespaces kube-apiserver refuses to delete.
+const PROTECTED_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public"];
+
 fn delete(state: &Arc<State>, t: &Target, req: &Req) -> Result<Response<Body>, ApiError> {
     let (propagation, body) = delete_options(req)?;
+    if t.rt.group.is_empty() && t.rt.plural == "namespaces" && PROTECTED_NAMESPACES.contains(&t.name()) {
+        return Err(ApiError::forbidden(format!(
+            "namespaces \"{}\" is forbidden: this namespace may not be deleted",
+            t.name()
+        )));
+    }
     let mut store = state.store();
     let obj = store
         .get(&t.rt.key(), t.ns(), t.name())
