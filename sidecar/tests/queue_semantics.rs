@@ -551,3 +551,43 @@ async fn a_worker_creates_the_queues_it_serves_with_default_settings() {
     shutdown.cancel();
     w.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hot_statements_use_their_indexes() {
+    let (_pg, pool) = pg().await;
+    let store = QueueStore::new(pool.clone());
+    queue(&store, "plan").await;
+    let jobs: Vec<NewJob> = (0..5000)
+        .map(|i| NewJob::new("k", serde_json::json!({ "i": i })))
+        .collect();
+    store.enqueue_many("plan", &jobs).await.unwrap();
+    sqlx::query("ANALYZE sluice.jobs").execute(&pool).await.unwrap();
+    let plan = |sql: &'static str| {
+        let pool = pool.clone();
+        async move {
+            let rows: Vec<String> = sqlx::query_scalar(sql).fetch_all(&pool).await.unwrap();
+            rows.join("\n")
+        }
+    };
+    let claim = plan(
+        "EXPLAIN SELECT id FROM sluice.jobs WHERE queue = 'plan' AND state IN ('pending', 'retrying') \
+         AND run_at <= now() ORDER BY priority DESC, run_at LIMIT 100 FOR UPDATE SKIP LOCKED",
+    )
+    .await;
+    assert!(claim.contains("jobs_claim_idx"), "{claim}");
+    assert!(
+        !claim.contains("Sort"),
+        "the claim reads the index in order: {claim}"
+    );
+    let finish = plan(
+        "EXPLAIN UPDATE sluice.jobs j SET lease_expires_at = now() \
+         FROM unnest(ARRAY[gen_random_uuid()], ARRAY[1]) AS h(id, attempt) \
+         WHERE j.id = ANY(ARRAY[gen_random_uuid()]) AND j.id = h.id AND j.state = 'running' \
+         AND j.lease_owner = 'w' AND j.attempt = h.attempt",
+    )
+    .await;
+    assert!(!finish.contains("Seq Scan"), "batch statements never scan the table: {finish}");
+    let running =
+        plan("EXPLAIN SELECT count(*) FROM sluice.jobs WHERE queue = 'plan' AND state = 'running'").await;
+    assert!(running.contains("jobs_running_idx"), "{running}");
+}
