@@ -374,7 +374,7 @@ async fn enqueue_at<'e>(
 
 /// Enqueues many jobs in one statement (`sluice.enqueue_many`, an UNNEST insert) on any executor; returns
 /// their ids in order. Idempotency keys are not supported in bulk (a job carrying one is refused), and
-/// every job takes `max_attempts` of the first job or the queue's setting.
+/// all jobs must share one `max_attempts` (absent: the queue's setting).
 pub async fn enqueue_many<'e>(exec: impl PgExecutor<'e>, queue: &str, jobs: &[NewJob]) -> Result<Vec<Uuid>> {
     enqueue_many_at(exec, queue, jobs, Utc::now()).await
 }
@@ -394,6 +394,11 @@ async fn enqueue_many_at<'e>(
     let mut run_ats = Vec::with_capacity(jobs.len());
     for (i, j) in jobs.iter().enumerate() {
         check_new_job(j).map_err(|e| Error::Invalid(format!("jobs[{i}]: {e}")))?;
+        if j.max_attempts != jobs[0].max_attempts {
+            return Err(Error::Invalid(format!(
+                "jobs[{i}].maxAttempts: all jobs of a batch share one maxAttempts (that of jobs[0])"
+            )));
+        }
         if j.idempotency_key.is_some() {
             return Err(Error::Invalid(format!(
                 "jobs[{i}].idempotencyKey: not supported in a batch; enqueue it alone"
