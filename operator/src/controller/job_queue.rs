@@ -781,3 +781,237 @@ pub async fn run(wiring: Wiring, shutdown: impl std::future::Future<Output = ()>
         .await;
     wakeups.abort();
 }
+
+/// Settings of the JobQueue side of `sluice-operator run`, read from the environment the Helm chart
+/// sets (the names below), so the binary can start them beside the rest of the operator.
+#[derive(Clone, Debug, clap::Parser)]
+#[command(name = "sluice-operator", no_binary_name = true)]
+pub struct JobQueueArgs {
+    /// Namespace the operator runs in: an external metrics APIService whose service lives here is
+    /// Sluice's; the Lease and the metrics certificate Secret live here.
+    #[arg(long, env = "SLUICE_NAMESPACE", default_value = "sluice-system")]
+    pub namespace: String,
+    /// This replica's name (its identity in leader election and Events).
+    #[arg(long, env = "SLUICE_POD_NAME")]
+    pub pod_name: Option<String>,
+    /// Elect a leader among replicas; only the leader reconciles JobQueues. The metrics API is served
+    /// by every replica.
+    #[arg(long, env = "SLUICE_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_election: bool,
+    /// Name of the JobQueue controller's Lease.
+    #[arg(long, env = "SLUICE_JOBQUEUE_LEASE_NAME", default_value = LEASE_NAME_DEFAULT)]
+    pub lease_name: String,
+    /// Serve `external.metrics.k8s.io` (set false when KEDA or prometheus-adapter owns it).
+    #[arg(long, env = "SLUICE_EXTERNAL_METRICS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub external_metrics: bool,
+    /// Address of the external metrics API (HTTPS).
+    #[arg(long, env = "SLUICE_EXTERNAL_METRICS_LISTEN", default_value = EXTERNAL_METRICS_LISTEN_DEFAULT)]
+    pub external_metrics_listen: std::net::SocketAddr,
+    /// Secret (in the operator's namespace) holding the metrics API's serving certificate; made when
+    /// missing unless cert-manager provides it.
+    #[arg(
+        long,
+        env = "SLUICE_EXTERNAL_METRICS_CERT_SECRET",
+        default_value = "sluice-metrics-api-tls"
+    )]
+    pub external_metrics_cert_secret: String,
+    /// cert-manager issues the certificates and injects the `caBundle`.
+    #[arg(long, env = "SLUICE_CERT_MANAGER", default_value_t = false, action = clap::ArgAction::Set)]
+    pub cert_manager: bool,
+    /// The `sluice-sidecar` image of worker pods.
+    #[arg(long, env = "SLUICE_SIDECAR_IMAGE", default_value = crate::config::SIDECAR_IMAGE_DEFAULT)]
+    pub sidecar_image: String,
+    /// Requests and limits of the worker sidecar, as JSON.
+    #[arg(long, env = "SLUICE_SIDECAR_RESOURCES", default_value = crate::config::SIDECAR_RESOURCES_DEFAULT)]
+    pub sidecar_resources: String,
+}
+
+/// Default name of the JobQueue controller's Lease.
+pub const LEASE_NAME_DEFAULT: &str = "sluice-operator-jobqueue";
+/// Default address of the external metrics API.
+pub const EXTERNAL_METRICS_LISTEN_DEFAULT: &str = "0.0.0.0:6443";
+
+impl JobQueueArgs {
+    /// The settings from the environment alone; an invalid value is an error naming the variable.
+    pub fn from_env() -> Result<Self, clap::Error> {
+        <Self as clap::Parser>::try_parse_from(std::iter::empty::<String>())
+    }
+}
+
+/// Runs the JobQueue side of the operator until `shutdown` is cancelled: the external metrics API on
+/// every replica (when enabled), and the controller on the holder of its Lease.
+pub async fn run_all(client: Client, args: JobQueueArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let identity = args
+        .pod_name
+        .clone()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "sluice-operator".into());
+    let resources: k8s_openapi::api::core::v1::ResourceRequirements =
+        serde_json::from_str(&args.sidecar_resources)
+            .context("SLUICE_SIDECAR_RESOURCES: not a ResourceRequirements JSON object")?;
+    let databases = Arc::new(Databases::default());
+    let metrics = Arc::new(JobQueueMetrics::default());
+
+    if args.external_metrics {
+        let listener = tokio::net::TcpListener::bind(args.external_metrics_listen)
+            .await
+            .with_context(|| {
+                format!(
+                    "binding SLUICE_EXTERNAL_METRICS_LISTEN {}",
+                    args.external_metrics_listen
+                )
+            })?;
+        tokio::spawn(serve_external_metrics(
+            client.clone(),
+            args.clone(),
+            listener,
+            databases.clone(),
+            metrics.clone(),
+            shutdown.clone(),
+        ));
+    }
+
+    let (leading_tx, mut leading) = tokio::sync::watch::channel(!args.leader_election);
+    if args.leader_election {
+        let settings = crate::leader::LeaseSettings::new(&args.namespace, &args.lease_name, &identity);
+        tokio::spawn(crate::leader::run(
+            client.clone(),
+            settings,
+            leading_tx,
+            shutdown.clone().cancelled_owned(),
+        ));
+    }
+    loop {
+        while !*leading.borrow_and_update() {
+            tokio::select! {
+                changed = leading.changed() => if changed.is_err() { return Ok(()) },
+                () = shutdown.cancelled() => return Ok(()),
+            }
+        }
+        tracing::info!("leading: starting the JobQueue controller");
+        let term = shutdown.child_token();
+        let wiring = Context::wire(
+            client.clone(),
+            Some(identity.clone()),
+            databases.clone(),
+            metrics.clone(),
+            WorkerRenderOptions {
+                sidecar_image: args.sidecar_image.clone(),
+                sidecar_resources: Some(resources.clone()),
+            },
+            args.namespace.clone(),
+            args.external_metrics,
+            super::system_clock(),
+            term.clone(),
+        );
+        let controller = tokio::spawn(run(wiring, term.clone().cancelled_owned()));
+        loop {
+            tokio::select! {
+                changed = leading.changed() => if changed.is_err() || !*leading.borrow() { break },
+                () = shutdown.cancelled() => break,
+            }
+        }
+        term.cancel();
+        let _ = controller.await;
+        if shutdown.is_cancelled() {
+            return Ok(());
+        }
+    }
+}
+
+/// Serves the external metrics API: loads (or makes) the serving certificate, keeps the APIService's
+/// `caBundle` in step when Sluice owns it, and serves until `shutdown`.
+async fn serve_external_metrics(
+    client: Client,
+    args: JobQueueArgs,
+    listener: tokio::net::TcpListener,
+    databases: Arc<Databases>,
+    metrics: Arc<JobQueueMetrics>,
+    shutdown: CancellationToken,
+) {
+    use crate::external_metrics::{self, tls};
+    let mut wait = Duration::from_secs(1);
+    let cert = loop {
+        let hosts = metrics_api_hosts(&client, &args.namespace).await;
+        let attempt = async {
+            let api: Api<k8s_openapi::api::core::v1::Secret> =
+                Api::namespaced(client.clone(), &args.namespace);
+            if args.cert_manager && api.get_opt(&args.external_metrics_cert_secret).await?.is_none() {
+                return Err(tls::TlsError::Cert(format!(
+                    "waiting for cert-manager to create Secret {}/{}",
+                    args.namespace, args.external_metrics_cert_secret
+                )));
+            }
+            tls::ensure(
+                &client,
+                &args.namespace,
+                &args.external_metrics_cert_secret,
+                &hosts,
+            )
+            .await
+        };
+        match attempt.await {
+            Ok(c) => break c,
+            Err(e) => tracing::warn!(error = %e, "external metrics certificate not ready"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = shutdown.cancelled() => return,
+        }
+        wait = (wait * 2).min(Duration::from_secs(30));
+    };
+    if !args.cert_manager && !cert.ca_pem.is_empty() {
+        match apiservice::patch_ca_bundle(&client, &args.namespace, &cert.ca_pem).await {
+            Ok(true) => tracing::info!("external metrics APIService trusts our certificate"),
+            Ok(false) => tracing::warn!(
+                "{} is not Sluice's; serving anyway, but HPAs read another provider (JobQueues say so in status)",
+                apiservice::APISERVICE_NAME
+            ),
+            Err(e) => tracing::warn!(error = %e, "patching the external metrics caBundle failed"),
+        }
+    }
+    let tls_config = match cert.server_config() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "the external metrics certificate cannot be loaded");
+            return;
+        }
+    };
+    let state = Arc::new(external_metrics::MetricsState {
+        databases,
+        targets: external_metrics::Targets::kube(client.clone()),
+        metrics: metrics.clone(),
+        clock: super::system_clock(),
+    });
+    let m = metrics.clone();
+    let router = external_metrics::router(state)
+        .route("/metrics", axum::routing::get(move || async move { m.encode() }));
+    tracing::info!(addr = ?listener.local_addr().ok(), "external metrics API listening");
+    if let Err(e) =
+        external_metrics::serve(listener, Some(tls_config), router, shutdown.cancelled_owned()).await
+    {
+        tracing::error!(error = %e, "external metrics server stopped");
+    }
+}
+
+/// DNS names the serving certificate must cover: the APIService's service, when it names one.
+async fn metrics_api_hosts(client: &Client, namespace: &str) -> Vec<String> {
+    let api: Api<k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService> =
+        Api::all(client.clone());
+    let svc = api
+        .get_opt(apiservice::APISERVICE_NAME)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|a| a.spec?.service)
+        .filter(|s| s.namespace.as_deref() == Some(namespace));
+    let name = svc
+        .and_then(|s| s.name)
+        .unwrap_or_else(|| "sluice-metrics-api".into());
+    vec![
+        format!("{name}.{namespace}.svc"),
+        format!("{name}.{namespace}.svc.cluster.local"),
+        name,
+    ]
+}
