@@ -30,7 +30,7 @@ mod limiter {
     const DEADLINE: Duration = Duration::from_millis(50);
     /// What the test tolerates beyond the deadline for scheduling on a busy two-core machine (timer wheel
     /// granularity, tasks waiting for a core); the limiter itself never waits longer than the deadline.
-    const SCHEDULING_SLACK: Duration = Duration::from_millis(60);
+    const SCHEDULING_SLACK: Duration = Duration::from_millis(100);
     /// Concurrent clients.
     const CLIENTS: usize = 16;
 

@@ -7,7 +7,6 @@
 
 use super::{
     Algorithm, Call, EXPIRY_GRACE_MS, Outcome, Params, SLIDING_COUNTER_SCRIPT, Script, Unique, count,
-    div_ceil,
 };
 
 /// Sliding-counter counting.
@@ -118,7 +117,7 @@ fn retry_after(p: &Params, e: u64, prev: u64, cur: u64) -> u64 {
     }
     let spare = (limit - 1) * big_w / u128::from(cur);
     let e_next = big_w.saturating_sub(spare).min(big_w);
-    left + div_ceil(e_next, 1)
+    left.saturating_add(u64::try_from(e_next).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]
