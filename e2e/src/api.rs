@@ -174,24 +174,42 @@ async fn route(state: &Arc<State>, req: &Req) -> Result<Response<Body>, ApiError
         .filter(|s| !s.is_empty())
         .collect();
     let get = req.method == Method::GET;
+    if let ["apis", g, v, ..] = segs.as_slice() {
+        let aggregated = {
+            let store = state.store();
+            let local = store
+                .registry
+                .all()
+                .iter()
+                .any(|t| t.group == *g && t.version == *v);
+            if local {
+                None
+            } else {
+                crate::aggregator::find(&store, g, v)
+            }
+        };
+        if let Some(apiservice) = aggregated {
+            return crate::aggregator::proxy(state, &apiservice, req).await;
+        }
+    }
     match segs.as_slice() {
         ["version"] if get => Ok(json_response(200, &crate::discovery::version())),
         ["healthz" | "readyz" | "livez", ..] if get => {
             Ok(Response::new(Full::new(Bytes::from_static(b"ok")).boxed()))
         }
         ["api"] if get => Ok(json_response(200, &crate::discovery::api_versions(state.addr))),
-        ["apis"] if get => Ok(json_response(
-            200,
-            &crate::discovery::group_list(&state.store().registry),
-        )),
+        ["apis"] if get => Ok(json_response(200, &{
+            let store = state.store();
+            crate::discovery::group_list(&store.registry, &crate::aggregator::served(&store))
+        })),
         ["api", "v1"] if get => Ok(json_response(
             200,
             &crate::discovery::resource_list(&state.store().registry, "", "v1")?,
         )),
-        ["apis", g] if get => Ok(json_response(
-            200,
-            &crate::discovery::group(&state.store().registry, g)?,
-        )),
+        ["apis", g] if get => Ok(json_response(200, &{
+            let store = state.store();
+            crate::discovery::group(&store.registry, &crate::aggregator::served(&store), g)?
+        })),
         ["apis", g, v] if get => Ok(json_response(
             200,
             &crate::discovery::resource_list(&state.store().registry, g, v)?,

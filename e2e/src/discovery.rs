@@ -41,16 +41,31 @@ fn group_doc(name: &str, versions: &[String]) -> Value {
     json!({"name": name, "versions": vs, "preferredVersion": vs.first().cloned().unwrap_or(Value::Null)})
 }
 
+/// Local groups, then groups served by aggregated APIServices (`extra`: group, version).
+fn all_groups(registry: &Registry, extra: &[(String, String)]) -> Vec<(String, Vec<String>)> {
+    let mut groups = registry.groups();
+    for (g, v) in extra {
+        match groups.iter_mut().find(|(name, _)| name == g) {
+            Some((_, vs)) if !vs.contains(v) => vs.push(v.clone()),
+            Some(_) => {}
+            None => groups.push((g.clone(), vec![v.clone()])),
+        }
+    }
+    groups
+}
+
 /// `/apis`.
-pub fn group_list(registry: &Registry) -> Value {
-    let groups: Vec<Value> = registry.groups().iter().map(|(g, vs)| group_doc(g, vs)).collect();
+pub fn group_list(registry: &Registry, extra: &[(String, String)]) -> Value {
+    let groups: Vec<Value> = all_groups(registry, extra)
+        .iter()
+        .map(|(g, vs)| group_doc(g, vs))
+        .collect();
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
 /// `/apis/{group}`.
-pub fn group(registry: &Registry, name: &str) -> Result<Value, ApiError> {
-    let (g, vs) = registry
-        .groups()
+pub fn group(registry: &Registry, extra: &[(String, String)], name: &str) -> Result<Value, ApiError> {
+    let (g, vs) = all_groups(registry, extra)
         .into_iter()
         .find(|(g, _)| g == name)
         .ok_or_else(|| ApiError::no_route(&format!("/apis/{name}")))?;

@@ -10,11 +10,12 @@
 //! - [`registry`], [`builtins`], [`crd`]: the types served.
 //! - [`merge`], [`shape`], [`fieldset`]: strategic merge patch and server-side apply with managedFields.
 //! - [`validation`]: CRD schema checks, pruning, defaults and CEL rules.
-//! - [`admission`]: mutating webhooks.
+//! - [`admission`]: mutating webhooks; [`aggregator`]: APIService proxying.
 //! - [`tls`], [`kubeconfig`]: certificates and the kubeconfig clients use.
 //! - [`harness`]: what e2e tests call.
 
 pub mod admission;
+pub mod aggregator;
 pub mod api;
 pub mod builtins;
 pub mod crd;
