@@ -437,6 +437,7 @@ async fn apply_status(api: &Api<RateLimitPolicy>, name: &str, status: &RateLimit
     let patch = json!({
         "apiVersion": "sluice.dev/v1alpha1",
         "kind": "RateLimitPolicy",
+        "metadata": {"name": name},
         "status": status,
     });
     api.patch_status(
