@@ -99,7 +99,10 @@ mod limiter {
     }
 
     async fn redis_limiter(redis: &RedisServer, mode: FailureMode, requests: u64) -> Arc<Limiter> {
-        let mut cfg = config(vec![rule("api", Algorithm::FixedWindow, requests, 60_000)], mode);
+        let mut cfg = with_deadline(
+            config(vec![rule("api", Algorithm::FixedWindow, requests, 60_000)], mode),
+            DEADLINE.as_millis() as u64,
+        );
         cfg.expected_replicas = 2;
         let l = Arc::new(limiter(&cfg, Some(&redis.url()), &ManualClock::at(T0)));
         healthy(&l).await;
@@ -228,9 +231,12 @@ mod limiter {
         redis.kill();
         let clock = ManualClock::at(T0);
         let l = limiter(
-            &config(
-                vec![rule("api", Algorithm::FixedWindow, 4, 60_000)],
-                FailureMode::Local,
+            &with_deadline(
+                config(
+                    vec![rule("api", Algorithm::FixedWindow, 4, 60_000)],
+                    FailureMode::Local,
+                ),
+                DEADLINE.as_millis() as u64,
             ),
             Some(&redis.url()),
             &clock,

@@ -34,14 +34,22 @@ pub fn rule(name: &str, algorithm: Algorithm, requests: u64, window_ms: u64) -> 
     }
 }
 
-/// A config with `rules`, the given failure mode, and a 50 ms Redis deadline.
+/// A config with `rules` and the given failure mode. Its Redis deadline is generous (2 s): tests of
+/// exact counting must not flip to the failure mode because a loaded CI machine stalled a call. The
+/// tests of the deadline itself set it back with [`with_deadline`].
 pub fn config(rules: Vec<Rule>, failure_mode: FailureMode) -> LimitsConfig {
     let mut c = LimitsConfig {
         rules,
         failure_mode,
         ..Default::default()
     };
-    c.redis.timeout = ConfigDuration::from_millis(50);
+    c.redis.timeout = ConfigDuration::from_millis(2_000);
+    c
+}
+
+/// `config` with the production Redis deadline of `ms` milliseconds.
+pub fn with_deadline(mut c: LimitsConfig, ms: u64) -> LimitsConfig {
+    c.redis.timeout = ConfigDuration::from_millis(ms);
     c
 }
 
