@@ -55,6 +55,8 @@ pub struct Req {
     pub user_agent: String,
     /// Body.
     pub body: Bytes,
+    /// When the request arrived, by the server's clock.
+    pub now: chrono::DateTime<chrono::Utc>,
 }
 
 impl Req {
@@ -155,6 +157,7 @@ pub async fn handle(state: Arc<State>, req: Request<hyper::body::Incoming>) -> R
         content_type: header(header::CONTENT_TYPE),
         user_agent: header(header::USER_AGENT),
         body,
+        now: (state.options.clock)(),
     };
     tracing::debug!(method = %req.method, path = %req.path, query = ?req.query, "request");
     match route(&state, &req).await {

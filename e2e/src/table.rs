@@ -80,7 +80,7 @@ pub fn maybe_list(
         return None;
     }
     let include = req.q("includeObject").unwrap_or("Metadata");
-    let now = Utc::now();
+    let now = req.now;
     let rows: Vec<Value> = items.iter().map(|o| row(rt, o, include, now)).collect();
     let mut meta = json!({"resourceVersion": rv.to_string()});
     if let Some(c) = cont {

@@ -21,7 +21,7 @@ use crate::error::ApiError;
 use crate::registry::ResourceType;
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::server::{Body, State};
-use crate::store::{Event, EventType, Message};
+use crate::store::{Clock, Event, EventType, Message};
 
 /// Default watch duration when the client gives no `timeoutSeconds` (kube-apiserver picks 30–60 min).
 pub const TIMEOUT_DEFAULT: Duration = Duration::from_secs(1800);
@@ -95,6 +95,7 @@ pub fn serve(state: &Arc<State>, t: &Target, req: &Req) -> Result<Response<Body>
     });
     let rv = rv.transpose()?;
 
+    let clock = state.options.clock.clone();
     let (tx, rx) = mpsc::channel::<Bytes>(256);
     let mut first: Vec<Bytes> = vec![];
     let subscription: Option<broadcast::Receiver<Message>>;
@@ -106,7 +107,14 @@ pub fn serve(state: &Arc<State>, t: &Target, req: &Req) -> Result<Response<Body>
         if initial {
             for o in store.list(&t.rt.key(), t.namespace.as_deref()) {
                 if filter.selects(o) {
-                    first.push(render(&filter.rt, "ADDED", o.clone(), table, first.is_empty()));
+                    first.push(render(
+                        &filter.rt,
+                        "ADDED",
+                        o.clone(),
+                        table,
+                        first.is_empty(),
+                        &clock,
+                    ));
                 }
             }
             if send_initial && bookmarks {
@@ -125,6 +133,7 @@ pub fn serve(state: &Arc<State>, t: &Target, req: &Req) -> Result<Response<Body>
                                 e.object.clone(),
                                 table,
                                 first.is_empty(),
+                                &clock,
                             ));
                         }
                     }
@@ -162,7 +171,7 @@ pub fn serve(state: &Arc<State>, t: &Target, req: &Req) -> Result<Response<Body>
                         }
                         last_rv = e.rv;
                         if let Some(type_) = filter.view(&e) {
-                            let b = render(&rt, type_, e.object.clone(), table, !sent_any);
+                            let b = render(&rt, type_, e.object.clone(), table, !sent_any, &clock);
                             sent_any = true;
                             if tx.send(b).await.is_err() {
                                 return;
@@ -201,7 +210,14 @@ pub fn serve(state: &Arc<State>, t: &Target, req: &Req) -> Result<Response<Body>
         .expect("a static response is valid"))
 }
 
-fn render(rt: &ResourceType, type_: &str, object: Value, table: bool, with_columns: bool) -> Bytes {
+fn render(
+    rt: &ResourceType,
+    type_: &str,
+    object: Value,
+    table: bool,
+    with_columns: bool,
+    clock: &Clock,
+) -> Bytes {
     let object = present(rt, object);
     if !table {
         return line(type_, object);
@@ -209,7 +225,7 @@ fn render(rt: &ResourceType, type_: &str, object: Value, table: bool, with_colum
     let mut t = json!({
         "kind": "Table", "apiVersion": "meta.k8s.io/v1",
         "metadata": {"resourceVersion": object["metadata"]["resourceVersion"]},
-        "rows": [crate::table::row(rt, &object, "Metadata", chrono::Utc::now())],
+        "rows": [crate::table::row(rt, &object, "Metadata", clock())],
     });
     t["columnDefinitions"] = if with_columns {
         json!(crate::table::columns(rt))

@@ -601,3 +601,26 @@ async fn a_namespace_dump_lists_every_object_in_it() {
         "{dump}"
     );
 }
+
+#[tokio::test]
+async fn timestamps_come_from_the_injected_clock() {
+    let fixed = chrono::DateTime::parse_from_rfc3339("2030-05-06T07:08:09Z")
+        .unwrap()
+        .with_timezone(&chrono::Utc);
+    let env = Env::in_memory(Options {
+        clock: std::sync::Arc::new(move || fixed),
+        ..Options::default()
+    })
+    .await
+    .unwrap();
+    let ns = env.namespace("clock").await.unwrap();
+    let created = ns
+        .api::<ConfigMap>()
+        .create(&PostParams::default(), &cm("a"))
+        .await
+        .unwrap();
+    assert_eq!(
+        created.metadata.creation_timestamp.unwrap().0.to_string(),
+        "2030-05-06T07:08:09Z"
+    );
+}
