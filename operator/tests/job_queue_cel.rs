@@ -122,3 +122,26 @@ fn zero_targets_and_long_names_are_refused() {
     assert!(got.iter().any(|m| m.contains("at most 52 characters")), "{got:?}");
     assert_eq!(messages(&"q".repeat(52), |_| {}), Vec::<String>::new());
 }
+
+#[test]
+fn the_examples_are_valid_job_queues() {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    for file in ["jobqueue.yaml", "jobqueue-keda.yaml"] {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap();
+        let mut found = 0;
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let v: Value = serde::Deserialize::deserialize(doc).unwrap();
+            if v["kind"] != "JobQueue" {
+                continue;
+            }
+            found += 1;
+            let jq: JobQueue = serde_json::from_value(v.clone()).unwrap();
+            assert!(!jq.queue_name().is_empty());
+            if let Err(errors) = Validator::new().validate(&schema(), &v, None) {
+                let messages: Vec<_> = errors.iter().map(|e| e.message.clone()).collect();
+                panic!("{file}: {messages:?}");
+            }
+        }
+        assert_eq!(found, 1, "{file} holds one JobQueue");
+    }
+}
