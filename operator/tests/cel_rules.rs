@@ -277,3 +277,39 @@ fn invalid_policies_fail_with_a_message_naming_the_fix() {
     }
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }
+
+#[test]
+fn the_example_policies_are_valid() {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if !name.starts_with("ratelimitpolicy") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let v: Value = serde::Deserialize::deserialize(doc).unwrap();
+            if v["kind"] != "RateLimitPolicy" {
+                continue;
+            }
+            let policy: RateLimitPolicy = serde_json::from_value(v.clone()).unwrap();
+            assert!(
+                Validator::new().validate(&schema(), &v, None).is_ok(),
+                "{name}: {:?}",
+                Validator::new().validate(&schema(), &v, None)
+            );
+            sluice_operator::render::sidecar_config::render(&RateLimitPolicy {
+                metadata: kube::api::ObjectMeta {
+                    namespace: Some("shop".into()),
+                    ..policy.metadata.clone()
+                },
+                ..policy
+            })
+            .unwrap();
+            checked += 1;
+        }
+    }
+    assert!(checked >= 1);
+}
