@@ -694,8 +694,14 @@ fn plan(store: &Store, t: &Target, req: &Req, mutation: &Mutation) -> Result<Pla
                     "apiVersion and kind must be set in an applied configuration",
                 ));
             }
-            let body_name = applied["metadata"]["name"].as_str().unwrap_or_default();
-            if body_name != t.name() {
+            // An applied configuration may leave the name out (controllers applying only `status` do).
+            let body_name = applied["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            if body_name.is_empty() {
+                applied["metadata"]["name"] = json!(t.name());
+            } else if body_name != t.name() {
                 return Err(ApiError::bad_request(
                     "the name of the object does not match the name on the URL",
                 ));

@@ -624,3 +624,42 @@ async fn timestamps_come_from_the_injected_clock() {
         "2030-05-06T07:08:09Z"
     );
 }
+
+#[tokio::test]
+async fn status_is_written_with_server_side_apply_as_controllers_do() {
+    let env = Env::start().await.unwrap();
+    let ns = env.namespace("status-ssa").await.unwrap();
+    ns.apply_yaml(WIDGET_CRD).await.unwrap();
+    let api = widgets(ns.client(), ns.name());
+    api.create(&PostParams::default(), &widget("w", json!({"size": 1})))
+        .await
+        .unwrap();
+    let status = json!({"apiVersion": "example.dev/v1", "kind": "Widget", "status": {"ready": true}, "spec": {"size": 9}});
+    let pp = PatchParams::apply("widget-controller").force();
+    let after = api.patch_status("w", &pp, &Patch::Apply(&status)).await.unwrap();
+    assert_eq!(
+        (
+            after.data["status"]["ready"].clone(),
+            after.data["spec"]["size"].clone()
+        ),
+        (json!(true), json!(1))
+    );
+    let entry = after
+        .metadata
+        .managed_fields
+        .unwrap()
+        .into_iter()
+        .find(|m| m.manager.as_deref() == Some("widget-controller"))
+        .unwrap();
+    assert_eq!(entry.subresource.as_deref(), Some("status"));
+    let again = api.patch_status("w", &pp, &Patch::Apply(&status)).await.unwrap();
+    assert_eq!(
+        again.metadata.resource_version, after.metadata.resource_version,
+        "an unchanged status is not rewritten"
+    );
+    let err = api
+        .patch_status("missing", &pp, &Patch::Apply(&status))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), 404);
+}
