@@ -1,0 +1,189 @@
+//! The whole operator (`run_with`) against the test API server, which calls mutating webhooks over
+//! HTTPS verifying their `caBundle` as kube-apiserver does: the operator generates its certificate,
+//! patches the `caBundle`, turns ready, reconciles a policy, and pods created through the API come back
+//! injected — or rejected with the annotation named.
+
+use std::{net::SocketAddr, time::Duration};
+
+use clap::Parser;
+use k8s_openapi::api::{
+    admissionregistration::v1::MutatingWebhookConfiguration,
+    core::v1::{Pod, Secret},
+};
+use kube::{Api, api::PostParams};
+use serde_json::json;
+use sluice_crds::rate_limit_policy::RateLimitPolicy;
+use sluice_e2e::{Env, wait_for};
+use sluice_operator::config::{Cli, Command};
+use sluice_testsupport::{RedisServer, free_port};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+const DEADLINE: Duration = Duration::from_secs(20);
+const OPERATOR_NS: &str = "sluice-system";
+
+const WEBHOOK_CONFIG: &str = r#"
+apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingWebhookConfiguration
+metadata:
+  name: sluice
+webhooks:
+  - name: inject.sluice.dev
+    admissionReviewVersions: [v1]
+    sideEffects: None
+    failurePolicy: Fail
+    reinvocationPolicy: IfNeeded
+    timeoutSeconds: 5
+    clientConfig:
+      service: {name: sluice-webhook, namespace: sluice-system, path: /inject, port: 443}
+    rules:
+      - apiGroups: [""]
+        apiVersions: [v1]
+        operations: [CREATE]
+        resources: [pods]
+        scope: Namespaced
+    namespaceSelector:
+      matchExpressions:
+        - {key: kubernetes.io/metadata.name, operator: NotIn, values: [sluice-system, kube-system]}
+    matchConditions:
+      - name: asks-for-sluice
+        expression: has(object.metadata.annotations) && 'sluice.dev/inject' in object.metadata.annotations
+"#;
+
+async fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.ok()?;
+    String::from_utf8_lossy(&buf).split(' ').nth(1)?.parse().ok()
+}
+
+#[tokio::test]
+async fn the_operator_serves_a_trusted_webhook_that_injects_pods_created_through_the_api() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let env = Env::start().await.unwrap();
+    for (_, yaml) in sluice_operator::crdgen::crds() {
+        env.apply_yaml(&yaml, None).await.unwrap();
+    }
+    env.apply_yaml(
+        &format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {OPERATOR_NS}}}\n"),
+        None,
+    )
+    .await
+    .unwrap();
+    env.apply_yaml(WEBHOOK_CONFIG, None).await.unwrap();
+    let webhook_port = free_port();
+    let metrics_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    env.server().expect("in-memory API server").route_service(
+        OPERATOR_NS,
+        "sluice-webhook",
+        443,
+        SocketAddr::from(([127, 0, 0, 1], webhook_port)),
+    );
+
+    let cli = Cli::try_parse_from([
+        "sluice-operator",
+        "run",
+        "--namespace",
+        OPERATOR_NS,
+        "--pod-name",
+        "operator-0",
+        "--webhook-listen",
+        &format!("127.0.0.1:{webhook_port}"),
+        "--metrics-listen",
+        &metrics_addr.to_string(),
+        "--sidecar-image",
+        "sluice-sidecar:test",
+        "--sidecar-native",
+        "true",
+        "--log-format",
+        "text",
+    ])
+    .unwrap();
+    let Command::Run(args) = cli.command else {
+        unreachable!()
+    };
+    let stop = CancellationToken::new();
+    let operator = tokio::spawn(sluice_operator::run::run_with(env.client(), *args, stop.clone()));
+
+    // Ready only once the certificate is generated, the caBundle patched and the policy cache synced.
+    wait_for("/readyz 200", DEADLINE, || async {
+        (http_status(metrics_addr, "/readyz").await == Some(200)).then_some(())
+    })
+    .await
+    .unwrap();
+    let mwc = Api::<MutatingWebhookConfiguration>::all(env.client())
+        .get("sluice")
+        .await
+        .unwrap();
+    assert!(mwc.webhooks.unwrap()[0].client_config.ca_bundle.is_some());
+    Api::<Secret>::namespaced(env.client(), OPERATOR_NS)
+        .get("sluice-webhook-tls")
+        .await
+        .unwrap();
+
+    let ns = env.namespace("shop").await.unwrap();
+    let redis = RedisServer::start();
+    ns.apply_yaml(&format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: redis}}\nstringData: {{url: \"{}\"}}\n---\n\
+         apiVersion: sluice.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {{name: web}}\n\
+         spec:\n  selector: {{matchLabels: {{app: web}}}}\n  redis: {{secretRef: {{name: redis}}}}\n  \
+         rules: [{{name: all, limit: {{requests: 5, window: 1s}}}}]\n",
+        redis.url()
+    ))
+    .await
+    .unwrap();
+    let policies = ns.api::<RateLimitPolicy>();
+    wait_for("policy Ready", DEADLINE, || {
+        let policies = policies.clone();
+        async move { (policies.get("web").await.ok()?.ready_condition()?.status == "True").then_some(()) }
+    })
+    .await
+    .unwrap();
+
+    let pods = ns.api::<Pod>();
+    let pod = |name: &str, extra: serde_json::Value| -> Pod {
+        let mut annotations = json!({"sluice.dev/inject": "true"});
+        annotations
+            .as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {"app": "web"}, "annotations": annotations},
+            "spec": {"containers": [{"name": "web", "image": "web",
+                                     "ports": [{"name": "http", "containerPort": 8080}]}]}
+        }))
+        .unwrap()
+    };
+    let created = pods
+        .create(&PostParams::default(), &pod("web-1", json!({})))
+        .await
+        .unwrap();
+    let spec = created.spec.unwrap();
+    let sidecar = &spec.init_containers.as_ref().expect("injected")[0];
+    assert_eq!(sidecar.name, "sluice-sidecar");
+    assert_eq!(sidecar.restart_policy.as_deref(), Some("Always"));
+    assert_eq!(created.metadata.labels.unwrap()["sluice.dev/policy"], "web");
+    assert_eq!(spec.containers[0].ports.as_ref().unwrap()[0].name, None);
+
+    let err = pods
+        .create(
+            &PostParams::default(),
+            &pod("web-2", json!({"sluice.dev/listen-port": "eighty"})),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("annotation sluice.dev/listen-port"),
+        "{err}"
+    );
+
+    stop.cancel();
+    operator.await.unwrap().unwrap();
+}
