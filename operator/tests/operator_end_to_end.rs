@@ -187,3 +187,12 @@ async fn the_operator_serves_a_trusted_webhook_that_injects_pods_created_through
     stop.cancel();
     operator.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn auto_injects_native_sidecars_on_an_api_server_that_has_them() {
+    use sluice_operator::{config::NativeSidecar, run::native_sidecars};
+    let env = Env::start().await.unwrap();
+    // The test API server reports Kubernetes 1.32; native sidecars exist since 1.29.
+    assert!(native_sidecars(&env.client(), NativeSidecar::Auto).await);
+    assert!(!native_sidecars(&env.client(), NativeSidecar::False).await);
+}
