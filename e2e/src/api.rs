@@ -655,6 +655,22 @@ fn plan(store: &Store, t: &Target, req: &Req, mutation: &Mutation) -> Result<Pla
                 check_kind(rt, &obj)?;
             }
             precondition(rt, t.name(), &old, &obj)?;
+            // Custom resources allow no unconditional updates (built-ins mostly do).
+            if rt.custom
+                && obj["metadata"]["resourceVersion"]
+                    .as_str()
+                    .is_none_or(str::is_empty)
+            {
+                return Err(ApiError::invalid(
+                    rt,
+                    t.name(),
+                    vec![Cause::new(
+                        "FieldValueInvalid",
+                        "metadata.resourceVersion",
+                        "Invalid value: 0x0: must be specified for an update",
+                    )],
+                ));
+            }
             if t.sub.as_deref() == Some("scale") {
                 obj = crate::scale::from_scale(rt, &old, &obj)?;
             }

@@ -287,3 +287,45 @@ async fn a_labelled_watch_sees_objects_enter_and_leave_its_selection() {
         .unwrap();
     assert!(matches!(next(&mut stream).await.unwrap(), WatchEvent::Deleted(c) if c.name_any() == "a"));
 }
+
+#[tokio::test]
+async fn the_event_recorder_publishes_and_updates_event_series() {
+    use k8s_openapi::api::events::v1::Event as K8sEvent;
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let env = Env::start().await.unwrap();
+    let ns = env.namespace("events").await.unwrap();
+    let api: Api<ConfigMap> = ns.api();
+    let target = api
+        .create(&PostParams::default(), &cm("target", "1"))
+        .await
+        .unwrap();
+    let recorder = Recorder::new(
+        env.client(),
+        Reporter {
+            controller: "sluice-operator".into(),
+            instance: None,
+        },
+    );
+    let event = Event {
+        type_: EventType::Normal,
+        reason: "Rendered".into(),
+        note: Some("config rendered".into()),
+        action: "Render".into(),
+        secondary: None,
+    };
+    let reference = target.object_ref(&());
+    recorder.publish(&event, &reference).await.unwrap();
+    recorder.publish(&event, &reference).await.unwrap();
+    let events: Api<K8sEvent> = ns.api();
+    let list = events.list(&Default::default()).await.unwrap();
+    assert_eq!(list.items.len(), 1, "the second publish updates the series");
+    let e = &list.items[0];
+    assert_eq!(
+        (
+            e.reason.as_deref(),
+            e.regarding.as_ref().and_then(|r| r.name.as_deref())
+        ),
+        (Some("Rendered"), Some("target"))
+    );
+    assert_eq!(e.series.as_ref().map(|s| s.count), Some(2));
+}
