@@ -657,6 +657,7 @@ fn plan(store: &Store, t: &Target, req: &Req, mutation: &Mutation) -> Result<Pla
             precondition(rt, t.name(), &old, &obj)?;
             // Custom resources allow no unconditional updates (built-ins mostly do).
             if rt.custom
+                && t.sub.as_deref() != Some("scale")
                 && obj["metadata"]["resourceVersion"]
                     .as_str()
                     .is_none_or(str::is_empty)
