@@ -9,6 +9,8 @@
 use std::{collections::HashMap, time::Duration};
 
 use fred::prelude::*;
+use sluice_crds::sidecar_config::PolicyRef;
+use sluice_sidecar::config::remote;
 use tokio::sync::Mutex;
 
 use crate::{Error, Result};
@@ -16,14 +18,23 @@ use crate::{Error, Result};
 /// Deadline of connecting and of each command the operator sends.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 
+fn policy_ref(namespace: &str, name: &str) -> PolicyRef {
+    PolicyRef {
+        namespace: namespace.into(),
+        name: name.into(),
+        generation: 0,
+    }
+}
+
 /// `sluice:{<ns>/<name>}:config`: the key holding the rendered YAML, and the channel announcing it.
+/// The sidecar's own function, so both ends of the contract spell it the same.
 pub fn config_key(namespace: &str, name: &str) -> String {
-    format!("sluice:{{{namespace}/{name}}}:config")
+    remote::config_key(&policy_ref(namespace, name))
 }
 
 /// `sluice:{<ns>/<name>}:enforced`: hash of pod name → `"<generation> <unix_ms>"`.
 pub fn enforced_key(namespace: &str, name: &str) -> String {
-    format!("sluice:{{{namespace}/{name}}}:enforced")
+    remote::enforced_key(&policy_ref(namespace, name))
 }
 
 /// One pod's report: the generation it enforces and when it said so.
