@@ -1,0 +1,687 @@
+//! The rate-limit overhead benchmark: `cargo bench -p sluice-sidecar --bench ratelimit [-- --quick]`.
+//!
+//! One upstream app (a small hyper server in its own process), one load generator, one run, seven
+//! setups: direct to the app; nginx `proxy_pass`; nginx with `limit_req`; the sidecar with limiting off;
+//! the sidecar with a fixed-window rule and with a token-bucket rule kept in Redis (limits never hit);
+//! the sidecar with a token-bucket rule while Redis is down. For each: saturation throughput and
+//! latency (wrk, closed loop), and latency at a fixed 2,000 req/s (an open-loop Rust client: each request
+//! is sent on schedule in its own task whatever earlier ones are doing, so a stall is not hidden by
+//! coordinated omission). The
+//! sidecar's RSS is read at a fixed 1,000 req/s. Results replace the section between
+//! `<!-- bench:ratelimit:start -->` and `<!-- bench:ratelimit:end -->` in BENCHMARKS.md.
+//!
+//! nginx and wrk come from Debian (`nginx-light`, `wrk`); when missing they are installed with apt-get,
+//! and the run says so. Redis is a throwaway `redis-server` (sluice_testsupport).
+#![allow(missing_docs)]
+
+use std::{
+    convert::Infallible,
+    fmt::Write as _,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::{Request, Response, service::service_fn};
+use hyper_util::{
+    client::legacy::Client,
+    rt::{TokioExecutor, TokioIo},
+    server::conn::auto,
+};
+use sluice_testsupport::{RedisServer, free_port};
+
+const START: &str = "<!-- bench:ratelimit:start -->";
+const END: &str = "<!-- bench:ratelimit:end -->";
+
+struct Settings {
+    quick: bool,
+    saturate: Duration,
+    fixed: Duration,
+    connections: u32,
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--serve-upstream") {
+        serve_upstream(args[i + 1].parse().expect("upstream address"));
+        return;
+    }
+    let quick = args.iter().any(|a| a == "--quick") || std::env::var_os("SLUICE_BENCH_QUICK").is_some();
+    let settings = Settings {
+        quick,
+        saturate: if quick {
+            Duration::from_secs(3)
+        } else {
+            Duration::from_secs(20)
+        },
+        fixed: if quick {
+            Duration::from_secs(3)
+        } else {
+            Duration::from_secs(20)
+        },
+        connections: 64,
+    };
+    let notes = ensure_tools();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let report = rt.block_on(run(&settings, notes));
+    write_report(&report);
+    println!("{report}");
+}
+
+/// Installs nginx-light and wrk from Debian when missing; returns what it did.
+fn ensure_tools() -> Vec<String> {
+    let mut notes = Vec::new();
+    let missing: Vec<&str> = [("nginx", "nginx-light"), ("wrk", "wrk")]
+        .into_iter()
+        .filter(|(bin, _)| !on_path(bin))
+        .map(|(_, pkg)| pkg)
+        .collect();
+    if !missing.is_empty() {
+        let msg = format!("installed from Debian by the benchmark: {}", missing.join(", "));
+        eprintln!("{msg} (apt-get install -y {})", missing.join(" "));
+        let ok = Command::new("apt-get")
+            .args(["install", "-y", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(
+            ok,
+            "apt-get install {} failed (run apt-get update first?)",
+            missing.join(" ")
+        );
+        notes.push(msg);
+    }
+    notes
+}
+
+fn on_path(bin: &str) -> bool {
+    which(bin).is_some()
+}
+
+fn which(bin: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
+        .map(|d| d.join(bin))
+        .find(|p| p.is_file())
+}
+
+/// The upstream app: 200 with a short body, HTTP/1.1 keep-alive, two threads.
+fn serve_upstream(addr: SocketAddr) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr).await.expect("bind upstream");
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            tokio::spawn(async move {
+                let svc = service_fn(|_req: Request<hyper::body::Incoming>| async {
+                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(
+                        b"hello from the app\n",
+                    ))))
+                });
+                let _ = auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+}
+
+/// A child process killed on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_port(addr: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(Instant::now() < deadline, "nothing listens on {addr}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn local(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+#[derive(Default, Clone)]
+struct Row {
+    name: String,
+    rps: f64,
+    sat_p50: String,
+    sat_p99: String,
+    fixed_p50_us: u64,
+    fixed_p99_us: u64,
+    fixed_errors: u64,
+    non_2xx: u64,
+    rss_kb: Option<u64>,
+}
+
+async fn run(s: &Settings, notes: Vec<String>) -> String {
+    let upstream = local(free_port());
+    let _app = Proc(
+        Command::new(std::env::current_exe().expect("exe"))
+            .args(["--serve-upstream", &upstream.to_string()])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn upstream"),
+    );
+    wait_port(upstream);
+    let work = tempfile::tempdir().expect("tempdir");
+    let mut redis = RedisServer::start();
+    let mut rows = Vec::new();
+
+    rows.push(measure(s, "direct to the app", upstream, None).await);
+
+    let (nginx, nginx_addr) = start_nginx(work.path(), upstream, false);
+    rows.push(measure(s, "nginx proxy_pass", nginx_addr, None).await);
+    drop(nginx);
+    let (nginx, nginx_addr) = start_nginx(work.path(), upstream, true);
+    rows.push(measure(s, "nginx limit_req (not hit)", nginx_addr, None).await);
+    drop(nginx);
+
+    let setups: [(&str, &str, bool); 3] = [
+        ("sidecar, limiting off", NO_RULE, false),
+        ("sidecar, fixedWindow in Redis", FIXED_WINDOW, true),
+        ("sidecar, tokenBucket in Redis", TOKEN_BUCKET, true),
+    ];
+    for (name, yaml, with_redis) in setups {
+        let (p, addr) = start_sidecar(
+            work.path(),
+            yaml,
+            upstream,
+            with_redis.then(|| redis.url()),
+            !with_redis && yaml == NO_RULE,
+        );
+        if with_redis {
+            wait_redis_healthy(&p);
+        }
+        rows.push(measure(s, name, addr, Some(&p)).await);
+    }
+    let url = redis.url();
+    redis.kill();
+    let (p, addr) = start_sidecar(work.path(), TOKEN_BUCKET, upstream, Some(url), false);
+    rows.push(measure(s, "sidecar, tokenBucket, Redis down", addr, Some(&p)).await);
+    drop(p);
+
+    render(s, &rows, &notes)
+}
+
+const NO_RULE: &str = "version: 1\n";
+const FIXED_WINDOW: &str = r#"
+version: 1
+policy: {namespace: bench, name: bench, generation: 1}
+limits:
+  rules:
+  - name: fixed
+    key: [{type: clientIp}]
+    algorithm: fixedWindow
+    limit: {requests: 1000000000, window: 1h}
+"#;
+const TOKEN_BUCKET: &str = r#"
+version: 1
+policy: {namespace: bench, name: bench, generation: 1}
+limits:
+  rules:
+  - name: bucket
+    key: [{type: clientIp}]
+    algorithm: tokenBucket
+    limit: {requests: 1000000000, window: 1h, burst: 1000000}
+"#;
+
+fn start_sidecar(
+    dir: &Path,
+    yaml: &str,
+    upstream: SocketAddr,
+    redis: Option<String>,
+    limiting_off: bool,
+) -> (Proc, SocketAddr) {
+    let file = dir.join(format!("sidecar-{}.yaml", free_port()));
+    let yaml = yaml.to_owned();
+    std::fs::write(&file, yaml).expect("write config");
+    let addr = local(free_port());
+    let admin = local(free_port());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice-sidecar"));
+    cmd.arg("--config")
+        .arg(&file)
+        .env("SLUICE_LISTEN", addr.to_string())
+        .env("SLUICE_ADMIN_LISTEN", admin.to_string())
+        .env("SLUICE_UPSTREAM", format!("http://{upstream}"))
+        .env("RUST_LOG", "warn")
+        .env_remove("SLUICE_REDIS_URL")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    if let Some(url) = redis {
+        cmd.env("SLUICE_REDIS_URL", url);
+    }
+    if limiting_off {
+        cmd.env("RATE_LIMIT__ENABLED", "false");
+    }
+    let p = Proc(cmd.spawn().expect("spawn sidecar"));
+    wait_port(addr);
+    wait_port(admin);
+    ADMIN.lock().unwrap().insert(p.0.id(), admin);
+    (p, addr)
+}
+
+static ADMIN: Mutex<std::collections::BTreeMap<u32, SocketAddr>> =
+    Mutex::new(std::collections::BTreeMap::new());
+
+fn wait_redis_healthy(p: &Proc) {
+    let admin = ADMIN.lock().unwrap()[&p.0.id()];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let body = http_get_blocking(admin, "/readyz");
+        if body.contains("\"redisHealthy\":true") {
+            return;
+        }
+        assert!(Instant::now() < deadline, "sidecar never reached Redis: {body}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn http_get_blocking(addr: SocketAddr, path: &str) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+        return String::new();
+    };
+    let _ = write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+fn start_nginx(dir: &Path, upstream: SocketAddr, limit_req: bool) -> (Proc, SocketAddr) {
+    let addr = local(free_port());
+    let prefix = dir.join(format!("nginx-{}", addr.port()));
+    std::fs::create_dir_all(prefix.join("logs")).expect("nginx dir");
+    let (zone, limit) = if limit_req {
+        (
+            "limit_req_zone $binary_remote_addr zone=bench:10m rate=1000000r/s;",
+            "limit_req zone=bench burst=1000000 nodelay;",
+        )
+    } else {
+        ("", "")
+    };
+    let conf = format!(
+        r#"
+worker_processes auto;
+daemon off;
+pid {prefix}/nginx.pid;
+error_log {prefix}/logs/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  {zone}
+  upstream app {{ server {upstream}; keepalive 128; }}
+  server {{
+    listen {addr} reuseport;
+    location / {{
+      {limit}
+      proxy_pass http://app;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+    }}
+  }}
+}}
+"#,
+        prefix = prefix.display()
+    );
+    let conf_path = prefix.join("nginx.conf");
+    std::fs::write(&conf_path, conf).expect("nginx conf");
+    let nginx = which("nginx").expect("nginx");
+    let p = Proc(
+        Command::new(nginx)
+            .arg("-p")
+            .arg(&prefix)
+            .arg("-c")
+            .arg(&conf_path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn nginx"),
+    );
+    wait_port(addr);
+    (p, addr)
+}
+
+async fn measure(s: &Settings, name: &str, addr: SocketAddr, sidecar: Option<&Proc>) -> Row {
+    eprintln!("== {name} ({addr})");
+    // Warm up connections and pools.
+    let _ = open_loop(addr, 500, Duration::from_millis(500)).await;
+    let (rps, sat_p50, sat_p99, non_2xx) = wrk(addr, s.saturate, s.connections);
+    let fixed = open_loop(addr, 2_000, s.fixed).await;
+    let rss_kb = match sidecar {
+        Some(p) => {
+            let _ = open_loop(addr, 1_000, s.fixed.min(Duration::from_secs(5))).await;
+            rss(p.0.id())
+        }
+        None => None,
+    };
+    let row = Row {
+        name: name.into(),
+        rps,
+        sat_p50,
+        sat_p99,
+        fixed_p50_us: fixed.p50_us,
+        fixed_p99_us: fixed.p99_us,
+        fixed_errors: fixed.errors,
+        non_2xx,
+        rss_kb,
+    };
+    eprintln!(
+        "   {:.0} req/s; at 2,000 req/s p50 {} µs p99 {} µs; errors {}; non-2xx {}",
+        row.rps, row.fixed_p50_us, row.fixed_p99_us, row.fixed_errors, row.non_2xx
+    );
+    row
+}
+
+/// wrk at saturation: requests/s, p50, p99 (as wrk prints them), non-2xx responses.
+fn wrk(addr: SocketAddr, duration: Duration, connections: u32) -> (f64, String, String, u64) {
+    let out = Command::new(which("wrk").expect("wrk"))
+        .args(["-t", "1", "-c", &connections.to_string(), "-d"])
+        .arg(format!("{}s", duration.as_secs()))
+        .arg("--latency")
+        .arg(format!("http://{addr}/"))
+        .output()
+        .expect("run wrk");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let field = |prefix: &str| {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(prefix))
+            .and_then(|l| l.split_whitespace().nth(1).map(str::to_owned))
+            .unwrap_or_else(|| "?".into())
+    };
+    let rps = field("Requests/sec:").parse().unwrap_or(0.0);
+    let non_2xx = text
+        .lines()
+        .find(|l| l.contains("Non-2xx or 3xx responses:"))
+        .and_then(|l| l.split(':').nth(1))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    (rps, field("50%"), field("99%"), non_2xx)
+}
+
+struct FixedRate {
+    p50_us: u64,
+    p99_us: u64,
+    errors: u64,
+}
+
+/// Open loop: one request every 1/rate s on a pooled keep-alive client, each in its own task, so a slow
+/// response never delays the next send. Latency is counted from the actual send: tokio's timer has 1 ms
+/// granularity, so counting from the scheduled time would add up to 1 ms of the client's own lag to
+/// every sample.
+async fn open_loop(addr: SocketAddr, rate: u32, duration: Duration) -> FixedRate {
+    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(512)
+        .build_http();
+    let uri: hyper::Uri = format!("http://{addr}/").parse().expect("uri");
+    let samples = Arc::new(Mutex::new(Vec::<u64>::with_capacity(
+        (rate as usize) * duration.as_secs().max(1) as usize,
+    )));
+    let errors = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let gap = Duration::from_secs_f64(1.0 / f64::from(rate));
+    let start = tokio::time::Instant::now();
+    let total = (duration.as_secs_f64() * f64::from(rate)) as u64;
+    let mut tasks = Vec::with_capacity(total as usize);
+    for i in 0..total {
+        let scheduled = start + gap.mul_f64(i as f64);
+        tokio::time::sleep_until(scheduled).await;
+        let (client, uri, samples, errors) = (client.clone(), uri.clone(), samples.clone(), errors.clone());
+        tasks.push(tokio::spawn(async move {
+            let sent = tokio::time::Instant::now();
+            let ok = match client.get(uri).await {
+                Ok(resp) => {
+                    let ok = resp.status().is_success();
+                    ok && resp.into_body().collect().await.is_ok()
+                }
+                Err(_) => false,
+            };
+            if ok {
+                let us = sent.elapsed().as_micros() as u64;
+                samples.lock().unwrap().push(us);
+            } else {
+                errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    let mut v = std::mem::take(&mut *samples.lock().unwrap());
+    v.sort_unstable();
+    let pct = |p: f64| {
+        v.get(((v.len() as f64 * p) as usize).min(v.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0)
+    };
+    FixedRate {
+        p50_us: pct(0.50),
+        p99_us: pct(0.99),
+        errors: errors.load(std::sync::atomic::Ordering::Relaxed),
+    }
+}
+
+fn rss(pid: u32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+fn version_of(cmd: &str, args: &[&str]) -> String {
+    Command::new(which(cmd).unwrap_or_else(|| PathBuf::from(cmd)))
+        .args(args)
+        .output()
+        .map(|o| {
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+            text.lines().next().unwrap_or("?").trim().to_owned()
+        })
+        .unwrap_or_else(|_| "?".into())
+}
+
+fn render(s: &Settings, rows: &[Row], notes: &[String]) -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
+        .unwrap_or_else(|| "?".into());
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines().next().map(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .unwrap_or("0")
+                    .parse::<u64>()
+                    .unwrap_or(0)
+                    / 1024
+                    / 1024
+            })
+        })
+        .unwrap_or(0);
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let mut out = String::new();
+    let _ = writeln!(out, "{START}");
+    let _ = writeln!(out, "## Rate-limit overhead (sidecar vs nginx)\n");
+    let _ = writeln!(
+        out,
+        "Run: `cargo bench -p sluice-sidecar --bench ratelimit{}` at {} UTC.\n",
+        if s.quick { " -- --quick" } else { "" },
+        chrono::Utc::now().format("%Y-%m-%d %H:%M")
+    );
+    if s.quick {
+        let _ = writeln!(
+            out,
+            "> **Quick mode** ({}s per phase): a smoke run proving the harness works, on a machine shared \
+             with other builds (load average at the end: {}). These numbers are noisy and are not the \
+             result; the real run happens on a quiet machine without `--quick`.\n",
+            s.saturate.as_secs(),
+            load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+        );
+    }
+    let _ = writeln!(
+        out,
+        "Machine: {cpu}, {cores} cores, {mem} GiB; kernel {}; load average at the end {}.",
+        version_of("uname", &["-r"]),
+        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+    );
+    let _ = writeln!(
+        out,
+        "Versions: {}; {}; {}; {}; sluice-sidecar {} (release profile).\n",
+        version_of("rustc", &["-V"]),
+        version_of("nginx", &["-v"]),
+        version_of("wrk", &["-v"]).split(" [").next().unwrap_or("?"),
+        version_of("redis-server", &["--version"])
+            .split(" sha=")
+            .next()
+            .unwrap_or("?"),
+        env!("CARGO_PKG_VERSION"),
+    );
+    for n in notes {
+        let _ = writeln!(out, "Note: {n}.\n");
+    }
+    let _ = writeln!(
+        out,
+        "Method: one upstream (a hyper server answering 200 with 19 bytes, its own process), every proxy on \
+         127.0.0.1, one after another in the same run. *Saturation*: wrk, 1 thread, {} keep-alive connections, \
+         {}s. *Fixed rate*: an open-loop Rust client at 2,000 req/s for {}s (each request sent on schedule in its \
+         own task, never waiting for earlier ones; latency from its actual send, since tokio's 1 ms timer \
+         would add the client's own lag). RSS: the sidecar's VmRSS after {}s at 1,000 req/s. \
+         nginx: `worker_processes auto`, upstream keepalive 128, access log off; `limit_req` at 1,000,000 r/s \
+         burst 1,000,000 nodelay (never hit). Sidecar: default config (tokio on all cores), limits never hit \
+         (10⁹ per hour), client-IP key, `failureMode: local`; \"Redis down\" = the redis-server killed before \
+         the sidecar starts, so the circuit breaker is open and decisions come from the local fallback. The \
+         load generator, the upstream and the proxy share the machine's cores.\n",
+        s.connections,
+        s.saturate.as_secs(),
+        s.fixed.as_secs(),
+        s.fixed.min(Duration::from_secs(5)).as_secs()
+    );
+    let _ = writeln!(
+        out,
+        "| setup | saturation req/s | sat. p50 | sat. p99 | 2,000 req/s p50 | 2,000 req/s p99 | errors / non-2xx | RSS at 1,000 req/s |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|");
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "| {} | {:.0} | {} | {} | {:.2} ms | {:.2} ms | {} / {} | {} |",
+            r.name,
+            r.rps,
+            r.sat_p50,
+            r.sat_p99,
+            r.fixed_p50_us as f64 / 1000.0,
+            r.fixed_p99_us as f64 / 1000.0,
+            r.fixed_errors,
+            r.non_2xx,
+            r.rss_kb
+                .map_or("–".into(), |kb| format!("{:.1} MB", kb as f64 / 1024.0))
+        );
+    }
+    let find = |n: &str| rows.iter().find(|r| r.name == n).cloned().unwrap_or_default();
+    let direct = find("direct to the app");
+    let nginx = find("nginx proxy_pass");
+    let nginx_lr = find("nginx limit_req (not hit)");
+    let fixed = find("sidecar, fixedWindow in Redis");
+    let bucket = find("sidecar, tokenBucket in Redis");
+    let down = find("sidecar, tokenBucket, Redis down");
+    let off = find("sidecar, limiting off");
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    let added = |r: &Row| (r.fixed_p99_us as f64 - direct.fixed_p99_us as f64) / 1000.0;
+    let _ = writeln!(out, "\nRatios and targets (2-core goal):\n");
+    let _ = writeln!(out, "| measure | value | target |");
+    let _ = writeln!(out, "|---|---:|---|");
+    let _ = writeln!(
+        out,
+        "| sidecar (limiting off) / nginx proxy_pass throughput | {:.2}× | – |",
+        ratio(off.rps, nginx.rps)
+    );
+    let _ = writeln!(
+        out,
+        "| sidecar fixedWindow in Redis / nginx proxy_pass throughput | {:.2}× | ≥ 0.8× |",
+        ratio(fixed.rps, nginx.rps)
+    );
+    let _ = writeln!(
+        out,
+        "| sidecar tokenBucket in Redis / nginx proxy_pass throughput | {:.2}× | ≥ 0.8× |",
+        ratio(bucket.rps, nginx.rps)
+    );
+    let _ = writeln!(
+        out,
+        "| sidecar tokenBucket in Redis / nginx limit_req throughput | {:.2}× | – |",
+        ratio(bucket.rps, nginx_lr.rps)
+    );
+    let _ = writeln!(
+        out,
+        "| p99 added over direct at 2,000 req/s, fixedWindow in Redis | {:.2} ms | ≤ 1 ms |",
+        added(&fixed)
+    );
+    let _ = writeln!(
+        out,
+        "| p99 added over direct at 2,000 req/s, tokenBucket in Redis | {:.2} ms | ≤ 1 ms |",
+        added(&bucket)
+    );
+    let _ = writeln!(
+        out,
+        "| p99 added over direct at 2,000 req/s, Redis down | {:.2} ms | ≤ 5 ms |",
+        added(&down)
+    );
+    let max_rss = rows.iter().filter_map(|r| r.rss_kb).max().unwrap_or(0);
+    let _ = writeln!(
+        out,
+        "| largest sidecar RSS at 1,000 req/s | {:.1} MB | < 20 MB |",
+        max_rss as f64 / 1024.0
+    );
+    let _ = writeln!(out, "\n{END}");
+    out
+}
+
+/// Replaces the marked section of BENCHMARKS.md (at the workspace root), or appends it.
+fn write_report(section: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../BENCHMARKS.md");
+    let old = std::fs::read_to_string(&path).unwrap_or_else(|_| "# Benchmarks\n".into());
+    let new = match (old.find(START), old.find(END)) {
+        (Some(a), Some(b)) if b > a => {
+            format!("{}{}{}", &old[..a], section.trim_end(), &old[b + END.len()..])
+        }
+        _ => format!("{}\n{}", old.trim_end().to_owned() + "\n", section),
+    };
+    std::fs::write(&path, new).expect("write BENCHMARKS.md");
+    eprintln!("wrote {}", path.display());
+}
