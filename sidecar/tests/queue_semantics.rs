@@ -586,7 +586,10 @@ async fn the_hot_statements_use_their_indexes() {
          AND j.lease_owner = 'w' AND j.attempt = h.attempt",
     )
     .await;
-    assert!(!finish.contains("Seq Scan"), "batch statements never scan the table: {finish}");
+    assert!(
+        !finish.contains("Seq Scan"),
+        "batch statements never scan the table: {finish}"
+    );
     let running =
         plan("EXPLAIN SELECT count(*) FROM sluice.jobs WHERE queue = 'plan' AND state = 'running'").await;
     assert!(running.contains("jobs_running_idx"), "{running}");
