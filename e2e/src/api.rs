@@ -1092,7 +1092,21 @@ fn default_builtin(rt: &ResourceType, obj: &mut Value, all: bool) {
         }
     }
     match (rt.group.as_str(), rt.plural.as_str()) {
-        ("", "pods") => default_pod_spec(obj.get_mut("spec")),
+        ("", "pods") => {
+            default_pod_spec(obj.get_mut("spec"));
+            // No kubelet or scheduler here: a new pod is Pending until someone writes its status.
+            let no_phase = obj
+                .get("status")
+                .and_then(|s| s.get("phase"))
+                .is_none_or(Value::is_null);
+            if all
+                && no_phase
+                && let Some(o) = obj.as_object_mut()
+                && let Some(st) = o.entry("status").or_insert_with(|| json!({})).as_object_mut()
+            {
+                st.insert("phase".into(), json!("Pending"));
+            }
+        }
         ("apps", "deployments") => {
             let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
                 return;
@@ -1102,7 +1116,24 @@ fn default_builtin(rt: &ResourceType, obj: &mut Value, all: bool) {
             }
             default_pod_spec(spec.get_mut("template").and_then(|t| t.get_mut("spec")));
         }
-        ("", "services") => default_protocols(obj.get_mut("spec").and_then(|s| s.get_mut("ports"))),
+        ("", "services") => {
+            default_protocols(obj.get_mut("spec").and_then(|s| s.get_mut("ports")));
+            if !all {
+                return;
+            }
+            let (ns, name) = ns_name(obj);
+            let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
+                return;
+            };
+            let type_ = spec.entry("type").or_insert_with(|| json!("ClusterIP")).clone();
+            if type_ != "ExternalName" && spec.get("clusterIP").is_none_or(Value::is_null) {
+                // A stable address per service name, from the default service CIDR 10.96.0.0/12.
+                let h = crate::discovery::fxhash(&format!("{ns}/{name}"));
+                let ip = format!("10.96.{}.{}", (h >> 8) & 0xff, (h & 0xfe).max(2));
+                spec.insert("clusterIP".into(), json!(ip));
+                spec.insert("clusterIPs".into(), json!([ip]));
+            }
+        }
         _ => {}
     }
 }

@@ -663,3 +663,31 @@ async fn status_is_written_with_server_side_apply_as_controllers_do() {
         .unwrap_err();
     assert_eq!(code(&err), 404);
 }
+
+#[tokio::test]
+async fn new_pods_are_pending_and_services_get_a_cluster_ip() {
+    let env = Env::start().await.unwrap();
+    let ns = env.namespace("defaults").await.unwrap();
+    ns.apply_yaml(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: app, image: app:1, ports: [{containerPort: 80}]}]}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec: {ports: [{port: 80}]}\n",
+    )
+    .await
+    .unwrap();
+    let pod = ns
+        .api::<k8s_openapi::api::core::v1::Pod>()
+        .get("p")
+        .await
+        .unwrap();
+    assert_eq!(pod.status.unwrap().phase.as_deref(), Some("Pending"));
+    let port = &pod.spec.unwrap().containers[0].ports.clone().unwrap()[0];
+    assert_eq!(port.protocol.as_deref(), Some("TCP"));
+    let svc = ns
+        .api::<k8s_openapi::api::core::v1::Service>()
+        .get("s")
+        .await
+        .unwrap()
+        .spec
+        .unwrap();
+    assert_eq!(svc.type_.as_deref(), Some("ClusterIP"));
+    assert!(svc.cluster_ip.unwrap().starts_with("10.96."));
+}
