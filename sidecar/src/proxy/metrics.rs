@@ -56,6 +56,8 @@ pub struct ProxyMetrics {
     pub config_applies: Counter,
     /// Rejections that were not logged because the rejection log was over its per-second budget.
     pub rejections_unlogged: Counter,
+    /// Handles into `requests`, one per [`Outcome`] in declaration order.
+    by_outcome: [Counter; 5],
 }
 
 impl ProxyMetrics {
@@ -72,7 +74,18 @@ impl ProxyMetrics {
             config_generation: Gauge::default(),
             config_applies: Counter::default(),
             rejections_unlogged: Counter::default(),
+            by_outcome: Default::default(),
         };
+        let mut m = m;
+        let family = m.requests.clone();
+        m.by_outcome = [
+            Outcome::Forwarded,
+            Outcome::Limited,
+            Outcome::TooLarge,
+            Outcome::UpstreamError,
+            Outcome::Upgraded,
+        ]
+        .map(|outcome| family.get_or_create(&RequestLabels { outcome }).clone());
         registry.register("sluice_proxy_requests", "Requests by outcome", m.requests.clone());
         registry.register(
             "sluice_proxy_upstream_errors",
@@ -107,9 +120,17 @@ impl ProxyMetrics {
         m
     }
 
-    /// Counts one request.
+    /// Counts one request. The per-outcome counters are looked up once, at registration, so the hot path
+    /// takes no lock on the family's map.
     pub fn request(&self, outcome: Outcome) {
-        self.requests.get_or_create(&RequestLabels { outcome }).inc();
+        let i = match outcome {
+            Outcome::Forwarded => 0,
+            Outcome::Limited => 1,
+            Outcome::TooLarge => 2,
+            Outcome::UpstreamError => 3,
+            Outcome::Upgraded => 4,
+        };
+        self.by_outcome[i].inc();
     }
 
     /// Counts one reload.
