@@ -865,6 +865,12 @@ fn plan(store: &Store, t: &Target, req: &Req, mutation: &Mutation) -> Result<Pla
     } else if rt.custom {
         validation::custom_resource(rt, &mut new, old.as_ref(), FieldValidation::Ignore)?;
     }
+    if !rt.custom && t.sub.is_none() {
+        let causes = validation::builtin::check(rt, &new);
+        if !causes.is_empty() {
+            return Err(ApiError::invalid(rt, &ns_name(&new).1, causes));
+        }
+    }
     if rt.group == "apiextensions.k8s.io" && rt.plural == "customresourcedefinitions" {
         crate::crd::validate(rt, &new)?;
         new["status"] = crate::crd::accepted_status(&new, &now);

@@ -1,6 +1,7 @@
 //! Validation of custom resources against their CRD's `openAPIV3Schema`, in kube-apiserver's order:
 //! defaults, pruning of unknown fields, structural checks, then `x-kubernetes-validations` (CEL).
 
+pub mod builtin;
 pub mod cel;
 pub mod schema;
 
