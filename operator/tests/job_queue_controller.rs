@@ -580,3 +580,123 @@ async fn workers_go_to_zero_only_after_the_cooldown_and_only_when_nothing_runs()
         Some("CooledDown")
     );
 }
+
+#[tokio::test]
+async fn before_scaling_in_idle_workers_are_marked_cheaper_to_delete() {
+    // KEDA owns the metrics API, so the operator applies the HPA formula itself and scale-in is its own.
+    let f = fixture("keda").await;
+    f.apply(&job_queue_yaml(SCALING)).await;
+    f.wait_condition("Ready", "True", None).await;
+    let store = f.store().await;
+    let jobs: Vec<NewJob> = (0..12).map(|_| NewJob::new("send", json!({}))).collect();
+    store.enqueue_many("emails", &jobs).await.unwrap();
+    f.wait_replicas(3, DEADLINE).await;
+    // Three worker pods (no kubelet here: the test plays the ReplicaSet controller).
+    for pod in ["emails-worker-a", "emails-worker-b", "emails-worker-c"] {
+        let p: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+            "metadata": {"name": pod, "labels": {"sluice.dev/jobqueue": "emails"}},
+            "spec": {"containers": [{"name": "handler", "image": "mail:1"}]},
+        }))
+        .unwrap();
+        f.ns.api().create(&PostParams::default(), &p).await.unwrap();
+    }
+    // Pod b holds two leases; everything else is done.
+    let held = store
+        .claim_batch("emails", "emails-worker-b-0000beef", 2, Duration::from_secs(600))
+        .await
+        .unwrap();
+    assert_eq!(held.len(), 2);
+    let rest = store
+        .claim_batch(
+            "emails",
+            "emails-worker-c-0000cafe",
+            100,
+            Duration::from_secs(600),
+        )
+        .await
+        .unwrap();
+    let done: Vec<_> = rest
+        .iter()
+        .map(|c| sluice_sidecar::queue::store::Finished {
+            id: c.id,
+            attempt: c.attempt,
+            finish: sluice_sidecar::queue::store::Finish::Succeeded,
+        })
+        .collect();
+    store
+        .finish_batch("emails-worker-c-0000cafe", &done)
+        .await
+        .unwrap();
+
+    // Depth 2 at target 4 asks for one worker: the busy pod is marked expensive first.
+    f.wait_replicas(1, DEADLINE).await;
+    let pods = f.ns.api::<k8s_openapi::api::core::v1::Pod>();
+    let cost = |name: &'static str| {
+        let pods = pods.clone();
+        async move {
+            pods.get(name)
+                .await
+                .unwrap()
+                .metadata
+                .annotations
+                .and_then(|a| a.get("controller.kubernetes.io/pod-deletion-cost").cloned())
+        }
+    };
+    assert_eq!(cost("emails-worker-b").await.as_deref(), Some("2"));
+    assert_eq!(cost("emails-worker-a").await.as_deref(), Some("0"));
+    assert_eq!(cost("emails-worker-c").await.as_deref(), Some("0"));
+}
+
+const SCALED_OBJECT_CRD: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: scaledobjects.keda.sh}
+spec:
+  group: keda.sh
+  names: {kind: ScaledObject, plural: scaledobjects, singular: scaledobject, listKind: ScaledObjectList}
+  scope: Namespaced
+  versions:
+  - name: v1alpha1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+"#;
+
+#[tokio::test]
+async fn provider_keda_renders_a_scaled_object_instead_of_an_hpa() {
+    let f = fixture("keda").await;
+    f.env.apply_yaml(SCALED_OBJECT_CRD, None).await.unwrap();
+    f.apply(&job_queue_yaml(
+        "provider: keda, targetJobsPerReplica: 5, pollingInterval: 1s, cooldownPeriod: 2m",
+    ))
+    .await;
+    let jq = f.wait_condition("Ready", "True", None).await;
+    assert_eq!(jq.condition("Degraded").unwrap().status, "False");
+    assert_eq!(jq.status.unwrap().scaler.as_deref(), Some("keda"));
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        f.env.client(),
+        f.ns.name(),
+        &sluice_operator::render::scaled_object::api_resource(),
+    );
+    let so = api.get("emails-worker").await.unwrap();
+    let trigger = &so.data["spec"]["triggers"][0];
+    assert_eq!(trigger["type"], "postgresql");
+    assert_eq!(trigger["metadata"]["targetQueryValue"], "5");
+    assert_eq!(so.data["spec"]["cooldownPeriod"], 120);
+    assert!(
+        f.ns.api::<HorizontalPodAutoscaler>()
+            .get_opt("emails-worker")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // KEDA does 0↔1 in this mode: an enqueue leaves the replicas to it.
+    f.store()
+        .await
+        .enqueue("emails", &NewJob::new("send", json!({})))
+        .await
+        .unwrap();
+    f.wait_condition("Active", "False", Some("Waking")).await;
+    assert_eq!(f.replicas().await, Some(0));
+}

@@ -387,18 +387,19 @@ async fn reconcile_inner(jq: &JobQueue, ctx: &Context) -> Result<Action, Error> 
     );
     let target_replicas = decision.scale_to.unwrap_or(replicas);
 
-    // spec.replicas is the operator's when it decides (at 0, paused, no autoscaler, or creating);
-    // otherwise the HPA/KEDA own it and the apply leaves it out.
-    let operator_sets = existing.is_none()
-        || target_replicas == 0
-        || paused
-        || autoscaler == Autoscaler::Operator
-        || decision.scale_to.is_some();
-    let apply_replicas = match autoscaler {
-        Autoscaler::Keda if existing.is_some() => None,
-        _ if operator_sets => Some(target_replicas),
-        _ => None,
-    };
+    // spec.replicas is always applied: the operator's decision, or else the value read just now (the
+    // HPA's or KEDA's). Leaving it out would drop this manager's ownership and let the API server reset
+    // it to the default of 1 (seen with KEDA at zero). An autoscaler write landing between the read and
+    // the apply is undone once and redone on its next sync.
+    let apply_replicas = Some(target_replicas);
+
+    // Before replicas go down (by the HPA or by us), make idle workers the cheapest to delete.
+    if decision.desired < replicas
+        && decision.desired > 0
+        && let Err(e) = mark_idle_workers(jq, ctx, &url, &queue).await
+    {
+        tracing::debug!(jobqueue = %key(jq), error = %e, "setting pod-deletion-cost failed");
+    }
 
     let pp = PatchParams::apply(FIELD_MANAGER).force();
     let config_maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
@@ -438,14 +439,6 @@ async fn reconcile_inner(jq: &JobQueue, ctx: &Context) -> Result<Action, Error> 
             }
         }
         _ => delete_if_present(&hpas, &worker_name(jq)).await?,
-    }
-
-    // Before replicas go down, make idle workers the cheapest to delete.
-    if decision.desired < replicas
-        && decision.desired > 0
-        && let Err(e) = mark_idle_workers(jq, ctx, &url, &queue).await
-    {
-        tracing::debug!(jobqueue = %key(jq), error = %e, "setting pod-deletion-cost failed");
     }
 
     // Remember for the wake-up path.
