@@ -93,6 +93,17 @@ pub async fn run(args: DemoArgs, env: &dyn Env) -> anyhow::Result<()> {
     let redis = effective.config.limits.redis.url.clone();
     let clock: SharedClock = Arc::new(SystemClock);
     let state = super::build_state(effective, clock).await?;
+    if redis.is_some() {
+        // The limiter starts with Redis unknown and decides locally until its first probe answers; wait
+        // for it briefly so the demo's first second shows Redis-backed decisions.
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while !state.limiter.redis_healthy() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if !state.limiter.redis_healthy() {
+            println!("warning      Redis does not answer; the limiter decides locally until it does");
+        }
+    }
     let server = tokio::spawn(super::server::run(proxy, admin, state, shutdown.clone()));
 
     println!("demo app     http://{app_addr}");
