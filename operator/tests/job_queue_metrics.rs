@@ -163,3 +163,58 @@ async fn a_database_that_stops_answering_gives_503_not_zero() {
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["kind"], "Status");
 }
+
+#[tokio::test]
+async fn the_metrics_api_speaks_tls_that_its_ca_verifies() {
+    use rustls::pki_types::pem::PemObject;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let pg = PgServer::start();
+    queue_with_jobs_in_every_state(&pg.url()).await;
+    let cert = sluice_operator::external_metrics::tls::ServingCert::generate(&["localhost".into()]).unwrap();
+    let state = Arc::new(MetricsState {
+        databases: Arc::new(Databases::default()),
+        targets: Targets::Static(HashMap::from([(
+            ("shop".to_owned(), "emails".to_owned()),
+            Target {
+                url: pg.url(),
+                queue: QUEUE.to_owned(),
+            },
+        )])),
+        metrics: Arc::new(JobQueueMetrics::default()),
+        clock: system_clock(),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let s = stop.clone();
+    tokio::spawn(serve(
+        listener,
+        Some(cert.server_config().unwrap()),
+        router(state),
+        async move { s.cancelled().await },
+    ));
+
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_slice_iter(cert.ca_pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let config =
+        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect("localhost".try_into().unwrap(), tcp)
+        .await
+        .expect("the CA in the Secret verifies the serving certificate");
+    let request = format!("GET {METRIC_PATH} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n");
+    tls.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    tls.read_to_string(&mut response).await.ok();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(response.contains(r#""value":"6""#), "{response}");
+    stop.cancel();
+}
