@@ -197,6 +197,51 @@ async fn without_a_config_file_the_seed_tiers_run_with_the_adr_env_limits() {
     assert_eq!(read.headers["x-ratelimit-limit"], "300");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_pod_sidecar_serves_the_queue_api_when_asked_to() {
+    let pg = tokio::task::spawn_blocking(sluice_testsupport::PgServer::start)
+        .await
+        .unwrap();
+    let pool = sqlx::PgPool::connect(&pg.url()).await.unwrap();
+    sluice_sidecar::queue::schema::migrate(&pool).await.unwrap();
+    let app = start_upstream().await;
+    let api: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let url = pg.url();
+    let p = spawn_with(
+        None,
+        app.addr,
+        None,
+        &[
+            ("SLUICE_API_LISTEN", &api.to_string()),
+            ("SLUICE_DATABASE_URL", &url),
+        ],
+    );
+    wait_ready(&p, false).await;
+    let c = client();
+    let put = http::Request::put(format!("http://{api}/v1/queues/emails"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+        .unwrap();
+    let created = send(&c, put).await;
+    assert!(created.status.is_success(), "{} {}", created.status, created.body);
+    let enqueue = http::Request::post(format!("http://{api}/v1/queues/emails/jobs"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            br#"{"kind": "welcome", "payload": {"to": "a@example.com"}}"#,
+        )))
+        .unwrap();
+    let reply = send(&c, enqueue).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.body);
+    let (count,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM sluice.jobs WHERE queue = 'emails' AND kind = 'welcome'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(count, 1);
+    // The proxy still proxies beside it.
+    assert_eq!(get(&c, p.addr, "/", &[]).await.status, StatusCode::OK);
+}
+
 #[test]
 fn the_demo_fires_requests_and_prints_allowed_and_limited_counts() {
     let out = Command::new(env!("CARGO_BIN_EXE_sluice-sidecar"))

@@ -178,12 +178,21 @@ pub async fn main(args: ProxyArgs) -> anyhow::Result<()> {
         limiting = effective.limiting_enabled,
         "sluice-sidecar proxy starting"
     );
+    // Pods that enqueue through the sidecar (`queue.api.listen` or SLUICE_API_LISTEN) get the queue HTTP
+    // API beside the proxy; without either it is off.
+    let mut queue = effective.config.queue.clone().unwrap_or_default();
+    crate::queue::apply_env(&mut queue, |name| env.var(name)).map_err(|e| anyhow::anyhow!("{e}"))?;
     let clock: SharedClock = Arc::new(SystemClock);
     let state = build_state(effective, clock).await?;
     let shutdown = CancellationToken::new();
     cancel_on_signal(shutdown.clone())?;
+    let queue_api = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { crate::queue::serve_api_role(&queue, shutdown).await }
+    });
     spawn_config_sources(&state, file, args.config_poll.get(), env, &shutdown);
     server::run(listener, admin, state, shutdown).await?;
+    queue_api.await.context("queue API task")??;
     tracing::info!("stopped");
     Ok(())
 }
