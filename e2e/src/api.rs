@@ -516,6 +516,13 @@ async fn write(
         } else {
             planned.new
         };
+        // Validation follows mutating admission, as in kube-apiserver.
+        if !t.rt.custom && t.sub.is_none() {
+            let causes = validation::builtin::check(&t.rt, &new);
+            if !causes.is_empty() {
+                return Err(ApiError::invalid(&t.rt, &ns_name(&new).1, causes));
+            }
+        }
         let mut store = state.store();
         let current = store.get(&t.rt.key(), t.ns(), &ns_name(&new).1).cloned();
         let current_rv = current.as_ref().map(|c| c["metadata"]["resourceVersion"].clone());
@@ -864,12 +871,6 @@ fn plan(store: &Store, t: &Target, req: &Req, mutation: &Mutation) -> Result<Pla
         warnings = validation::custom_resource(rt, &mut new, old.as_ref(), fv)?;
     } else if rt.custom {
         validation::custom_resource(rt, &mut new, old.as_ref(), FieldValidation::Ignore)?;
-    }
-    if !rt.custom && t.sub.is_none() {
-        let causes = validation::builtin::check(rt, &new);
-        if !causes.is_empty() {
-            return Err(ApiError::invalid(rt, &ns_name(&new).1, causes));
-        }
     }
     if rt.group == "apiextensions.k8s.io" && rt.plural == "customresourcedefinitions" {
         crate::crd::validate(rt, &new)?;

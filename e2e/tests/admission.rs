@@ -38,8 +38,19 @@ async fn review(body: Bytes) -> Value {
     {
         resp = resp.deny("pods marked deny are refused");
     } else {
+        // Marked pods get a container whose name clashes with the app's, which validation must catch.
+        let annotations = req
+            .object
+            .as_ref()
+            .and_then(|p| p.metadata.annotations.clone())
+            .unwrap_or_default();
+        let name = if annotations.contains_key("example.dev/clash") {
+            "app"
+        } else {
+            "sluice-sidecar"
+        };
         let patch: json_patch::Patch = serde_json::from_value(json!([
-            {"op": "add", "path": "/spec/containers/-", "value": {"name": "sluice-sidecar", "image": "sluice-sidecar:test"}}
+            {"op": "add", "path": "/spec/containers/-", "value": {"name": name, "image": "sluice-sidecar:test"}}
         ]))
         .unwrap();
         resp = resp.with_patch(patch).unwrap();
@@ -172,6 +183,16 @@ async fn a_mutating_webhook_injects_the_sidecar_into_pods_that_ask_for_it() {
         injector.calls.load(Ordering::SeqCst),
         1,
         "matchConditions keep other pods away from the webhook"
+    );
+    let clash = pod(
+        "clash",
+        json!({"sluice.dev/inject": "true", "example.dev/clash": "1"}),
+    );
+    let err = pods.create(&PostParams::default(), &clash).await.unwrap_err();
+    let duplicate = "spec.containers[1].name: Duplicate value: \"app\"";
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 422 && s.message.contains(duplicate)),
+        "{err}"
     );
     let err = pods
         .create(
