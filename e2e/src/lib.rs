@@ -26,6 +26,7 @@ pub mod fieldset;
 pub mod harness;
 pub mod hpa;
 pub mod kubeconfig;
+pub mod kubelet;
 pub mod merge;
 pub mod openapi;
 pub mod registry;

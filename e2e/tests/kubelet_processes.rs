@@ -1,0 +1,159 @@
+//! The kubelet stand-in runs Sluice's images as local processes: an injected-looking pod (the sidecar
+//! as a native sidecar with its ConfigMap-mounted config, and the demo app as the team's container)
+//! gets real processes, turns Ready once the sidecar's /readyz answers, passes traffic through the
+//! sidecar to the app, and loses its processes when the pod is deleted or a process is killed.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, PostParams};
+use serde_json::json;
+use sluice_e2e::kubelet::{Kubelet, KubeletConfig, sidecar_binary};
+use sluice_e2e::{Env, wait_for};
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+const CONFIG: &str = r#"
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: sluice-policy-api}
+data:
+  config.yaml: |
+    version: 1
+    limits:
+      failureMode: open
+"#;
+
+/// What the webhook makes of a pod (docs/injection.md), written out by hand.
+fn injected_pod() -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web-1", "labels": {"app": "web"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 5,
+            "initContainers": [{
+                "name": "sluice-sidecar",
+                "image": "ghcr.io/sluice-dev/sluice-sidecar:0.1.0",
+                "restartPolicy": "Always",
+                "args": ["--config", "/etc/sluice/config.yaml"],
+                "env": [
+                    {"name": "SLUICE_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                    {"name": "SLUICE_LISTEN", "value": "0.0.0.0:15080"},
+                    {"name": "SLUICE_UPSTREAM", "value": "http://127.0.0.1:8080"},
+                ],
+                "ports": [
+                    {"name": "http", "containerPort": 15080, "protocol": "TCP"},
+                    {"name": "sluice-admin", "containerPort": 15021, "protocol": "TCP"},
+                ],
+                "readinessProbe": {"httpGet": {"path": "/readyz", "port": 15021}},
+                "volumeMounts": [{"name": "sluice-config", "mountPath": "/etc/sluice", "readOnly": true}],
+            }],
+            "containers": [
+                {"name": "web", "image": "example/sluice-demo-app:1", "ports": [{"containerPort": 8080}]},
+                {"name": "not-ours", "image": "example/other:1"},
+            ],
+            "volumes": [{"name": "sluice-config", "configMap": {"name": "sluice-policy-api"}}],
+        },
+    }))
+    .unwrap()
+}
+
+async fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    tcp.write_all(format!("GET {path} HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut out = String::new();
+    tcp.read_to_string(&mut out).await.ok()?;
+    let code = out.split(' ').nth(1)?.parse().ok()?;
+    Some((code, out))
+}
+
+fn alive(pid: u32) -> bool {
+    // A zombie still has /proc/<pid>; its state letter is Z.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.split(' ').nth(2).is_none_or(|state| state != "Z"))
+        .unwrap_or(false)
+}
+
+fn is_ready(pod: &Pod) -> Option<bool> {
+    let conditions = pod.status.as_ref()?.conditions.as_ref()?;
+    Some(
+        conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True"),
+    )
+}
+
+#[tokio::test]
+async fn kubelet_stand_in_runs_an_injected_pod_and_stops_it_when_deleted() {
+    let sidecar = sidecar_binary().unwrap();
+    let env = Env::start().await.unwrap();
+    let ns = env.namespace("kubelet").await.unwrap();
+    ns.apply_yaml(CONFIG).await.unwrap();
+    let config = KubeletConfig {
+        max_grace: Duration::from_secs(5),
+        ..KubeletConfig::new(&sidecar, env!("CARGO_BIN_EXE_sluice-demo-app").as_ref()).namespace(ns.name())
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (kubelet, task) = Kubelet::start(ns.client(), config, async {
+        let _ = stopped.await;
+    });
+    let pods: kube::Api<Pod> = ns.api();
+    pods.create(&PostParams::default(), &injected_pod())
+        .await
+        .unwrap();
+
+    let ready = wait_for("pod web-1 Running and Ready", DEADLINE, || async {
+        let pod = pods.get("web-1").await.ok()?;
+        let status = pod.status.clone()?;
+        (status.phase.as_deref() == Some("Running") && is_ready(&pod) == Some(true)).then_some(status)
+    })
+    .await;
+    let ready = ready.unwrap_or_else(|e| {
+        let log = kubelet.log_path(ns.name(), "web-1", "sluice-sidecar");
+        let text = log
+            .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+            .unwrap_or_default();
+        panic!("{e}\nsidecar log:\n{text}")
+    });
+    assert_eq!(ready.pod_ip.as_deref(), Some("127.0.0.1"));
+
+    // Traffic to the pod's named port `http` goes through the sidecar to the demo app.
+    let http = kubelet.port(ns.name(), "web-1", "http").unwrap();
+    assert_ne!(http, 15080, "the pod's port is mapped to a free local port");
+    let (code, response) = get(http, "/anything").await.unwrap();
+    assert_eq!(code, 200, "{response}");
+    assert!(response.contains("ok web-1"), "{response}");
+    assert!(
+        response.to_ascii_lowercase().contains("ratelimit"),
+        "the sidecar answered with quota headers: {response}"
+    );
+    // The container whose image is not Sluice's is not run.
+    assert!(kubelet.pid(ns.name(), "web-1", "not-ours").is_none());
+
+    let sidecar_pid = kubelet.pid(ns.name(), "web-1", "sluice-sidecar").unwrap();
+    let app_pid = kubelet.pid(ns.name(), "web-1", "web").unwrap();
+    assert!(alive(sidecar_pid) && alive(app_pid));
+
+    // A crash of the app turns the pod not ready.
+    assert!(kubelet.kill(ns.name(), "web-1", "web"));
+    wait_for("pod web-1 not ready after the app crashed", DEADLINE, || async {
+        let pod = pods.get("web-1").await.ok()?;
+        (is_ready(&pod) == Some(false)).then_some(())
+    })
+    .await
+    .unwrap();
+
+    // Deleting the pod stops its processes.
+    pods.delete("web-1", &DeleteParams::default()).await.unwrap();
+    wait_for("web-1's processes gone", DEADLINE, || async {
+        (!kubelet.is_running(ns.name(), "web-1") && !alive(sidecar_pid) && !alive(app_pid)).then_some(())
+    })
+    .await
+    .unwrap();
+
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}
