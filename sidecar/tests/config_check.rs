@@ -141,6 +141,21 @@ fn each_kind_of_bad_config_is_refused_naming_the_field_at_fault() {
             "policy.namespace",
             "namespace",
         ),
+        (
+            "queue:\n  queues: [emails, 'bad name!']\n".into(),
+            "queue.queues[1]",
+            "not a queue name",
+        ),
+        (
+            "queue:\n  worker: {concurrency: 0}\n".into(),
+            "queue.worker.concurrency",
+            "at least 1",
+        ),
+        (
+            "queue:\n  handler: {permanentFailureStatuses: [200]}\n".into(),
+            "queue.handler.permanentFailureStatuses[0]",
+            "not an HTTP error status",
+        ),
     ];
     assert!(cases.len() >= 10);
     for (yaml, path, says) in cases {

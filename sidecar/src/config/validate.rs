@@ -8,7 +8,7 @@ use std::{collections::HashSet, fmt};
 use sluice_crds::{
     Duration,
     sidecar_config::{
-        Algorithm, CONFIG_VERSION, KeyPart, KeySource, LimitsConfig, PolicyRef, Rule, RuleMatch,
+        Algorithm, CONFIG_VERSION, KeyPart, KeySource, LimitsConfig, PolicyRef, QueueConfig, Rule, RuleMatch,
         SidecarConfig,
     },
 };
@@ -70,7 +70,8 @@ impl ConfigErrors {
         self.0.iter()
     }
 
-    fn into_result(self) -> Result<(), ConfigErrors> {
+    /// `Ok` when no field is at fault, the errors otherwise.
+    pub fn into_result(self) -> Result<(), ConfigErrors> {
         if self.is_empty() { Ok(()) } else { Err(self) }
     }
 }
@@ -111,7 +112,57 @@ pub fn validate(config: &SidecarConfig) -> Result<(), ConfigErrors> {
         check_policy(policy, &mut errs);
     }
     check_limits(&config.limits, &mut errs);
+    if let Some(queue) = &config.queue {
+        check_queue(queue, &mut errs);
+    }
     errs.into_result()
+}
+
+/// The `queue:` section as written. Whether a database URL and queues are set at all is checked when
+/// the worker role starts, since the environment may supply them (`SLUICE_DATABASE_URL`, `SLUICE_QUEUES`).
+pub fn check_queue(q: &QueueConfig, errs: &mut ConfigErrors) {
+    for (i, name) in q.queues.iter().enumerate() {
+        if !crate::queue::job::valid_queue_name(name) {
+            errs.push(
+                format!("queue.queues[{i}]"),
+                format!("{name:?} is not a queue name: letters, digits, '.', '_', '-', at most 100"),
+            );
+        }
+    }
+    for (i, s) in q.queue_settings.iter().enumerate() {
+        if !crate::queue::job::valid_queue_name(&s.name) {
+            errs.push(
+                format!("queue.queueSettings[{i}].name"),
+                format!("{:?} is not a queue name", s.name),
+            );
+        }
+    }
+    if q.worker.concurrency == 0 {
+        errs.push("queue.worker.concurrency", "must be at least 1");
+    }
+    if q.worker.claim_batch == 0 {
+        errs.push("queue.worker.claimBatch", "must be at least 1");
+    }
+    if q.api.max_batch == 0 {
+        errs.push("queue.api.maxBatch", "must be at least 1");
+    }
+    if q.pool_size == Some(0) {
+        errs.push("queue.poolSize", "must be at least 1");
+    }
+    if !q.handler.url.starts_with("http://") {
+        errs.push(
+            "queue.handler.url",
+            format!("{:?} is not an http:// URL", q.handler.url),
+        );
+    }
+    for (i, status) in q.handler.permanent_failure_statuses.iter().enumerate() {
+        if !(400..=599).contains(status) {
+            errs.push(
+                format!("queue.handler.permanentFailureStatuses[{i}]"),
+                format!("{status} is not an HTTP error status (400-599)"),
+            );
+        }
+    }
 }
 
 fn check_policy(p: &PolicyRef, errs: &mut ConfigErrors) {

@@ -118,35 +118,19 @@ pub fn apply_env(cfg: &mut QueueConfig, env: impl Fn(&str) -> Option<String>) ->
     Ok(())
 }
 
-/// Checks what the worker role needs, naming the field at fault.
+/// Checks what the worker role needs, naming every field at fault: the section as written (the same
+/// checks `--check-config` runs) and, since the environment may supply them, a database and queues.
 pub fn validate_worker_config(cfg: &QueueConfig) -> crate::Result<()> {
-    let bad = |field: &str, v: &str, why: &str| crate::Error::Config(format!("{field}: {v:?} {why}"));
+    let mut errs = crate::config::ConfigErrors::default();
     if cfg.database_url.is_none() {
-        return Err(crate::Error::Config(
-            "queue.databaseUrl: not set (set SLUICE_DATABASE_URL)".into(),
-        ));
+        errs.push("queue.databaseUrl", "not set (set SLUICE_DATABASE_URL)");
     }
     if cfg.queues.is_empty() {
-        return Err(crate::Error::Config(
-            "queue.queues: no queues to serve (set SLUICE_QUEUES=a,b)".into(),
-        ));
+        errs.push("queue.queues", "no queues to serve (set SLUICE_QUEUES=a,b)");
     }
-    for (i, q) in cfg.queues.iter().enumerate() {
-        if !job::valid_queue_name(q) {
-            return Err(bad(&format!("queue.queues[{i}]"), q, "is not a valid queue name"));
-        }
-    }
-    if cfg.worker.concurrency == 0 {
-        return Err(crate::Error::Config(
-            "queue.worker.concurrency: must be at least 1".into(),
-        ));
-    }
-    if cfg.worker.claim_batch == 0 {
-        return Err(crate::Error::Config(
-            "queue.worker.claimBatch: must be at least 1".into(),
-        ));
-    }
-    Ok(())
+    crate::config::validate::check_queue(cfg, &mut errs);
+    errs.into_result()
+        .map_err(|e| crate::Error::Config(e.to_string()))
 }
 
 /// Serves the queue HTTP API alone until `shutdown` — for the proxy role in app pods that enqueue
