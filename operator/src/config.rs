@@ -37,6 +37,11 @@ pub enum Command {
         #[arg(long, default_value = "crds")]
         dir: PathBuf,
     },
+    /// GET a URL and exit 0 on a 2xx answer (the chart's `helm test` hook uses it).
+    Probe {
+        /// `http://host:port/path`, e.g. the operator's `/readyz`.
+        url: String,
+    },
 }
 
 /// Whether injected sidecars are native sidecars.

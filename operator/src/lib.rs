@@ -21,6 +21,7 @@ pub mod crdgen;
 pub mod external_metrics;
 pub mod leader;
 pub mod metrics;
+pub mod probe;
 pub mod redis;
 pub mod render;
 pub mod run;

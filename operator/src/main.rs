@@ -24,6 +24,16 @@ async fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Probe { url } => match sluice_operator::probe::probe(&url).await {
+            Ok(status) => {
+                println!("{url}: {status}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("probe: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Run(args) => {
             telemetry::init(args.log_format);
             let job_queues = start_job_queues();
