@@ -1,6 +1,6 @@
 # Sluice's two commands: `make sandbox` runs it locally, `make test` runs every test.
 # (Other targets are steps of those two.)
-.PHONY: sandbox test deps lint unit chart
+.PHONY: sandbox test deps lint unit chart crds
 
 CARGO ?= cargo
 NEXTEST_PROFILE ?= default
@@ -25,3 +25,8 @@ unit:
 
 chart:
 	python3 charts/test_chart.py
+
+## Regenerate the CRD YAML from the Rust types (crds/ and the chart's copy; tests fail when either is stale).
+crds:
+	$(CARGO) run -q -p sluice-operator -- crdgen --dir crds
+	cp crds/*.yaml charts/sluice/crds/

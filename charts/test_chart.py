@@ -169,10 +169,10 @@ class ChartTest(unittest.TestCase):
     def test_chart_crds_are_the_generated_crds(self):
         generated = sorted(p.name for p in (REPO / "crds").glob("*.yaml"))
         in_chart = sorted(p.name for p in (CHART / "crds").glob("*.yaml"))
-        self.assertEqual(in_chart, generated, "charts/sluice/crds must hold exactly the generated crds/*.yaml")
+        self.assertEqual(in_chart, generated, "charts/sluice/crds must hold exactly the generated crds/*.yaml (run `make crds`)")
         for name in generated:
             self.assertEqual((CHART / "crds" / name).read_text(), (REPO / "crds" / name).read_text(),
-                             f"charts/sluice/crds/{name} is stale: copy crds/{name} over it")
+                             f"charts/sluice/crds/{name} is stale: run `make crds`")
 
 
 if __name__ == "__main__":
