@@ -284,10 +284,8 @@ impl Kubelet {
             }
             self.reconcile(&client, &config, &known).await;
         }
-        let all: Vec<PodKey> = self.lock().running.keys().cloned().collect();
-        for k in all {
-            self.stop(&k).await;
-        }
+        let all: Vec<RunningPod> = self.lock().running.drain().map(|(_, r)| r).collect();
+        futures::future::join_all(all.into_iter().map(terminate)).await;
     }
 
     async fn reconcile(&self, client: &kube::Client, config: &KubeletConfig, known: &HashMap<PodKey, Pod>) {
@@ -305,8 +303,11 @@ impl Kubelet {
                 .map(|(k, _)| k.clone())
                 .collect()
         };
+        // Terminations run in the background: one Pod's grace period must not hold back the others.
         for k in stale {
-            self.stop(&k).await;
+            if let Some(running) = self.lock().running.remove(&k) {
+                tokio::spawn(terminate(running));
+            }
         }
         // Start what is new.
         for (k, pod) in known {
@@ -377,27 +378,24 @@ impl Kubelet {
             }
         }
     }
+}
 
-    /// SIGTERM, then SIGKILL after the grace period.
-    async fn stop(&self, k: &PodKey) {
-        let Some(mut running) = self.lock().running.remove(k) else {
-            return;
-        };
-        for p in &running.processes {
-            if let Some(pid) = p.child.id() {
-                // No `unsafe` libc call: the `kill` utility sends the signal.
-                let _ = std::process::Command::new("kill")
-                    .args(["-TERM", &pid.to_string()])
-                    .stderr(Stdio::null())
-                    .status();
-            }
+/// SIGTERM to every process of the Pod, then SIGKILL to those still running after the grace period.
+async fn terminate(mut running: RunningPod) {
+    for p in &running.processes {
+        if let Some(pid) = p.child.id() {
+            // No `unsafe` libc call: the `kill` utility sends the signal.
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .stderr(Stdio::null())
+                .status();
         }
-        let deadline = Instant::now() + running.grace;
-        for p in &mut running.processes {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if tokio::time::timeout(left, p.child.wait()).await.is_err() {
-                let _ = p.child.kill().await;
-            }
+    }
+    let deadline = Instant::now() + running.grace;
+    for p in &mut running.processes {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if tokio::time::timeout(left, p.child.wait()).await.is_err() {
+            let _ = p.child.kill().await;
         }
     }
 }

@@ -59,11 +59,17 @@ fn injected_pod() -> Pod {
 }
 
 async fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    request(port, "GET", path, "").await
+}
+
+async fn request(port: u16, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
-    tcp.write_all(format!("GET {path} HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: web\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    tcp.write_all(format!("{head}{body}").as_bytes()).await.ok()?;
     let mut out = String::new();
     tcp.read_to_string(&mut out).await.ok()?;
     let code = out.split(' ').nth(1)?.parse().ok()?;
@@ -156,4 +162,97 @@ async fn kubelet_stand_in_runs_an_injected_pod_and_stops_it_when_deleted() {
 
     stop.send(()).unwrap();
     task.await.unwrap();
+}
+
+const DEMO: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: demo}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: demo}}
+  template:
+    metadata: {labels: {app: demo}}
+    spec:
+      terminationGracePeriodSeconds: 2
+      containers:
+        - name: app
+          image: example/sluice-demo-app:1
+          ports: [{name: http, containerPort: 8080}]
+          readinessProbe: {httpGet: {path: /healthz, port: http}}
+"#;
+
+#[tokio::test]
+async fn deployment_pods_run_under_the_kubelet_stand_in_and_report_ready_replicas() {
+    let env = Env::start().await.unwrap();
+    let ns = env.namespace("kubelet-deploy").await.unwrap();
+    ns.apply_yaml(DEMO).await.unwrap();
+    // No sidecar in these pods: the sidecar command is never run.
+    let config = KubeletConfig::new(
+        "/nonexistent/sluice-sidecar".as_ref(),
+        env!("CARGO_BIN_EXE_sluice-demo-app").as_ref(),
+    )
+    .namespace(ns.name());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let stopped = futures::FutureExt::shared(async {
+        let _ = stopped.await;
+    });
+    let (kubelet, kubelet_task) = Kubelet::start(ns.client(), config, stopped.clone());
+    let deployments = sluice_e2e::deployments::DeploymentController::new(ns.client(), Some(ns.name()));
+    let deployments_task = tokio::spawn(deployments.run(Duration::from_millis(20), stopped));
+    let api: kube::Api<k8s_openapi::api::apps::v1::Deployment> = ns.api();
+    let pods: kube::Api<Pod> = ns.api();
+
+    let names = wait_for("2 ready replicas", DEADLINE, || async {
+        let ready = api.get("demo").await.ok()?.status?.ready_replicas?;
+        let names: Vec<String> = pods
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .filter_map(|p| p.metadata.name)
+            .collect();
+        (ready == 2 && names.len() == 2).then_some(names)
+    })
+    .await
+    .unwrap();
+    // Each pod has its own local port for `http`, answering as that pod.
+    let ports: Vec<u16> = names
+        .iter()
+        .map(|n| kubelet.port(ns.name(), n, "http").unwrap())
+        .collect();
+    assert_ne!(ports[0], ports[1]);
+    for (name, port) in names.iter().zip(&ports) {
+        let (code, body) = get(*port, "/").await.unwrap();
+        assert_eq!(code, 200);
+        assert!(body.contains(&format!("ok {name}")), "{body}");
+    }
+
+    // As a job handler: a POSTed payload's `status` is the answer, after `sleepMs`.
+    let (code, body) = request(ports[0], "POST", "/jobs", r#"{"sleepMs": 20, "status": 500}"#)
+        .await
+        .unwrap();
+    assert_eq!(code, 500, "{body}");
+
+    let pids: Vec<u32> = names
+        .iter()
+        .map(|n| kubelet.pid(ns.name(), n, "app").unwrap())
+        .collect();
+    api.patch_scale(
+        "demo",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"spec": {"replicas": 0}})),
+    )
+    .await
+    .unwrap();
+    wait_for("no demo processes left", DEADLINE, || async {
+        let gone = names.iter().all(|n| !kubelet.is_running(ns.name(), n));
+        (gone && pids.iter().all(|p| !alive(*p))).then_some(())
+    })
+    .await
+    .unwrap();
+    stop.send(()).unwrap();
+    kubelet_task.await.unwrap();
+    deployments_task.await.unwrap();
 }
