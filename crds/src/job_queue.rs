@@ -145,7 +145,7 @@ pub struct WorkerSpec {
 
     /// Lease of a running job: the worker renews it by heartbeat, and a job whose lease runs out (its
     /// pod died) is retried. Between 1s and 1h.
-    #[serde(default = "default_lease")]
+    #[serde(default = "sidecar_config::defaults::lease")]
     #[schemars(schema_with = "go_duration_schema")]
     #[schemars(extend("x-kubernetes-validations" = [
         {"rule": "duration(self) >= duration('1s') && duration(self) <= duration('1h')",
@@ -171,7 +171,7 @@ pub struct HandlerSpec {
     #[schemars(length(min = 1, max = 1024), regex(pattern = r"^/"))]
     pub path: String,
     /// Handler response statuses that fail a job permanently (it goes to `dead` at once, no retry).
-    #[serde(default = "default_permanent_statuses")]
+    #[serde(default = "sidecar_config::defaults::permanent_statuses")]
     #[schemars(length(max = 32), inner(range(min = 400, max = 599)))]
     #[schemars(extend("x-kubernetes-list-type" = "set"))]
     pub permanent_failure_statuses: Vec<u16>,
@@ -183,7 +183,7 @@ impl Default for HandlerSpec {
             container: None,
             port: HANDLER_PORT_DEFAULT,
             path: HANDLER_PATH_DEFAULT.into(),
-            permanent_failure_statuses: default_permanent_statuses(),
+            permanent_failure_statuses: sidecar_config::defaults::permanent_statuses(),
         }
     }
 }
@@ -193,7 +193,7 @@ impl Default for HandlerSpec {
 #[serde(rename_all = "camelCase")]
 pub struct RetrySpec {
     /// Attempts before a job is dead-lettered.
-    #[serde(default = "default_max_attempts")]
+    #[serde(default = "sidecar_config::defaults::max_attempts")]
     #[schemars(range(min = 1, max = 1000))]
     pub max_attempts: u32,
     /// Exponential backoff between attempts.
@@ -204,7 +204,7 @@ pub struct RetrySpec {
 impl Default for RetrySpec {
     fn default() -> Self {
         Self {
-            max_attempts: default_max_attempts(),
+            max_attempts: sidecar_config::defaults::max_attempts(),
             backoff: BackoffSpec::default(),
         }
     }
@@ -219,18 +219,18 @@ impl Default for RetrySpec {
 ]))]
 pub struct BackoffSpec {
     /// Wait after the first failure (at least 1ms).
-    #[serde(default = "default_backoff_base")]
+    #[serde(default = "sidecar_config::defaults::backoff_base")]
     #[schemars(schema_with = "go_duration_schema")]
     #[schemars(extend("x-kubernetes-validations" = [
         {"rule": "duration(self) >= duration('1ms')", "message": "retry.backoff.base must be at least 1ms"}
     ]))]
     pub base: Duration,
     /// Longest wait.
-    #[serde(default = "default_backoff_cap")]
+    #[serde(default = "sidecar_config::defaults::backoff_cap")]
     #[schemars(schema_with = "go_duration_schema")]
     pub cap: Duration,
     /// Growth per attempt, at least 1 (1 waits `base` every time).
-    #[serde(default = "default_backoff_multiplier")]
+    #[serde(default = "sidecar_config::defaults::backoff_multiplier")]
     #[schemars(range(min = 1.0, max = 100.0))]
     pub multiplier: f64,
     /// How waits are spread: `equal` keeps half of each step fixed and draws the other half at random,
@@ -242,9 +242,9 @@ pub struct BackoffSpec {
 impl Default for BackoffSpec {
     fn default() -> Self {
         Self {
-            base: default_backoff_base(),
-            cap: default_backoff_cap(),
-            multiplier: default_backoff_multiplier(),
+            base: sidecar_config::defaults::backoff_base(),
+            cap: sidecar_config::defaults::backoff_cap(),
+            multiplier: sidecar_config::defaults::backoff_multiplier(),
             jitter: Jitter::Equal,
         }
     }
@@ -264,15 +264,15 @@ pub enum Jitter {
 #[serde(rename_all = "camelCase")]
 pub struct RetentionSpec {
     /// How long succeeded and cancelled jobs are kept.
-    #[serde(default = "default_retention_succeeded")]
+    #[serde(default = "sidecar_config::defaults::retention_succeeded")]
     #[schemars(schema_with = "duration_schema")]
     pub succeeded: Duration,
     /// How long dead (dead-lettered) jobs are kept.
-    #[serde(default = "default_retention_dead")]
+    #[serde(default = "sidecar_config::defaults::retention_dead")]
     #[schemars(schema_with = "duration_schema")]
     pub dead: Duration,
     /// How long an idempotency key is remembered.
-    #[serde(default = "default_idempotency_window")]
+    #[serde(default = "sidecar_config::defaults::idempotency_window")]
     #[schemars(schema_with = "duration_schema")]
     pub idempotency_window: Duration,
 }
@@ -280,9 +280,9 @@ pub struct RetentionSpec {
 impl Default for RetentionSpec {
     fn default() -> Self {
         Self {
-            succeeded: default_retention_succeeded(),
-            dead: default_retention_dead(),
-            idempotency_window: default_idempotency_window(),
+            succeeded: sidecar_config::defaults::retention_succeeded(),
+            dead: sidecar_config::defaults::retention_dead(),
+            idempotency_window: sidecar_config::defaults::idempotency_window(),
         }
     }
 }
@@ -547,38 +547,11 @@ fn default_concurrency() -> u32 {
 fn default_job_timeout() -> Duration {
     sidecar_config::JOB_TIMEOUT_DEFAULT
 }
-fn default_lease() -> Duration {
-    Duration::from_secs(30)
-}
 fn default_handler_port() -> u16 {
     HANDLER_PORT_DEFAULT
 }
 fn default_handler_path() -> String {
     HANDLER_PATH_DEFAULT.into()
-}
-fn default_permanent_statuses() -> Vec<u16> {
-    sidecar_config::PERMANENT_FAILURE_STATUSES_DEFAULT.to_vec()
-}
-fn default_max_attempts() -> u32 {
-    25
-}
-fn default_backoff_base() -> Duration {
-    Duration::from_secs(1)
-}
-fn default_backoff_cap() -> Duration {
-    Duration::from_secs(3600)
-}
-fn default_backoff_multiplier() -> f64 {
-    2.0
-}
-fn default_retention_succeeded() -> Duration {
-    Duration::from_secs(86_400)
-}
-fn default_retention_dead() -> Duration {
-    Duration::from_secs(7 * 86_400)
-}
-fn default_idempotency_window() -> Duration {
-    Duration::from_secs(86_400)
 }
 fn default_max_replica_count() -> i32 {
     MAX_REPLICA_COUNT_DEFAULT

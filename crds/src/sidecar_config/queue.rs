@@ -118,7 +118,7 @@ pub struct HandlerConfig {
     #[serde(default = "default_job_timeout")]
     pub timeout: Duration,
     /// Response statuses that fail the job permanently (it goes to `dead` at once).
-    #[serde(default = "default_permanent_statuses")]
+    #[serde(default = "defaults::permanent_statuses")]
     pub permanent_failure_statuses: Vec<u16>,
 }
 
@@ -160,22 +160,22 @@ pub struct QueueSettingsSpec {
     /// Queue name: letters, digits, `.`, `_`, `-`; at most 100 characters.
     pub name: String,
     /// Attempts before a job is dead-lettered (default 25).
-    #[serde(default = "default_max_attempts")]
+    #[serde(default = "defaults::max_attempts")]
     pub max_attempts: u32,
     /// Retry backoff.
     #[serde(default)]
     pub backoff: BackoffSpec,
     /// Lease of a running job; heartbeats extend it, and a job whose lease runs out is retried.
-    #[serde(default = "default_lease")]
+    #[serde(default = "defaults::lease")]
     pub lease_duration: Duration,
     /// How long succeeded and cancelled jobs are kept.
-    #[serde(default = "default_retention_succeeded")]
+    #[serde(default = "defaults::retention_succeeded")]
     pub retention_succeeded: Duration,
     /// How long dead jobs are kept.
-    #[serde(default = "default_retention_dead")]
+    #[serde(default = "defaults::retention_dead")]
     pub retention_dead: Duration,
     /// How long an idempotency key is remembered.
-    #[serde(default = "default_idempotency_window")]
+    #[serde(default = "defaults::idempotency_window")]
     pub idempotency_window: Duration,
 }
 
@@ -184,12 +184,12 @@ impl QueueSettingsSpec {
     pub fn named(name: impl Into<String>) -> Self {
         Self {
             name: name.into(),
-            max_attempts: default_max_attempts(),
+            max_attempts: defaults::max_attempts(),
             backoff: BackoffSpec::default(),
-            lease_duration: default_lease(),
-            retention_succeeded: default_retention_succeeded(),
-            retention_dead: default_retention_dead(),
-            idempotency_window: default_idempotency_window(),
+            lease_duration: defaults::lease(),
+            retention_succeeded: defaults::retention_succeeded(),
+            retention_dead: defaults::retention_dead(),
+            idempotency_window: defaults::idempotency_window(),
         }
     }
 }
@@ -200,22 +200,22 @@ impl QueueSettingsSpec {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BackoffSpec {
     /// Wait after the first failure (default 1s).
-    #[serde(default = "default_backoff_base")]
+    #[serde(default = "defaults::backoff_base")]
     pub base: Duration,
     /// Longest wait (default 1h).
-    #[serde(default = "default_backoff_cap")]
+    #[serde(default = "defaults::backoff_cap")]
     pub cap: Duration,
     /// Growth per attempt (default 2).
-    #[serde(default = "default_backoff_multiplier")]
+    #[serde(default = "defaults::backoff_multiplier")]
     pub multiplier: f64,
 }
 
 impl Default for BackoffSpec {
     fn default() -> Self {
         Self {
-            base: default_backoff_base(),
-            cap: default_backoff_cap(),
-            multiplier: default_backoff_multiplier(),
+            base: defaults::backoff_base(),
+            cap: defaults::backoff_cap(),
+            multiplier: defaults::backoff_multiplier(),
         }
     }
 }
@@ -247,35 +247,66 @@ fn default_handler_url() -> String {
 fn default_job_timeout() -> Duration {
     JOB_TIMEOUT_DEFAULT
 }
-fn default_permanent_statuses() -> Vec<u16> {
-    PERMANENT_FAILURE_STATUSES_DEFAULT.to_vec()
-}
 fn default_max_batch() -> u32 {
     MAX_ENQUEUE_BATCH_DEFAULT
 }
-fn default_max_attempts() -> u32 {
-    25
-}
-fn default_lease() -> Duration {
-    Duration::from_secs(30)
-}
-fn default_retention_succeeded() -> Duration {
-    Duration::from_secs(86_400)
-}
-fn default_retention_dead() -> Duration {
-    Duration::from_secs(7 * 86_400)
-}
-fn default_idempotency_window() -> Duration {
-    Duration::from_secs(86_400)
-}
-fn default_backoff_base() -> Duration {
-    Duration::from_secs(1)
-}
-fn default_backoff_cap() -> Duration {
-    Duration::from_secs(3600)
-}
-fn default_backoff_multiplier() -> f64 {
-    2.0
+/// Default attempts before a job is dead (the `sluice.queues` column default too).
+pub const MAX_ATTEMPTS_DEFAULT: u32 = 25;
+/// Default lease of a running job, renewed by heartbeat.
+pub const LEASE_DEFAULT: Duration = Duration::from_secs(30);
+/// Default time succeeded (and cancelled) jobs are kept.
+pub const RETENTION_SUCCEEDED_DEFAULT: Duration = Duration::from_secs(86_400);
+/// Default time dead jobs are kept.
+pub const RETENTION_DEAD_DEFAULT: Duration = Duration::from_secs(7 * 86_400);
+/// Default time an idempotency key is remembered.
+pub const IDEMPOTENCY_WINDOW_DEFAULT: Duration = Duration::from_secs(86_400);
+/// Default first retry delay.
+pub const BACKOFF_BASE_DEFAULT: Duration = Duration::from_secs(1);
+/// Default longest retry delay.
+pub const BACKOFF_CAP_DEFAULT: Duration = Duration::from_secs(3600);
+/// Default growth of the retry delay per attempt.
+pub const BACKOFF_MULTIPLIER_DEFAULT: f64 = 2.0;
+
+/// Serde default functions for the settings above, shared with the `JobQueue` CRD.
+pub mod defaults {
+    use super::*;
+
+    /// [`MAX_ATTEMPTS_DEFAULT`]
+    pub fn max_attempts() -> u32 {
+        MAX_ATTEMPTS_DEFAULT
+    }
+    /// [`LEASE_DEFAULT`]
+    pub fn lease() -> Duration {
+        LEASE_DEFAULT
+    }
+    /// [`RETENTION_SUCCEEDED_DEFAULT`]
+    pub fn retention_succeeded() -> Duration {
+        RETENTION_SUCCEEDED_DEFAULT
+    }
+    /// [`RETENTION_DEAD_DEFAULT`]
+    pub fn retention_dead() -> Duration {
+        RETENTION_DEAD_DEFAULT
+    }
+    /// [`IDEMPOTENCY_WINDOW_DEFAULT`]
+    pub fn idempotency_window() -> Duration {
+        IDEMPOTENCY_WINDOW_DEFAULT
+    }
+    /// [`BACKOFF_BASE_DEFAULT`]
+    pub fn backoff_base() -> Duration {
+        BACKOFF_BASE_DEFAULT
+    }
+    /// [`BACKOFF_CAP_DEFAULT`]
+    pub fn backoff_cap() -> Duration {
+        BACKOFF_CAP_DEFAULT
+    }
+    /// [`BACKOFF_MULTIPLIER_DEFAULT`]
+    pub fn backoff_multiplier() -> f64 {
+        BACKOFF_MULTIPLIER_DEFAULT
+    }
+    /// [`super::PERMANENT_FAILURE_STATUSES_DEFAULT`]
+    pub fn permanent_statuses() -> Vec<u16> {
+        super::PERMANENT_FAILURE_STATUSES_DEFAULT.to_vec()
+    }
 }
 
 #[cfg(test)]
