@@ -20,12 +20,15 @@
 //!   directory. Other volume types are ignored. If a ConfigMap is missing the Pod waits and is retried,
 //!   like `ContainerCreating`.
 //! - **Ports**: all Pods share 127.0.0.1 here, so every `containerPort` of the Pod's started containers
-//!   (plus `15021`, the sidecar's admin port, for sidecar containers) gets a free local port. Every
+//!   (plus `15021`, the sidecar's admin port, for sidecar containers, and every port P written as
+//!   `127.0.0.1:P`/`localhost:P`/`0.0.0.0:P` in args, plain env values or ConfigMap files — undeclared
+//!   ports such as a worker's handler URL or queue API) gets a free local port. Every
 //!   `127.0.0.1:P`, `localhost:P`, `0.0.0.0:P` and `[::]:P` naming a Pod port P is rewritten to
 //!   `127.0.0.1:<local>` in args, env values and the materialised volume files, so `SLUICE_LISTEN`,
 //!   `SLUICE_UPSTREAM`, a worker's handler URL and `adminListen` keep pointing at the right container.
-//!   Sidecar containers also get `SLUICE_ADMIN_LISTEN` and every process gets `SLUICE_DEMO_LISTEN`
-//!   (its first port) — the demo app listens there. [`Kubelet::port`] maps a Pod's port (name or number)
+//!   Sidecar containers also get `SLUICE_ADMIN_LISTEN`; every process gets `SLUICE_E2E_PORTS`
+//!   (`8080=40001,15021=40002`: Pod port = local port) and, when it declares a port,
+//!   `SLUICE_DEMO_LISTEN` (its first port, mapped) — the demo app listens there. [`Kubelet::port`] maps a Pod's port (name or number)
 //!   to the local port so tests can send traffic to it.
 //! - **Status**: `phase: Running`, `podIP`/`hostIP` 127.0.0.1, and `Ready`/`ContainersReady` `True` once
 //!   every started container is alive and its `readinessProbe.httpGet` (port mapped) answers 2xx.
@@ -460,8 +463,8 @@ async fn start_pod(client: &kube::Client, config: &KubeletConfig, pod: &Pod) -> 
         }
     }
 
-    // Volumes.
-    let mut volume_dirs: HashMap<String, PathBuf> = HashMap::new();
+    // Volumes, as stored: (volume name, files, whether it is a ConfigMap).
+    let mut raw_volumes: Vec<(String, BTreeMap<String, Vec<u8>>, bool)> = vec![];
     for volume in spec.volumes.iter().flatten() {
         let files: BTreeMap<String, Vec<u8>> = if let Some(cm) = &volume.config_map {
             let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
@@ -499,7 +502,48 @@ async fn start_pod(client: &kube::Client, config: &KubeletConfig, pod: &Pod) -> 
         } else {
             continue;
         };
-        let vdir = dir.path().join("volumes").join(&volume.name);
+        raw_volumes.push((volume.name.clone(), files, volume.config_map.is_some()));
+    }
+
+    // Env, as written (secret values are never scanned for ports, only rewritten).
+    let mut raw_env: Vec<BTreeMap<String, (String, bool)>> = vec![];
+    for (c, _) in &containers {
+        let mut env = BTreeMap::new();
+        for var in c.env.iter().flatten() {
+            if let Some(v) = resolve_env(client, pod, var).await? {
+                env.insert(var.name.clone(), (v, var.value.is_some()));
+            }
+        }
+        raw_env.push(env);
+    }
+
+    // Undeclared localhost ports named in args, plain env values and ConfigMap files (a worker's
+    // handler URL, the queue API's listen address) are Pod ports too: two Pods must not share them.
+    let mut scanned = vec![];
+    for ((c, _), env) in containers.iter().zip(&raw_env) {
+        for text in c
+            .args
+            .iter()
+            .flatten()
+            .chain(env.values().filter(|(_, plain)| *plain).map(|(v, _)| v))
+        {
+            scanned.extend(localhost_ports(text));
+        }
+    }
+    for (_, files, scan) in &raw_volumes {
+        for bytes in files.values().filter(|_| *scan) {
+            scanned.extend(localhost_ports(&String::from_utf8_lossy(bytes)));
+        }
+    }
+    for n in scanned {
+        if let std::collections::hash_map::Entry::Vacant(e) = ports.entry(n) {
+            e.insert(free_port()?);
+        }
+    }
+
+    let mut volume_dirs: HashMap<String, PathBuf> = HashMap::new();
+    for (volume, files, _) in raw_volumes {
+        let vdir = dir.path().join("volumes").join(&volume);
         std::fs::create_dir_all(&vdir)?;
         for (file, bytes) in files {
             let text = String::from_utf8(bytes.clone())
@@ -507,7 +551,7 @@ async fn start_pod(client: &kube::Client, config: &KubeletConfig, pod: &Pod) -> 
                 .unwrap_or(bytes);
             std::fs::write(vdir.join(file), text)?;
         }
-        volume_dirs.insert(volume.name.clone(), vdir);
+        volume_dirs.insert(volume, vdir);
     }
 
     let grace = Duration::from_secs(spec.termination_grace_period_seconds.unwrap_or(30).max(0) as u64)
@@ -521,7 +565,7 @@ async fn start_pod(client: &kube::Client, config: &KubeletConfig, pod: &Pod) -> 
         grace,
         reported_ready: None,
     };
-    for (c, command) in containers {
+    for ((c, command), raw) in containers.into_iter().zip(raw_env) {
         let mounts: Vec<(String, PathBuf)> = c
             .volume_mounts
             .iter()
@@ -529,12 +573,7 @@ async fn start_pod(client: &kube::Client, config: &KubeletConfig, pod: &Pod) -> 
             .filter_map(|m| Some((m.mount_path.clone(), volume_dirs.get(&m.name)?.clone())))
             .collect();
         let rewrite = |s: &str| rewrite_mounts(&rewrite_ports(s, &running.ports), &mounts);
-        let mut env = BTreeMap::new();
-        for var in c.env.iter().flatten() {
-            if let Some(v) = resolve_env(client, pod, var).await? {
-                env.insert(var.name.clone(), rewrite(&v));
-            }
-        }
+        let mut env: BTreeMap<String, String> = raw.into_iter().map(|(k, (v, _))| (k, rewrite(&v))).collect();
         if is_sidecar(c) {
             let admin = running.ports[&SIDECAR_ADMIN_PORT];
             env.entry("SLUICE_ADMIN_LISTEN".into())
@@ -547,6 +586,8 @@ async fn start_pod(client: &kube::Client, config: &KubeletConfig, pod: &Pod) -> 
         {
             env.insert("SLUICE_DEMO_LISTEN".into(), format!("127.0.0.1:{local}"));
         }
+        let port_map: Vec<String> = running.ports.iter().map(|(p, l)| format!("{p}={l}")).collect();
+        env.insert("SLUICE_E2E_PORTS".into(), port_map.join(","));
         let log = std::fs::File::create(running.dir.path().join(format!("{}.log", c.name)))?;
         let mut cmd = tokio::process::Command::new(&command[0]);
         cmd.args(&command[1..])
@@ -655,18 +696,31 @@ async fn resolve_env(
 /// Rewrites `127.0.0.1:P`, `localhost:P`, `0.0.0.0:P`, `[::]:P` for every Pod port P in `ports` to
 /// `127.0.0.1:<local>`.
 pub fn rewrite_ports(text: &str, ports: &HashMap<u16, u16>) -> String {
+    localhost_re()
+        .replace_all(text, |caps: &regex::Captures<'_>| {
+            match caps[2].parse::<u16>().ok().and_then(|p| ports.get(&p)) {
+                Some(local) => format!("127.0.0.1:{local}"),
+                None => caps[0].to_string(),
+            }
+        })
+        .into_owned()
+}
+
+/// Ports of `127.0.0.1:P`, `localhost:P`, `0.0.0.0:P`, `[::]:P` in `text`.
+pub fn localhost_ports(text: &str) -> Vec<u16> {
+    localhost_re()
+        .captures_iter(text)
+        .filter_map(|caps| caps[2].parse::<u16>().ok())
+        .filter(|p| *p != 0)
+        .collect()
+}
+
+fn localhost_re() -> &'static regex::Regex {
     static RE: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
-    let re = RE.get_or_init(|| {
+    RE.get_or_init(|| {
         regex::Regex::new(r"(127\.0\.0\.1|localhost|0\.0\.0\.0|\[::\]|\[::1\]):(\d{1,5})\b")
             .expect("valid regex")
-    });
-    re.replace_all(text, |caps: &regex::Captures<'_>| {
-        match caps[2].parse::<u16>().ok().and_then(|p| ports.get(&p)) {
-            Some(local) => format!("127.0.0.1:{local}"),
-            None => caps[0].to_string(),
-        }
     })
-    .into_owned()
 }
 
 /// Replaces a leading mount path (longest first) by the local directory holding the volume's files.
@@ -734,6 +788,13 @@ mod tests {
             "url: http://127.0.0.1:40001/jobs\nother: 10.0.0.1:8080"
         );
         assert_eq!(rewrite_ports("127.0.0.1:9999", &ports), "127.0.0.1:9999");
+    }
+
+    #[test]
+    fn undeclared_localhost_ports_are_found_in_text() {
+        let text =
+            "handler:\n  url: http://127.0.0.1:3000/jobs\nlisten: 0.0.0.0:9090\nredis: redis://10.0.0.1:6379";
+        assert_eq!(localhost_ports(text), vec![3000, 9090]);
     }
 
     #[test]

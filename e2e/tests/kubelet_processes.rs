@@ -256,3 +256,45 @@ async fn deployment_pods_run_under_the_kubelet_stand_in_and_report_ready_replica
     kubelet_task.await.unwrap();
     deployments_task.await.unwrap();
 }
+
+#[tokio::test]
+async fn an_undeclared_localhost_port_named_in_env_gets_its_own_local_port() {
+    let env = Env::start().await.unwrap();
+    let ns = env.namespace("kubelet-ports").await.unwrap();
+    let config = KubeletConfig::new(
+        "/nonexistent/sluice-sidecar".as_ref(),
+        env!("CARGO_BIN_EXE_sluice-demo-app").as_ref(),
+    )
+    .namespace(ns.name());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (kubelet, task) = Kubelet::start(ns.client(), config, async {
+        let _ = stopped.await;
+    });
+    let pods: kube::Api<Pod> = ns.api();
+    for name in ["handler-a", "handler-b"] {
+        // Like a worker pod's handler: no declared port, only a URL on localhost that names it.
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"containers": [{
+                "name": "handler", "image": "sluice-demo-app:1",
+                "env": [{"name": "HANDLER_URL", "value": "http://127.0.0.1:8080/jobs"}],
+            }]},
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+    }
+    for name in ["handler-a", "handler-b"] {
+        let port = wait_for("the handler's mapped port", DEADLINE, || async {
+            kubelet.port(ns.name(), name, "8080")
+        })
+        .await
+        .unwrap();
+        let (code, body) = wait_for("the handler answering", DEADLINE, || get(port, "/"))
+            .await
+            .unwrap();
+        assert_eq!(code, 200);
+        assert!(body.contains(&format!("ok {name}")), "{body}");
+    }
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}

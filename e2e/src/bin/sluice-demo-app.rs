@@ -5,7 +5,8 @@
 //!   that many milliseconds, and with `status` it answers that status (e.g. `500` to make a job fail).
 //!
 //! Listens on `--listen`, else `$SLUICE_DEMO_LISTEN` (set by the kubelet stand-in to the container's
-//! first port, mapped), else `127.0.0.1:8080`. Stops on SIGTERM or Ctrl-C.
+//! first declared port, mapped), else port 8080 — mapped through `$SLUICE_E2E_PORTS` (`8080=40001,...`,
+//! set by the kubelet stand-in) when the Pod uses 8080 without declaring it. Stops on SIGTERM or Ctrl-C.
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -17,6 +18,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
 const LISTEN_DEFAULT: &str = "127.0.0.1:8080";
+const PORT_DEFAULT: u16 = 8080;
 
 async fn handle(
     req: Request<hyper::body::Incoming>,
@@ -54,7 +56,16 @@ async fn handle(
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
-    let mut listen = std::env::var("SLUICE_DEMO_LISTEN").unwrap_or_else(|_| LISTEN_DEFAULT.into());
+    let mut listen = std::env::var("SLUICE_DEMO_LISTEN").unwrap_or_else(|_| {
+        let mapped = std::env::var("SLUICE_E2E_PORTS").ok().and_then(|map| {
+            map.split(',')
+                .find_map(|pair| pair.strip_prefix(&format!("{PORT_DEFAULT}=")).map(str::to_string))
+        });
+        match mapped {
+            Some(local) => format!("127.0.0.1:{local}"),
+            None => LISTEN_DEFAULT.into(),
+        }
+    });
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--listen" => {
