@@ -31,7 +31,9 @@
 //!   `SLUICE_DEMO_LISTEN` (its first port, mapped) — the demo app listens there. [`Kubelet::port`] maps a Pod's port (name or number)
 //!   to the local port so tests can send traffic to it.
 //! - **Status**: `phase: Running`, `podIP`/`hostIP` 127.0.0.1, and `Ready`/`ContainersReady` `True` once
-//!   every started container is alive and its `readinessProbe.httpGet` (port mapped) answers 2xx.
+//!   every started container is alive and its `readinessProbe.httpGet` (port mapped) answers 2xx — for a
+//!   sidecar without a probe, `/readyz` on its admin port. Containers not run do not hold readiness
+//!   back. `containerStatuses` are not written.
 //! - **Stopping**: on deletion, SIGTERM to every process, SIGKILL after
 //!   `terminationGracePeriodSeconds` (capped by [`KubeletConfig::max_grace`]). A crash can be simulated
 //!   with [`Kubelet::kill`]; a killed container is not restarted and the Pod turns not ready.
@@ -617,6 +619,10 @@ async fn start_pod(client: &kube::Client, config: &KubeletConfig, pod: &Pod) -> 
                 };
                 let local = *running.ports.get(&number)?;
                 Some((local, get.path.clone().unwrap_or_else(|| "/".into())))
+            })
+            .or_else(|| {
+                // A sidecar without a probe is still ready only once its config is loaded.
+                is_sidecar(c).then(|| (running.ports[&SIDECAR_ADMIN_PORT], "/readyz".to_string()))
             });
         running.processes.push(Process {
             container: c.name.clone(),
