@@ -85,14 +85,6 @@ fn spawn_worker_with_metrics(db: &str, queue: &str, handler: &str, pod: &str, me
         .expect("start sluice-sidecar worker")
 }
 
-async fn wait_state(store: &QueueStore, id: uuid::Uuid, want: &str) {
-    wait_for_async(&format!("job {id} to be {want}"), DEADLINE, || {
-        let store = store.clone();
-        async move { (state(&store, id).await == want).then_some(()) }
-    })
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sidecar_worker_posts_jobs_with_headers_and_maps_statuses() {
     let (pg, pool) = pg().await;

@@ -23,14 +23,6 @@ use tokio_util::sync::CancellationToken;
 
 const DEADLINE: Duration = Duration::from_secs(10);
 
-async fn wait_state(store: &QueueStore, id: uuid::Uuid, want: &str) {
-    wait_for_async(&format!("job {id} to be {want}"), DEADLINE, || {
-        let store = store.clone();
-        async move { (state(&store, id).await == want).then_some(()) }
-    })
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_jobs_back_off_then_are_dead_lettered_and_can_be_retried_by_api() {
     let (_pg, pool) = pg().await;

@@ -85,3 +85,15 @@ impl Handler for FnHandler {
 pub async fn state(store: &QueueStore, id: uuid::Uuid) -> String {
     store.get(id).await.unwrap().expect("job exists").state
 }
+
+/// How long a test waits for a job to reach a state.
+pub const STATE_DEADLINE: Duration = Duration::from_secs(15);
+
+/// Waits until job `id` is in state `want`, failing the test after [`STATE_DEADLINE`].
+pub async fn wait_state(store: &QueueStore, id: uuid::Uuid, want: &str) {
+    sluice_testsupport::wait_for_async(&format!("job {id} to be {want}"), STATE_DEADLINE, || {
+        let store = store.clone();
+        async move { (state(&store, id).await == want).then_some(()) }
+    })
+    .await;
+}
