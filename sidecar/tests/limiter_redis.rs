@@ -154,7 +154,7 @@ mod limiter {
                         instance: 1,
                         seq: step,
                     };
-                    let call = algorithm::call(kind, &base, &p, now, unique);
+                    let call = algorithm::call(kind, &base, &p, now, unique, 1);
                     let (reply, _) = store
                         .run(algorithm::script(kind), call, Duration::from_secs(2))
                         .await;
@@ -233,6 +233,128 @@ mod limiter {
                 .count();
             assert_eq!(allowed, 40, "{kind:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn one_call_for_several_hits_decides_each_as_separate_calls_would() {
+        let redis = RedisServer::start();
+        let store = RedisStore::connect(&redis.url(), 1, Duration::from_secs(2)).unwrap();
+        wait_for_async("redis to answer", Duration::from_secs(10), || async {
+            store.ping(Duration::from_millis(200)).await.then_some(())
+        })
+        .await;
+        let mut rng = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move |below: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % below.max(1)
+        };
+        for kind in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingLog,
+            Algorithm::SlidingCounter,
+            Algorithm::TokenBucket,
+        ] {
+            let p = Params {
+                requests: 10,
+                window_ms: 10_000,
+                burst: 4,
+            };
+            let base = format!("sluice:{{batch/{kind:?}}}");
+            let mut local = LocalState::new(kind);
+            let mut now = T0;
+            for step in 0..60u64 {
+                now += next(p.window_ms / 4);
+                let hits = 1 + next(12);
+                let unique = Unique {
+                    instance: 3,
+                    seq: step,
+                };
+                let call = algorithm::call(kind, &base, &p, now, unique, hits);
+                let (reply, _) = store
+                    .run(algorithm::script(kind), call, Duration::from_secs(2))
+                    .await;
+                let reply = reply.unwrap_or_else(|e| panic!("{kind:?}: {e:?}"));
+                for i in 0..hits {
+                    let one = algorithm::nth(kind, &p, &reply, i).unwrap();
+                    let remote = algorithm::outcome(kind, &p, now, &one).unwrap();
+                    assert_eq!(
+                        remote,
+                        local.decide(kind, &p, now),
+                        "{kind:?} step {step}: hit {i} of {hits} at {now} (reply {reply:?})"
+                    );
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn concurrent_requests_for_one_key_share_redis_calls_and_stay_exact() {
+        let redis = RedisServer::start();
+        let clock = ManualClock::at(next_edge(T0, 60_000) + 10);
+        let cfg = config(
+            vec![rule("hot", Algorithm::FixedWindow, 100, 60_000)],
+            FailureMode::Closed,
+        );
+        let l = limiter(&cfg, Some(&redis.url()), &clock);
+        healthy(&l).await;
+        let facts = get_from("203.0.113.9");
+        let verdicts = futures::future::join_all((0..250).map(|_| l.check(&facts))).await;
+        let mut remaining: Vec<u64> = verdicts
+            .iter()
+            .filter(|v| v.allowed())
+            .map(|v| v.quota.as_ref().unwrap().remaining)
+            .collect();
+        remaining.sort_unstable();
+        assert_eq!(
+            remaining,
+            (0..100).collect::<Vec<_>>(),
+            "each admitted request sees its own place in the count"
+        );
+        let calls = script_calls(&redis);
+        assert!(
+            (1..=10).contains(&calls),
+            "250 concurrent requests for one key took {calls} script calls"
+        );
+    }
+
+    #[tokio::test]
+    async fn requests_queued_behind_an_abandoned_call_are_still_decided_in_redis() {
+        let redis = RedisServer::start();
+        let clock = ManualClock::at(next_edge(T0, 60_000) + 10);
+        let cfg = config(
+            vec![rule("hot", Algorithm::FixedWindow, 100, 60_000)],
+            FailureMode::Closed,
+        );
+        let l = limiter(&cfg, Some(&redis.url()), &clock);
+        healthy(&l).await;
+        let facts = get_from("203.0.113.9");
+        let mut lead = Box::pin(l.check(&facts));
+        assert!(futures::poll!(&mut lead).is_pending(), "the call is in flight");
+        let mut queued = Box::pin(futures::future::join_all((0..5).map(|_| l.check(&facts))));
+        assert!(
+            futures::poll!(&mut queued).is_pending(),
+            "they wait for the call in flight"
+        );
+        drop(lead); // the client went away mid-call
+        let verdicts = tokio::time::timeout(Duration::from_secs(5), queued)
+            .await
+            .expect("answered");
+        assert!(
+            verdicts.iter().all(|v| v.allowed()),
+            "decided by Redis, not by the closed failure mode: {verdicts:?}"
+        );
+    }
+
+    /// `EVALSHA` and `EVAL` calls Redis has served.
+    fn script_calls(redis: &RedisServer) -> u64 {
+        redis
+            .command("INFO commandstats")
+            .lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
+            .sum()
     }
 
     #[tokio::test]

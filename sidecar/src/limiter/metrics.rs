@@ -4,6 +4,7 @@
 //! |---|---|---|
 //! | `sluice_limiter_decisions_total` | `rule`, `outcome` (`allowed`/`rejected`/`shadow_rejected`) | one per applying rule per request |
 //! | `sluice_limiter_redis_latency_seconds` | | every Redis call, answered or not |
+//! | `sluice_limiter_redis_batch_size` | | requests decided by one Redis call (more than 1 when requests for one key arrived while a call for it was in flight) |
 //! | `sluice_limiter_redis_errors_total` | `kind` (`timeout`/`error`/`reply`) | calls that did not decide |
 //! | `sluice_limiter_breaker_open` | | 1 while the circuit breaker keeps calls away from Redis |
 //! | `sluice_limiter_fallback_decisions_total` | `mode` (`open`/`closed`/`local`), `outcome` | decisions made without Redis while Redis was configured |
@@ -103,6 +104,8 @@ pub struct Metrics {
     decisions: Family<DecisionLabels, Counter>,
     /// Latency of Redis calls.
     pub redis_latency: Histogram,
+    /// Requests decided per Redis call.
+    pub redis_batch_size: Histogram,
     redis_errors: Family<ErrorLabels, Counter>,
     /// 1 while the breaker is open.
     pub breaker_open: Gauge,
@@ -129,6 +132,11 @@ impl Metrics {
             "redis_latency_seconds",
             "Latency of rate-limit calls to Redis, answered or not",
             m.redis_latency.clone(),
+        );
+        r.register(
+            "redis_batch_size",
+            "Requests decided by one Redis call (coalesced while a call for the same key was in flight)",
+            m.redis_batch_size.clone(),
         );
         r.register(
             "redis_errors",
@@ -168,6 +176,7 @@ impl Metrics {
         Self {
             decisions: Family::default(),
             redis_latency: Histogram::new(exponential_buckets(0.000_1, 2.0, 14)),
+            redis_batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 9)),
             redis_errors: Family::default(),
             breaker_open: Gauge::default(),
             fallback: Family::default(),

@@ -5,29 +5,30 @@
 //! Layout: [`rule`] (matching, compiled rules), [`key`] (key derivation, IP masking, hashing),
 //! [`mod@client_ip`] (socket peer and trusted `X-Forwarded-For`), [`algorithm`] (fixed window, sliding log,
 //! sliding counter, token bucket: Lua script and in-process math each), [`redis_store`] (fred pool,
-//! `EVALSHA`), [`breaker`], [`local`] (bounded in-process buckets), [`metrics`].
+//! `EVALSHA`), [`coalesce`] and `remote` (one call in flight per key; requests arriving meanwhile decided
+//! together by the next call), [`breaker`], [`local`] (bounded in-process buckets), [`metrics`].
 //!
 //! Hot path: rules and settings are read through one `ArcSwap` load; matching and key hashing allocate
-//! nothing; per applying rule there is one key string and one script call. The in-process store takes one
-//! shard lock per rule, and only when Redis is absent or cannot decide.
+//! nothing; per applying rule there is one key string and at most one script call (a hot key shares its
+//! call with the requests that arrived while the previous one was in flight). The in-process store takes
+//! one shard lock per rule, and only when Redis is absent or cannot decide.
 
 pub mod algorithm;
 pub mod breaker;
 pub mod client_ip;
+pub mod coalesce;
 pub mod key;
 pub mod local;
 pub mod metrics;
 pub mod redis_store;
+mod remote;
 pub mod rule;
 
 use std::{
     collections::HashSet,
     fmt,
     net::IpAddr,
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::{Arc, atomic::AtomicU64},
     time::Duration,
 };
 
@@ -39,12 +40,13 @@ use sluice_crds::sidecar_config::{FailureMode, LimitsConfig, PolicyRef, Rule, Ti
 pub use client_ip::client_ip;
 
 use self::{
-    algorithm::{Outcome, Unique},
+    algorithm::Outcome,
     breaker::Breaker,
+    coalesce::Coalescer,
     key::KeyHash,
     local::LocalStore,
-    metrics::{DecisionOutcome, FallbackMode, Metrics, RedisErrorKind},
-    redis_store::{CallError, RedisStore},
+    metrics::{DecisionOutcome, FallbackMode, Metrics},
+    redis_store::RedisStore,
     rule::CompiledRule,
 };
 use crate::{Error, clock::SharedClock};
@@ -174,6 +176,7 @@ struct Shared {
     redis: Option<RedisStore>,
     breaker: Breaker,
     local: LocalStore,
+    coalescer: Coalescer<remote::Answer>,
     metrics: Metrics,
     instance: u64,
     seq: AtomicU64,
@@ -264,6 +267,7 @@ impl Limiter {
             clock,
             breaker: Breaker::new_open(metrics.breaker_open.clone()),
             local: LocalStore::new(config.local_max_keys, metrics.clone()),
+            coalescer: Coalescer::default(),
             metrics,
             redis,
             instance: rand::random(),
@@ -358,43 +362,11 @@ impl Limiter {
         hash: &KeyHash,
         now: u64,
     ) -> (Outcome, Source) {
-        let unique = Unique {
-            instance: self.shared.instance,
-            seq: self.shared.seq.fetch_add(1, Ordering::Relaxed),
-        };
         let base = rule.key.redis_base(hash);
-        let call = algorithm::call(rule.algorithm, &base, &rule.params, now, unique);
-        let (result, took) = redis
-            .run(algorithm::script(rule.algorithm), call, settings.timeout)
-            .await;
-        let m = &self.shared.metrics;
-        m.redis_latency.observe(took.as_secs_f64());
-        let failure = match result {
-            Ok(reply) => match algorithm::outcome(rule.algorithm, &rule.params, now, &reply) {
-                Some(o) => {
-                    self.shared.breaker.record_success();
-                    return (o, Source::Redis);
-                }
-                None => {
-                    tracing::warn!(rule = %rule.name, ?reply, "unexpected reply from rate-limit script");
-                    RedisErrorKind::reply
-                }
-            },
-            Err(CallError::Timeout) => RedisErrorKind::timeout,
-            Err(CallError::Redis(e)) => {
-                tracing::debug!(rule = %rule.name, error = %e, "rate-limit call to Redis failed");
-                RedisErrorKind::error
-            }
-        };
-        m.redis_error(failure);
-        if self.shared.breaker.record_failure(settings.breaker_failures) {
-            tracing::warn!(
-                failure_mode = ?settings.failure_mode,
-                "Redis failed {} calls in a row; circuit breaker open",
-                settings.breaker_failures
-            );
+        match remote::decide(&self.shared, redis, settings, rule, base, now).await {
+            Some(o) => (o, Source::Redis),
+            None => self.fallback(settings, rule, hash, now),
         }
-        self.fallback(settings, rule, hash, now)
     }
 
     /// The decision of the failure mode while Redis cannot decide.

@@ -23,13 +23,26 @@ impl Algorithm for FixedWindow {
         &FIXED_WINDOW_SCRIPT
     }
 
-    fn call(base: &str, p: &Params, now: u64, _: Unique) -> Call {
+    fn call(base: &str, p: &Params, now: u64, _: Unique, hits: u64) -> Call {
         let w = now / p.window_ms;
         let end = (w + 1) * p.window_ms;
         Call {
             keys: vec![format!("{base}:fw:{}:{w}", p.window_ms)],
-            args: vec![p.requests.to_string(), (end - now + EXPIRY_GRACE_MS).to_string()],
+            args: vec![
+                p.requests.to_string(),
+                (end - now + EXPIRY_GRACE_MS).to_string(),
+                hits.to_string(),
+            ],
         }
+    }
+
+    fn nth(_: &Params, reply: &[i64], i: u64) -> Option<Vec<i64>> {
+        let [allowed, used] = *reply else { return None };
+        Some(if i < count(allowed) {
+            vec![1, used - (allowed - 1 - i as i64)]
+        } else {
+            vec![0, used]
+        })
     }
 
     fn outcome(p: &Params, now: u64, reply: &[i64]) -> Option<Outcome> {
@@ -97,8 +110,8 @@ mod tests {
 
     #[test]
     fn keys_carry_window_length_and_index_under_the_hash_tag() {
-        let c = FixedWindow::call("sluice:{a/b/r/k}", &P, 60_001, Unique { instance: 0, seq: 0 });
+        let c = FixedWindow::call("sluice:{a/b/r/k}", &P, 60_001, Unique { instance: 0, seq: 0 }, 1);
         assert_eq!(c.keys, ["sluice:{a/b/r/k}:fw:30000:2"]);
-        assert_eq!(c.args, ["3", &(29_999 + EXPIRY_GRACE_MS).to_string()]);
+        assert_eq!(c.args, ["3", &(29_999 + EXPIRY_GRACE_MS).to_string(), "1"]);
     }
 }

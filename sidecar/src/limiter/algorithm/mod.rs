@@ -116,11 +116,17 @@ pub trait Algorithm {
     /// The Lua script.
     fn script() -> &'static Script;
 
-    /// The Redis call for one request. `base` is the key prefix with the hash tag
+    /// The Redis call deciding `hits` requests (at least 1) for one key, in arrival order, as if they had
+    /// come one after another at `now`. `base` is the key prefix with the hash tag
     /// (`sluice:{ns/policy/rule/keyhash}`); every key starts with it, so a script touches one cluster slot.
-    fn call(base: &str, p: &Params, now: u64, unique: Unique) -> Call;
+    fn call(base: &str, p: &Params, now: u64, unique: Unique, hits: u64) -> Call;
 
-    /// The outcome from the script's raw reply; `None` when the reply has the wrong shape.
+    /// From the reply to a call with several hits, the reply the script would have given the `i`-th of
+    /// them (from 0) had each been a call of its own, one after another; `None` when the reply has the
+    /// wrong shape. A one-hit reply is its own 0th.
+    fn nth(p: &Params, reply: &[i64], i: u64) -> Option<Vec<i64>>;
+
+    /// The outcome from the script's raw (one-hit) reply; `None` when the reply has the wrong shape.
     fn outcome(p: &Params, now: u64, reply: &[i64]) -> Option<Outcome>;
 
     /// The same decision in process: updates `state` exactly as the script updates Redis and returns the
@@ -206,13 +212,23 @@ pub fn script(kind: AlgorithmKind) -> &'static Script {
     }
 }
 
-/// The Redis call of `kind`.
-pub fn call(kind: AlgorithmKind, base: &str, p: &Params, now: u64, unique: Unique) -> Call {
+/// The Redis call of `kind` deciding `hits` requests for one key (see [`Algorithm::call`]).
+pub fn call(kind: AlgorithmKind, base: &str, p: &Params, now: u64, unique: Unique, hits: u64) -> Call {
     match kind {
-        AlgorithmKind::FixedWindow => FixedWindow::call(base, p, now, unique),
-        AlgorithmKind::SlidingLog => SlidingLog::call(base, p, now, unique),
-        AlgorithmKind::SlidingCounter => SlidingCounter::call(base, p, now, unique),
-        AlgorithmKind::TokenBucket => TokenBucket::call(base, p, now, unique),
+        AlgorithmKind::FixedWindow => FixedWindow::call(base, p, now, unique, hits),
+        AlgorithmKind::SlidingLog => SlidingLog::call(base, p, now, unique, hits),
+        AlgorithmKind::SlidingCounter => SlidingCounter::call(base, p, now, unique, hits),
+        AlgorithmKind::TokenBucket => TokenBucket::call(base, p, now, unique, hits),
+    }
+}
+
+/// The one-hit reply of the `i`-th request of a several-hit reply of `kind` (see [`Algorithm::nth`]).
+pub fn nth(kind: AlgorithmKind, p: &Params, reply: &[i64], i: u64) -> Option<Vec<i64>> {
+    match kind {
+        AlgorithmKind::FixedWindow => FixedWindow::nth(p, reply, i),
+        AlgorithmKind::SlidingLog => SlidingLog::nth(p, reply, i),
+        AlgorithmKind::SlidingCounter => SlidingCounter::nth(p, reply, i),
+        AlgorithmKind::TokenBucket => TokenBucket::nth(p, reply, i),
     }
 }
 

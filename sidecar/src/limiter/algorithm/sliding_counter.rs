@@ -28,7 +28,7 @@ impl Algorithm for SlidingCounter {
         &SLIDING_COUNTER_SCRIPT
     }
 
-    fn call(base: &str, p: &Params, now: u64, _: Unique) -> Call {
+    fn call(base: &str, p: &Params, now: u64, _: Unique, hits: u64) -> Call {
         let w = now / p.window_ms;
         let elapsed = now - w * p.window_ms;
         let prev = w as i64 - 1;
@@ -42,8 +42,18 @@ impl Algorithm for SlidingCounter {
                 p.window_ms.to_string(),
                 elapsed.to_string(),
                 (2 * p.window_ms - elapsed + EXPIRY_GRACE_MS).to_string(),
+                hits.to_string(),
             ],
         }
+    }
+
+    fn nth(_: &Params, reply: &[i64], i: u64) -> Option<Vec<i64>> {
+        let [allowed, prev, cur] = *reply else { return None };
+        Some(if i < count(allowed) {
+            vec![1, prev, cur - (allowed - 1 - i as i64)]
+        } else {
+            vec![0, prev, cur]
+        })
     }
 
     fn outcome(p: &Params, now: u64, reply: &[i64]) -> Option<Outcome> {

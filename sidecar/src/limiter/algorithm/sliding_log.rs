@@ -24,7 +24,7 @@ impl Algorithm for SlidingLog {
         &SLIDING_LOG_SCRIPT
     }
 
-    fn call(base: &str, p: &Params, now: u64, unique: Unique) -> Call {
+    fn call(base: &str, p: &Params, now: u64, unique: Unique, hits: u64) -> Call {
         Call {
             keys: vec![format!("{base}:sl:{}", p.window_ms)],
             args: vec![
@@ -33,8 +33,20 @@ impl Algorithm for SlidingLog {
                 p.requests.to_string(),
                 format!("{now}:{:x}:{:x}", unique.instance, unique.seq),
                 (p.window_ms + EXPIRY_GRACE_MS).to_string(),
+                hits.to_string(),
             ],
         }
+    }
+
+    fn nth(_: &Params, reply: &[i64], i: u64) -> Option<Vec<i64>> {
+        let [allowed, used, freeing, newest] = *reply else {
+            return None;
+        };
+        Some(if i < count(allowed) {
+            vec![1, used - (allowed - 1 - i as i64), 0, newest]
+        } else {
+            vec![0, used, freeing, newest]
+        })
     }
 
     fn outcome(p: &Params, now: u64, reply: &[i64]) -> Option<Outcome> {
@@ -118,8 +130,8 @@ mod tests {
 
     #[test]
     fn members_are_unique_per_instance_and_sequence() {
-        let a = SlidingLog::call("b", &P, 5, Unique { instance: 1, seq: 7 });
-        let b = SlidingLog::call("b", &P, 5, Unique { instance: 2, seq: 7 });
+        let a = SlidingLog::call("b", &P, 5, Unique { instance: 1, seq: 7 }, 1);
+        let b = SlidingLog::call("b", &P, 5, Unique { instance: 2, seq: 7 }, 1);
         assert_ne!(a.args[3], b.args[3]);
     }
 }

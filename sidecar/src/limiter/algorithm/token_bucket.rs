@@ -37,7 +37,7 @@ impl Algorithm for TokenBucket {
         &TOKEN_BUCKET_SCRIPT
     }
 
-    fn call(base: &str, p: &Params, now: u64, _: Unique) -> Call {
+    fn call(base: &str, p: &Params, now: u64, _: Unique, hits: u64) -> Call {
         Call {
             keys: vec![format!("{base}:tb:{}", p.window_ms)],
             args: vec![
@@ -46,8 +46,21 @@ impl Algorithm for TokenBucket {
                 p.burst.to_string(),
                 now.to_string(),
                 EXPIRY_GRACE_MS.to_string(),
+                hits.to_string(),
             ],
         }
+    }
+
+    fn nth(p: &Params, reply: &[i64], i: u64) -> Option<Vec<i64>> {
+        let [allowed, excess] = *reply else { return None };
+        let later = u64::try_from(allowed).ok()?.checked_sub(1 + i);
+        Some(match later {
+            Some(later) => {
+                let back = i64::try_from(u128::from(later) * u128::from(p.window_ms)).ok()?;
+                vec![1, excess - back]
+            }
+            None => vec![0, excess],
+        })
     }
 
     fn outcome(p: &Params, _now: u64, reply: &[i64]) -> Option<Outcome> {

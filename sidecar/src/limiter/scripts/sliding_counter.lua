@@ -7,17 +7,25 @@
 -- ARGV[2]  window (ms)
 -- ARGV[3]  ms elapsed since the current window began
 -- ARGV[4]  expiry of the current counter in ms (set on the first hit only)
--- Returns {allowed, previous count, current count after this request}.
+-- ARGV[5]  hits: requests decided together (in arrival order), at least 1
+-- Returns {requests allowed (the first ones of the hits), previous count, current count after them}.
+-- A request is allowed when prev * (window - elapsed) + (cur + 1) * window <= limit * window.
 local limit = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
 local elapsed = tonumber(ARGV[3])
+local hits = tonumber(ARGV[5])
 local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
 local prev = tonumber(redis.call('GET', KEYS[2]) or '0')
-if prev * (window - elapsed) + (cur + 1) * window > limit * window then
+local room = limit * window - prev * (window - elapsed) - cur * window
+local allowed = 0
+if room >= window then
+  allowed = math.min(hits, math.floor(room / window))
+end
+if allowed == 0 then
   return {0, prev, cur}
 end
-cur = redis.call('INCR', KEYS[1])
-if cur == 1 then
+cur = redis.call('INCRBY', KEYS[1], allowed)
+if cur == allowed then
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
 end
-return {1, prev, cur}
+return {allowed, prev, cur}

@@ -9,11 +9,14 @@
 -- ARGV[3]  burst
 -- ARGV[4]  now (ms, from the caller's clock)
 -- ARGV[5]  grace added to the expiry (ms)
--- Returns {allowed, excess after this request (when rejected: the drained excess, unchanged state)}.
+-- ARGV[6]  hits: requests decided together (in arrival order), at least 1
+-- Returns {requests allowed (the first ones of the hits), excess after them (when none: the drained excess,
+--          unchanged state)}. For one hit: {1|0, excess}.
 local rate = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
 local burst = tonumber(ARGV[3])
 local now = tonumber(ARGV[4])
+local hits = tonumber(ARGV[6])
 local state = redis.call('HMGET', KEYS[1], 'e', 't')
 local excess = tonumber(state[1]) or 0
 local last = tonumber(state[2]) or now
@@ -25,13 +28,14 @@ excess = excess - rate * elapsed
 if excess < 0 then
   excess = 0
 end
-local after = excess + window
-if after > (burst + 1) * window then
+local allowed = math.min(hits, math.floor(((burst + 1) * window - excess) / window))
+if allowed <= 0 then
   return {0, excess}
 end
+local after = excess + allowed * window
 if now > last then
   last = now
 end
 redis.call('HSET', KEYS[1], 'e', after, 't', last)
 redis.call('PEXPIRE', KEYS[1], math.ceil(after / rate) + tonumber(ARGV[5]))
-return {1, after}
+return {allowed, after}
