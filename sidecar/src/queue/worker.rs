@@ -28,7 +28,7 @@ use std::{
 
 use sqlx::postgres::PgListener;
 use tokio::{
-    sync::{Notify, Semaphore, mpsc},
+    sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc},
     task::JoinSet,
 };
 use tokio_util::sync::CancellationToken;
@@ -170,6 +170,10 @@ struct Done {
     kind: String,
     /// None: hand the job back.
     finish: Option<Finish>,
+    /// The job's concurrency permit, released only once the outcome is written: until then the job is
+    /// still running in the database, and claiming more meanwhile would let finished-but-unrecorded jobs
+    /// pile up without bound whenever the completer falls behind.
+    _permit: OwnedSemaphorePermit,
 }
 
 struct Shared<H> {
@@ -378,10 +382,7 @@ async fn claim_loop<H: Handler>(
                         let permit = held.pop().expect("claimed no more than the permits held");
                         let shared = shared.clone();
                         let done_tx = done_tx.clone();
-                        jobs.spawn(async move {
-                            run_job(&shared, job, &done_tx).await;
-                            drop(permit);
-                        });
+                        jobs.spawn(async move { run_job(&shared, job, permit, &done_tx).await });
                     }
                 }
                 Err(e) => {
@@ -407,7 +408,12 @@ async fn claim_loop<H: Handler>(
     }
 }
 
-async fn run_job<H: Handler>(shared: &Shared<H>, job: ClaimedJob, done_tx: &mpsc::UnboundedSender<Done>) {
+async fn run_job<H: Handler>(
+    shared: &Shared<H>,
+    job: ClaimedJob,
+    permit: OwnedSemaphorePermit,
+    done_tx: &mpsc::UnboundedSender<Done>,
+) {
     let stop = CancellationToken::new();
     let reason = Arc::new(Mutex::new(None));
     let finishing = Arc::new(AtomicBool::new(false));
@@ -483,6 +489,7 @@ async fn run_job<H: Handler>(shared: &Shared<H>, job: ClaimedJob, done_tx: &mpsc
         queue,
         kind,
         finish,
+        _permit: permit,
     });
 }
 

@@ -1,0 +1,180 @@
+//! Query plans of the worker's hot statements on a table the size of a real backlog.
+//!
+//! The bug this guards against: with 100k jobs, completing a batch of 1,000 took over a second because
+//! the planner scanned the partial running index (statistics said almost nothing runs) and filtered every
+//! running job against the whole id array, instead of looking the ids up by primary key. Both plans a
+//! prepared statement can get are checked — the custom plan of its first executions and the generic
+//! plan PostgreSQL switches to after five — from statistics taken while nothing was running, which is
+//! what a worker meets after a bulk enqueue. EXPLAIN only: nothing is executed and nothing is timed.
+
+mod queue_support;
+
+use queue_support::*;
+use sluice_sidecar::queue::{QueueStore, sql};
+// Statements are built from the crate's own SQL constants and numbers and ids the test made: no input
+// from outside reaches them.
+use sqlx::{AssertSqlSafe, PgConnection, Row};
+
+/// Jobs waiting in the queue, and as many finished ones beside them.
+const BACKLOG: usize = 100_000;
+/// Ids in each batch statement: the completer's largest batch.
+const BATCH: usize = 1_000;
+
+/// How PostgreSQL plans a prepared statement: its first executions, then after five.
+const PLAN_MODES: [&str; 2] = ["force_custom_plan", "force_generic_plan"];
+
+/// One scan of `sluice.jobs` in a plan: the node type and the index it reads, if any.
+#[derive(Debug, PartialEq)]
+struct Scan {
+    node: String,
+    index: Option<String>,
+}
+
+fn scans_of_jobs(plan: &serde_json::Value, out: &mut Vec<Scan>) {
+    if plan["Relation Name"] == "jobs" && plan["Node Type"] != "ModifyTable" {
+        out.push(Scan {
+            node: plan["Node Type"].as_str().unwrap_or_default().to_owned(),
+            index: plan["Index Name"].as_str().map(str::to_owned),
+        });
+    }
+    for child in plan["Plans"].as_array().into_iter().flatten() {
+        scans_of_jobs(child, out);
+    }
+}
+
+fn node_types(plan: &serde_json::Value, out: &mut Vec<String>) {
+    out.push(plan["Node Type"].as_str().unwrap_or_default().to_owned());
+    for child in plan["Plans"].as_array().into_iter().flatten() {
+        node_types(child, out);
+    }
+}
+
+/// EXPLAIN (FORMAT JSON) of prepared statement `name` executed with `args`, planned in `mode`.
+async fn explain(conn: &mut PgConnection, mode: &str, name: &str, args: &str) -> serde_json::Value {
+    sqlx::raw_sql(AssertSqlSafe(format!("SET plan_cache_mode = {mode}")))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let row = sqlx::raw_sql(AssertSqlSafe(format!(
+        "EXPLAIN (FORMAT JSON) EXECUTE {name}({args})"
+    )))
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    let doc: serde_json::Value = row.get(0);
+    doc[0]["Plan"].clone()
+}
+
+fn array_literal(items: impl IntoIterator<Item = String>) -> String {
+    format!("'{{{}}}'", items.into_iter().collect::<Vec<_>>().join(","))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_statements_look_jobs_up_by_primary_key_in_a_large_table() {
+    let (_pg, pool) = pg().await;
+    let store = QueueStore::new(pool.clone());
+    queue(&store, "plans").await;
+    // Loaded in two statements so the test stays fast; ANALYZE sees no running job.
+    sqlx::query(
+        "INSERT INTO sluice.jobs (id, queue, kind, payload, max_attempts) \
+         SELECT sluice.uuid_v7(), 'plans', 'k', jsonb_build_object('i', i), 3 FROM generate_series(1, $1) i",
+    )
+    .bind(BACKLOG as i32)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO sluice.jobs (id, queue, kind, payload, max_attempts, state, attempt, finished_at) \
+         SELECT sluice.uuid_v7(), 'plans', 'k', '{}', 3, 'succeeded', 1, now() FROM generate_series(1, $1)",
+    )
+    .bind(BACKLOG as i32)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE sluice.jobs").execute(&pool).await.unwrap();
+    let ids: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM sluice.jobs ORDER BY id LIMIT $1")
+        .bind(BATCH as i64)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    let ids = array_literal(ids.iter().map(ToString::to_string));
+    let ones = array_literal((0..BATCH).map(|_| "1".to_owned()));
+    let s = array_literal((0..BATCH).map(|_| "s".to_owned()));
+    let zeros = array_literal((0..BATCH).map(|_| "0".to_owned()));
+    let empty = array_literal((0..BATCH).map(|_| "\"\"".to_owned()));
+
+    let mut conn = pool.acquire().await.unwrap();
+    let by_id = [
+        (
+            "finish",
+            "uuid[], integer[], text[], bigint[], text[], text",
+            sql::JOB_FINISH_FENCED,
+            format!("{ids}, {ones}, {s}, {zeros}, {empty}, 'w'"),
+        ),
+        (
+            "heartbeat",
+            "uuid[], integer[], text, bigint",
+            sql::JOB_HEARTBEAT,
+            format!("{ids}, {ones}, 'w', 30000"),
+        ),
+        (
+            "release",
+            "uuid[], integer[], text",
+            sql::JOB_RELEASE_FENCED,
+            format!("{ids}, {ones}, 'w'"),
+        ),
+    ];
+    for (name, types, statement, args) in &by_id {
+        sqlx::raw_sql(AssertSqlSafe(format!("PREPARE {name}({types}) AS {statement}")))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        for mode in PLAN_MODES {
+            let plan = explain(&mut conn, mode, name, args).await;
+            let mut scans = Vec::new();
+            scans_of_jobs(&plan, &mut scans);
+            assert_eq!(
+                scans,
+                vec![Scan {
+                    node: "Index Scan".into(),
+                    index: Some("jobs_pkey".into()),
+                }],
+                "{name} ({mode}) must look its {BATCH} ids up by primary key, not scan \
+                 sluice.jobs or the running index: {plan:#}"
+            );
+        }
+    }
+
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "PREPARE claim(text, text, bigint, bigint) AS {}",
+        sql::JOB_CLAIM_BATCH
+    )))
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    for mode in PLAN_MODES {
+        let plan = explain(&mut conn, mode, "claim", "'plans', 'w', 200, 30000").await;
+        let mut scans = Vec::new();
+        scans_of_jobs(&plan, &mut scans);
+        let mut nodes = Vec::new();
+        node_types(&plan, &mut nodes);
+        assert_eq!(
+            scans,
+            vec![
+                Scan {
+                    node: "Index Scan".into(),
+                    index: Some("jobs_claim_idx".into()),
+                },
+                Scan {
+                    node: "Index Scan".into(),
+                    index: Some("jobs_pkey".into()),
+                },
+            ],
+            "claim ({mode}) must pick from the claim index in order and update by primary key: {plan:#}"
+        );
+        assert!(
+            !nodes.iter().any(|n| n == "Sort"),
+            "claim ({mode}) reads the claim index in order, without sorting the backlog: {plan:#}"
+        );
+    }
+}
