@@ -140,6 +140,23 @@ class ChartTest(unittest.TestCase):
         excluded = w["namespaceSelector"]["matchExpressions"][0]["values"]
         self.assertIn("sluice-system", excluded, "the operator's own namespace must never be injected")
 
+    def test_the_metrics_api_delegates_authentication_and_authorization_to_the_api_server(self):
+        docs, _ = render()
+        bindings = {(d["kind"], d["metadata"].get("namespace"), d["roleRef"]["name"])
+                    for _, d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")}
+        # TokenReview and SubjectAccessReview, and reading the front-proxy CA in kube-system.
+        self.assertIn(("ClusterRoleBinding", None, "system:auth-delegator"), bindings)
+        self.assertIn(("RoleBinding", "kube-system", "extension-apiserver-authentication-reader"), bindings)
+        (operator,) = [d for _, d in docs if d["kind"] == "Deployment"]
+        env = {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
+        (api,) = [d for _, d in docs if d["kind"] == "APIService"]
+        # The serving certificate is issued for the Service the APIService names.
+        self.assertEqual(env["SLUICE_EXTERNAL_METRICS_SERVICE"], api["spec"]["service"]["name"])
+        # With the API off, none of it is rendered.
+        docs, _ = render(OPTIONS["external metrics off (KEDA owns the APIService)"])
+        roles = {d["roleRef"]["name"] for _, d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")}
+        self.assertNotIn("system:auth-delegator", roles)
+
     def test_no_cluster_wide_secret_access_by_default(self):
         docs, _ = render()
         for _, doc in docs:

@@ -2,9 +2,22 @@
 //! it (the address given by `TestApiServer::route_service`), as kube-aggregator does for
 //! `external.metrics.k8s.io`. The backend's certificate is checked against `caBundle` for the name
 //! `service.namespace.svc`, or not at all with `insecureSkipTLSVerify`.
+//!
+//! Like kube-aggregator, the proxy authenticates itself to the backend as the *front proxy*: it presents
+//! a client certificate ([`FrontProxy`], common name `front-proxy-client`, signed by a front-proxy CA of
+//! its own, as kubeadm sets it up) and names the user it authenticated in `X-Remote-User`, one
+//! `X-Remote-Group` per group and `X-Remote-Extra-*`; the caller's own credentials are not forwarded.
+//! The server publishes that CA and those header names in `kube-system/extension-apiserver-authentication`
+//! ([`authentication_config_map`]), where aggregated API servers read them.
 
 use std::sync::Arc;
 use std::time::Duration;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+use rustls::pki_types::{PrivateKeyDer, pem::PemObject};
 
 use base64::Engine;
 use http::{Response, header};
@@ -15,13 +28,124 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use serde_json::Value;
 
-use crate::api::Req;
-use crate::error::ApiError;
+use crate::api::{Req, User};
+use crate::error::{ApiError, Error, Result};
 use crate::registry::ResKey;
 use crate::server::{Body, State};
 use crate::store::Store;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Common name of the front-proxy client certificate (kubeadm's).
+pub const FRONT_PROXY_CLIENT_NAME: &str = "front-proxy-client";
+/// Namespace of the ConfigMap aggregated API servers read the front-proxy settings from.
+pub const AUTHENTICATION_CONFIGMAP_NAMESPACE: &str = "kube-system";
+/// Its name.
+pub const AUTHENTICATION_CONFIGMAP: &str = "extension-apiserver-authentication";
+
+/// The aggregator's identity towards backends: a front-proxy CA and the client certificate it signs.
+#[derive(Clone, Debug)]
+pub struct FrontProxy {
+    /// The CA backends trust (`requestheader-client-ca-file`).
+    pub ca_pem: String,
+    /// The client certificate the proxy presents.
+    pub cert_pem: String,
+    /// Its private key.
+    pub key_pem: String,
+}
+
+fn tls_err(e: impl std::fmt::Display) -> Error {
+    Error::Tls(e.to_string())
+}
+
+impl FrontProxy {
+    /// A fresh front-proxy CA and a client certificate with common name `common_name` signed by it.
+    /// Tests make a second one to play a stranger with a certificate from another CA.
+    pub fn generate(common_name: &str) -> Result<Self> {
+        let ca_key = KeyPair::generate().map_err(tls_err)?;
+        let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(tls_err)?;
+        ca.distinguished_name.push(DnType::CommonName, "front-proxy-ca");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca_cert = ca.self_signed(&ca_key).map_err(tls_err)?;
+        let issuer = Issuer::new(ca, ca_key);
+        let key = KeyPair::generate().map_err(tls_err)?;
+        let mut leaf = CertificateParams::new(Vec::<String>::new()).map_err(tls_err)?;
+        leaf.distinguished_name.push(DnType::CommonName, common_name);
+        leaf.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = leaf.signed_by(&key, &issuer).map_err(tls_err)?;
+        Ok(FrontProxy {
+            ca_pem: ca_cert.pem(),
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
+    }
+
+    /// A rustls client config that presents the client certificate and trusts the PEM bundle `ca_pem`
+    /// (or, with `None`, any server certificate: `insecureSkipTLSVerify`).
+    pub fn client_config(&self, ca_pem: Option<&[u8]>) -> Result<Arc<rustls::ClientConfig>> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let certs = CertificateDer::pem_slice_iter(self.cert_pem.as_bytes())
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(tls_err)?;
+        let key = PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes()).map_err(tls_err)?;
+        let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(tls_err)?;
+        let builder = match ca_pem {
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for cert in CertificateDer::pem_slice_iter(ca) {
+                    roots.add(cert.map_err(tls_err)?).map_err(tls_err)?;
+                }
+                builder.with_root_certificates(roots)
+            }
+            None => builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider))),
+        };
+        Ok(Arc::new(
+            builder.with_client_auth_cert(certs, key).map_err(tls_err)?,
+        ))
+    }
+}
+
+/// `kube-system/extension-apiserver-authentication` as kube-apiserver publishes it: the front-proxy CA,
+/// the allowed client names and header names (JSON lists in strings), and the cluster's client CA.
+pub fn authentication_config_map(front_proxy: &FrontProxy, client_ca_pem: Option<&str>) -> Value {
+    let mut data = serde_json::json!({
+        "requestheader-client-ca-file": front_proxy.ca_pem,
+        "requestheader-allowed-names": format!("[\"{FRONT_PROXY_CLIENT_NAME}\"]"),
+        "requestheader-username-headers": "[\"X-Remote-User\"]",
+        "requestheader-group-headers": "[\"X-Remote-Group\"]",
+        "requestheader-extra-headers-prefix": "[\"X-Remote-Extra-\"]",
+    });
+    if let Some(ca) = client_ca_pem {
+        data["client-ca-file"] = Value::String(ca.to_string());
+    }
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": AUTHENTICATION_CONFIGMAP, "namespace": AUTHENTICATION_CONFIGMAP_NAMESPACE},
+        "data": data,
+    })
+}
+
+/// The request headers naming `user` to a backend.
+fn user_headers(mut builder: http::request::Builder, user: &User) -> http::request::Builder {
+    builder = builder.header("X-Remote-User", &user.username);
+    for group in &user.groups {
+        builder = builder.header("X-Remote-Group", group);
+    }
+    builder
+}
 
 /// APIServices backed by a Service: `(group, version)` pairs, for discovery.
 pub fn served(store: &Store) -> Vec<(String, String)> {
@@ -82,7 +206,7 @@ pub async fn proxy(state: &Arc<State>, apiservice: &Value, req: &Req) -> Result<
             ))
         })?;
     let tls = if apiservice["spec"]["insecureSkipTLSVerify"] == Value::Bool(true) {
-        insecure_config()
+        state.front_proxy.client_config(None)
     } else {
         let ca = apiservice["spec"]["caBundle"]
             .as_str()
@@ -90,8 +214,9 @@ pub async fn proxy(state: &Arc<State>, apiservice: &Value, req: &Req) -> Result<
         let ca = base64::engine::general_purpose::STANDARD
             .decode(ca)
             .map_err(|e| unavailable(format!("caBundle: {e}")))?;
-        crate::tls::client_config(&ca).map_err(|e| unavailable(e.to_string()))?
-    };
+        state.front_proxy.client_config(Some(&ca))
+    }
+    .map_err(|e| unavailable(e.to_string()))?;
     let server_name = format!("{svc_name}.{ns}.svc");
     let mut uri = req.path.clone();
     if !req.query.is_empty() {
@@ -100,10 +225,13 @@ pub async fn proxy(state: &Arc<State>, apiservice: &Value, req: &Req) -> Result<
             .finish();
         uri = format!("{uri}?{q}");
     }
-    let mut builder = http::Request::builder()
-        .method(req.method.clone())
-        .uri(uri)
-        .header(header::HOST, &server_name);
+    let mut builder = user_headers(
+        http::Request::builder()
+            .method(req.method.clone())
+            .uri(uri)
+            .header(header::HOST, &server_name),
+        &req.user,
+    );
     if !req.accept.is_empty() {
         builder = builder.header(header::ACCEPT, &req.accept);
     }
@@ -144,17 +272,6 @@ pub async fn proxy(state: &Arc<State>, apiservice: &Value, req: &Req) -> Result<
 }
 
 /// `insecureSkipTLSVerify: true`: any certificate is accepted, signatures are still checked.
-fn insecure_config() -> Arc<rustls::ClientConfig> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .expect("ring supports the default protocol versions")
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
-        .with_no_client_auth();
-    Arc::new(config)
-}
-
 #[derive(Debug)]
 struct AnyCertificate(Arc<rustls::crypto::CryptoProvider>);
 

@@ -34,6 +34,25 @@ pub fn bootstrap(store: &mut Store) {
     }
 }
 
+/// An authenticated caller of the server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct User {
+    /// User name.
+    pub username: String,
+    /// Groups.
+    pub groups: Vec<String>,
+}
+
+impl User {
+    /// The user the default bearer token authenticates as: a cluster admin.
+    pub fn admin() -> Self {
+        User {
+            username: "sluice-test-admin".into(),
+            groups: vec!["system:masters".into(), "system:authenticated".into()],
+        }
+    }
+}
+
 /// A fresh object uid.
 pub fn new_uid() -> String {
     uuid::Uuid::now_v7().to_string()
@@ -57,6 +76,8 @@ pub struct Req {
     pub body: Bytes,
     /// When the request arrived, by the server's clock.
     pub now: chrono::DateTime<chrono::Utc>,
+    /// Who sent it (from the bearer token).
+    pub user: User,
 }
 
 impl Req {
@@ -123,15 +144,15 @@ fn error_response(e: &ApiError) -> Response<Body> {
 /// Serves one request.
 pub async fn handle(state: Arc<State>, req: Request<hyper::body::Incoming>) -> Response<Body> {
     let (parts, body) = req.into_parts();
-    let authorized = parts
+    let user = parts
         .headers
         .get(header::AUTHORIZATION)
         .and_then(|h| h.to_str().ok())
         .and_then(|h| h.strip_prefix("Bearer "))
-        .is_some_and(|t| t.trim() == state.options.token);
-    if !authorized {
+        .and_then(|t| state.user_of(t.trim()));
+    let Some(user) = user else {
         return error_response(&ApiError::unauthorized());
-    }
+    };
     let body = match body.collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => return error_response(&ApiError::bad_request(format!("reading body: {e}"))),
@@ -158,6 +179,7 @@ pub async fn handle(state: Arc<State>, req: Request<hyper::body::Incoming>) -> R
         user_agent: header(header::USER_AGENT),
         body,
         now: (state.options.clock)(),
+        user,
     };
     tracing::debug!(method = %req.method, path = %req.path, query = ?req.query, "request");
     match route(&state, &req).await {
@@ -195,7 +217,12 @@ async fn route(state: &Arc<State>, req: &Req) -> Result<Response<Body>, ApiError
             return crate::aggregator::proxy(state, &apiservice, req).await;
         }
     }
+    let post = req.method == Method::POST;
     match segs.as_slice() {
+        ["apis", "authentication.k8s.io", "v1", "tokenreviews"] if post => token_review(state, req),
+        ["apis", "authorization.k8s.io", "v1", "subjectaccessreviews"] if post => {
+            subject_access_review(state, req)
+        }
         ["version"] if get => Ok(json_response(200, &crate::discovery::version())),
         ["healthz" | "readyz" | "livez", ..] if get => {
             Ok(Response::new(Full::new(Bytes::from_static(b"ok")).boxed()))
@@ -230,6 +257,44 @@ async fn route(state: &Arc<State>, req: &Req) -> Result<Response<Body>, ApiError
         ["apis", g, v, rest @ ..] => resource(state, req, g, v, rest).await,
         _ => Err(ApiError::no_route(&req.path)),
     }
+}
+
+/// `TokenReview`: who a bearer token belongs to (the tokens [`State::user_of`] knows).
+fn token_review(state: &Arc<State>, req: &Req) -> Result<Response<Body>, ApiError> {
+    let mut review = req.body_value()?;
+    let token = review["spec"]["token"].as_str().unwrap_or_default();
+    review["status"] = match state.user_of(token) {
+        Some(u) => json!({"authenticated": true, "user": {"username": u.username, "groups": u.groups}}),
+        None => json!({"authenticated": false, "error": "the token is not known to this API server"}),
+    };
+    Ok(json_response(201, &review))
+}
+
+/// `SubjectAccessReview`. RBAC is not simulated: this is a stand-in whose rule is "allowed unless the
+/// user or one of its groups is on the deny list" ([`State::deny`]), enough to test that a caller
+/// asks and obeys the answer.
+fn subject_access_review(state: &Arc<State>, req: &Req) -> Result<Response<Body>, ApiError> {
+    let mut review = req.body_value()?;
+    let spec = &review["spec"];
+    let user = spec["user"].as_str().unwrap_or_default().to_string();
+    let groups: Vec<String> = spec["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|g| g.as_str().map(String::from))
+        .collect();
+    if user.is_empty() && groups.is_empty() {
+        return Err(ApiError::bad_request(
+            "SubjectAccessReview spec: at least one of user or group must be specified",
+        ));
+    }
+    let denied = state.denied(&user, &groups);
+    review["status"] = if let Some(who) = denied {
+        json!({"allowed": false, "denied": true, "reason": format!("{who} is on the test API server's deny list")})
+    } else {
+        json!({"allowed": true, "reason": "the test API server allows everyone not on its deny list"})
+    };
+    Ok(json_response(201, &review))
 }
 
 /// What a resource path names.

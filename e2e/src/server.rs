@@ -1,7 +1,7 @@
 //! [`TestApiServer`]: binds, serves HTTPS (or plain HTTP) with bearer-token auth, and gives tests
 //! in-process access to the store.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -16,6 +16,8 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, watch};
 
+use crate::aggregator::{FRONT_PROXY_CLIENT_NAME, FrontProxy};
+use crate::api::User;
 use crate::error::{Error, Result};
 use crate::kubeconfig::{self, Endpoint};
 use crate::registry::ResourceType;
@@ -86,12 +88,42 @@ pub struct State {
     pub addr: SocketAddr,
     /// Closed on shutdown; open watches end.
     pub(crate) shutdown: watch::Receiver<bool>,
+    /// The aggregator's client identity towards APIService backends.
+    pub front_proxy: FrontProxy,
+    /// Bearer tokens besides `options.token`, and whom they authenticate.
+    tokens: Mutex<HashMap<String, User>>,
+    /// Users and groups every SubjectAccessReview denies.
+    deny_list: Mutex<HashSet<String>>,
 }
 
 impl State {
     /// Locks the store.
     pub fn store(&self) -> MutexGuard<'_, Store> {
         self.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whom a bearer token authenticates: the default token is [`User::admin`].
+    pub fn user_of(&self, token: &str) -> Option<User> {
+        if token == self.options.token {
+            return Some(User::admin());
+        }
+        self.tokens
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(token)
+            .cloned()
+    }
+
+    /// The first of `user` and `groups` on the deny list.
+    pub fn denied(&self, user: &str, groups: &[String]) -> Option<String> {
+        let list = self.deny_list.lock().unwrap_or_else(|p| p.into_inner());
+        if list.contains(user) {
+            return Some(format!("user {user:?}"));
+        }
+        groups
+            .iter()
+            .find(|g| list.contains(*g))
+            .map(|g| format!("group {g:?}"))
     }
 }
 
@@ -128,12 +160,17 @@ impl TestApiServer {
         let (tx, rx) = watch::channel(false);
         let mut store = Store::new(options.history, options.clock.clone());
         crate::api::bootstrap(&mut store);
+        let front_proxy = FrontProxy::generate(FRONT_PROXY_CLIENT_NAME)?;
+        publish_authentication_config(&mut store, &front_proxy, pki.as_ref().map(|p| p.ca_pem.as_str()));
         let state = Arc::new(State {
             store: Mutex::new(store),
             options,
             services: Mutex::new(HashMap::new()),
             addr,
             shutdown: rx.clone(),
+            front_proxy,
+            tokens: Mutex::new(HashMap::new()),
+            deny_list: Mutex::new(HashSet::new()),
         });
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -261,6 +298,63 @@ impl TestApiServer {
             .insert((namespace.into(), name.into(), port), addr);
     }
 
+    /// Makes `token` authenticate as `user` with `groups` (for requests and for TokenReview).
+    pub fn add_token(&self, token: &str, user: &str, groups: &[&str]) {
+        self.state
+            .tokens
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                token.into(),
+                User {
+                    username: user.into(),
+                    groups: groups.iter().map(|g| g.to_string()).collect(),
+                },
+            );
+    }
+
+    /// Makes every SubjectAccessReview for this user (or group) answer "denied" from now on. The server
+    /// simulates no RBAC: everything not on this list is allowed.
+    pub fn deny(&self, user_or_group: &str) {
+        self.state
+            .deny_list
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(user_or_group.into());
+    }
+
+    /// Takes a user (or group) off the deny list.
+    pub fn allow(&self, user_or_group: &str) {
+        self.state
+            .deny_list
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(user_or_group);
+    }
+
+    /// The aggregator's front-proxy identity (its CA is in `extension-apiserver-authentication`).
+    pub fn front_proxy(&self) -> &FrontProxy {
+        &self.state.front_proxy
+    }
+
+    /// A kube client for this server that authenticates with `token` (see [`Self::add_token`]).
+    pub async fn client_with_token(&self, namespace: &str, token: &str) -> Result<kube::Client> {
+        let kc = kubeconfig::render(
+            &Endpoint {
+                url: self.url(),
+                ca_pem: self.ca_pem().map(String::from),
+                token: token.to_string(),
+            },
+            namespace,
+        );
+        let kc: kube::config::Kubeconfig =
+            serde_yaml::from_str(&kc).map_err(|e| Error::Decode(e.to_string()))?;
+        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .map_err(|e| Error::Config(e.to_string()))?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
     /// Stops serving; open connections and watches end.
     pub fn shutdown(&self) {
         let _ = self.shutdown.send(true);
@@ -271,6 +365,15 @@ impl Drop for TestApiServer {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// Stores `kube-system/extension-apiserver-authentication`, as kube-apiserver does at start.
+fn publish_authentication_config(store: &mut Store, front_proxy: &FrontProxy, client_ca_pem: Option<&str>) {
+    let key = crate::registry::ResourceType::builtin("", "v1", "ConfigMap", "configmaps", true).key();
+    let mut cm = crate::aggregator::authentication_config_map(front_proxy, client_ca_pem);
+    cm["metadata"]["uid"] = Value::String(crate::api::new_uid());
+    cm["metadata"]["creationTimestamp"] = Value::String(store.now());
+    store.put(&key, cm);
 }
 
 async fn accept_loop(

@@ -1,12 +1,9 @@
 //! Wiring for `sluice-operator run`: every replica serves the webhook and metrics; the Lease holder
 //! also runs the controllers. The binary only parses flags, starts tracing and calls [`run`].
 
-use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    time::Duration,
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
 };
 
 use axum::{Router, extract::State, http::StatusCode, routing::get};
@@ -156,20 +153,32 @@ pub async fn run_with(client: Client, args: RunArgs, shutdown: CancellationToken
 
     // Serving certificate, rotated and trusted.
     let cert_store = Arc::new(certs::CertStore::default());
-    let cert_settings = certs::CertSettings {
-        namespace: args.namespace.clone(),
-        secret: args.webhook_cert_secret.clone(),
-        service: args.webhook_service.clone(),
-        webhook_config: args.webhook_config_name.clone(),
+    let keeper = certs::Keeper {
+        settings: certs::CertSettings {
+            namespace: args.namespace.clone(),
+            secret: args.webhook_cert_secret.clone(),
+            service: args.webhook_service.clone(),
+            ca_name: certs::WEBHOOK_CA_NAME.into(),
+        },
+        trust: certs::Trust::Webhook(args.webhook_config_name.clone()),
+        source: if args.cert_manager {
+            certs::Source::Directory(args.webhook_cert_dir.clone())
+        } else {
+            certs::Source::Generated
+        },
+        interval: certs::CHECK_INTERVAL,
+        clock: controller::system_clock(),
     };
-    tokio::spawn(keep_certificates(
-        client.clone(),
-        cert_settings,
-        args.cert_manager.then(|| args.webhook_cert_dir.clone()),
-        cert_store.clone(),
-        health.clone(),
-        shutdown.clone(),
-    ));
+    {
+        let health = health.clone();
+        tokio::spawn(certs::keep(
+            client.clone(),
+            keeper,
+            cert_store.clone(),
+            move |trusted| health.cert_ready.store(trusted, Ordering::Relaxed),
+            shutdown.clone(),
+        ));
+    }
 
     // The webhook (every replica).
     let native = native_sidecars(&client, args.sidecar_native).await;
@@ -253,53 +262,6 @@ pub async fn supervise_controllers(
         info!("stopped controllers");
         if shutdown.is_cancelled() {
             return;
-        }
-    }
-}
-
-/// Keep a trusted certificate loaded: generate or rotate it in the Secret, patch the `caBundle`,
-/// load it for serving. With cert-manager, only (re)load the mounted files.
-async fn keep_certificates(
-    client: Client,
-    settings: certs::CertSettings,
-    cert_manager_dir: Option<std::path::PathBuf>,
-    store: Arc<certs::CertStore>,
-    health: Arc<Health>,
-    shutdown: CancellationToken,
-) {
-    let mut trusted = false;
-    loop {
-        let outcome: Result<bool> = async {
-            if let Some(dir) = &cert_manager_dir {
-                let cert = tokio::fs::read_to_string(dir.join(certs::TLS_CRT)).await?;
-                let key = tokio::fs::read_to_string(dir.join(certs::TLS_KEY)).await?;
-                store.load(&cert, &key)?;
-                return Ok(true);
-            }
-            let now = (controller::system_clock())();
-            let bundle = certs::ensure(&client, &settings, now, trusted).await?;
-            trusted = certs::patch_ca_bundle(&client, &settings, &bundle.ca_bundle_pem).await?;
-            store.load(&bundle.cert_pem, &bundle.key_pem)?;
-            Ok(trusted)
-        }
-        .await;
-        let wait = match outcome {
-            Ok(ready) => {
-                health.cert_ready.store(ready, Ordering::Relaxed);
-                if ready {
-                    certs::CHECK_INTERVAL
-                } else {
-                    Duration::from_secs(2)
-                }
-            }
-            Err(e) => {
-                warn!(error = %e, "webhook certificate not ready");
-                Duration::from_secs(5)
-            }
-        };
-        tokio::select! {
-            () = tokio::time::sleep(wait) => {}
-            () = shutdown.cancelled() => return,
         }
     }
 }

@@ -45,6 +45,7 @@ fn bundle() -> Bundle {
         None,
         &certs::service_dns_names(SERVICE, NAMESPACE),
         now,
+        certs::WEBHOOK_CA_NAME,
     )
     .unwrap()
     .unwrap()

@@ -800,6 +800,13 @@ pub struct JobQueueArgs {
     /// Address of the external metrics API (HTTPS).
     #[arg(long, env = "SLUICE_EXTERNAL_METRICS_LISTEN", default_value = EXTERNAL_METRICS_LISTEN_DEFAULT)]
     pub external_metrics_listen: std::net::SocketAddr,
+    /// Service in front of the metrics API (the APIService's): the serving certificate is for its names.
+    #[arg(
+        long,
+        env = "SLUICE_EXTERNAL_METRICS_SERVICE",
+        default_value = "sluice-metrics-api"
+    )]
+    pub external_metrics_service: String,
     /// Secret (in the operator's namespace) holding the metrics API's serving certificate; made when
     /// missing unless cert-manager provides it.
     #[arg(
@@ -855,14 +862,36 @@ pub async fn run_all(client: Client, args: JobQueueArgs, shutdown: CancellationT
                     args.external_metrics_listen
                 )
             })?;
-        tokio::spawn(serve_external_metrics(
+        let keeper = crate::certs::Keeper {
+            settings: crate::certs::CertSettings {
+                namespace: args.namespace.clone(),
+                secret: args.external_metrics_cert_secret.clone(),
+                service: args.external_metrics_service.clone(),
+                ca_name: crate::certs::METRICS_API_CA_NAME.into(),
+            },
+            trust: crate::certs::Trust::ApiService,
+            source: if args.cert_manager {
+                crate::certs::Source::Secret
+            } else {
+                crate::certs::Source::Generated
+            },
+            interval: crate::certs::CHECK_INTERVAL,
+            clock: super::system_clock(),
+        };
+        let (client, databases, metrics, shutdown) = (
             client.clone(),
-            args.clone(),
-            listener,
             databases.clone(),
             metrics.clone(),
             shutdown.clone(),
-        ));
+        );
+        tokio::spawn(async move {
+            if let Err(e) =
+                crate::external_metrics::server::run(client, listener, keeper, databases, metrics, shutdown)
+                    .await
+            {
+                tracing::error!(error = %e, "external metrics server stopped");
+            }
+        });
     }
 
     let (leading_tx, mut leading) = tokio::sync::watch::channel(!args.leader_election);
@@ -911,100 +940,4 @@ pub async fn run_all(client: Client, args: JobQueueArgs, shutdown: CancellationT
             return Ok(());
         }
     }
-}
-
-/// Serves the external metrics API: loads (or makes) the serving certificate, keeps the APIService's
-/// `caBundle` in step when Sluice owns it, and serves until `shutdown`.
-async fn serve_external_metrics(
-    client: Client,
-    args: JobQueueArgs,
-    listener: tokio::net::TcpListener,
-    databases: Arc<Databases>,
-    metrics: Arc<JobQueueMetrics>,
-    shutdown: CancellationToken,
-) {
-    use crate::external_metrics::{self, tls};
-    let mut wait = Duration::from_secs(1);
-    let cert = loop {
-        let hosts = metrics_api_hosts(&client, &args.namespace).await;
-        let attempt = async {
-            let api: Api<k8s_openapi::api::core::v1::Secret> =
-                Api::namespaced(client.clone(), &args.namespace);
-            if args.cert_manager && api.get_opt(&args.external_metrics_cert_secret).await?.is_none() {
-                return Err(tls::TlsError::Cert(format!(
-                    "waiting for cert-manager to create Secret {}/{}",
-                    args.namespace, args.external_metrics_cert_secret
-                )));
-            }
-            tls::ensure(
-                &client,
-                &args.namespace,
-                &args.external_metrics_cert_secret,
-                &hosts,
-            )
-            .await
-        };
-        match attempt.await {
-            Ok(c) => break c,
-            Err(e) => tracing::warn!(error = %e, "external metrics certificate not ready"),
-        }
-        tokio::select! {
-            () = tokio::time::sleep(wait) => {}
-            () = shutdown.cancelled() => return,
-        }
-        wait = (wait * 2).min(Duration::from_secs(30));
-    };
-    if !args.cert_manager && !cert.ca_pem.is_empty() {
-        match apiservice::patch_ca_bundle(&client, &args.namespace, &cert.ca_pem).await {
-            Ok(true) => tracing::info!("external metrics APIService trusts our certificate"),
-            Ok(false) => tracing::warn!(
-                "{} is not Sluice's; serving anyway, but HPAs read another provider (JobQueues say so in status)",
-                apiservice::APISERVICE_NAME
-            ),
-            Err(e) => tracing::warn!(error = %e, "patching the external metrics caBundle failed"),
-        }
-    }
-    let tls_config = match cert.server_config() {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!(error = %e, "the external metrics certificate cannot be loaded");
-            return;
-        }
-    };
-    let state = Arc::new(external_metrics::MetricsState {
-        databases,
-        targets: external_metrics::Targets::kube(client.clone()),
-        metrics: metrics.clone(),
-        clock: super::system_clock(),
-    });
-    let m = metrics.clone();
-    let router = external_metrics::router(state)
-        .route("/metrics", axum::routing::get(move || async move { m.encode() }));
-    tracing::info!(addr = ?listener.local_addr().ok(), "external metrics API listening");
-    if let Err(e) =
-        external_metrics::serve(listener, Some(tls_config), router, shutdown.cancelled_owned()).await
-    {
-        tracing::error!(error = %e, "external metrics server stopped");
-    }
-}
-
-/// DNS names the serving certificate must cover: the APIService's service, when it names one.
-async fn metrics_api_hosts(client: &Client, namespace: &str) -> Vec<String> {
-    let api: Api<k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService> =
-        Api::all(client.clone());
-    let svc = api
-        .get_opt(apiservice::APISERVICE_NAME)
-        .await
-        .ok()
-        .flatten()
-        .and_then(|a| a.spec?.service)
-        .filter(|s| s.namespace.as_deref() == Some(namespace));
-    let name = svc
-        .and_then(|s| s.name)
-        .unwrap_or_else(|| "sluice-metrics-api".into());
-    vec![
-        format!("{name}.{namespace}.svc"),
-        format!("{name}.{namespace}.svc.cluster.local"),
-        name,
-    ]
 }

@@ -5,11 +5,16 @@
 //! Only one provider of this API can exist per cluster (KEDA #470). [`apiservice`] decides whether the
 //! `v1beta1.external.metrics.k8s.io` APIService is Sluice's (its `spec.service` points into the
 //! operator's namespace) and, when it is, keeps its `caBundle` in step with the serving certificate
-//! ([`tls`]); when it belongs to KEDA or prometheus-adapter the operator leaves it alone and the JobQueue
-//! controller says so in status. [`server`] is the HTTP surface.
+//! ([`crate::certs`]); when it belongs to KEDA or prometheus-adapter the operator leaves it alone and the JobQueue
+//! controller says so in status. [`server`] is the HTTP surface; [`access`] lets only the API server's
+//! front proxy (or a bearer token) through, for users RBAC allows ([`authn`], [`authz`]).
 
+pub mod access;
 pub mod apiservice;
+pub mod authn;
+pub mod authz;
+pub mod cache;
 pub mod server;
-pub mod tls;
 
+pub use access::Access;
 pub use server::{MetricsState, Targets, router, serve};

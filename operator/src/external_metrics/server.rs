@@ -4,6 +4,10 @@
 //!
 //! A depth that cannot be read is a 503, never a 0: the HPA then keeps the replicas it has (the same
 //! safety rule as the operator's own decisions).
+//!
+//! Every route but `/healthz` and `/readyz` is behind [`super::access`]: the caller must be the
+//! kube-apiserver's front proxy (or hold a bearer token) and RBAC must let the user it names read the
+//! metric. [`serve`] hands the TLS peer's certificates to that check.
 
 use std::{
     collections::HashMap,
@@ -30,6 +34,10 @@ use serde_json::{Value, json};
 use sluice_crds::job_queue::JobQueue;
 use tokio::net::TcpListener;
 
+use super::{
+    access::{Access, Gate, require_access},
+    authn::PeerCertificates,
+};
 use crate::{
     controller::Clock,
     render::{hpa::EXTERNAL_METRIC_NAME, worker_deployment::JOB_QUEUE_LABEL},
@@ -112,16 +120,31 @@ pub struct MetricsState {
     pub metrics: Arc<JobQueueMetrics>,
     /// Wall clock (Unix ms) for the values' timestamps.
     pub clock: Clock,
+    /// Who may call.
+    pub access: Arc<Access>,
 }
 
-/// The router: discovery, the metric, and `/healthz`.
+/// The router: discovery and the metric (authenticated and authorized), `/healthz` and `/readyz`
+/// (open, for kubelet probes).
 pub fn router(state: Arc<MetricsState>) -> Router {
+    let gate = Gate {
+        access: state.access.clone(),
+        metrics: state.metrics.clone(),
+    };
     Router::new()
         .route("/apis/external.metrics.k8s.io/v1beta1", get(discovery))
         .route(
             "/apis/external.metrics.k8s.io/v1beta1/namespaces/{namespace}/{metric}",
             get(metric),
         )
+        .fallback(|| async {
+            status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                "the server could not find the requested resource".into(),
+            )
+        })
+        .layer(axum::middleware::from_fn_with_state(gate, require_access))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(|| async { "ok" }))
         .with_state(state)
@@ -156,7 +179,8 @@ pub fn jobqueue_from_selector(selector: &str) -> Option<String> {
     })
 }
 
-fn status(code: StatusCode, reason: &str, message: String) -> Response {
+/// A `Status` object, as every Kubernetes API answers errors.
+pub(crate) fn status(code: StatusCode, reason: &str, message: String) -> Response {
     let body = json!({
         "kind": "Status", "apiVersion": "v1", "metadata": {},
         "status": "Failure", "reason": reason, "message": message, "code": code.as_u16(),
@@ -260,7 +284,43 @@ async fn answer(
     }
 }
 
-/// Serves `router` on `listener` (TLS when `tls` is given) until `shutdown` completes.
+/// Runs the external metrics API on `listener` until `shutdown`: keeps its serving certificate current
+/// and trusted ([`crate::certs::keep`] with `keeper`, which patches the APIService's `caBundle`), follows
+/// the front-proxy settings ([`Access`]), and serves [`router`] over TLS. Every replica runs it.
+pub async fn run(
+    client: Client,
+    listener: TcpListener,
+    keeper: crate::certs::Keeper,
+    databases: Arc<Databases>,
+    metrics: Arc<JobQueueMetrics>,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> std::io::Result<()> {
+    let store = Arc::new(crate::certs::CertStore::default());
+    tokio::spawn(crate::certs::keep(
+        client.clone(),
+        keeper,
+        store.clone(),
+        |_| {},
+        shutdown.clone(),
+    ));
+    let tls = store
+        .server_config_with(Some(Arc::new(super::authn::RequestClientCertificate::default())))
+        .map_err(std::io::Error::other)?;
+    let access = Arc::new(Access::new(client.clone()));
+    access.spawn_config_watch(client.clone(), shutdown.clone());
+    let state = Arc::new(MetricsState {
+        databases,
+        targets: Targets::kube(client),
+        metrics,
+        clock: crate::controller::system_clock(),
+        access,
+    });
+    tracing::info!(addr = ?listener.local_addr().ok(), "external metrics API listening");
+    serve(listener, Some(tls), router(state), shutdown.cancelled_owned()).await
+}
+
+/// Serves `router` on `listener` (TLS when `tls` is given) until `shutdown` completes. The client
+/// certificates of a TLS connection reach the handlers as a [`PeerCertificates`] extension.
 pub async fn serve(
     listener: TcpListener,
     tls: Option<Arc<rustls::ServerConfig>>,
@@ -275,19 +335,34 @@ pub async fn serve(
             _ = &mut shutdown => return Ok(()),
         };
         let _ = tcp.set_nodelay(true);
-        let svc = TowerToHyperService::new(router.clone());
+        let router = router.clone();
         let acceptor = acceptor.clone();
         tokio::spawn(async move {
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             let served = match acceptor {
                 Some(a) => match a.accept(tcp).await {
-                    Ok(tls) => builder.serve_connection(TokioIo::new(tls), svc).await,
+                    Ok(tls) => {
+                        let peer = tls.get_ref().1.peer_certificates().map(|chain| {
+                            PeerCertificates(Arc::new(chain.iter().map(|c| c.clone().into_owned()).collect()))
+                        });
+                        let router = match peer {
+                            Some(p) => router.layer(axum::Extension(p)),
+                            None => router,
+                        };
+                        builder
+                            .serve_connection(TokioIo::new(tls), TowerToHyperService::new(router))
+                            .await
+                    }
                     Err(e) => {
                         tracing::debug!(error = %e, "external metrics TLS handshake failed");
                         return;
                     }
                 },
-                None => builder.serve_connection(TokioIo::new(tcp), svc).await,
+                None => {
+                    builder
+                        .serve_connection(TokioIo::new(tcp), TowerToHyperService::new(router))
+                        .await
+                }
             };
             if let Err(e) = served {
                 tracing::debug!(error = %e, "external metrics connection ended");
