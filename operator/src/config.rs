@@ -13,6 +13,8 @@ pub const SIDECAR_IMAGE_DEFAULT: &str =
 pub const WEBHOOK_LISTEN_DEFAULT: &str = "0.0.0.0:9443";
 /// Default address of `/metrics`, `/healthz` and `/readyz` (HTTP).
 pub const METRICS_LISTEN_DEFAULT: &str = "0.0.0.0:8080";
+/// Default address of the external metrics API (HTTPS).
+pub const EXTERNAL_METRICS_LISTEN_DEFAULT: &str = "0.0.0.0:6443";
 /// Default sidecar resources when none are configured.
 pub const SIDECAR_RESOURCES_DEFAULT: &str =
     r#"{"requests":{"cpu":"50m","memory":"32Mi"},"limits":{"memory":"64Mi"}}"#;
@@ -67,8 +69,8 @@ pub enum LogFormat {
 /// Settings of `sluice-operator run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Namespace the operator runs in: its Lease and certificate Secret live there, and the webhook
-    /// never injects pods there.
+    /// Namespace the operator runs in: its Lease and certificate Secrets live there, the webhook never
+    /// injects pods there, and an external metrics APIService whose service is there is Sluice's.
     #[arg(long, env = "SLUICE_NAMESPACE", default_value = "sluice-system")]
     pub namespace: String,
     /// This replica's name (its identity in leader election and Events); defaults to the host name.
@@ -110,6 +112,29 @@ pub struct RunArgs {
     /// Address of `/metrics`, `/healthz` and `/readyz`.
     #[arg(long, env = "SLUICE_METRICS_LISTEN", default_value = METRICS_LISTEN_DEFAULT)]
     pub metrics_listen: SocketAddr,
+    /// Serve `external.metrics.k8s.io` (queue depth for HPAs); set false when KEDA or
+    /// prometheus-adapter owns that API.
+    #[arg(long, env = "SLUICE_EXTERNAL_METRICS", default_value_t = true, action = ArgAction::Set)]
+    pub external_metrics: bool,
+    /// Address of the external metrics API (HTTPS).
+    #[arg(long, env = "SLUICE_EXTERNAL_METRICS_LISTEN", default_value = EXTERNAL_METRICS_LISTEN_DEFAULT)]
+    pub external_metrics_listen: SocketAddr,
+    /// Service in front of the external metrics API (the APIService's): its serving certificate is
+    /// issued for this Service's names.
+    #[arg(
+        long,
+        env = "SLUICE_EXTERNAL_METRICS_SERVICE",
+        default_value = "sluice-metrics-api"
+    )]
+    pub external_metrics_service: String,
+    /// Secret holding the external metrics API's CA and serving certificate (written by cert-manager
+    /// when `--cert-manager`).
+    #[arg(
+        long,
+        env = "SLUICE_EXTERNAL_METRICS_CERT_SECRET",
+        default_value = "sluice-metrics-api-tls"
+    )]
+    pub external_metrics_cert_secret: String,
     /// Image of the injected sidecar.
     #[arg(long, env = "SLUICE_SIDECAR_IMAGE", default_value = SIDECAR_IMAGE_DEFAULT)]
     pub sidecar_image: String,

@@ -7,7 +7,9 @@
 //! - [`webhook`]: the pod injection patch ([`webhook::inject`], pure), its annotations, the
 //!   `MutatingWebhookConfiguration` it needs, and the HTTPS admission server.
 //! - [`redis`]: publishing rendered config to Redis and reading back which generation pods enforce.
-//! - [`controller`]: the `RateLimitPolicy` controller (`reconcile`/`error_policy`).
+//! - [`controller`]: the `RateLimitPolicy` and `JobQueue` controllers (`reconcile`/`error_policy`).
+//! - [`scaling`], [`external_metrics`]: JobQueue depth, scaling decisions, and the
+//!   `external.metrics.k8s.io` API (with its own authentication and authorization).
 //! - [`certs`]: serving certificates (generation, rotation, the `caBundle` patch).
 //! - [`leader`]: Lease-based leader election; every replica serves the webhook, one reconciles.
 //! - [`metrics`], [`telemetry`]: Prometheus metrics and tracing.
@@ -82,6 +84,15 @@ pub enum Error {
     /// Network I/O failed (binding a port, accepting a connection).
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
+    /// A JobQueue's database Secret is missing or lacks its key.
+    #[error("{0}")]
+    DatabaseSecret(scaling::databases::UrlError),
+    /// A JobQueue's database could not be reached or refused a statement.
+    #[error("database: {0}")]
+    Database(#[from] scaling::databases::DbError),
+    /// A JobQueue passed the CRD's validation but cannot be rendered.
+    #[error("{0}")]
+    InvalidJobQueue(#[from] render::worker_deployment::RenderError),
 }
 
 /// The operator's result type.
@@ -100,6 +111,12 @@ impl Error {
             Error::Tls(_) => "tls",
             Error::Serialization(_) => "serialization",
             Error::Io(_) => "io",
+            Error::DatabaseSecret(scaling::databases::UrlError::SecretKeyMissing { .. }) => {
+                "secret_key_missing"
+            }
+            Error::DatabaseSecret(_) => "secret_not_found",
+            Error::Database(_) => "database_unreachable",
+            Error::InvalidJobQueue(_) => "invalid_spec",
         }
     }
 
@@ -108,7 +125,11 @@ impl Error {
     pub fn is_user_error(&self) -> bool {
         matches!(
             self,
-            Error::InvalidSpec(_) | Error::SecretNotFound { .. } | Error::SecretKeyMissing { .. }
+            Error::InvalidSpec(_)
+                | Error::SecretNotFound { .. }
+                | Error::SecretKeyMissing { .. }
+                | Error::DatabaseSecret(_)
+                | Error::InvalidJobQueue(_)
         )
     }
 }
@@ -122,6 +143,15 @@ impl From<serde_json::Error> for Error {
 impl From<serde_yaml::Error> for Error {
     fn from(e: serde_yaml::Error) -> Self {
         Error::Serialization(e.to_string())
+    }
+}
+
+impl From<scaling::databases::UrlError> for Error {
+    fn from(e: scaling::databases::UrlError) -> Self {
+        match e {
+            scaling::databases::UrlError::Kube(k) => Error::Kube(k),
+            other => Error::DatabaseSecret(other),
+        }
     }
 }
 

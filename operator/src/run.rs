@@ -1,5 +1,6 @@
-//! Wiring for `sluice-operator run`: every replica serves the webhook and metrics; the Lease holder
-//! also runs the controllers. The binary only parses flags, starts tracing and calls [`run`].
+//! Wiring for `sluice-operator run`: every replica serves the webhook, the external metrics API and
+//! `/metrics`; the holder of the one Lease also runs both controllers (RateLimitPolicy and JobQueue).
+//! The binary only parses flags, starts tracing and calls [`run`].
 
 use std::sync::{
     Arc,
@@ -20,9 +21,11 @@ use tracing::{info, warn};
 use crate::{
     Result, certs,
     config::{NativeSidecar, RunArgs},
-    controller::{self, Context},
-    leader,
+    controller::{self, Context, job_queue},
+    external_metrics, leader,
     metrics::Metrics,
+    render::worker_deployment::WorkerRenderOptions,
+    scaling::{Databases, JobQueueMetrics},
     webhook::{
         inject::InjectConfig,
         server::{self, WebhookState},
@@ -44,25 +47,35 @@ impl Health {
     }
 }
 
-/// `/metrics`, `/healthz`, `/readyz`.
-pub fn metrics_router(metrics: Arc<Metrics>, health: Arc<Health>) -> Router {
+/// Both metric sets `/metrics` serves.
+#[derive(Clone)]
+pub struct AllMetrics {
+    /// Controllers, admissions, leadership.
+    pub operator: Arc<Metrics>,
+    /// JobQueue depth, scale decisions, external-metric requests.
+    pub job_queues: Arc<JobQueueMetrics>,
+}
+
+/// `/metrics` (the operator's and the JobQueues' metrics), `/healthz`, `/readyz`.
+pub fn metrics_router(metrics: AllMetrics, health: Arc<Health>) -> Router {
     Router::new()
         .route(
             "/metrics",
-            get(|State((m, _)): State<(Arc<Metrics>, Arc<Health>)>| async move {
+            get(|State((m, _)): State<(AllMetrics, Arc<Health>)>| async move {
                 (
                     [(
                         "content-type",
                         "application/openmetrics-text; version=1.0.0; charset=utf-8",
                     )],
-                    m.encode(),
+                    // The JobQueue part comes without its `# EOF`, so the whole is one exposition.
+                    format!("{}{}", m.job_queues.encode(), m.operator.encode()),
                 )
             }),
         )
         .route("/healthz", get(|| async { "ok" }))
         .route(
             "/readyz",
-            get(|State((_, h)): State<(Arc<Metrics>, Arc<Health>)>| async move {
+            get(|State((_, h)): State<(AllMetrics, Arc<Health>)>| async move {
                 if h.ready() {
                     (StatusCode::OK, "ready")
                 } else {
@@ -127,6 +140,8 @@ async fn wait_for_signal() {
 pub async fn run_with(client: Client, args: RunArgs, shutdown: CancellationToken) -> Result<()> {
     let identity = args.identity();
     let metrics = Arc::new(Metrics::default());
+    let job_queue_metrics = Arc::new(JobQueueMetrics::default());
+    let databases = Arc::new(Databases::default());
     let health = Arc::new(Health::default());
 
     // Policy cache for the webhook (every replica).
@@ -202,9 +217,49 @@ pub async fn run_with(client: Client, args: RunArgs, shutdown: CancellationToken
         shutdown.clone().cancelled_owned(),
     ));
 
+    // The external metrics API (every replica), with its own rotated certificate.
+    if args.external_metrics {
+        let listener = TcpListener::bind(args.external_metrics_listen).await?;
+        let keeper = certs::Keeper {
+            settings: certs::CertSettings {
+                namespace: args.namespace.clone(),
+                secret: args.external_metrics_cert_secret.clone(),
+                service: args.external_metrics_service.clone(),
+                ca_name: certs::METRICS_API_CA_NAME.into(),
+            },
+            trust: certs::Trust::ApiService,
+            source: if args.cert_manager {
+                certs::Source::Secret
+            } else {
+                certs::Source::Generated
+            },
+            interval: certs::CHECK_INTERVAL,
+            clock: controller::system_clock(),
+        };
+        let serving = external_metrics::server::run(
+            client.clone(),
+            listener,
+            keeper,
+            databases.clone(),
+            job_queue_metrics.clone(),
+            shutdown.clone(),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = serving.await {
+                tracing::error!(error = %e, "the external metrics API stopped");
+            }
+        });
+    }
+
     // Metrics and health (every replica).
     let metrics_listener = TcpListener::bind(args.metrics_listen).await?;
-    let metrics_app = metrics_router(metrics.clone(), health.clone());
+    let metrics_app = metrics_router(
+        AllMetrics {
+            operator: metrics.clone(),
+            job_queues: job_queue_metrics.clone(),
+        },
+        health.clone(),
+    );
     let metrics_shutdown = shutdown.clone();
     tokio::spawn(async move {
         let _ = axum::serve(metrics_listener, metrics_app)
@@ -223,15 +278,60 @@ pub async fn run_with(client: Client, args: RunArgs, shutdown: CancellationToken
             shutdown.clone().cancelled_owned(),
         ));
     }
-    let ctx = Arc::new(Context::new(client.clone(), metrics.clone(), Some(identity)));
-    supervise_controllers(ctx, leading, metrics, shutdown.clone()).await;
+    let controllers = Controllers {
+        rate_limit_policies: Arc::new(Context::new(
+            client.clone(),
+            metrics.clone(),
+            Some(identity.clone()),
+        )),
+        job_queues: JobQueueSetup {
+            client: client.clone(),
+            identity,
+            databases,
+            metrics: job_queue_metrics,
+            render: WorkerRenderOptions {
+                sidecar_image: args.sidecar_image.clone(),
+                sidecar_resources: Some(args.sidecar_resources.clone()),
+            },
+            namespace: args.namespace.clone(),
+            external_metrics: args.external_metrics,
+        },
+    };
+    supervise_controllers(controllers, leading, metrics, shutdown.clone()).await;
     let _ = webhook.await;
     Ok(())
 }
 
+/// What the leader runs.
+pub struct Controllers {
+    /// The RateLimitPolicy controller's context.
+    pub rate_limit_policies: Arc<Context>,
+    /// What a JobQueue controller is wired from (its context is made fresh at each term of leadership,
+    /// so a new leader starts with no stale memory of queues).
+    pub job_queues: JobQueueSetup,
+}
+
+/// The parts of a JobQueue controller that outlive a term of leadership.
+pub struct JobQueueSetup {
+    /// The client.
+    pub client: Client,
+    /// This replica's identity (Events' reporter instance).
+    pub identity: String,
+    /// Database pools and the depth cache, shared with the external metrics API.
+    pub databases: Arc<Databases>,
+    /// JobQueue metrics, shared with `/metrics` and the external metrics API.
+    pub metrics: Arc<JobQueueMetrics>,
+    /// Worker pod settings.
+    pub render: WorkerRenderOptions,
+    /// The operator's namespace.
+    pub namespace: String,
+    /// Whether this operator serves `external.metrics.k8s.io`.
+    pub external_metrics: bool,
+}
+
 /// Run the controllers while `leading` is true; stop them (gracefully) when it turns false.
 pub async fn supervise_controllers(
-    ctx: Arc<Context>,
+    controllers: Controllers,
     mut leading: watch::Receiver<bool>,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
@@ -247,9 +347,22 @@ pub async fn supervise_controllers(
         info!("leading: starting controllers");
         let term = CancellationToken::new();
         let rlp = tokio::spawn(controller::rate_limit_policy::run(
-            ctx.clone(),
+            controllers.rate_limit_policies.clone(),
             term.clone().cancelled_owned(),
         ));
+        let jq = &controllers.job_queues;
+        let wiring = job_queue::Context::wire(
+            jq.client.clone(),
+            Some(jq.identity.clone()),
+            jq.databases.clone(),
+            jq.metrics.clone(),
+            jq.render.clone(),
+            jq.namespace.clone(),
+            jq.external_metrics,
+            controller::system_clock(),
+            term.clone(),
+        );
+        let jobs = tokio::spawn(job_queue::run(wiring, term.clone().cancelled_owned()));
         loop {
             tokio::select! {
                 changed = leading.changed() => if changed.is_err() || !*leading.borrow() { break },
@@ -258,6 +371,7 @@ pub async fn supervise_controllers(
         }
         term.cancel();
         let _ = rlp.await;
+        let _ = jobs.await;
         metrics.set_leader(false);
         info!("stopped controllers");
         if shutdown.is_cancelled() {

@@ -1,13 +1,15 @@
 //! The whole operator (`run_with`) against the test API server, which calls mutating webhooks over
 //! HTTPS verifying their `caBundle` as kube-apiserver does: the operator generates its certificate,
 //! patches the `caBundle`, turns ready, reconciles a policy, and pods created through the API come back
-//! injected — or rejected with the annotation named.
+//! injected — or rejected with the annotation named. The same `run_with`, on the same Lease, reconciles
+//! JobQueues, and its one `/metrics` carries the JobQueue metrics.
 
 use std::{net::SocketAddr, time::Duration};
 
 use clap::Parser;
 use k8s_openapi::api::{
     admissionregistration::v1::MutatingWebhookConfiguration,
+    apps::v1::Deployment,
     core::v1::{Pod, Secret},
 };
 use kube::{Api, api::PostParams};
@@ -15,7 +17,7 @@ use serde_json::json;
 use sluice_crds::rate_limit_policy::RateLimitPolicy;
 use sluice_e2e::{Env, wait_for};
 use sluice_operator::config::{Cli, Command};
-use sluice_testsupport::{RedisServer, free_port};
+use sluice_testsupport::{PgServer, RedisServer, free_port};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
@@ -49,6 +51,17 @@ webhooks:
       - name: asks-for-sluice
         expression: has(object.metadata.annotations) && 'sluice.dev/inject' in object.metadata.annotations
 "#;
+
+async fn http_body(addr: SocketAddr, path: &str) -> Option<String> {
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.ok()?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    Some(text.split_once("\r\n\r\n")?.1.to_owned())
+}
 
 async fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {
     let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
@@ -97,6 +110,8 @@ async fn the_operator_serves_a_trusted_webhook_that_injects_pods_created_through
         &format!("127.0.0.1:{webhook_port}"),
         "--metrics-listen",
         &metrics_addr.to_string(),
+        "--external-metrics-listen",
+        &format!("127.0.0.1:{}", free_port()),
         "--sidecar-image",
         "sluice-sidecar:test",
         "--sidecar-native",
@@ -183,6 +198,32 @@ async fn the_operator_serves_a_trusted_webhook_that_injects_pods_created_through
         err.to_string().contains("annotation sluice.dev/listen-port"),
         "{err}"
     );
+
+    // The same run, on the same Lease, reconciles JobQueues too, and /metrics carries their metrics.
+    let pg = PgServer::start();
+    ns.apply_yaml(&format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: pg}}\nstringData: {{url: \"{}\"}}\n---\n\
+         apiVersion: sluice.dev/v1alpha1\nkind: JobQueue\nmetadata: {{name: emails}}\n\
+         spec:\n  database: {{secretRef: {{name: pg}}}}\n  worker:\n    template:\n      spec:\n        \
+         containers: [{{name: handler, image: \"mail:1\"}}]\n",
+        pg.url()
+    ))
+    .await
+    .unwrap();
+    let deployments = ns.api::<Deployment>();
+    wait_for("the JobQueue's worker Deployment", DEADLINE, || {
+        let deployments = deployments.clone();
+        async move { deployments.get_opt("emails-worker").await.ok().flatten() }
+    })
+    .await
+    .unwrap();
+    let text = http_body(metrics_addr, "/metrics").await.unwrap();
+    assert!(
+        text.contains("sluice_operator_jobqueue_activation_seconds"),
+        "{text}"
+    );
+    assert!(text.contains("sluice_operator_reconcile_total"), "{text}");
+    assert_eq!(text.matches("# EOF").count(), 1, "one exposition: {text}");
 
     stop.cancel();
     operator.await.unwrap().unwrap();

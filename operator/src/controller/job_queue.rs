@@ -50,13 +50,12 @@ use crate::{
         hpa::render_hpa,
         scaled_object::{api_resource as scaled_object_resource, render_scaled_object},
         worker_deployment::{
-            JOB_QUEUE_LABEL, RenderError, WorkerRenderOptions, render_config_map, render_worker_deployment,
-            worker_name,
+            JOB_QUEUE_LABEL, WorkerRenderOptions, render_config_map, render_worker_deployment, worker_name,
         },
     },
     scaling::{
         Autoscaler, Databases, JobQueueMetrics, Observation, Policy, Reason, Wake, Waker,
-        databases::{DbError, UrlError, database_key, read_database_url},
+        databases::{UrlError, database_key, read_database_url},
         decide,
         deletion_cost::{POD_DELETION_COST_ANNOTATION, deletion_costs},
     },
@@ -104,52 +103,16 @@ pub mod condition {
     pub const NOT_PAUSED: &str = "NotPaused";
 }
 
-/// Why a reconcile failed. Variant names double as metric labels ([`Error::metric_label`]).
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// A Kubernetes API call failed.
-    #[error("Kubernetes API call failed: {0}")]
-    Kube(#[from] kube::Error),
-    /// The database Secret is missing or incomplete.
-    #[error("{0}")]
-    Secret(UrlError),
-    /// The database could not be reached or refused a statement.
-    #[error("database: {0}")]
-    Database(#[from] DbError),
-    /// The spec cannot be rendered.
-    #[error("{0}")]
-    InvalidSpec(#[from] RenderError),
-}
+pub use crate::Error;
 
-impl From<UrlError> for Error {
-    fn from(e: UrlError) -> Self {
-        match e {
-            UrlError::Kube(k) => Error::Kube(k),
-            other => Error::Secret(other),
-        }
-    }
-}
-
-impl Error {
-    /// A short, stable label for metrics.
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            Error::Kube(_) => "kube",
-            Error::Secret(UrlError::SecretKeyMissing { .. }) => "secret_key_missing",
-            Error::Secret(_) => "secret_not_found",
-            Error::Database(_) => "database_unreachable",
-            Error::InvalidSpec(_) => "invalid_spec",
-        }
-    }
-
-    fn condition_reason(&self) -> &'static str {
-        match self {
-            Error::Kube(_) => "KubernetesApiError",
-            Error::Secret(UrlError::SecretKeyMissing { .. }) => condition::SECRET_KEY_MISSING,
-            Error::Secret(_) => condition::SECRET_NOT_FOUND,
-            Error::Database(_) => condition::DATABASE_UNREACHABLE,
-            Error::InvalidSpec(_) => condition::INVALID_SPEC,
-        }
+/// The `Ready` condition's reason for a failed reconcile.
+fn condition_reason(e: &Error) -> &'static str {
+    match e {
+        Error::DatabaseSecret(UrlError::SecretKeyMissing { .. }) => condition::SECRET_KEY_MISSING,
+        Error::DatabaseSecret(_) => condition::SECRET_NOT_FOUND,
+        Error::Database(_) => condition::DATABASE_UNREACHABLE,
+        Error::InvalidJobQueue(_) | Error::InvalidSpec(_) => condition::INVALID_SPEC,
+        _ => "KubernetesApiError",
     }
 }
 
@@ -592,7 +555,7 @@ async fn reconcile_inner(jq: &JobQueue, ctx: &Context) -> Result<Action, Error> 
 async fn report_failure(jq: &JobQueue, ctx: &Context, e: &Error) {
     let now = ctx.now_ms();
     let generation = jq.metadata.generation.unwrap_or(0);
-    let reason = e.condition_reason();
+    let reason = condition_reason(e);
     let mut desired = vec![conditions::Desired {
         type_: condition::READY,
         status: false,
@@ -773,171 +736,4 @@ pub async fn run(wiring: Wiring, shutdown: impl std::future::Future<Output = ()>
         })
         .await;
     wakeups.abort();
-}
-
-/// Settings of the JobQueue side of `sluice-operator run`, read from the environment the Helm chart
-/// sets (the names below), so the binary can start them beside the rest of the operator.
-#[derive(Clone, Debug, clap::Parser)]
-#[command(name = "sluice-operator", no_binary_name = true)]
-pub struct JobQueueArgs {
-    /// Namespace the operator runs in: an external metrics APIService whose service lives here is
-    /// Sluice's; the Lease and the metrics certificate Secret live here.
-    #[arg(long, env = "SLUICE_NAMESPACE", default_value = "sluice-system")]
-    pub namespace: String,
-    /// This replica's name (its identity in leader election and Events).
-    #[arg(long, env = "SLUICE_POD_NAME")]
-    pub pod_name: Option<String>,
-    /// Elect a leader among replicas; only the leader reconciles JobQueues. The metrics API is served
-    /// by every replica.
-    #[arg(long, env = "SLUICE_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
-    pub leader_election: bool,
-    /// Name of the JobQueue controller's Lease.
-    #[arg(long, env = "SLUICE_JOBQUEUE_LEASE_NAME", default_value = LEASE_NAME_DEFAULT)]
-    pub lease_name: String,
-    /// Serve `external.metrics.k8s.io` (set false when KEDA or prometheus-adapter owns it).
-    #[arg(long, env = "SLUICE_EXTERNAL_METRICS", default_value_t = true, action = clap::ArgAction::Set)]
-    pub external_metrics: bool,
-    /// Address of the external metrics API (HTTPS).
-    #[arg(long, env = "SLUICE_EXTERNAL_METRICS_LISTEN", default_value = EXTERNAL_METRICS_LISTEN_DEFAULT)]
-    pub external_metrics_listen: std::net::SocketAddr,
-    /// Service in front of the metrics API (the APIService's): the serving certificate is for its names.
-    #[arg(
-        long,
-        env = "SLUICE_EXTERNAL_METRICS_SERVICE",
-        default_value = "sluice-metrics-api"
-    )]
-    pub external_metrics_service: String,
-    /// Secret (in the operator's namespace) holding the metrics API's serving certificate; made when
-    /// missing unless cert-manager provides it.
-    #[arg(
-        long,
-        env = "SLUICE_EXTERNAL_METRICS_CERT_SECRET",
-        default_value = "sluice-metrics-api-tls"
-    )]
-    pub external_metrics_cert_secret: String,
-    /// cert-manager issues the certificates and injects the `caBundle`.
-    #[arg(long, env = "SLUICE_CERT_MANAGER", default_value_t = false, action = clap::ArgAction::Set)]
-    pub cert_manager: bool,
-    /// The `sluice-sidecar` image of worker pods.
-    #[arg(long, env = "SLUICE_SIDECAR_IMAGE", default_value = crate::config::SIDECAR_IMAGE_DEFAULT)]
-    pub sidecar_image: String,
-    /// Requests and limits of the worker sidecar, as JSON.
-    #[arg(long, env = "SLUICE_SIDECAR_RESOURCES", default_value = crate::config::SIDECAR_RESOURCES_DEFAULT)]
-    pub sidecar_resources: String,
-}
-
-/// Default name of the JobQueue controller's Lease.
-pub const LEASE_NAME_DEFAULT: &str = "sluice-operator-jobqueue";
-/// Default address of the external metrics API.
-pub const EXTERNAL_METRICS_LISTEN_DEFAULT: &str = "0.0.0.0:6443";
-
-impl JobQueueArgs {
-    /// The settings from the environment alone; an invalid value is an error naming the variable.
-    pub fn from_env() -> Result<Self, clap::Error> {
-        <Self as clap::Parser>::try_parse_from(std::iter::empty::<String>())
-    }
-}
-
-/// Runs the JobQueue side of the operator until `shutdown` is cancelled: the external metrics API on
-/// every replica (when enabled), and the controller on the holder of its Lease.
-pub async fn run_all(client: Client, args: JobQueueArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
-    use anyhow::Context as _;
-    let identity = args
-        .pod_name
-        .clone()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "sluice-operator".into());
-    let resources: k8s_openapi::api::core::v1::ResourceRequirements =
-        serde_json::from_str(&args.sidecar_resources)
-            .context("SLUICE_SIDECAR_RESOURCES: not a ResourceRequirements JSON object")?;
-    let databases = Arc::new(Databases::default());
-    let metrics = Arc::new(JobQueueMetrics::default());
-
-    if args.external_metrics {
-        let listener = tokio::net::TcpListener::bind(args.external_metrics_listen)
-            .await
-            .with_context(|| {
-                format!(
-                    "binding SLUICE_EXTERNAL_METRICS_LISTEN {}",
-                    args.external_metrics_listen
-                )
-            })?;
-        let keeper = crate::certs::Keeper {
-            settings: crate::certs::CertSettings {
-                namespace: args.namespace.clone(),
-                secret: args.external_metrics_cert_secret.clone(),
-                service: args.external_metrics_service.clone(),
-                ca_name: crate::certs::METRICS_API_CA_NAME.into(),
-            },
-            trust: crate::certs::Trust::ApiService,
-            source: if args.cert_manager {
-                crate::certs::Source::Secret
-            } else {
-                crate::certs::Source::Generated
-            },
-            interval: crate::certs::CHECK_INTERVAL,
-            clock: super::system_clock(),
-        };
-        let (client, databases, metrics, shutdown) = (
-            client.clone(),
-            databases.clone(),
-            metrics.clone(),
-            shutdown.clone(),
-        );
-        tokio::spawn(async move {
-            if let Err(e) =
-                crate::external_metrics::server::run(client, listener, keeper, databases, metrics, shutdown)
-                    .await
-            {
-                tracing::error!(error = %e, "external metrics server stopped");
-            }
-        });
-    }
-
-    let (leading_tx, mut leading) = tokio::sync::watch::channel(!args.leader_election);
-    if args.leader_election {
-        let settings = crate::leader::LeaseSettings::new(&args.namespace, &args.lease_name, &identity);
-        tokio::spawn(crate::leader::run(
-            client.clone(),
-            settings,
-            leading_tx,
-            shutdown.clone().cancelled_owned(),
-        ));
-    }
-    loop {
-        while !*leading.borrow_and_update() {
-            tokio::select! {
-                changed = leading.changed() => if changed.is_err() { return Ok(()) },
-                () = shutdown.cancelled() => return Ok(()),
-            }
-        }
-        tracing::info!("leading: starting the JobQueue controller");
-        let term = shutdown.child_token();
-        let wiring = Context::wire(
-            client.clone(),
-            Some(identity.clone()),
-            databases.clone(),
-            metrics.clone(),
-            WorkerRenderOptions {
-                sidecar_image: args.sidecar_image.clone(),
-                sidecar_resources: Some(resources.clone()),
-            },
-            args.namespace.clone(),
-            args.external_metrics,
-            super::system_clock(),
-            term.clone(),
-        );
-        let controller = tokio::spawn(run(wiring, term.clone().cancelled_owned()));
-        loop {
-            tokio::select! {
-                changed = leading.changed() => if changed.is_err() || !*leading.borrow() { break },
-                () = shutdown.cancelled() => break,
-            }
-        }
-        term.cancel();
-        let _ = controller.await;
-        if shutdown.is_cancelled() {
-            return Ok(());
-        }
-    }
 }
