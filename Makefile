@@ -5,9 +5,11 @@
 CARGO ?= cargo
 NEXTEST_PROFILE ?= default
 
-## Run Sluice locally (for now: the sidecar in front of a built-in demo upstream, showing requests limited).
+## Run Sluice locally: the real operator and sidecars on an in-memory API server with throwaway Redis and
+## PostgreSQL, a live demo of both CRDs; Ctrl-C stops everything (docs/sandbox.md). SANDBOX_ARGS=--duration 60
 sandbox:
-	$(CARGO) run --release -p sluice-sidecar -- demo
+	$(CARGO) build -p sluice-operator -p sluice-sidecar -p sluice-e2e --bins
+	$(CARGO) run -q -p sluice-e2e --bin sluice-sandbox -- $(SANDBOX_ARGS)
 
 ## Run every test: installs/starts what the tests need, then formatting, lints and all test suites.
 test: deps lint unit chart

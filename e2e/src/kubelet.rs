@@ -74,6 +74,9 @@ pub struct KubeletConfig {
     pub namespace: Option<String>,
     /// Upper bound on the grace period between SIGTERM and SIGKILL (tests keep it short).
     pub max_grace: Duration,
+    /// Environment added to every process, after the container's own (e.g. `KUBECONFIG` for the
+    /// operator, standing in for the service account token a real kubelet mounts).
+    pub env: Vec<(String, String)>,
 }
 
 impl KubeletConfig {
@@ -89,7 +92,20 @@ impl KubeletConfig {
             ],
             namespace: None,
             max_grace: Duration::from_secs(30),
+            env: vec![],
         }
+    }
+
+    /// Also runs containers whose image contains `pattern` with `command` (e.g. the operator's image).
+    pub fn image(mut self, pattern: &str, command: &[String]) -> Self {
+        self.images.push((pattern.into(), command.to_vec()));
+        self
+    }
+
+    /// Adds `name=value` to every process's environment.
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.env.push((name.into(), value.into()));
+        self
     }
 
     /// Only Pods of this namespace.
@@ -106,35 +122,96 @@ impl KubeletConfig {
     }
 }
 
-/// Finds the `sluice-sidecar` binary in the shared target dir (`$SLUICE_SIDECAR_BIN` wins), building it
-/// with `cargo build -p sluice-sidecar --bin sluice-sidecar` when it is missing. It does not rebuild a
-/// binary that exists: run `cargo build -p sluice-sidecar` after changing the sidecar.
+/// Finds the `sluice-sidecar` binary; see [`workspace_binary`] (`$SLUICE_SIDECAR_BIN` wins).
 pub fn sidecar_binary() -> Result<PathBuf> {
     static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
     BUILT
         .get_or_init(|| {
-            if let Some(p) = std::env::var_os("SLUICE_SIDECAR_BIN").filter(|p| !p.is_empty()) {
-                return Ok(PathBuf::from(p));
-            }
-            let target = target_dir();
-            let bin = target.join("debug").join("sluice-sidecar");
-            if bin.is_file() {
-                return Ok(bin);
-            }
-            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-            // Cargo's own lock on the target dir serialises concurrent builds from parallel tests.
-            let status = std::process::Command::new(cargo)
-                .args(["build", "-p", "sluice-sidecar", "--bin", "sluice-sidecar"])
-                .env("CARGO_TARGET_DIR", &target)
-                .status()
-                .map_err(|e| format!("cargo build -p sluice-sidecar: {e}"))?;
-            if !status.success() || !bin.is_file() {
-                return Err(format!("cargo build -p sluice-sidecar failed ({status})"));
-            }
-            Ok(bin)
+            workspace_binary(
+                "sluice-sidecar",
+                "SLUICE_SIDECAR_BIN",
+                &["crds", "sidecar", "migrations"],
+            )
         })
         .clone()
         .map_err(Error::Config)
+}
+
+/// Finds the `sluice-operator` binary; see [`workspace_binary`] (`$SLUICE_OPERATOR_BIN` wins).
+pub fn operator_binary() -> Result<PathBuf> {
+    static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            workspace_binary(
+                "sluice-operator",
+                "SLUICE_OPERATOR_BIN",
+                &["crds", "sidecar", "migrations", "operator"],
+            )
+        })
+        .clone()
+        .map_err(Error::Config)
+}
+
+/// Finds a workspace binary (package and binary named `name`) in the shared target dir, building it with
+/// `cargo build -p NAME --bin NAME` when it is missing or older than any file under `sources` (workspace
+/// folders it is built from). `$override_env` names a binary to use as is.
+///
+/// Why not a Cargo artifact dependency: those are unstable, and `CARGO_BIN_EXE_*` only names binaries of
+/// the crate under test. `cargo nextest run --workspace` (the test command) builds every binary first, so
+/// in CI this finds them fresh and builds nothing.
+pub fn workspace_binary(name: &str, override_env: &str, sources: &[&str]) -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os(override_env).filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    let target = target_dir();
+    let bin = target.join("debug").join(name);
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let built = std::fs::metadata(&bin).and_then(|m| m.modified()).ok();
+    let newest_source = sources
+        .iter()
+        .filter_map(|dir| newest_mtime(&workspace.join(dir)))
+        .max();
+    let fresh = match (built, newest_source) {
+        (Some(built), Some(source)) => built >= source,
+        (Some(_), None) => true,
+        (None, _) => false,
+    };
+    if fresh {
+        return Ok(bin);
+    }
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    // Cargo's own lock on the target dir serialises concurrent builds from parallel tests.
+    let status = std::process::Command::new(cargo)
+        .args(["build", "-p", name, "--bin", name])
+        .env("CARGO_TARGET_DIR", &target)
+        .current_dir(&workspace)
+        .status()
+        .map_err(|e| format!("cargo build -p {name}: {e}"))?;
+    if !status.success() || !bin.is_file() {
+        return Err(format!("cargo build -p {name} failed ({status})"));
+    }
+    Ok(bin)
+}
+
+/// The newest modification time of the files under `dir` (`target` and hidden folders skipped).
+fn newest_mtime(dir: &Path) -> Option<std::time::SystemTime> {
+    let mut newest = None;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).ok()?.flatten() {
+            let path = entry.path();
+            let hidden = entry.file_name().to_string_lossy().starts_with('.');
+            let Ok(meta) = entry.metadata() else { continue };
+            if meta.is_dir() {
+                if !hidden && entry.file_name() != "target" {
+                    stack.push(path);
+                }
+            } else if let Ok(m) = meta.modified() {
+                newest = newest.max(Some(m));
+            }
+        }
+    }
+    newest
 }
 
 /// The target dir: `$CARGO_TARGET_DIR`, else the one the running test executable lives in
@@ -590,6 +667,7 @@ async fn start_pod(client: &kube::Client, config: &KubeletConfig, pod: &Pod) -> 
         }
         let port_map: Vec<String> = running.ports.iter().map(|(p, l)| format!("{p}={l}")).collect();
         env.insert("SLUICE_E2E_PORTS".into(), port_map.join(","));
+        env.extend(config.env.iter().cloned());
         let log = std::fs::File::create(running.dir.path().join(format!("{}.log", c.name)))?;
         let mut cmd = tokio::process::Command::new(&command[0]);
         cmd.args(&command[1..])

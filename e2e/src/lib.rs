@@ -13,11 +13,15 @@
 //! - [`admission`]: mutating webhooks; [`aggregator`]: APIService proxying.
 //! - [`tls`], [`kubeconfig`]: certificates and the kubeconfig clients use.
 //! - [`harness`]: what e2e tests call.
+//! - [`kubelet`], [`deployments`], [`hpa`], [`services`]: stand-ins for the cluster's controllers.
+//! - [`chart`], [`system`]: the real chart rendered and Sluice installed with it, stand-ins included.
+//! - [`sandbox`]: `make sandbox`; [`http`]: a minimal client for scenarios and the sandbox.
 
 pub mod admission;
 pub mod aggregator;
 pub mod api;
 pub mod builtins;
+pub mod chart;
 pub mod crd;
 pub mod deployments;
 pub mod discovery;
@@ -25,16 +29,20 @@ pub mod error;
 pub mod fieldset;
 pub mod harness;
 pub mod hpa;
+pub mod http;
 pub mod kubeconfig;
 pub mod kubelet;
 pub mod merge;
 pub mod openapi;
 pub mod registry;
+pub mod sandbox;
 pub mod scale;
 pub mod selectors;
 pub mod server;
+pub mod services;
 pub mod shape;
 pub mod store;
+pub mod system;
 pub mod table;
 pub mod tls;
 pub mod validation;

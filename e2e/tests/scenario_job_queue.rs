@@ -1,0 +1,283 @@
+//! Scenario 2 of issue #7, the whole system: `kubectl apply` a JobQueue at `minReplicaCount: 0` →
+//! 5,000 jobs enqueued through the sidecar's queue HTTP API → the operator wakes the workers 0 → 1 on
+//! the enqueue's NOTIFY, the HPA (stand-in, reading the operator's external metrics API through the API
+//! server's aggregation) scales 1 → N, the workers drain the queue, every job succeeds exactly once,
+//! and after the cooldown the operator scales back to 0. A worker's sidecar is killed mid-job (SIGKILL):
+//! its jobs are rescued when their leases expire and still succeed exactly once.
+//!
+//! Sluice is installed from the real chart with kubectl on the in-memory API server; the real
+//! `sluice-operator` and `sluice-sidecar` binaries run as processes; PostgreSQL is a real server.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
+use serde_json::json;
+use sluice_e2e::http;
+use sluice_e2e::system::{SluiceSystem, SystemOptions};
+use sluice_e2e::wait_for;
+use sluice_testsupport::PgServer;
+
+const JOBS: usize = 5_000;
+const BATCH: usize = 1_000;
+const DEADLINE: Duration = Duration::from_secs(30);
+const DRAIN_DEADLINE: Duration = Duration::from_secs(120);
+
+fn queue(db_url: &str) -> String {
+    let secret = sluice_e2e::system::secret_yaml("db", "url", db_url);
+    format!(
+        r#"
+{secret}
+---
+apiVersion: sluice.dev/v1alpha1
+kind: JobQueue
+metadata: {{name: thumbs}}
+spec:
+  database: {{secretRef: {{name: db}}}}
+  worker:
+    template:
+      spec:
+        containers:
+          - name: handler
+            image: example/sluice-demo-app:1
+            ports: [{{containerPort: 3000}}]
+    handler: {{container: handler, port: 3000, path: /jobs}}
+    concurrency: 8
+    jobTimeout: 10s
+    leaseDuration: 2s
+  retry: {{maxAttempts: 5, backoff: {{base: 100ms, cap: 1s}}}}
+  scaling:
+    minReplicaCount: 0
+    maxReplicaCount: 4
+    targetJobsPerReplica: 1000
+    pollingInterval: 1s
+    cooldownPeriod: 3s
+    advanced:
+      horizontalPodAutoscalerConfig:
+        behavior:
+          scaleDown: {{stabilizationWindowSeconds: 0}}
+"#
+    )
+}
+
+/// The app that enqueues: the sidecar serving the queue HTTP API on localhost, with the database URL
+/// from the Secret. Written out by hand — the env the webhook is to inject for
+/// `sluice.dev/job-queues` (`sluice_operator::render::worker_deployment::queue_api_env`).
+const ENQUEUER: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: enqueuer, labels: {app: enqueuer}}
+spec:
+  terminationGracePeriodSeconds: 2
+  containers:
+    - name: app
+      image: example/sluice-demo-app:1
+      ports: [{name: app, containerPort: 8080}]
+    - name: sluice-sidecar
+      image: ghcr.io/sluice-dev/sluice-sidecar:0.1.0
+      env:
+        - {name: SLUICE_LISTEN, value: "0.0.0.0:15080"}
+        - {name: SLUICE_UPSTREAM, value: "http://127.0.0.1:8080"}
+        - {name: SLUICE_API_LISTEN, value: "127.0.0.1:7070"}
+        - name: SLUICE_DATABASE_URL
+          valueFrom: {secretKeyRef: {name: db, key: url}}
+      ports: [{name: http, containerPort: 15080}]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_queue_scales_from_zero_drains_five_thousand_jobs_exactly_once_and_returns_to_zero() {
+    let pg = PgServer::start();
+    let system = SluiceSystem::install(SystemOptions::new(env!("CARGO_BIN_EXE_sluice-demo-app").as_ref()))
+        .await
+        .unwrap();
+    let ns = system.env().namespace("job-queue").await.unwrap();
+    let n = ns.name().to_string();
+    system
+        .kubectl_ok(&["apply", "-n", &n, "-f", "-"], Some(&queue(&pg.url())))
+        .await
+        .unwrap();
+    let deployments = ns.api::<Deployment>();
+    let pods = ns.api::<Pod>();
+
+    // The operator prepares the schema and the worker Deployment at 0 replicas.
+    wait_for(
+        "worker Deployment thumbs-worker at 0 replicas",
+        DEADLINE,
+        || async {
+            let d = deployments.get_opt("thumbs-worker").await.ok().flatten()?;
+            (d.spec?.replicas == Some(0)).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    let ready = wait_for("queue thumbs registered and Ready", DEADLINE, || async {
+        let out = system
+            .kubectl_ok(
+                &[
+                    "get",
+                    "jobqueues.sluice.dev",
+                    "thumbs",
+                    "-n",
+                    &n,
+                    "-o",
+                    "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+                ],
+                None,
+            )
+            .await
+            .ok()?;
+        (out.trim() == "True").then_some(())
+    })
+    .await;
+    if let Err(e) = ready {
+        panic!("{e}\n{}", system.operator_logs().await);
+    }
+
+    system
+        .kubectl_ok(&["apply", "-n", &n, "-f", "-"], Some(ENQUEUER))
+        .await
+        .unwrap();
+    let api_port = wait_for("the enqueuer's queue API", DEADLINE, || async {
+        let pod = pods.get("enqueuer").await.ok()?;
+        sluice_e2e::deployments::is_ready(&pod).then_some(())?;
+        system.kubelet().port(&n, "enqueuer", "7070")
+    })
+    .await
+    .unwrap();
+
+    // Replica counts over time, as the Deployment's spec says.
+    let history = Arc::new(Mutex::new(vec![0i32]));
+    let (stop_watch, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    let watcher = {
+        let (deployments, history) = (deployments.clone(), history.clone());
+        tokio::spawn(async move {
+            loop {
+                if let Ok(Some(d)) = deployments.get_opt("thumbs-worker").await {
+                    let r = d.spec.and_then(|s| s.replicas).unwrap_or(0);
+                    let mut h = history.lock().unwrap();
+                    if h.last() != Some(&r) {
+                        h.push(r);
+                    }
+                }
+                tokio::select! {
+                    _ = &mut stopped => return,
+                    _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                }
+            }
+        })
+    };
+
+    // 5,000 jobs through the queue API, in batches.
+    for start in (0..JOBS).step_by(BATCH) {
+        let jobs: Vec<_> = (start..start + BATCH)
+            .map(|i| json!({"kind": "thumb", "payload": {"n": i, "sleepMs": 20}}))
+            .collect();
+        let body = json!({"jobs": jobs}).to_string();
+        let reply = http::post_json(api_port, "/v1/queues/thumbs/jobs/batch", &body)
+            .await
+            .unwrap();
+        assert_eq!(reply.status, 201, "{}", reply.body);
+    }
+
+    // Several workers at once; kill one worker's sidecar while it holds jobs.
+    let victim = wait_for(
+        "two worker pods Ready, one holding a job lease",
+        DEADLINE,
+        || async {
+            let list = pods
+                .list(&ListParams::default().labels("sluice.dev/jobqueue=thumbs"))
+                .await
+                .ok()?;
+            let ready: Vec<String> = list
+                .items
+                .iter()
+                .filter(|p| sluice_e2e::deployments::is_ready(p))
+                .filter_map(|p| p.metadata.name.clone())
+                .collect();
+            if ready.len() < 2 {
+                return None;
+            }
+            let owners = pg.psql("SELECT DISTINCT lease_owner FROM sluice.jobs WHERE state = 'running'");
+            ready
+                .into_iter()
+                .find(|pod| owners.lines().any(|o| o.trim().starts_with(&format!("{pod}-"))))
+        },
+    )
+    .await
+    .unwrap();
+    // SIGKILL, and wait until the process is gone: whatever it still held is orphaned for good.
+    let pid = system.kubelet().pid(&n, &victim, "sluice-sidecar").unwrap();
+    assert!(system.kubelet().kill(&n, &victim, "sluice-sidecar"));
+    wait_for("the killed sidecar gone", DEADLINE, || async move {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        (stat.is_empty() || stat.split(' ').nth(2) == Some("Z")).then_some(())
+    })
+    .await
+    .unwrap();
+    let held = pg.psql(&format!(
+        "SELECT id FROM sluice.jobs WHERE state = 'running' AND lease_owner LIKE '{victim}-%'"
+    ));
+    let rescued: Vec<&str> = held.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    assert!(!rescued.is_empty(), "the killed worker held no job any more");
+
+    // Drained: every job succeeded, exactly once (one success per job id; fenced completions).
+    wait_for("all 5,000 jobs succeeded", DRAIN_DEADLINE, || async {
+        let done: usize = pg
+            .psql("SELECT count(*) FROM sluice.jobs WHERE queue = 'thumbs' AND state = 'succeeded'")
+            .trim()
+            .parse()
+            .ok()?;
+        (done == JOBS).then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}",
+            pg.psql("SELECT state, count(*) FROM sluice.jobs GROUP BY state")
+        )
+    });
+    let summary = pg.psql(
+        "SELECT count(*), count(DISTINCT payload->>'n'), count(*) FILTER (WHERE state <> 'succeeded') FROM sluice.jobs WHERE queue = 'thumbs'",
+    );
+    assert_eq!(
+        summary.trim(),
+        format!("{JOBS}|{JOBS}|0"),
+        "jobs | distinct | not succeeded"
+    );
+    for id in &rescued {
+        let row = pg.psql(&format!(
+            "SELECT state, attempt > 1 FROM sluice.jobs WHERE id = '{id}'"
+        ));
+        assert_eq!(row.trim(), "succeeded|t", "job {id} held by the killed worker");
+    }
+
+    // Back to zero after the cooldown; no worker pod left.
+    wait_for("workers scaled back to 0 and gone", DEADLINE, || async {
+        let d = deployments.get("thumbs-worker").await.ok()?;
+        let left = pods
+            .list(&ListParams::default().labels("sluice.dev/jobqueue=thumbs"))
+            .await
+            .ok()?
+            .items
+            .len();
+        (d.spec?.replicas == Some(0) && left == 0).then_some(())
+    })
+    .await
+    .unwrap();
+    let _ = stop_watch.send(());
+    watcher.await.unwrap();
+    let history = history.lock().unwrap().clone();
+    assert_eq!(history.first(), Some(&0), "{history:?}");
+    assert_eq!(history.get(1), Some(&1), "woken 0 → 1 first: {history:?}");
+    assert!(history.iter().any(|r| *r >= 2), "scaled 1 → N: {history:?}");
+    assert_eq!(history.last(), Some(&0), "{history:?}");
+    eprintln!(
+        "worker replicas over time: {history:?}; jobs rescued from the killed worker: {}",
+        rescued.len()
+    );
+
+    drop(ns);
+    system.shutdown().await;
+}
