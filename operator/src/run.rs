@@ -13,7 +13,7 @@ use kube::{
     Api, Client,
     runtime::{WatchStreamExt, reflector, watcher},
 };
-use sluice_crds::rate_limit_policy::RateLimitPolicy;
+use sluice_crds::{job_queue::JobQueue, rate_limit_policy::RateLimitPolicy};
 use tokio::{net::TcpListener, sync::watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -32,18 +32,22 @@ use crate::{
     },
 };
 
-/// What `/readyz` waits for: a certificate the API server trusts, and a synced policy cache.
+/// What `/readyz` waits for: a certificate the API server trusts, and synced policy and JobQueue caches.
 #[derive(Debug, Default)]
 pub struct Health {
     /// The webhook serves a certificate that the `caBundle` trusts.
     pub cert_ready: AtomicBool,
     /// The policy cache has listed every `RateLimitPolicy` once.
     pub policies_synced: AtomicBool,
+    /// The JobQueue cache has listed every `JobQueue` once.
+    pub job_queues_synced: AtomicBool,
 }
 
 impl Health {
     fn ready(&self) -> bool {
-        self.cert_ready.load(Ordering::Relaxed) && self.policies_synced.load(Ordering::Relaxed)
+        self.cert_ready.load(Ordering::Relaxed)
+            && self.policies_synced.load(Ordering::Relaxed)
+            && self.job_queues_synced.load(Ordering::Relaxed)
     }
 }
 
@@ -81,7 +85,7 @@ pub fn metrics_router(metrics: AllMetrics, health: Arc<Health>) -> Router {
                 } else {
                     (
                         StatusCode::SERVICE_UNAVAILABLE,
-                        "waiting for the webhook certificate and the policy cache",
+                        "waiting for the webhook certificate and the policy and JobQueue caches",
                     )
                 }
             }),
@@ -166,6 +170,25 @@ pub async fn run_with(client: Client, args: RunArgs, shutdown: CancellationToken
         });
     }
 
+    // JobQueue cache for the webhook (`sluice.dev/job-queues`).
+    let (job_queues, writer) = reflector::store::<JobQueue>();
+    let job_queue_stream = reflector::reflector(
+        writer,
+        watcher(Api::<JobQueue>::all(client.clone()), watcher::Config::default()),
+    )
+    .default_backoff()
+    .touched_objects()
+    .for_each(|_| async {});
+    tokio::spawn(job_queue_stream);
+    {
+        let (job_queues, health) = (job_queues.clone(), health.clone());
+        tokio::spawn(async move {
+            if job_queues.wait_until_ready().await.is_ok() {
+                health.job_queues_synced.store(true, Ordering::Relaxed);
+            }
+        });
+    }
+
     // Serving certificate, rotated and trusted.
     let cert_store = Arc::new(certs::CertStore::default());
     let keeper = certs::Keeper {
@@ -199,6 +222,7 @@ pub async fn run_with(client: Client, args: RunArgs, shutdown: CancellationToken
     let native = native_sidecars(&client, args.sidecar_native).await;
     let state = Arc::new(WebhookState {
         policies,
+        job_queues,
         config: InjectConfig {
             image: args.sidecar_image.clone(),
             image_pull_policy: args.sidecar_image_pull_policy.clone(),

@@ -49,7 +49,10 @@ webhooks:
         - {key: kubernetes.io/metadata.name, operator: NotIn, values: [sluice-system, kube-system]}
     matchConditions:
       - name: asks-for-sluice
-        expression: has(object.metadata.annotations) && 'sluice.dev/inject' in object.metadata.annotations
+        expression: >-
+          has(object.metadata.annotations) &&
+          (('sluice.dev/inject' in object.metadata.annotations) ||
+           ('sluice.dev/job-queues' in object.metadata.annotations))
 "#;
 
 async fn http_body(addr: SocketAddr, path: &str) -> Option<String> {
@@ -217,6 +220,62 @@ async fn the_operator_serves_a_trusted_webhook_that_injects_pods_created_through
     })
     .await
     .unwrap();
+
+    // Pods that enqueue: with the policy that selects them, and alone. The webhook's JobQueue cache
+    // catches up with the API within the deadline.
+    let with_policy = wait_for("a pod naming the JobQueue to be admitted", DEADLINE, || {
+        let pods = pods.clone();
+        let p = pod("web-3", json!({"sluice.dev/job-queues": "emails"}));
+        async move { pods.create(&PostParams::default(), &p).await.ok() }
+    })
+    .await
+    .unwrap();
+    let spec = with_policy.spec.unwrap();
+    let sidecar = &spec.init_containers.as_ref().expect("injected")[0];
+    let env = |name: &str| {
+        sidecar
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == name)
+            .unwrap_or_else(|| panic!("{name} in {sidecar:?}"))
+            .clone()
+    };
+    let url = env("SLUICE_DATABASE_URL");
+    assert_eq!(url.value, None, "never as text");
+    assert_eq!(url.value_from.unwrap().secret_key_ref.unwrap().name, "pg");
+    assert_eq!(env("SLUICE_QUEUES").value.as_deref(), Some("emails"));
+    assert!(env("SLUICE_REDIS_URL").value_from.is_some(), "rate limiting too");
+    let alone: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "enqueuer", "labels": {"app": "batch"},
+                     "annotations": {"sluice.dev/job-queues": "emails"}},
+        "spec": {"containers": [{"name": "batch", "image": "batch"}]}
+    }))
+    .unwrap();
+    let alone = pods.create(&PostParams::default(), &alone).await.unwrap();
+    let spec = alone.spec.unwrap();
+    let sidecar = &spec.init_containers.as_ref().expect("injected without a policy")[0];
+    assert!(
+        sidecar
+            .env
+            .iter()
+            .flatten()
+            .any(|e| e.name == "SLUICE_API_LISTEN"),
+        "{sidecar:?}"
+    );
+    let missing: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "lost", "annotations": {"sluice.dev/job-queues": "emails,invoices"}},
+        "spec": {"containers": [{"name": "batch", "image": "batch"}]}
+    }))
+    .unwrap();
+    let err = pods.create(&PostParams::default(), &missing).await.unwrap_err();
+    assert!(
+        err.to_string().contains("JobQueue \"invoices\" does not exist"),
+        "{err}"
+    );
+
     let text = http_body(metrics_addr, "/metrics").await.unwrap();
     assert!(
         text.contains("sluice_operator_jobqueue_activation_seconds"),

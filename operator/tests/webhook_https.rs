@@ -66,6 +66,7 @@ async fn start(b: &Bundle) -> Webhook {
     let metrics = Arc::new(Metrics::default());
     let state = Arc::new(WebhookState {
         policies,
+        job_queues: reflector::store().0,
         config: InjectConfig {
             image: "ghcr.io/sluice-dev/sluice-sidecar:test".into(),
             image_pull_policy: None,

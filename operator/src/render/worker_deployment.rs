@@ -257,8 +257,8 @@ pub fn database_url_env(jq: &JobQueue) -> EnvVar {
 /// is annotated `sluice.dev/job-queues: <name>`): the database URL by `secretKeyRef` to the JobQueue's
 /// Secret (never as text), the queue name, and the API's address on localhost.
 ///
-/// One database per sidecar: a pod naming several JobQueues gets the queue API for those that share
-/// the first one's Secret reference; the caller decides what to do with the others.
+/// One database per sidecar: the webhook ([`crate::webhook::inject::resolve_job_queues`]) refuses pods
+/// naming JobQueues with different Secret references, and lists every queue name in `SLUICE_QUEUES`.
 pub fn queue_api_env(jq: &JobQueue) -> Vec<EnvVar> {
     vec![
         database_url_env(jq),

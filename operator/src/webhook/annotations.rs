@@ -17,6 +17,11 @@ pub const LISTEN_PORT: &str = "sluice.dev/listen-port";
 /// container. Absent: the operator's default (`--sidecar-native`).
 pub const NATIVE_SIDECAR: &str = "sluice.dev/native-sidecar";
 
+/// Comma-separated names of `JobQueue`s (in the pod's namespace) the app enqueues to: the sidecar serves
+/// the queue HTTP API for them on `127.0.0.1:7070`. Asks for injection by itself (unless
+/// `sluice.dev/inject: "false"`); with no RateLimitPolicy for the pod, the sidecar only serves that API.
+pub const JOB_QUEUES: &str = "sluice.dev/job-queues";
+
 /// Label the webhook puts on injected pods, naming their policy, so the controller can find them.
 pub const POLICY_LABEL: &str = "sluice.dev/policy";
 
@@ -42,6 +47,8 @@ pub struct InjectAnnotations {
     pub listen_port: Option<u16>,
     /// `sluice.dev/native-sidecar`.
     pub native_sidecar: Option<bool>,
+    /// `sluice.dev/job-queues`, in the order written, without duplicates.
+    pub job_queues: Vec<String>,
 }
 
 /// A `sluice.dev/*` annotation with a value the webhook cannot use.
@@ -77,7 +84,34 @@ impl InjectAnnotations {
                 )),
             }
         };
-        let inject = boolean(INJECT)?.unwrap_or(false);
+        let job_queues = match get(JOB_QUEUES) {
+            None => vec![],
+            Some(v) => {
+                let mut names: Vec<String> = vec![];
+                for name in v.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+                    if !is_object_name(name) {
+                        return Err(err(
+                            JOB_QUEUES,
+                            v,
+                            "is not a comma-separated list of JobQueue names (lower-case letters, digits, '-' and '.')",
+                        ));
+                    }
+                    if !names.iter().any(|n| n == name) {
+                        names.push(name.to_owned());
+                    }
+                }
+                if names.is_empty() {
+                    return Err(err(
+                        JOB_QUEUES,
+                        v,
+                        "names no JobQueue: write e.g. \"emails,reports\"",
+                    ));
+                }
+                names
+            }
+        };
+        // The job-queues annotation asks for the sidecar by itself; an explicit "false" still wins.
+        let inject = boolean(INJECT)?.unwrap_or(!job_queues.is_empty());
         let native_sidecar = boolean(NATIVE_SIDECAR)?;
         let policy = match get(POLICY) {
             None => None,
@@ -115,6 +149,7 @@ impl InjectAnnotations {
             app_port,
             listen_port,
             native_sidecar,
+            job_queues,
         })
     }
 }
@@ -137,6 +172,11 @@ pub fn is_port_name(v: &str) -> bool {
         && !v.starts_with('-')
         && !v.ends_with('-')
         && !v.contains("--")
+}
+
+/// A Kubernetes object name (DNS subdomain).
+fn is_object_name(v: &str) -> bool {
+    !v.is_empty() && v.len() <= 253 && v.split('.').all(is_dns_label)
 }
 
 fn is_dns_label(v: &str) -> bool {
@@ -174,6 +214,7 @@ mod tests {
             (APP_PORT, "http"),
             (LISTEN_PORT, "9000"),
             (NATIVE_SIDECAR, "false"),
+            (JOB_QUEUES, " emails, reports ,emails"),
         ])
         .unwrap();
         assert_eq!(
@@ -184,6 +225,7 @@ mod tests {
                 app_port: Some(PortRef::Name("http".into())),
                 listen_port: Some(9000),
                 native_sidecar: Some(false),
+                job_queues: vec!["emails".into(), "reports".into()],
             }
         );
         assert_eq!(
@@ -214,5 +256,19 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn job_queues_ask_for_injection_unless_told_not_to_and_bad_names_are_refused() {
+        assert!(parse(&[(JOB_QUEUES, "emails")]).unwrap().inject);
+        assert!(
+            !parse(&[(JOB_QUEUES, "emails"), (INJECT, "false")])
+                .unwrap()
+                .inject
+        );
+        let err = parse(&[(JOB_QUEUES, "Emails")]).unwrap_err();
+        assert_eq!(err.annotation, JOB_QUEUES);
+        let err = parse(&[(JOB_QUEUES, " , ")]).unwrap_err();
+        assert!(err.to_string().contains("names no JobQueue"), "{err}");
     }
 }

@@ -9,7 +9,12 @@
 //!   sidecar without edits, while the app keeps listening where it did;
 //! - rewrites the app container's probes and lifecycle hooks that used that name to the number, so
 //!   kubelet keeps reaching the app directly;
-//! - labels the pod `sluice.dev/policy=<name>`, which is how the controller finds the pods it governs.
+//! - labels the pod `sluice.dev/policy=<name>`, which is how the controller finds the pods it governs;
+//! - with `sluice.dev/job-queues: a,b`, makes the sidecar serve the queue HTTP API for those JobQueues
+//!   on `127.0.0.1:7070` (database URL by `secretKeyRef` to their Secret, never as text) and tells the
+//!   app containers where (`SLUICE_QUEUE_API`). With no RateLimitPolicy for the pod, the sidecar only
+//!   serves that API: no port takeover, rate limiting off, nothing listening beyond localhost but its
+//!   health port.
 //!
 //! Invariants: a pod that already has the container is left alone (re-admission changes nothing), and
 //! every check runs before anything is changed, so a pod is either injected completely or rejected.
@@ -20,18 +25,27 @@ mod tests;
 use std::{collections::BTreeMap, sync::Arc};
 
 use k8s_openapi::{
-    api::core::v1::{Container, ContainerPort, Pod, Probe, ResourceRequirements},
+    api::core::v1::{Container, ContainerPort, EnvVar, Pod, Probe, ResourceRequirements},
     apimachinery::pkg::util::intstr::IntOrString,
 };
 use kube::core::{Selector, SelectorExt};
 use serde_json::json;
-use sluice_crds::rate_limit_policy::{RateLimitPolicy, SecretKeyRef};
+use sluice_crds::{
+    job_queue::JobQueue,
+    rate_limit_policy::{RateLimitPolicy, SecretKeyRef},
+};
 
 use super::annotations::{self, AnnotationError, InjectAnnotations, PortRef};
 use crate::{
     SIDECAR_ADMIN_PORT, SIDECAR_CONTAINER_NAME, SIDECAR_LISTEN_PORT_DEFAULT,
-    render::sidecar_config::{CONFIG_KEY, CONFIG_MOUNT_DIR, config_map_name},
+    render::{
+        sidecar_config::{CONFIG_KEY, CONFIG_MOUNT_DIR, config_map_name},
+        worker_deployment::{QUEUE_API_LISTEN_DEFAULT, queue_api_env},
+    },
 };
+
+/// Env var telling app containers where the queue API is (`http://127.0.0.1:7070`).
+pub const QUEUE_API_ENV: &str = "SLUICE_QUEUE_API";
 
 /// Name of the config volume added to injected pods.
 pub const CONFIG_VOLUME: &str = "sluice-config";
@@ -65,6 +79,17 @@ pub struct PolicyTarget {
     pub name: String,
     /// Where the Redis URL is.
     pub redis_secret: SecretKeyRef,
+}
+
+/// The JobQueues a pod enqueues to, as far as injection needs to know. One sidecar serves the queue
+/// API of one database, so they all share one `spec.database.secretRef`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueueTarget {
+    /// The JobQueues' names, as the annotation gives them.
+    pub job_queues: Vec<String>,
+    /// The sidecar's env for the queue API: the database URL by `secretKeyRef`, the queue names
+    /// (`SLUICE_QUEUES`), and `SLUICE_API_LISTEN`.
+    pub env: Vec<EnvVar>,
 }
 
 /// Why a pod cannot be injected. The message is what `kubectl` shows the user.
@@ -101,10 +126,11 @@ pub fn already_injected(pod: &Pod) -> bool {
 }
 
 /// Decide what to do with a pod at admission: `Ok(None)` leaves it as it is, `Ok(Some(pod))` is the
-/// injected pod, `Err` rejects it. `policies` are the `RateLimitPolicy`s in the pod's namespace.
+/// injected pod, `Err` rejects it. `policies` and `job_queues` are those in the pod's namespace.
 pub fn admit(
     pod: &Pod,
     policies: &[Arc<RateLimitPolicy>],
+    job_queues: &[Arc<JobQueue>],
     config: &InjectConfig,
 ) -> Result<Option<Pod>, InjectError> {
     let empty = BTreeMap::new();
@@ -112,8 +138,87 @@ pub fn admit(
     if !ann.inject || already_injected(pod) {
         return Ok(None);
     }
-    let target = resolve_policy(pod, &ann, policies)?;
-    inject(pod, &ann, &target, config).map(Some)
+    let queues = resolve_job_queues(pod, &ann, job_queues)?;
+    // A pod that only enqueues needs no policy; one that names a policy, or that a policy selects,
+    // gets rate limiting as well.
+    let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
+    let queue_only = queues.is_some() && ann.policy.is_none() && !policies.iter().any(|p| selects(p, labels));
+    let target = if queue_only {
+        None
+    } else {
+        Some(resolve_policy(pod, &ann, policies)?)
+    };
+    inject(pod, &ann, target.as_ref(), queues.as_ref(), config).map(Some)
+}
+
+/// The JobQueues `sluice.dev/job-queues` names, all of which must exist in the pod's namespace and use
+/// one database. `Ok(None)` when the pod names none.
+pub fn resolve_job_queues(
+    pod: &Pod,
+    ann: &InjectAnnotations,
+    job_queues: &[Arc<JobQueue>],
+) -> Result<Option<QueueTarget>, InjectError> {
+    let Some(first_name) = ann.job_queues.first() else {
+        return Ok(None);
+    };
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let mut found: Vec<&JobQueue> = vec![];
+    for name in &ann.job_queues {
+        let jq = job_queues
+            .iter()
+            .find(|q| q.metadata.name.as_deref() == Some(name.as_str()))
+            .ok_or_else(|| {
+                mismatch(
+                    annotations::JOB_QUEUES,
+                    format!(
+                        "JobQueue {name:?} does not exist in namespace {ns:?}; create it first \
+                         (controllers retry creating the pod)"
+                    ),
+                )
+            })?;
+        found.push(jq);
+    }
+    let first = found[0];
+    let secret = |q: &JobQueue| {
+        let r = &q.spec.database.secret_ref;
+        (r.name.clone(), r.key.clone())
+    };
+    if let Some((other_name, other)) = ann
+        .job_queues
+        .iter()
+        .zip(&found)
+        .find(|(_, q)| secret(q) != secret(first))
+    {
+        let ((a_secret, a_key), (b_secret, b_key)) = (secret(first), secret(other));
+        return Err(mismatch(
+            annotations::JOB_QUEUES,
+            format!(
+                "JobQueues {first_name:?} (Secret {a_secret}, key {a_key}) and {other_name:?} (Secret \
+                 {b_secret}, key {b_key}) use different database Secrets; one sidecar serves the queue \
+                 API of one database: name only JobQueues that share spec.database.secretRef"
+            ),
+        ));
+    }
+    let mut env = queue_api_env(first);
+    let names: Vec<String> = found.iter().map(|q| q.queue_name()).collect();
+    for var in &mut env {
+        if var.name == "SLUICE_QUEUES" {
+            var.value = Some(names.join(","));
+        }
+    }
+    Ok(Some(QueueTarget {
+        job_queues: ann.job_queues.clone(),
+        env,
+    }))
+}
+
+fn selects(policy: &RateLimitPolicy, labels: &BTreeMap<String, String>) -> bool {
+    policy
+        .spec
+        .selector
+        .clone()
+        .and_then(|s| Selector::try_from(s).ok())
+        .is_some_and(|s| s.matches(labels))
 }
 
 /// The policy governing `pod`: the one its annotation names, else the one whose selector matches.
@@ -146,13 +251,7 @@ pub fn resolve_policy(
     let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
     let selecting: Vec<&RateLimitPolicy> = policies
         .iter()
-        .filter(|p| {
-            p.spec
-                .selector
-                .clone()
-                .and_then(|s| Selector::try_from(s).ok())
-                .is_some_and(|s| s.matches(labels))
-        })
+        .filter(|p| selects(p, labels))
         .map(|p| p.as_ref())
         .collect();
     match selecting.as_slice() {
@@ -177,16 +276,51 @@ pub fn resolve_policy(
     }
 }
 
-/// The pod with the sidecar injected for `target`.
+/// The pod with the sidecar injected: rate limiting for `target` (when there is one) and the queue API
+/// for `queues` (when asked for). At least one of the two is given.
 pub fn inject(
     pod: &Pod,
     ann: &InjectAnnotations,
-    target: &PolicyTarget,
+    target: Option<&PolicyTarget>,
+    queues: Option<&QueueTarget>,
     config: &InjectConfig,
 ) -> Result<Pod, InjectError> {
     let mut pod = pod.clone();
     let spec = pod.spec.get_or_insert_with(Default::default);
     let listen = ann.listen_port.unwrap_or(SIDECAR_LISTEN_PORT_DEFAULT);
+
+    if let Some(q) = queues {
+        let api_port: i32 = QUEUE_API_LISTEN_DEFAULT
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(7070);
+        let taken = spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+            .flat_map(|c| c.ports.iter().flatten())
+            .any(|p| p.container_port == api_port);
+        if taken {
+            return Err(mismatch(
+                annotations::JOB_QUEUES,
+                format!(
+                    "port {api_port} is used by a container of this pod, and the sidecar serves the queue \
+                     API of {:?} there",
+                    q.job_queues
+                ),
+            ));
+        }
+    }
+    let Some(target) = target else {
+        let Some(q) = queues else {
+            return Err(mismatch(
+                annotations::INJECT,
+                "nothing to inject: no policy and no JobQueue",
+            ));
+        };
+        return Ok(inject_queue_only(pod, ann, q, config));
+    };
 
     // --- checks first: nothing below may fail once the pod is being changed ---
     let app = find_app_port(&spec.containers, ann.app_port.as_ref())?;
@@ -239,17 +373,15 @@ pub fn inject(
         rewrite_named_probes(container, name, app.number);
     }
 
-    let sidecar = sidecar_container(target, config, listen, &listen_name, app.number);
-    let native = ann.native_sidecar.unwrap_or(config.native);
-    if native {
-        let mut sidecar = sidecar;
-        sidecar.restart_policy = Some("Always".into());
-        // A native sidecar's startup probe holds back the app containers until the config is loaded.
-        sidecar.startup_probe = Some(admin_probe("/readyz", 1, 120));
-        spec.init_containers.get_or_insert_with(Vec::new).push(sidecar);
-    } else {
-        spec.containers.push(sidecar);
+    let mut sidecar = sidecar_container(target, config, listen, &listen_name, app.number);
+    if let Some(q) = queues {
+        sidecar
+            .env
+            .get_or_insert_with(Vec::new)
+            .extend(q.env.iter().cloned());
+        tell_apps_where_the_queue_api_is(&mut spec.containers);
     }
+    add_sidecar(spec, sidecar, ann.native_sidecar.unwrap_or(config.native));
     spec.volumes.get_or_insert_with(Vec::new).push(
         serde_json::from_value(json!({
             "name": CONFIG_VOLUME,
@@ -262,6 +394,62 @@ pub fn inject(
         .get_or_insert_with(BTreeMap::new)
         .insert(annotations::POLICY_LABEL.into(), target.name.clone());
     Ok(pod)
+}
+
+/// A sidecar that only serves the queue API: no config file (rate limiting off by
+/// `RATE_LIMIT__ENABLED=false`), its proxy port on localhost only, the app's ports untouched.
+fn inject_queue_only(
+    mut pod: Pod,
+    ann: &InjectAnnotations,
+    queues: &QueueTarget,
+    config: &InjectConfig,
+) -> Pod {
+    let spec = pod.spec.get_or_insert_with(Default::default);
+    let listen = ann.listen_port.unwrap_or(SIDECAR_LISTEN_PORT_DEFAULT);
+    let mut sidecar = base_container(config);
+    let mut env: Vec<EnvVar> = serde_json::from_value(json!([
+        {"name": "SLUICE_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "SLUICE_LISTEN", "value": format!("127.0.0.1:{listen}")},
+        {"name": "RATE_LIMIT__ENABLED", "value": "false"},
+    ]))
+    .expect("static env shape");
+    env.extend(queues.env.iter().cloned());
+    sidecar.env = Some(env);
+    sidecar.ports = Some(vec![ContainerPort {
+        name: Some(ADMIN_PORT_NAME.into()),
+        container_port: i32::from(SIDECAR_ADMIN_PORT),
+        protocol: Some("TCP".into()),
+        ..ContainerPort::default()
+    }]);
+    tell_apps_where_the_queue_api_is(&mut spec.containers);
+    add_sidecar(spec, sidecar, ann.native_sidecar.unwrap_or(config.native));
+    pod
+}
+
+/// `SLUICE_QUEUE_API=http://127.0.0.1:7070` in every app container that does not set it already.
+fn tell_apps_where_the_queue_api_is(containers: &mut [Container]) {
+    for c in containers {
+        let env = c.env.get_or_insert_with(Vec::new);
+        if !env.iter().any(|e| e.name == QUEUE_API_ENV) {
+            env.push(EnvVar {
+                name: QUEUE_API_ENV.into(),
+                value: Some(format!("http://{QUEUE_API_LISTEN_DEFAULT}")),
+                ..EnvVar::default()
+            });
+        }
+    }
+}
+
+/// Adds the sidecar: a native sidecar (init container, `restartPolicy: Always`) or a plain container.
+fn add_sidecar(spec: &mut k8s_openapi::api::core::v1::PodSpec, mut sidecar: Container, native: bool) {
+    if native {
+        sidecar.restart_policy = Some("Always".into());
+        // A native sidecar's startup probe holds back the app containers until the config is loaded.
+        sidecar.startup_probe = Some(admin_probe("/readyz", 1, 120));
+        spec.init_containers.get_or_insert_with(Vec::new).push(sidecar);
+    } else {
+        spec.containers.push(sidecar);
+    }
 }
 
 /// The JSON patch that turns `original` into `injected`.
@@ -390,9 +578,9 @@ fn sidecar_container(
     listen_name: &str,
     app_port: u16,
 ) -> Container {
-    let mut c: Container = serde_json::from_value(json!({
+    let mut c = base_container(config);
+    let specifics: Container = serde_json::from_value(json!({
         "name": SIDECAR_CONTAINER_NAME,
-        "image": config.image,
         "args": ["--config", format!("{CONFIG_MOUNT_DIR}/{CONFIG_KEY}")],
         "env": [
             {"name": "SLUICE_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -406,6 +594,20 @@ fn sidecar_container(
             {"name": ADMIN_PORT_NAME, "containerPort": SIDECAR_ADMIN_PORT, "protocol": "TCP"},
         ],
         "volumeMounts": [{"name": CONFIG_VOLUME, "mountPath": CONFIG_MOUNT_DIR, "readOnly": true}],
+    }))
+    .expect("static container shape");
+    c.args = specifics.args;
+    c.env = specifics.env;
+    c.ports = specifics.ports;
+    c.volume_mounts = specifics.volume_mounts;
+    c
+}
+
+/// What every injected sidecar has: image, security context, resources, probes.
+fn base_container(config: &InjectConfig) -> Container {
+    let mut c: Container = serde_json::from_value(json!({
+        "name": SIDECAR_CONTAINER_NAME,
+        "image": config.image,
         "securityContext": {
             "runAsNonRoot": true,
             "runAsUser": SIDECAR_UID,

@@ -1,6 +1,6 @@
 //! The HTTPS admission server: `POST /inject` answers `AdmissionReview` v1 requests for pods with the
-//! patch from [`super::inject`]. Every operator replica serves it; it reads policies from an in-memory
-//! cache (a reflector), so admission never waits on the API server.
+//! patch from [`super::inject`]. Every operator replica serves it; it reads policies and JobQueues from
+//! in-memory caches (reflectors), so admission never waits on the API server.
 
 use std::{future::Future, sync::Arc};
 
@@ -19,7 +19,7 @@ use kube::{
     },
     runtime::reflector::Store,
 };
-use sluice_crds::rate_limit_policy::RateLimitPolicy;
+use sluice_crds::{job_queue::JobQueue, rate_limit_policy::RateLimitPolicy};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
@@ -34,6 +34,8 @@ pub const INJECT_PATH: &str = "/inject";
 pub struct WebhookState {
     /// Every `RateLimitPolicy` in the cluster, kept current by a reflector.
     pub policies: Store<RateLimitPolicy>,
+    /// Every `JobQueue` in the cluster (for `sluice.dev/job-queues`), kept current by a reflector.
+    pub job_queues: Store<JobQueue>,
     /// Injection settings.
     pub config: InjectConfig,
     /// Metrics.
@@ -87,7 +89,13 @@ pub fn review_pod(state: &WebhookState, request: &AdmissionRequest<Pod>) -> Admi
         .clone()
         .or(pod.metadata.generate_name.clone())
         .unwrap_or_default();
-    match inject::admit(&pod, &policies, &state.config) {
+    let job_queues: Vec<_> = state
+        .job_queues
+        .state()
+        .into_iter()
+        .filter(|q| q.namespace().as_deref() == Some(namespace.as_str()))
+        .collect();
+    match inject::admit(&pod, &policies, &job_queues, &state.config) {
         Ok(None) => {
             state.metrics.admission("skipped");
             response

@@ -64,7 +64,7 @@ fn pod(v: Value) -> Pod {
 }
 
 fn admit_json(v: Value) -> Result<Option<Value>, InjectError> {
-    admit(&pod(v), &policies(), &config()).map(|p| p.map(|p| serde_json::to_value(p).unwrap()))
+    admit(&pod(v), &policies(), &[], &config()).map(|p| p.map(|p| serde_json::to_value(p).unwrap()))
 }
 
 fn sidecar(pod: &Value) -> &Value {
@@ -260,7 +260,7 @@ fn plain_container_is_injected_when_asked_or_configured() {
         native: false,
         ..config()
     };
-    let out = admit(&pod(web_pod()), &policies(), &cfg).unwrap().unwrap();
+    let out = admit(&pod(web_pod()), &policies(), &[], &cfg).unwrap().unwrap();
     assert_eq!(out.spec.unwrap().containers.len(), 2);
 }
 
@@ -276,10 +276,10 @@ fn policy_is_found_by_selector_when_the_pod_names_none() {
         policy("web-limits", Some(json!({"matchLabels": {"app": "web"}}))),
         policy("by-name-only", None),
     ];
-    let out = admit(&pod(v.clone()), &ps, &config()).unwrap().unwrap();
+    let out = admit(&pod(v.clone()), &ps, &[], &config()).unwrap().unwrap();
     assert_eq!(out.metadata.labels.unwrap()["sluice.dev/policy"], "web-limits");
 
-    let err = admit(&pod(v.clone()), &ps[2..], &config()).unwrap_err();
+    let err = admit(&pod(v.clone()), &ps[2..], &[], &config()).unwrap_err();
     assert!(
         err.to_string()
             .starts_with("annotation sluice.dev/policy: absent, and no RateLimitPolicy"),
@@ -287,7 +287,7 @@ fn policy_is_found_by_selector_when_the_pod_names_none() {
     );
 
     let two = vec![ps[1].clone(), policy("everything", Some(json!({})))];
-    let err = admit(&pod(v), &two, &config()).unwrap_err();
+    let err = admit(&pod(v), &two, &[], &config()).unwrap_err();
     assert_eq!(
         err.to_string(),
         "annotation sluice.dev/policy: absent, and RateLimitPolicies \"web-limits\", \"everything\" all \
@@ -297,7 +297,7 @@ fn policy_is_found_by_selector_when_the_pod_names_none() {
 
 #[test]
 fn a_missing_named_policy_rejects_the_pod_naming_the_annotation() {
-    let err = admit(&pod(web_pod()), &[], &config()).unwrap_err();
+    let err = admit(&pod(web_pod()), &[], &[], &config()).unwrap_err();
     assert_eq!(
         err.to_string(),
         "annotation sluice.dev/policy: RateLimitPolicy \"api\" does not exist in namespace \"shop\"; create it \
@@ -376,10 +376,128 @@ fn the_json_patch_turns_the_pod_into_the_injected_pod() {
         v
     }] {
         let original = pod(v);
-        let injected = admit(&original, &policies(), &config()).unwrap().unwrap();
+        let injected = admit(&original, &policies(), &[], &config()).unwrap().unwrap();
         let p = patch(&original, &injected);
         let mut doc = serde_json::to_value(&original).unwrap();
         json_patch::patch(&mut doc, &p).unwrap();
         assert_eq!(doc, serde_json::to_value(&injected).unwrap());
     }
+}
+
+fn job_queue(name: &str, secret: &str) -> Arc<JobQueue> {
+    Arc::new(
+        serde_json::from_value(json!({
+            "apiVersion": "sluice.dev/v1alpha1", "kind": "JobQueue",
+            "metadata": {"name": name, "namespace": "shop"},
+            "spec": {"database": {"secretRef": {"name": secret}},
+                     "worker": {"template": {"spec": {"containers": [{"name": "h", "image": "h"}]}}}},
+        }))
+        .unwrap(),
+    )
+}
+
+fn queues() -> Vec<Arc<JobQueue>> {
+    vec![
+        job_queue("emails", "pg"),
+        job_queue("reports", "pg"),
+        job_queue("billing", "billing-pg"),
+    ]
+}
+
+/// A pod of the `shop` namespace with `annotations` and one container with an `http` port.
+fn enqueuing_pod(annotations: Value, labels: Value) -> Pod {
+    pod(json!({
+        "metadata": {"name": "app", "namespace": "shop", "labels": labels, "annotations": annotations},
+        "spec": {"containers": [{"name": "app", "image": "app", "ports": [{"name": "http", "containerPort": 8080}]}]}
+    }))
+}
+
+fn admit_queues(p: &Pod, ps: &[Arc<RateLimitPolicy>]) -> Result<Value, InjectError> {
+    admit(p, ps, &queues(), &config()).map(|p| serde_json::to_value(p.expect("injected")).unwrap())
+}
+
+#[test]
+fn job_queues_alone_get_a_sidecar_serving_only_the_queue_api_with_the_url_from_the_secret() {
+    let out = admit_queues(
+        &enqueuing_pod(
+            json!({"sluice.dev/job-queues": "emails,reports"}),
+            json!({"app": "other"}),
+        ),
+        &policies(),
+    )
+    .unwrap();
+    let s = sidecar(&out);
+    assert_eq!(
+        env(s, "SLUICE_DATABASE_URL")["valueFrom"]["secretKeyRef"],
+        json!({"name": "pg", "key": "url", "optional": false}),
+        "by reference, never as text"
+    );
+    assert!(env(s, "SLUICE_DATABASE_URL").get("value").is_none());
+    assert_eq!(env(s, "SLUICE_QUEUES")["value"], "emails,reports");
+    assert_eq!(env(s, "SLUICE_API_LISTEN")["value"], "127.0.0.1:7070");
+    assert_eq!(env(s, "RATE_LIMIT__ENABLED")["value"], "false");
+    assert_eq!(env(s, "SLUICE_LISTEN")["value"], "127.0.0.1:15080");
+    assert!(s.get("args").is_none(), "no config file: {s}");
+    assert!(s.get("volumeMounts").is_none());
+    // The app keeps its port and learns where the API is; no policy label, no config volume.
+    let app = &out["spec"]["containers"][0];
+    assert_eq!(app["ports"][0]["name"], "http");
+    assert_eq!(env(app, "SLUICE_QUEUE_API")["value"], "http://127.0.0.1:7070");
+    assert!(out["metadata"]["labels"].get("sluice.dev/policy").is_none());
+    assert!(out["spec"].get("volumes").is_none());
+}
+
+#[test]
+fn job_queues_with_a_policy_get_rate_limiting_and_the_queue_api_in_one_sidecar() {
+    let out = admit_queues(
+        &enqueuing_pod(
+            json!({"sluice.dev/job-queues": "emails", "sluice.dev/policy": "api"}),
+            json!({"app": "other"}),
+        ),
+        &policies(),
+    )
+    .unwrap();
+    let s = sidecar(&out);
+    assert_eq!(env(s, "SLUICE_QUEUES")["value"], "emails");
+    assert!(env(s, "SLUICE_REDIS_URL")["valueFrom"]["secretKeyRef"].is_object());
+    assert_eq!(
+        s["ports"][0]["name"], "http",
+        "the named port moved to the sidecar"
+    );
+    assert_eq!(out["metadata"]["labels"]["sluice.dev/policy"], "api");
+}
+
+#[test]
+fn a_job_queue_missing_from_the_namespace_rejects_the_pod_naming_it() {
+    let err = admit_queues(
+        &enqueuing_pod(json!({"sluice.dev/job-queues": "emails,invoices"}), json!({})),
+        &[],
+    )
+    .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("sluice.dev/job-queues") && msg.contains("\"invoices\"") && msg.contains("\"shop\""),
+        "{msg}"
+    );
+}
+
+#[test]
+fn job_queues_of_different_databases_are_refused() {
+    let err = admit_queues(
+        &enqueuing_pod(json!({"sluice.dev/job-queues": "emails,billing"}), json!({})),
+        &[],
+    )
+    .unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("\"billing\"") && msg.contains("billing-pg"), "{msg}");
+}
+
+#[test]
+fn the_queue_api_port_taken_by_the_app_is_refused() {
+    let p = pod(json!({
+        "metadata": {"name": "app", "namespace": "shop", "annotations": {"sluice.dev/job-queues": "emails"}},
+        "spec": {"containers": [{"name": "app", "image": "app", "ports": [{"containerPort": 7070}]}]}
+    }));
+    let err = admit_queues(&p, &[]).unwrap_err();
+    assert!(err.to_string().contains("port 7070"), "{err}");
 }
