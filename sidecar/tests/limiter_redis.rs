@@ -114,24 +114,9 @@ mod limiter {
     #[tokio::test]
     async fn lua_scripts_and_in_process_math_agree_step_by_step_for_every_window_length() {
         let redis = RedisServer::start();
-        let store = RedisStore::connect(&redis.url(), 1, Duration::from_secs(2)).unwrap();
-        wait_for_async("redis to answer", Duration::from_secs(10), || async {
-            store.ping(Duration::from_millis(200)).await.then_some(())
-        })
-        .await;
-        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = move |below: u64| {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng % below.max(1)
-        };
-        for kind in [
-            Algorithm::FixedWindow,
-            Algorithm::SlidingLog,
-            Algorithm::SlidingCounter,
-            Algorithm::TokenBucket,
-        ] {
+        let store = script_store(&redis).await;
+        let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
+        for kind in ALGORITHMS {
             for window_ms in [1_000, 30_000, 5 * 60_000, 15 * 60_000, 3_600_000] {
                 let p = Params {
                     requests: 7,
@@ -238,24 +223,9 @@ mod limiter {
     #[tokio::test]
     async fn one_call_for_several_hits_decides_each_as_separate_calls_would() {
         let redis = RedisServer::start();
-        let store = RedisStore::connect(&redis.url(), 1, Duration::from_secs(2)).unwrap();
-        wait_for_async("redis to answer", Duration::from_secs(10), || async {
-            store.ping(Duration::from_millis(200)).await.then_some(())
-        })
-        .await;
-        let mut rng = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = move |below: u64| {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng % below.max(1)
-        };
-        for kind in [
-            Algorithm::FixedWindow,
-            Algorithm::SlidingLog,
-            Algorithm::SlidingCounter,
-            Algorithm::TokenBucket,
-        ] {
+        let store = script_store(&redis).await;
+        let mut next = xorshift(0x2545_F491_4F6C_DD1D);
+        for kind in ALGORITHMS {
             let p = Params {
                 requests: 10,
                 window_ms: 10_000,
@@ -345,6 +315,33 @@ mod limiter {
             verdicts.iter().all(|v| v.allowed()),
             "decided by Redis, not by the closed failure mode: {verdicts:?}"
         );
+    }
+
+    const ALGORITHMS: [Algorithm; 4] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::TokenBucket,
+    ];
+
+    /// A store on `redis` for running scripts directly, once Redis answers.
+    async fn script_store(redis: &RedisServer) -> RedisStore {
+        let store = RedisStore::connect(&redis.url(), 1, Duration::from_secs(2)).unwrap();
+        wait_for_async("redis to answer", Duration::from_secs(10), || async {
+            store.ping(Duration::from_millis(200)).await.then_some(())
+        })
+        .await;
+        store
+    }
+
+    /// A deterministic pseudo-random source: `next(below)` is in `0..below`.
+    fn xorshift(mut state: u64) -> impl FnMut(u64) -> u64 {
+        move |below| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % below.max(1)
+        }
     }
 
     /// `EVALSHA` and `EVAL` calls Redis has served.
