@@ -204,6 +204,12 @@ impl HpaController {
     /// `/apis/external.metrics.k8s.io/v1beta1/...` — the API server itself when the operator's APIService
     /// is registered there, or the operator's (or a test's) metrics endpoint directly. `namespace`:
     /// one namespace, or all.
+    ///
+    /// Through the API server, `metrics` is who the HPA controller is: the aggregator names its user to
+    /// the metrics API (`X-Remote-User`), which asks the API server whether that user may read the
+    /// metric. A client made with `TestApiServer::client_with_token` for
+    /// `system:serviceaccount:kube-system:horizontal-pod-autoscaler` plays the real controller's
+    /// identity; a user on the server's deny list gets the metrics API's 403 and no scaling.
     pub fn new(
         client: kube::Client,
         metrics: kube::Client,
