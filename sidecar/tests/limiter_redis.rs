@@ -192,12 +192,7 @@ mod limiter {
     #[tokio::test]
     async fn two_limiters_sharing_one_redis_share_one_limit_exactly() {
         let redis = RedisServer::start();
-        for kind in [
-            Algorithm::FixedWindow,
-            Algorithm::SlidingLog,
-            Algorithm::SlidingCounter,
-            Algorithm::TokenBucket,
-        ] {
+        for kind in ALGORITHMS {
             let clock = ManualClock::at(T0);
             let mut r = rule(&format!("shared-{kind:?}"), kind, 40, 60_000);
             r.limit.burst = Some(39);
