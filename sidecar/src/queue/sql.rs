@@ -12,6 +12,17 @@
 //! taken between bursts), so both custom and generic plans then chose that index and filtered every
 //! running job against the whole id array: O(running × batch) per statement. Found by the 100k-job
 //! benchmark, where completing 1,000 jobs took 0.3-1.4 s; `tests/queue_plans.rs` keeps it fixed.
+//!
+//! The store runs those three under [`PLAN_GENERIC`]. Their generic plan (the planner expects ~10 ids)
+//! is always a nested loop from the ids into the primary key. A custom plan sees the 1,000 ids, prices
+//! 1,000 index probes above one sequential scan of a table of ~100k rows, and — misled by statistics
+//! saying no job has an owner — filters that scan into a nested loop against the id list: 0.4 s per batch
+//! instead of 10 ms, measured. sqlx prepares each statement per connection and PostgreSQL plans the first
+//! five executions custom, so every new pool connection paid that five times.
+
+/// Makes the rest of the transaction use generic plans (`SET LOCAL`: it ends with the transaction, so a
+/// pooled connection goes back unchanged). For the by-id batch statements; see the module docs.
+pub const PLAN_GENERIC: &str = "SET LOCAL plan_cache_mode = force_generic_plan";
 
 /// Claims up to `$3` ready jobs of queue `$1` for owner `$2` with a lease of `$4` ms. Highest priority
 /// first, then oldest `run_at`; rows other workers hold are skipped, not waited for; a paused queue

@@ -7,7 +7,7 @@
 use std::{sync::Arc, time::Duration};
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgExecutor, PgPool, Row};
+use sqlx::{PgExecutor, PgPool, Row, postgres::PgRow};
 use uuid::Uuid;
 
 use super::{
@@ -269,15 +269,14 @@ impl QueueStore {
             delays.push(delay);
             errors.push(err);
         }
-        let rows = sqlx::query(sql::JOB_FINISH_FENCED)
+        let query = sqlx::query(sql::JOB_FINISH_FENCED)
             .bind(ids)
             .bind(attempts)
             .bind(outcomes)
             .bind(delays)
             .bind(errors)
-            .bind(owner)
-            .fetch_all(&self.pool)
-            .await?;
+            .bind(owner);
+        let rows = self.fetch_planned_generically(query).await?;
         rows.iter()
             .map(|r| Ok((r.try_get("id")?, r.try_get("state")?)))
             .collect()
@@ -292,13 +291,12 @@ impl QueueStore {
         lease: Duration,
     ) -> Result<Vec<(Uuid, bool)>> {
         let (ids, attempts): (Vec<Uuid>, Vec<i32>) = jobs.iter().copied().unzip();
-        let rows = sqlx::query(sql::JOB_HEARTBEAT)
+        let query = sqlx::query(sql::JOB_HEARTBEAT)
             .bind(ids)
             .bind(attempts)
             .bind(owner)
-            .bind(lease.as_millis() as i64)
-            .fetch_all(&self.pool)
-            .await?;
+            .bind(lease.as_millis() as i64);
+        let rows = self.fetch_planned_generically(query).await?;
         rows.iter()
             .map(|r| Ok((r.try_get("id")?, r.try_get("cancel_requested")?)))
             .collect()
@@ -307,13 +305,27 @@ impl QueueStore {
     /// Hands `owner`'s running jobs back without counting the attempt. Returns the jobs released.
     pub async fn release(&self, owner: &str, jobs: &[(Uuid, i32)]) -> Result<Vec<Uuid>> {
         let (ids, attempts): (Vec<Uuid>, Vec<i32>) = jobs.iter().copied().unzip();
-        let rows = sqlx::query(sql::JOB_RELEASE_FENCED)
+        let query = sqlx::query(sql::JOB_RELEASE_FENCED)
             .bind(ids)
             .bind(attempts)
-            .bind(owner)
-            .fetch_all(&self.pool)
-            .await?;
+            .bind(owner);
+        let rows = self.fetch_planned_generically(query).await?;
         rows.iter().map(|r| Ok(r.try_get("id")?)).collect()
+    }
+
+    /// Runs one of the by-id batch statements (finish, heartbeat, release) with its generic plan, in a
+    /// transaction of its own: `SET LOCAL plan_cache_mode = force_generic_plan` (see [`sql`] for why the
+    /// generic plan is the right one at every table size and a custom plan is not). Costs two more round
+    /// trips per batch, not per job.
+    async fn fetch_planned_generically(
+        &self,
+        query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> Result<Vec<PgRow>> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(sql::PLAN_GENERIC).execute(&mut *tx).await?;
+        let rows = query.fetch_all(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(rows)
     }
 
     /// Makes up to `limit` jobs of `queues` whose lease expired ready again (or dead, or cancelled).
