@@ -402,7 +402,8 @@ spec:
 "#;
 
 #[tokio::test]
-async fn the_hpa_reads_queue_depth_through_the_aggregator_as_itself_and_a_denied_user_gets_403() {
+async fn through_the_aggregator_the_hpa_reads_depth_a_denied_user_gets_403_and_an_untrusted_front_proxy_401()
+{
     use k8s_openapi::{
         api::apps::v1::Deployment, kube_aggregator::pkg::apis::apiregistration::v1::APIService,
     };
@@ -482,4 +483,41 @@ async fn the_hpa_reads_queue_depth_through_the_aggregator_as_itself_and_a_denied
         }
         other => panic!("expected a 403, got {other}"),
     }
+
+    // If the front-proxy CA the metrics API trusts is not the one the aggregator's certificate comes
+    // from, nothing the aggregator says is believed: 401 for everyone, the HPA controller included.
+    let other_ca = FrontProxy::generate(sluice_e2e::aggregator::FRONT_PROXY_CLIENT_NAME).unwrap();
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(api.env.client(), "kube-system")
+        .patch(
+            "extension-apiserver-authentication",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                serde_json::json!({"data": {"requestheader-client-ca-file": other_ca.ca_pem}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let hpa_client = server.client_with_token(ns.name(), "hpa-token").await.unwrap();
+    let status = sluice_e2e::wait_for(
+        "the aggregator's certificate to be refused",
+        Duration::from_secs(10),
+        || {
+            let (client, path) = (hpa_client.clone(), path.clone());
+            async move {
+                match client
+                    .request::<Value>(http::Request::get(&path).body(vec![]).unwrap())
+                    .await
+                {
+                    Err(kube::Error::Api(s)) if s.code == 401 => Some(s),
+                    _ => None,
+                }
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        status.message.contains("requestheader-client-ca-file"),
+        "{status:?}"
+    );
 }
