@@ -93,6 +93,18 @@ spec:
       ports: [{name: http, containerPort: 8080}]
 "#;
 
+const POD_WITH_MISSING_QUEUE: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: enqueuer
+  annotations: {sluice.dev/job-queues: invoices}
+spec:
+  containers:
+    - name: app
+      image: example/sluice-demo-app:1
+"#;
+
 const POD_WITHOUT_POLICY: &str = r#"
 apiVersion: v1
 kind: Pod
@@ -119,6 +131,9 @@ fn assert_refused(out: &std::process::Output, expected: &[&str]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_through_kubectl_is_refused_with_its_message_and_nothing_is_half_applied() {
+    if sluice_e2e::system::skip_on_real_cluster("scenario_bad_input") {
+        return;
+    }
     let system = SluiceSystem::install(SystemOptions::new(env!("CARGO_BIN_EXE_sluice-demo-app").as_ref()))
         .await
         .unwrap();
@@ -218,6 +233,15 @@ async fn bad_input_through_kubectl_is_refused_with_its_message_and_nothing_is_ha
     assert_refused(
         &out,
         &[r#"RateLimitPolicy "missing" does not exist"#, "create it first"],
+    );
+    // A pod enqueuing to a JobQueue that does not exist: refused naming it.
+    let out = system
+        .kubectl(&["apply", "-n", n, "-f", "-"], Some(POD_WITH_MISSING_QUEUE))
+        .await
+        .unwrap();
+    assert_refused(
+        &out,
+        &[r#"annotation sluice.dev/job-queues: JobQueue "invoices" does not exist"#],
     );
     let pods = ns.api::<Pod>();
     assert!(pods.list(&ListParams::default()).await.unwrap().items.is_empty());

@@ -1,5 +1,6 @@
 //! Scenario 2 of issue #7, the whole system: `kubectl apply` a JobQueue at `minReplicaCount: 0` →
-//! 5,000 jobs enqueued through the sidecar's queue HTTP API → the operator wakes the workers 0 → 1 on
+//! 5,000 jobs enqueued through the queue HTTP API of a sidecar the webhook injected for
+//! `sluice.dev/job-queues` → the operator wakes the workers 0 → 1 on
 //! the enqueue's NOTIFY, the HPA (stand-in, reading the operator's external metrics API through the API
 //! server's aggregation) scales 1 → N, the workers drain the queue, every job succeeds exactly once,
 //! and after the cooldown the operator scales back to 0. A worker's sidecar is killed mid-job (SIGKILL):
@@ -62,32 +63,28 @@ spec:
     )
 }
 
-/// The app that enqueues: the sidecar serving the queue HTTP API on localhost, with the database URL
-/// from the Secret. Written out by hand — the env the webhook is to inject for
-/// `sluice.dev/job-queues` (`sluice_operator::render::worker_deployment::queue_api_env`).
+/// The app that enqueues: annotated `sluice.dev/job-queues`, so the webhook injects a sidecar serving the
+/// queue HTTP API on the pod's localhost:7070, with the database URL by reference to the queue's Secret.
 const ENQUEUER: &str = r#"
 apiVersion: v1
 kind: Pod
-metadata: {name: enqueuer, labels: {app: enqueuer}}
+metadata:
+  name: enqueuer
+  labels: {app: enqueuer}
+  annotations: {sluice.dev/job-queues: thumbs}
 spec:
   terminationGracePeriodSeconds: 2
   containers:
     - name: app
       image: example/sluice-demo-app:1
       ports: [{name: app, containerPort: 8080}]
-    - name: sluice-sidecar
-      image: ghcr.io/sluice-dev/sluice-sidecar:0.1.0
-      env:
-        - {name: SLUICE_LISTEN, value: "0.0.0.0:15080"}
-        - {name: SLUICE_UPSTREAM, value: "http://127.0.0.1:8080"}
-        - {name: SLUICE_API_LISTEN, value: "127.0.0.1:7070"}
-        - name: SLUICE_DATABASE_URL
-          valueFrom: {secretKeyRef: {name: db, key: url}}
-      ports: [{name: http, containerPort: 15080}]
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_queue_scales_from_zero_drains_five_thousand_jobs_exactly_once_and_returns_to_zero() {
+    if sluice_e2e::system::skip_on_real_cluster("scenario_job_queue") {
+        return;
+    }
     let pg = PgServer::start();
     let system = SluiceSystem::install(SystemOptions::new(env!("CARGO_BIN_EXE_sluice-demo-app").as_ref()))
         .await
@@ -139,13 +136,28 @@ async fn a_job_queue_scales_from_zero_drains_five_thousand_jobs_exactly_once_and
         .kubectl_ok(&["apply", "-n", &n, "-f", "-"], Some(ENQUEUER))
         .await
         .unwrap();
-    let api_port = wait_for("the enqueuer's queue API", DEADLINE, || async {
+    let api_port = wait_for("the enqueuer's injected queue API", DEADLINE, || async {
         let pod = pods.get("enqueuer").await.ok()?;
         sluice_e2e::deployments::is_ready(&pod).then_some(())?;
         system.kubelet().port(&n, "enqueuer", "7070")
     })
     .await
     .unwrap();
+    let pod = pods.get("enqueuer").await.unwrap();
+    let spec = pod.spec.unwrap();
+    let sidecar = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+        .find(|c| c.name == "sluice-sidecar")
+        .expect("the webhook injected the sidecar for sluice.dev/job-queues");
+    let env = sidecar.env.clone().unwrap_or_default();
+    let database = env.iter().find(|e| e.name == "SLUICE_DATABASE_URL").unwrap();
+    assert!(
+        database.value.is_none(),
+        "the URL is referenced, never written into the pod"
+    );
 
     // Replica counts over time, as the Deployment's spec says.
     let history = Arc::new(Mutex::new(vec![0i32]));

@@ -145,6 +145,9 @@ async fn enforced(ns: &TestNamespace, generation: i64) -> RateLimitPolicy {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_applied_with_kubectl_limits_injected_pods_follows_changes_and_survives_redis_going_away() {
+    if sluice_e2e::system::skip_on_real_cluster("scenario_rate_limit") {
+        return;
+    }
     let mut redis = RedisServer::start();
     let system = SluiceSystem::install(SystemOptions::new(env!("CARGO_BIN_EXE_sluice-demo-app").as_ref()))
         .await

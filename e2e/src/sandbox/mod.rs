@@ -151,9 +151,19 @@ async fn demo(
     }
     for file in &files {
         let path = options.examples.join(file).display().to_string();
-        system
-            .kubectl_ok(&["apply", "-n", NAMESPACE, "-f", &path], None)
-            .await?;
+        // A pod naming a JobQueue is refused until the webhook's cache has seen the queue (a few
+        // milliseconds after it is created): retry as a ReplicaSet would.
+        let deadline = Instant::now() + READY_DEADLINE;
+        loop {
+            match system
+                .kubectl_ok(&["apply", "-n", NAMESPACE, "-f", &path], None)
+                .await
+            {
+                Ok(_) => break,
+                Err(e) if Instant::now() >= deadline => return Err(e),
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
         println!("  Applied      {}", Path::new(&path).display());
     }
     wait_ready(system, "app=web", 2).await?;
