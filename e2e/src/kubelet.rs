@@ -122,6 +122,29 @@ impl KubeletConfig {
     }
 }
 
+/// What the sidecar binary is built from (workspace paths), for the staleness check.
+const SIDECAR_SOURCES: &[&str] = &[
+    "Cargo.toml",
+    "Cargo.lock",
+    "crds/Cargo.toml",
+    "crds/src",
+    "sidecar/Cargo.toml",
+    "sidecar/src",
+    "migrations",
+];
+/// What the operator binary is built from.
+const OPERATOR_SOURCES: &[&str] = &[
+    "Cargo.toml",
+    "Cargo.lock",
+    "crds/Cargo.toml",
+    "crds/src",
+    "sidecar/Cargo.toml",
+    "sidecar/src",
+    "migrations",
+    "operator/Cargo.toml",
+    "operator/src",
+];
+
 /// Finds the `sluice-sidecar` binary; see [`workspace_binary`] (`$SLUICE_SIDECAR_BIN` wins).
 pub fn sidecar_binary() -> Result<PathBuf> {
     static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
@@ -141,20 +164,14 @@ pub fn sidecar_binary() -> Result<PathBuf> {
 pub fn operator_binary() -> Result<PathBuf> {
     static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
     BUILT
-        .get_or_init(|| {
-            workspace_binary(
-                "sluice-operator",
-                "SLUICE_OPERATOR_BIN",
-                &["crds", "sidecar", "migrations", "operator"],
-            )
-        })
+        .get_or_init(|| workspace_binary("sluice-operator", "SLUICE_OPERATOR_BIN", OPERATOR_SOURCES))
         .clone()
         .map_err(Error::Config)
 }
 
 /// Finds a workspace binary (package and binary named `name`) in the shared target dir, building it with
 /// `cargo build -p NAME --bin NAME` when it is missing or older than any file under `sources` (workspace
-/// folders it is built from). `$override_env` names a binary to use as is.
+/// files and folders it is built from). `$override_env` names a binary to use as is.
 ///
 /// Why not a Cargo artifact dependency: those are unstable, and `CARGO_BIN_EXE_*` only names binaries of
 /// the crate under test. `cargo nextest run --workspace` (the test command) builds every binary first, so
@@ -193,8 +210,13 @@ pub fn workspace_binary(name: &str, override_env: &str, sources: &[&str]) -> Res
     Ok(bin)
 }
 
-/// The newest modification time of the files under `dir` (`target` and hidden folders skipped).
+/// The newest modification time of `path`, or of the files under it (`target` and hidden folders
+/// skipped).
 fn newest_mtime(dir: &Path) -> Option<std::time::SystemTime> {
+    let meta = std::fs::metadata(dir).ok()?;
+    if !meta.is_dir() {
+        return meta.modified().ok();
+    }
     let mut newest = None;
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -879,6 +901,30 @@ mod tests {
         let text =
             "handler:\n  url: http://127.0.0.1:3000/jobs\nlisten: 0.0.0.0:9090\nredis: redis://10.0.0.1:6379";
         assert_eq!(localhost_ports(text), vec![3000, 9090]);
+    }
+
+    #[test]
+    fn the_newest_source_time_covers_files_in_subfolders_but_not_target() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let new = old + Duration::from_secs(60);
+        std::fs::create_dir_all(dir.path().join("src/queue")).unwrap();
+        std::fs::create_dir_all(dir.path().join("target")).unwrap();
+        let set = |path: &Path, at: std::time::SystemTime| {
+            std::fs::write(path, "x").unwrap();
+            std::fs::File::options()
+                .write(true)
+                .open(path)
+                .unwrap()
+                .set_modified(at)
+                .unwrap();
+        };
+        set(&dir.path().join("src/lib.rs"), old);
+        set(&dir.path().join("src/queue/claim.rs"), new);
+        set(&dir.path().join("target/built"), new + Duration::from_secs(60));
+        assert_eq!(newest_mtime(dir.path()), Some(new));
+        assert_eq!(newest_mtime(&dir.path().join("src/lib.rs")), Some(old));
+        assert_eq!(newest_mtime(&dir.path().join("missing")), None);
     }
 
     #[test]
