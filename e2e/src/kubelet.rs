@@ -149,13 +149,7 @@ const OPERATOR_SOURCES: &[&str] = &[
 pub fn sidecar_binary() -> Result<PathBuf> {
     static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
     BUILT
-        .get_or_init(|| {
-            workspace_binary(
-                "sluice-sidecar",
-                "SLUICE_SIDECAR_BIN",
-                &["crds", "sidecar", "migrations"],
-            )
-        })
+        .get_or_init(|| workspace_binary("sluice-sidecar", "SLUICE_SIDECAR_BIN", SIDECAR_SOURCES))
         .clone()
         .map_err(Error::Config)
 }
