@@ -44,7 +44,7 @@ impl Default for JobQueueMetrics {
         );
         registry.register(
             "external_metrics_request_duration_seconds",
-            "Latency of external.metrics.k8s.io requests, by result (ok, not_found, unavailable)",
+            "Latency of external.metrics.k8s.io requests, by result (ok, not_found, bad_request, unavailable, unauthorized, forbidden, authorization_error)",
             requests.clone(),
         );
         registry.register(
