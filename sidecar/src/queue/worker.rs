@@ -45,6 +45,9 @@ use crate::error::Result;
 pub const NOTIFY_CHANNEL: &str = "sluice_jobs";
 /// Most finished attempts written by one completer statement.
 const COMPLETER_BATCH: usize = 1000;
+/// Completer batches written at once (measured: 2 keeps both of a 2-core database's cores busy next to
+/// the claim loops; 1 left it idle between batches).
+const COMPLETER_WRITES: usize = 2;
 /// Most expired leases rescued, or finished jobs deleted, by one statement.
 const MAINTENANCE_BATCH: i64 = 1000;
 /// How often finished jobs past retention are deleted.
@@ -493,13 +496,18 @@ async fn run_job<H: Handler>(
     });
 }
 
-async fn complete<H>(
+/// Writes finished attempts in batches, with up to [`COMPLETER_WRITES`] batches in flight: while one is
+/// being written the next one gathers, and the database works on both at once.
+async fn complete<H: Send + Sync + 'static>(
     shared: Arc<Shared<H>>,
     mut rx: mpsc::UnboundedReceiver<Done>,
     shutdown: CancellationToken,
 ) {
-    let owner = shared.opts.owner.clone();
+    let mut writes = JoinSet::new();
     while let Some(first) = rx.recv().await {
+        while writes.len() >= COMPLETER_WRITES {
+            writes.join_next().await;
+        }
         let mut batch = vec![first];
         while batch.len() < COMPLETER_BATCH {
             match rx.try_recv() {
@@ -507,42 +515,50 @@ async fn complete<H>(
                 Err(_) => break,
             }
         }
-        let (finish, release): (Vec<Done>, Vec<Done>) = batch.into_iter().partition(|d| d.finish.is_some());
-        let mut wait = Duration::from_millis(50);
-        for attempt in 0.. {
-            match write_batch(&shared.store, &owner, &finish, &release).await {
-                Ok(written) => {
-                    for d in finish.iter().chain(&release) {
-                        match written.get(&d.id) {
-                            Some(state) => shared.metrics.finished(&d.queue, &d.kind, state),
-                            None => {
-                                shared.metrics.lease_lost(&d.queue);
-                                tracing::warn!(id = %d.id, attempt = d.attempt, "result discarded: lease lost");
-                            }
+        writes.spawn(record(shared.clone(), batch, shutdown.clone()));
+    }
+    while writes.join_next().await.is_some() {}
+}
+
+/// Records one batch of finished attempts, retrying while the database is away; then frees their
+/// concurrency permits (dropped with the batch).
+async fn record<H>(shared: Arc<Shared<H>>, batch: Vec<Done>, shutdown: CancellationToken) {
+    let owner = &shared.opts.owner;
+    let (finish, release): (Vec<Done>, Vec<Done>) = batch.into_iter().partition(|d| d.finish.is_some());
+    let mut wait = Duration::from_millis(50);
+    for attempt in 0.. {
+        match write_batch(&shared.store, owner, &finish, &release).await {
+            Ok(written) => {
+                for d in finish.iter().chain(&release) {
+                    match written.get(&d.id) {
+                        Some(state) => shared.metrics.finished(&d.queue, &d.kind, state),
+                        None => {
+                            shared.metrics.lease_lost(&d.queue);
+                            tracing::warn!(id = %d.id, attempt = d.attempt, "result discarded: lease lost");
                         }
                     }
+                }
+                break;
+            }
+            Err(e) => {
+                if shutdown.is_cancelled() && attempt >= 5 {
+                    // Exiting with the database away: the leases expire and other workers rescue the
+                    // jobs (at-least-once), rather than this process hanging on.
+                    let jobs = finish.len() + release.len();
+                    tracing::error!(error = %e, jobs, "giving up recording finished jobs");
                     break;
                 }
-                Err(e) => {
-                    if shutdown.is_cancelled() && attempt >= 5 {
-                        // Exiting with the database away: the leases expire and other workers rescue the
-                        // jobs (at-least-once), rather than this process hanging on.
-                        let jobs = finish.len() + release.len();
-                        tracing::error!(error = %e, jobs, "giving up recording finished jobs");
-                        break;
-                    }
-                    tracing::warn!(error = %e, attempt, "recording finished jobs failed; retrying");
-                    // The leases keep being renewed while we retry; if the database stays away longer than
-                    // the lease, other workers rescue the jobs and this write is fenced out.
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_secs(2));
-                }
+                tracing::warn!(error = %e, attempt, "recording finished jobs failed; retrying");
+                // The leases keep being renewed while we retry; if the database stays away longer than
+                // the lease, other workers rescue the jobs and this write is fenced out.
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(2));
             }
         }
-        let mut inflight = shared.inflight.lock().expect("inflight lock");
-        for d in finish.iter().chain(&release) {
-            inflight.remove(&d.id);
-        }
+    }
+    let mut inflight = shared.inflight.lock().expect("inflight lock");
+    for d in finish.iter().chain(&release) {
+        inflight.remove(&d.id);
     }
 }
 
