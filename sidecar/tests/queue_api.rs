@@ -20,15 +20,19 @@ struct Api {
 
 impl Api {
     async fn start(store: QueueStore, max_batch: usize) -> Self {
+        Self::serve(api::ApiState {
+            max_batch,
+            ..api::ApiState::new(store)
+        })
+        .await
+    }
+
+    async fn serve(state: api::ApiState) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let stop = CancellationToken::new();
         let s = stop.clone();
-        tokio::spawn(api::serve(
-            listener,
-            api::ApiState { store, max_batch },
-            async move { s.cancelled().await },
-        ));
+        tokio::spawn(api::serve(listener, state, async move { s.cancelled().await }));
         Self {
             base,
             client: Client::builder(TokioExecutor::new()).build_http(),
@@ -281,4 +285,66 @@ async fn the_api_enqueues_reads_lists_cancels_and_manages_queues() {
     let (status, doc) = api.get("/openapi.json").await;
     assert_eq!(status, StatusCode::OK);
     assert!(doc["paths"]["/v1/queues/{queue}/jobs"]["post"].is_object());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_given_queues_serves_only_those() {
+    let (_pg, pool) = pg().await;
+    let store = QueueStore::new(pool);
+    queue(&store, "emails").await;
+    queue(&store, "billing").await;
+    let elsewhere = store
+        .enqueue(
+            "billing",
+            &serde_json::from_value(json!({"kind": "charge", "payload": {}})).unwrap(),
+        )
+        .await
+        .unwrap()
+        .id;
+    let api = Api::serve(api::ApiState::new(store.clone()).serving(&["emails".to_owned()])).await;
+
+    let (status, _) = api
+        .post(
+            "/v1/queues/emails/jobs",
+            json!({"kind": "welcome", "payload": {}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, err) = api
+        .post(
+            "/v1/queues/billing/jobs",
+            json!({"kind": "charge", "payload": {}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{err}");
+    let message = err["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("\"billing\"") && message.contains("emails"),
+        "{message}"
+    );
+    for path in ["/v1/queues/billing/stats", "/v1/queues/billing/jobs"] {
+        assert_eq!(api.get(path).await.0, StatusCode::FORBIDDEN, "{path}");
+    }
+    assert_eq!(
+        api.post("/v1/queues/billing/pause", json!({})).await.0,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        api.get(&format!("/v1/jobs/{elsewhere}")).await.0,
+        StatusCode::NOT_FOUND,
+        "a job in another queue reads as unknown"
+    );
+    let (status, _) = api.post(&format!("/v1/jobs/{elsewhere}/cancel"), json!({})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (_, list) = api.get("/v1/queues").await;
+    let names: Vec<&str> = list["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| q["queue"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["emails"]);
+    assert_eq!(job_count(&store).await, 2, "only the allowed enqueue landed");
+    let billing = store.get(elsewhere).await.unwrap().unwrap();
+    assert_eq!(billing.state, "pending", "the refused cancel changed nothing");
 }

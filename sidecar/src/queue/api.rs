@@ -4,8 +4,12 @@
 //! Bad input gets a JSON error (`{"error": {"code": "...", "message": "..."}}`) and changes nothing:
 //! invalid JSON or missing fields 400, a payload over 1 MiB 413, an unknown queue or job 404, an
 //! idempotency key reused with another request 409, a batch over the limit 400.
+//!
+//! An API given a list of queues ([`ApiState::queues`], from `SLUICE_QUEUES` / `queue.queues`) serves
+//! only those: a queue outside it is 403 naming the queues it serves, a job in another queue reads as
+//! unknown (404), and the queue list shows only its own. Without a list it serves the whole database.
 
-use std::{future::Future, net::SocketAddr};
+use std::{collections::BTreeSet, future::Future, net::SocketAddr, sync::Arc};
 
 use axum::{
     Json, Router,
@@ -39,15 +43,52 @@ pub struct ApiState {
     pub store: QueueStore,
     /// Most jobs in one batch request.
     pub max_batch: usize,
+    /// The queues this API serves; `None`: every queue in the database.
+    pub queues: Option<Arc<BTreeSet<String>>>,
 }
 
 impl ApiState {
-    /// State over `store` with the default batch limit.
+    /// State over `store` with the default batch limit, serving every queue.
     pub fn new(store: QueueStore) -> Self {
         Self {
             store,
             max_batch: MAX_BATCH_DEFAULT,
+            queues: None,
         }
+    }
+
+    /// Serves only `queues` (all of them when the list is empty).
+    pub fn serving(mut self, queues: &[String]) -> Self {
+        self.queues = (!queues.is_empty()).then(|| Arc::new(queues.iter().cloned().collect()));
+        self
+    }
+
+    fn serves(&self, queue: &str) -> bool {
+        self.queues.as_ref().is_none_or(|q| q.contains(queue))
+    }
+
+    /// 403 unless this API serves `queue`.
+    fn check_queue(&self, queue: &str) -> ApiResult<()> {
+        match &self.queues {
+            Some(served) if !served.contains(queue) => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!(
+                    "queue {queue:?} is not served by this sidecar (it serves {}; see SLUICE_QUEUES)",
+                    served.iter().map(String::as_str).collect::<Vec<_>>().join(", ")
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The job `id`, if it exists in a queue this API serves.
+    async fn served_job(&self, id: Uuid) -> ApiResult<super::job::Job> {
+        self.store
+            .get(id)
+            .await?
+            .filter(|job| self.serves(&job.queue))
+            .ok_or_else(|| ApiError::from(Error::NotFound(format!("job {id}"))))
     }
 }
 
@@ -184,6 +225,7 @@ async fn enqueue_one(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
+    st.check_queue(&queue)?;
     let bytes = read_body(body, MAX_PAYLOAD_BYTES + ENVELOPE_BYTES).await?;
     let mut job: NewJob = parse_json(&bytes)?;
     check_payload_size(&job, "")?;
@@ -216,6 +258,7 @@ async fn enqueue_batch(
     Path(queue): Path<String>,
     body: Body,
 ) -> ApiResult<Response> {
+    st.check_queue(&queue)?;
     let limit = (st.max_batch * 4096).clamp(MAX_PAYLOAD_BYTES + ENVELOPE_BYTES, 64 * MAX_PAYLOAD_BYTES);
     let bytes = read_body(body, limit).await?;
     let batch: Batch = parse_json(&bytes)?;
@@ -238,12 +281,7 @@ async fn enqueue_batch(
 
 async fn get_job(State(st): State<ApiState>, Path(id): Path<String>) -> ApiResult<Response> {
     let id = parse_id(&id)?;
-    let job = st
-        .store
-        .get(id)
-        .await?
-        .ok_or_else(|| ApiError::from(Error::NotFound(format!("job {id}"))))?;
-    Ok(Json(job).into_response())
+    Ok(Json(st.served_job(id).await?).into_response())
 }
 
 fn parse_id(id: &str) -> ApiResult<Uuid> {
@@ -264,6 +302,7 @@ async fn list_jobs(
     Path(queue): Path<String>,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult<Response> {
+    st.check_queue(&queue)?;
     let Query(q) = query.map_err(|e| ApiError::bad_request(format!("query: {e}")))?;
     let state = q
         .state
@@ -289,6 +328,7 @@ async fn list_jobs(
 
 async fn cancel_job(State(st): State<ApiState>, Path(id): Path<String>) -> ApiResult<Response> {
     let id = parse_id(&id)?;
+    st.served_job(id).await?;
     let (status, outcome) = match st.store.cancel(id).await? {
         CancelOutcome::Cancelled => (StatusCode::OK, "cancelled"),
         CancelOutcome::Requested => (StatusCode::ACCEPTED, "cancel_requested"),
@@ -305,11 +345,13 @@ async fn cancel_job(State(st): State<ApiState>, Path(id): Path<String>) -> ApiRe
 
 async fn retry_job(State(st): State<ApiState>, Path(id): Path<String>) -> ApiResult<Response> {
     let id = parse_id(&id)?;
+    st.served_job(id).await?;
     st.store.retry_dead(id).await?;
     get_job(State(st), Path(id.to_string())).await
 }
 
 async fn get_queue(State(st): State<ApiState>, Path(queue): Path<String>) -> ApiResult<Response> {
+    st.check_queue(&queue)?;
     let depth = st
         .store
         .depth(&queue)
@@ -319,10 +361,13 @@ async fn get_queue(State(st): State<ApiState>, Path(queue): Path<String>) -> Api
 }
 
 async fn list_queues(State(st): State<ApiState>) -> ApiResult<Response> {
-    Ok(Json(json!({ "queues": st.store.depth_all().await? })).into_response())
+    let mut queues = st.store.depth_all().await?;
+    queues.retain(|d| st.serves(&d.queue));
+    Ok(Json(json!({ "queues": queues })).into_response())
 }
 
 async fn put_queue(State(st): State<ApiState>, Path(queue): Path<String>, body: Body) -> ApiResult<Response> {
+    st.check_queue(&queue)?;
     let bytes = read_body(body, ENVELOPE_BYTES).await?;
     let mut spec: Value = if bytes.iter().all(u8::is_ascii_whitespace) {
         json!({})
@@ -355,11 +400,13 @@ async fn put_queue(State(st): State<ApiState>, Path(queue): Path<String>, body: 
 }
 
 async fn pause(State(st): State<ApiState>, Path(queue): Path<String>) -> ApiResult<Response> {
+    st.check_queue(&queue)?;
     st.store.set_paused(&queue, true).await?;
     get_queue(State(st), Path(queue)).await
 }
 
 async fn resume(State(st): State<ApiState>, Path(queue): Path<String>) -> ApiResult<Response> {
+    st.check_queue(&queue)?;
     st.store.set_paused(&queue, false).await?;
     get_queue(State(st), Path(queue)).await
 }
@@ -377,7 +424,7 @@ pub fn openapi_document() -> Value {
     json!({
         "openapi": "3.1.0",
         "info": {"title": "Sluice queue API", "version": "v1",
-                 "description": "Served by the sluice sidecar on localhost for the app. Errors are JSON: {\"error\": {\"code\", \"message\"}}."},
+                 "description": "Served by the sluice sidecar on localhost for the app. Errors are JSON: {\"error\": {\"code\", \"message\"}}. A sidecar given a queue list (SLUICE_QUEUES) answers 403 for any other queue and 404 for jobs of other queues."},
         "paths": {
             "/v1/queues": {"get": {"summary": "Depth of every queue", "responses": {"200": {"description": "{queues: [Depth]}"}}}},
             "/v1/queues/{queue}": {

@@ -153,9 +153,10 @@ pub async fn serve_api_role(cfg: &QueueConfig, shutdown: CancellationToken) -> a
         .await
         .with_context(|| format!("binding queue.api.listen {addr}"))?;
     let state = api::ApiState {
-        store: QueueStore::new(pool),
         max_batch: cfg.api.max_batch as usize,
-    };
+        ..api::ApiState::new(QueueStore::new(pool))
+    }
+    .serving(&cfg.queues);
     api::serve(listener, state, async move { shutdown.cancelled().await }).await?;
     Ok(())
 }
@@ -217,9 +218,10 @@ pub async fn run_worker_role(cfg: QueueConfig, shutdown: CancellationToken) -> a
             .await
             .with_context(|| format!("binding queue.api.listen {addr}"))?;
         let state = api::ApiState {
-            store: store.clone(),
             max_batch: cfg.api.max_batch as usize,
-        };
+            ..api::ApiState::new(store.clone())
+        }
+        .serving(&cfg.queues);
         let stop = shutdown.clone();
         tokio::spawn(api::serve(listener, state, async move { stop.cancelled().await }));
     }
