@@ -122,28 +122,12 @@ impl KubeletConfig {
     }
 }
 
-/// What the sidecar binary is built from (workspace paths), for the staleness check.
-const SIDECAR_SOURCES: &[&str] = &[
-    "Cargo.toml",
-    "Cargo.lock",
-    "crds/Cargo.toml",
-    "crds/src",
-    "sidecar/Cargo.toml",
-    "sidecar/src",
-    "migrations",
-];
+/// What the sidecar binary is built from (workspace folders), for the staleness check: only sources a
+/// change of which makes Cargo relink the binary (not `Cargo.lock`, manifests or `migrations/`, which
+/// can change without a relink and would look stale for ever).
+const SIDECAR_SOURCES: &[&str] = &["crds/src", "sidecar/src"];
 /// What the operator binary is built from.
-const OPERATOR_SOURCES: &[&str] = &[
-    "Cargo.toml",
-    "Cargo.lock",
-    "crds/Cargo.toml",
-    "crds/src",
-    "sidecar/Cargo.toml",
-    "sidecar/src",
-    "migrations",
-    "operator/Cargo.toml",
-    "operator/src",
-];
+const OPERATOR_SOURCES: &[&str] = &["crds/src", "sidecar/src", "operator/src"];
 
 /// Finds the `sluice-sidecar` binary; see [`workspace_binary`] (`$SLUICE_SIDECAR_BIN` wins).
 pub fn sidecar_binary() -> Result<PathBuf> {
@@ -163,13 +147,15 @@ pub fn operator_binary() -> Result<PathBuf> {
         .map_err(Error::Config)
 }
 
-/// Finds a workspace binary (package and binary named `name`) in the shared target dir, building it with
-/// `cargo build -p NAME --bin NAME` when it is missing or older than any file under `sources` (workspace
-/// files and folders it is built from). `$override_env` names a binary to use as is.
+/// Finds a workspace binary (package and binary named `name`) in the shared target dir. A missing binary
+/// is built with `cargo build -p NAME --bin NAME`; one older than any file under `sources` (workspace files
+/// and folders it is built from) is an error naming the command to run, rather than a stale binary tested
+/// silently or a build of minutes hidden inside a test's deadline. `$override_env` names a binary to use
+/// as is.
 ///
 /// Why not a Cargo artifact dependency: those are unstable, and `CARGO_BIN_EXE_*` only names binaries of
 /// the crate under test. `cargo nextest run --workspace` (the test command) builds every binary first, so
-/// in CI this finds them fresh and builds nothing.
+/// in CI they are found fresh.
 pub fn workspace_binary(name: &str, override_env: &str, sources: &[&str]) -> Result<PathBuf, String> {
     if let Some(p) = std::env::var_os(override_env).filter(|p| !p.is_empty()) {
         return Ok(PathBuf::from(p));
@@ -189,6 +175,13 @@ pub fn workspace_binary(name: &str, override_env: &str, sources: &[&str]) -> Res
     };
     if fresh {
         return Ok(bin);
+    }
+    if built.is_some() {
+        return Err(format!(
+            "{} is older than its sources: run `cargo build -p {name}` (the test command builds every \
+             binary first), or set {override_env} to use it anyway",
+            bin.display()
+        ));
     }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     // Cargo's own lock on the target dir serialises concurrent builds from parallel tests.
