@@ -1,4 +1,4 @@
-//! Queue benchmark (a benchmark, not a test): `cargo bench -p sluice-sidecar --bench queue [-- --short]`.
+//! Queue benchmark (a benchmark, not a test): `cargo bench -p sluice-sidecar --bench queue`.
 //!
 //! One throwaway PostgreSQL, one run, five measurements (method in BENCHMARKS.md):
 //! 1. burn-down of N pre-inserted no-op jobs by (a) the raw SQL limit — pgbench clients claiming and
@@ -9,9 +9,13 @@
 //! 3. enqueue latency p50/p99 at 1,000 jobs/s (single `sluice.enqueue_job` calls, open loop);
 //! 4. pickup latency p50/p99 on an idle queue (enqueue → handler start, NOTIFY wake-up).
 //!
-//! `--short` (or SLUICE_BENCH_SHORT=1) shrinks every size ~10× to prove the harness works.
+//! A full run rewrites the section between `<!-- bench:queue:start -->` and `<!-- bench:queue:end -->` in
+//! BENCHMARKS.md. `-- --short` shrinks every size ~10× and `-- --only raw,inproc,...` runs a subset; both
+//! only print, leaving BENCHMARKS.md alone.
 
 use std::{
+    fmt::Write as _,
+    path::Path,
     process::{Command, Stdio},
     sync::Arc,
     time::{Duration, Instant},
@@ -19,12 +23,27 @@ use std::{
 
 use axum::{Router, routing::post};
 use sluice_sidecar::queue::{
-    ClaimedJob, Handler, NewJob, Outcome, QueueSettings, QueueStore, Worker, WorkerOptions, schema,
+    ClaimedJob, Handler, NewJob, Outcome, QueueSettings, QueueStore, Worker, WorkerOptions, schema, sql,
 };
 use sluice_testsupport::PgServer;
 use sqlx::{PgPool, postgres::PgPoolOptions};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+
+const START: &str = "<!-- bench:queue:start -->";
+const END: &str = "<!-- bench:queue:end -->";
+
+/// graphile-worker's release with the batching options (`localQueue`, `completeJobBatchDelay`; 0.16 and
+/// older ignore them silently).
+const GRAPHILE_VERSION: &str = "0.18.0";
+
+/// The in-process worker's settings in the burn-down.
+const INPROC_CONCURRENCY: usize = 1000;
+const INPROC_CLAIM_BATCH: u32 = 250;
+const INPROC_CLAIMERS: usize = 2;
+/// The sidecar worker's concurrency in the burn-down (SLUICE_WORKER_CONCURRENCY); other settings are
+/// the worker's defaults.
+const SIDECAR_CONCURRENCY: usize = 512;
 
 struct Sizes {
     burn_down: usize,
@@ -33,9 +52,33 @@ struct Sizes {
     pickups: usize,
 }
 
+/// One burn-down: jobs/s and what the run says about where the time went.
+struct BurnDown {
+    jobs_per_sec: f64,
+    detail: String,
+}
+
+#[derive(Default)]
+struct Results {
+    raw: Option<BurnDown>,
+    inproc: Option<BurnDown>,
+    sidecar: Option<BurnDown>,
+    graphile: Option<Result<BurnDown, String>>,
+    bulk: Option<f64>,
+    enqueue: Option<(f64, f64)>,
+    pickup: Option<(f64, f64)>,
+}
+
 #[tokio::main]
 async fn main() {
-    let short = std::env::args().any(|a| a == "--short") || std::env::var_os("SLUICE_BENCH_SHORT").is_some();
+    let args: Vec<String> = std::env::args().collect();
+    let short = args.iter().any(|a| a == "--short") || std::env::var_os("SLUICE_BENCH_SHORT").is_some();
+    let only: Option<Vec<String>> = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.split(',').map(str::to_owned).collect());
+    let on = |name: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == name));
     let sizes = if short {
         Sizes {
             burn_down: 10_000,
@@ -51,6 +94,7 @@ async fn main() {
             pickups: 200,
         }
     };
+    let started = chrono::Utc::now();
     let pg = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
     let pool = PgPoolOptions::new()
         .max_connections(32)
@@ -58,39 +102,275 @@ async fn main() {
         .await
         .unwrap();
     schema::migrate(&pool).await.unwrap();
-    let store = QueueStore::new(pool.clone());
-    println!(
-        "# Sluice queue benchmark ({})",
-        if short { "short" } else { "full" }
-    );
-    println!("machine: {} cores; {}", cores(), pg_version(&pool).await);
-    println!();
-    println!("| measurement | result |");
-    println!("|---|---|");
-
-    let raw = raw_sql_limit(&pg, &store, sizes.burn_down).await;
-    println!("| burn-down, raw SQL limit (pgbench, 4 clients, batches of 100) | {raw:.0} jobs/s |");
-    let inproc = in_process(&store, sizes.burn_down).await;
-    println!(
-        "| burn-down, in-process worker (no-op) | {inproc:.0} jobs/s ({:.2}× raw) |",
-        inproc / raw
-    );
-    let sidecar = sidecar_worker(&pg, &store, sizes.burn_down).await;
-    println!("| burn-down, sidecar worker → no-op HTTP handler | {sidecar:.0} jobs/s |");
-    match graphile(&pg, sizes.burn_down).await {
-        Ok(g) => {
-            println!("| burn-down, graphile-worker (localQueue 500, batched completes) | {g:.0} jobs/s |")
-        }
-        Err(e) => println!("| burn-down, graphile-worker | not measured: {e} |"),
+    let mut pg = pg;
+    let mut pool = pool;
+    if statements_diagnostics() {
+        // Diagnostics only: pg_stat_statements needs a restart and costs a little on every statement.
+        sqlx::query("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        tokio::task::block_in_place(|| pg.restart());
+        pool = PgPoolOptions::new()
+            .max_connections(32)
+            .connect(&pg.url())
+            .await
+            .unwrap();
+        sqlx::query("CREATE EXTENSION pg_stat_statements")
+            .execute(&pool)
+            .await
+            .unwrap();
     }
-    let bulk = bulk_enqueue(&store, sizes.bulk).await;
-    println!("| bulk enqueue (5,000 rows per statement) | {bulk:.0} rows/s |");
-    let (p50, p99) = enqueue_latency(&store, sizes.latency_secs).await;
-    println!("| enqueue latency at 1,000 jobs/s | p50 {p50:.2} ms, p99 {p99:.2} ms |");
-    let (p50, p99) = pickup_latency(&store, sizes.pickups).await;
-    println!("| pickup latency, idle queue | p50 {p50:.2} ms, p99 {p99:.2} ms |");
+    let store = QueueStore::new(pool.clone());
+    let pg_version = pg_version(&pool).await;
+    eprintln!("{pg_version}");
+
+    let mut r = Results::default();
+    if on("raw") {
+        let b = raw_sql_limit(&pg, &store, sizes.burn_down).await;
+        eprintln!("raw SQL limit: {:.0} jobs/s; {}", b.jobs_per_sec, b.detail);
+        r.raw = Some(b);
+    }
+    if on("inproc") {
+        let b = in_process(&pg, &store, sizes.burn_down).await;
+        print_statements(&store, "in-process").await;
+        eprintln!("in-process: {:.0} jobs/s; {}", b.jobs_per_sec, b.detail);
+        r.inproc = Some(b);
+    }
+    if on("sidecar") {
+        let b = sidecar_worker(&pg, &store, sizes.burn_down).await;
+        print_statements(&store, "sidecar").await;
+        eprintln!("sidecar: {:.0} jobs/s; {}", b.jobs_per_sec, b.detail);
+        r.sidecar = Some(b);
+    }
+    if on("graphile") {
+        let g = graphile(&pg, sizes.burn_down).await;
+        match &g {
+            Ok(b) => eprintln!("graphile-worker: {:.0} jobs/s; {}", b.jobs_per_sec, b.detail),
+            Err(e) => eprintln!("graphile-worker not measured: {e}"),
+        }
+        r.graphile = Some(g);
+    }
+    if on("bulk") {
+        let b = bulk_enqueue(&store, sizes.bulk).await;
+        eprintln!("bulk enqueue: {b:.0} rows/s");
+        r.bulk = Some(b);
+    }
+    if on("latency") {
+        let l = enqueue_latency(&store, sizes.latency_secs).await;
+        eprintln!("enqueue latency: p50 {:.2} ms, p99 {:.2} ms", l.0, l.1);
+        r.enqueue = Some(l);
+    }
+    if on("pickup") {
+        let l = pickup_latency(&store, sizes.pickups).await;
+        eprintln!("pickup latency: p50 {:.2} ms, p99 {:.2} ms", l.0, l.1);
+        r.pickup = Some(l);
+    }
     drop(pool);
     drop(pg);
+    let section = render(&r, &sizes, short, started, &pg_version);
+    println!("{section}");
+    if short || only.is_some() {
+        eprintln!("--short/--only: BENCHMARKS.md left as it is");
+    } else {
+        write_report(&section);
+    }
+}
+
+fn render(
+    r: &Results,
+    sizes: &Sizes,
+    short: bool,
+    started: chrono::DateTime<chrono::Utc>,
+    pg_version: &str,
+) -> String {
+    let na = || "not run".to_owned();
+    let rate = |b: &Option<BurnDown>| {
+        b.as_ref()
+            .map(|b| format!("{:.0} jobs/s", b.jobs_per_sec))
+            .unwrap_or_else(na)
+    };
+    let raw = r.raw.as_ref().map(|b| b.jobs_per_sec).unwrap_or(f64::NAN);
+    let graphile = match &r.graphile {
+        Some(Ok(b)) => b.jobs_per_sec,
+        _ => f64::NAN,
+    };
+    let inproc = r.inproc.as_ref().map(|b| b.jobs_per_sec).unwrap_or(f64::NAN);
+    let sidecar = r.sidecar.as_ref().map(|b| b.jobs_per_sec).unwrap_or(f64::NAN);
+    let verdict = |ok: bool| if ok { "met" } else { "**not met**" };
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load: Vec<&str> = load.split_whitespace().take(3).collect();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
+        .unwrap_or_else(|| "?".into());
+
+    let mut out = String::new();
+    let _ = writeln!(out, "{START}");
+    let _ = writeln!(out, "## Job queue\n");
+    let _ = writeln!(
+        out,
+        "Run: `cargo bench -p sluice-sidecar --bench queue{}` at {} UTC, {} jobs per burn-down.\n",
+        if short { " -- --short" } else { "" },
+        started.format("%Y-%m-%d %H:%M"),
+        sizes.burn_down
+    );
+    let _ = writeln!(
+        out,
+        "Machine: {cpu}, {} cores (shared: other builds may run; load average at the end {}). \
+         Versions: {}; {}; node {}; graphile-worker {GRAPHILE_VERSION}; sluice-sidecar {} (release profile).\n",
+        cores(),
+        load.join(" "),
+        version_of("rustc", &["-V"]),
+        pg_version.split(" on ").next().unwrap_or(pg_version),
+        version_of("node", &["--version"]),
+        env!("CARGO_PKG_VERSION"),
+    );
+    let _ = writeln!(out, "| measurement | result | where the time went |");
+    let _ = writeln!(out, "|---|---:|---|");
+    let detail = |b: &Option<BurnDown>| b.as_ref().map(|b| b.detail.clone()).unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "| burn-down, raw SQL limit (pgbench, 4 clients, batches of 100) | {} | {} |",
+        rate(&r.raw),
+        detail(&r.raw)
+    );
+    let _ = writeln!(
+        out,
+        "| burn-down, in-process worker (no-op handler) | {} | {} |",
+        rate(&r.inproc),
+        detail(&r.inproc)
+    );
+    let _ = writeln!(
+        out,
+        "| burn-down, sidecar worker → no-op HTTP handler | {} | {} |",
+        rate(&r.sidecar),
+        detail(&r.sidecar)
+    );
+    let _ = writeln!(
+        out,
+        "| burn-down, graphile-worker {GRAPHILE_VERSION} (localQueue 500, batched completes) | {} | {} |",
+        match &r.graphile {
+            Some(Ok(b)) => format!("{:.0} jobs/s", b.jobs_per_sec),
+            Some(Err(e)) => format!("not measured: {e}"),
+            None => na(),
+        },
+        match &r.graphile {
+            Some(Ok(b)) => b.detail.clone(),
+            _ => String::new(),
+        }
+    );
+    let _ = writeln!(
+        out,
+        "| bulk enqueue (5,000 rows per statement) | {} | |",
+        r.bulk.map(|b| format!("{b:.0} rows/s")).unwrap_or_else(na)
+    );
+    let _ = writeln!(
+        out,
+        "| enqueue latency at 1,000 jobs/s | {} | |",
+        r.enqueue
+            .map(|(a, b)| format!("p50 {a:.2} ms, p99 {b:.2} ms"))
+            .unwrap_or_else(na)
+    );
+    let _ = writeln!(
+        out,
+        "| pickup latency, idle queue | {} | |",
+        r.pickup
+            .map(|(a, b)| format!("p50 {a:.2} ms, p99 {b:.2} ms"))
+            .unwrap_or_else(na)
+    );
+    let _ = writeln!(out, "\nTargets (2 cores):\n");
+    let _ = writeln!(out, "| target | this run | |");
+    let _ = writeln!(out, "|---|---:|---|");
+    let _ = writeln!(
+        out,
+        "| in-process worker ≥ 0.7× the raw SQL limit | {:.2}× | {} |",
+        inproc / raw,
+        verdict(inproc / raw >= 0.7)
+    );
+    let _ = writeln!(
+        out,
+        "| in-process worker ahead of graphile-worker | {:.2}× | {} |",
+        inproc / graphile,
+        verdict(inproc > graphile)
+    );
+    let _ = writeln!(
+        out,
+        "| sidecar worker ≥ 10,000 jobs/s | {sidecar:.0} jobs/s | {} |",
+        verdict(sidecar >= 10_000.0)
+    );
+    let p99 = r.enqueue.map(|e| e.1).unwrap_or(f64::NAN);
+    let _ = writeln!(
+        out,
+        "| enqueue p99 < 5 ms at 1,000 jobs/s | {p99:.2} ms | {} |",
+        verdict(p99 < 5.0)
+    );
+    let p50 = r.pickup.map(|e| e.0).unwrap_or(f64::NAN);
+    let _ = writeln!(
+        out,
+        "| idle pickup p50 < 5 ms | {p50:.2} ms | {} |",
+        verdict(p50 < 5.0)
+    );
+    let _ = writeln!(out, "\n{METHOD}");
+    let _ = writeln!(out, "{END}");
+    out
+}
+
+const METHOD: &str = "\
+### Method
+
+All measurements run one after another in one process against one throwaway PostgreSQL started by the
+bench (`sluice_testsupport::PgServer`: `fsync=off`, `full_page_writes=off`, `shared_buffers=32MB`,
+synchronous commit on), on the same 2 cores as the workers, the load generator and the handler, so every
+worker's CPU comes out of PostgreSQL's budget. CPU seconds in the table are user+system time read from
+`/proc` over the burn-down (PostgreSQL: the postmaster's children).
+
+| measurement | method |
+|---|---|
+| burn-down, raw SQL limit | N jobs pre-inserted into `sluice.jobs` (5,000-row `enqueue_many` statements, then `VACUUM ANALYZE`). `pgbench -n -M prepared -c 4 -j 2`, script: the worker's claim statement for 100 jobs, then one `UPDATE … SET state = 'succeeded'` of the client's running jobs, one autocommit transaction each. jobs/s = N / pgbench wall time. No worker at all: the ceiling for this schema on this box. |
+| burn-down, in-process worker | Same N, `queue::Worker` with a no-op `Handler` (concurrency 1,000, claim batch 250, 2 claim loops, the batch completer). Timed from start until an `EXISTS` probe over the partial indexes finds no waiting or running job (polled every 10 ms). |
+| burn-down, sidecar worker | Same N, the `sluice-sidecar worker` binary from env vars (`SLUICE_WORKER_CONCURRENCY=512`, other settings default) POSTing each job to a no-op axum handler in the bench process. Timed from process start (includes startup and the migration check). |
+| burn-down, graphile-worker | graphile-worker (npm, installed into a temp dir at bench time) with a no-op task and a silent logger; N jobs inserted with one `graphile_worker.add_jobs` call before timing, `run()` with `concurrentJobs: 24`, `maxPoolSize: 25`, `localQueue: {size: 500}`, `completeJobBatchDelay: 0`, `failJobBatchDelay: 0` (its documented batching). Timed from `run()` until `graphile_worker.jobs` is empty (same polling). |
+| bulk enqueue | `QueueStore::enqueue_many`: 5,000 rows per statement (`sluice.enqueue_many`, an UNNEST insert), 2×N rows. |
+| enqueue latency at 1,000 jobs/s | open loop: one `QueueStore::enqueue` (one `sluice.enqueue_job` call, its own transaction) started every 1 ms for 10 s regardless of earlier ones; pool warmed first; latency per call. |
+| pickup latency, idle queue | one in-process worker (defaults: LISTEN on, poll backing off 50 ms → 2 s) on an empty queue; a job is enqueued every 50 ms and the time from the enqueue call to the handler's start is recorded (200 jobs). |
+
+Needs PostgreSQL server binaries (`postgres`, `initdb`, `psql`, `pgbench`) and, for the graphile line,
+`node` + `npm` with network access (without them that line says why it was not measured).";
+
+/// Replaces the marked section of BENCHMARKS.md (at the workspace root), or appends it.
+fn write_report(section: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../BENCHMARKS.md");
+    let old = std::fs::read_to_string(&path).unwrap_or_else(|_| "# Benchmarks\n".into());
+    let new = match (old.find(START), old.find(END)) {
+        (Some(a), Some(b)) if b > a => {
+            format!("{}{}{}", &old[..a], section.trim_end(), &old[b + END.len()..])
+        }
+        _ => format!("{}\n{}", old.trim_end().to_owned() + "\n", section),
+    };
+    std::fs::write(&path, new).expect("write BENCHMARKS.md");
+    eprintln!("wrote {}", path.display());
+}
+
+fn version_of(bin: &str, args: &[&str]) -> String {
+    Command::new(bin)
+        .args(args)
+        .output()
+        .map(|o| {
+            let text = if o.stdout.is_empty() { o.stderr } else { o.stdout };
+            String::from_utf8_lossy(&text)
+                .lines()
+                .next()
+                .unwrap_or("?")
+                .trim()
+                .to_owned()
+        })
+        .unwrap_or_else(|_| "?".into())
 }
 
 fn cores() -> usize {
@@ -102,6 +382,111 @@ async fn pg_version(pool: &PgPool) -> String {
         .fetch_one(pool)
         .await
         .unwrap_or_default()
+}
+
+/// CPU seconds (user + system) process `pid` has used so far.
+fn cpu_secs(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the parenthesised command name; utime and stime are the 14th and 15th fields.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    ticks / 100.0
+}
+
+/// CPU seconds of the reaped children of process `pid` (cutime + cstime).
+fn exited_children_cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(13).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+        + f.get(14).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    ticks / 100.0
+}
+
+/// CPU seconds PostgreSQL has used so far: the postmaster, its children that exited (backends of
+/// closed connections) and its live children (backends, autovacuum, background writers).
+fn pg_cpu(pg: &PgServer) -> f64 {
+    let Some(master) = pg.pid() else { return 0.0 };
+    let mut total = cpu_secs(master) + exited_children_cpu_secs(master);
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u32>().ok());
+        if ppid == Some(master) {
+            total += cpu_secs(pid);
+        }
+    }
+    total
+}
+
+/// CPU used between two points: the measured process (if any) and PostgreSQL.
+struct CpuMeter {
+    pid: Option<u32>,
+    own: f64,
+    pg: f64,
+}
+
+impl CpuMeter {
+    fn start(pg: &PgServer, pid: Option<u32>) -> Self {
+        Self {
+            pid,
+            own: pid.map(cpu_secs).unwrap_or(0.0),
+            pg: pg_cpu(pg),
+        }
+    }
+
+    /// "worker X s CPU, PostgreSQL Y s CPU" over `secs` of wall time.
+    fn report(&self, pg: &PgServer, who: &str, secs: f64) -> String {
+        let pg_used = pg_cpu(pg) - self.pg;
+        match self.pid {
+            Some(pid) => format!(
+                "{secs:.1} s wall; CPU: {who} {:.1} s, PostgreSQL {pg_used:.1} s",
+                cpu_secs(pid) - self.own
+            ),
+            None => format!("{secs:.1} s wall; CPU: PostgreSQL {pg_used:.1} s"),
+        }
+    }
+}
+
+/// SLUICE_BENCH_STATEMENTS=1: print the statements that took the database's time in each worker
+/// burn-down (pg_stat_statements), to see where a slow run spends it.
+fn statements_diagnostics() -> bool {
+    std::env::var_os("SLUICE_BENCH_STATEMENTS").is_some()
+}
+
+async fn reset_statements(store: &QueueStore) {
+    if statements_diagnostics() {
+        sqlx::query("SELECT pg_stat_statements_reset()")
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
+}
+
+async fn print_statements(store: &QueueStore, what: &str) {
+    if !statements_diagnostics() {
+        return;
+    }
+    let rows: Vec<(f64, i64, i64, String)> = sqlx::query_as(
+        "SELECT total_exec_time, calls, rows, left(regexp_replace(query, '\\s+', ' ', 'g'), 110) \
+         FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 8",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    eprintln!("{what}: statements by database time (ms, calls, rows, query):");
+    for (ms, calls, n, q) in rows {
+        eprintln!("  {ms:9.0} {calls:7} {n:8}  {q}");
+    }
 }
 
 async fn fill(store: &QueueStore, queue: &str, n: usize) {
@@ -153,23 +538,34 @@ fn pg_bin(name: &str) -> String {
     .unwrap_or_else(|| name.to_owned())
 }
 
-/// pgbench clients each claim 100 jobs and complete them, one transaction per statement, as a worker
-/// with a no-op handler would: the most the table and statements allow without any worker overhead.
-async fn raw_sql_limit(pg: &PgServer, store: &QueueStore, n: usize) -> f64 {
+/// pgbench clients each claim 100 jobs with the worker's claim statement and complete them, one
+/// transaction per statement, as a worker with a no-op handler would: the most the table and statements
+/// allow without any worker overhead.
+async fn raw_sql_limit(pg: &PgServer, store: &QueueStore, n: usize) -> BurnDown {
     fill(store, "raw", n).await;
     let script = std::env::temp_dir().join(format!("sluice-bench-{}.sql", std::process::id()));
+    // The worker's claim statement, its parameters as pgbench variables, on one line.
+    let claim = sql::JOB_CLAIM_BATCH
+        .replace("$1", "'raw'")
+        .replace("$2", "'pgbench-' || :client_id")
+        .replace("$3", "100")
+        .replace("$4", "30000")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
     std::fs::write(
         &script,
-        "WITH picked AS (SELECT id FROM sluice.jobs WHERE queue = 'raw' AND state IN ('pending', 'retrying') \
-         AND run_at <= now() ORDER BY priority DESC, run_at LIMIT 100 FOR UPDATE SKIP LOCKED) \
-         UPDATE sluice.jobs j SET state = 'running', attempt = j.attempt + 1, lease_owner = 'pgbench-' || :client_id, \
-         lease_expires_at = now() + interval '30 seconds', started_at = now() FROM picked WHERE j.id = picked.id;\n\
-         UPDATE sluice.jobs SET state = 'succeeded', finished_at = now(), lease_owner = NULL, lease_expires_at = NULL \
-         WHERE queue = 'raw' AND state = 'running' AND lease_owner = 'pgbench-' || :client_id;\n",
+        format!(
+            "{claim};\n\
+             UPDATE sluice.jobs SET state = 'succeeded', finished_at = now(), lease_owner = NULL, \
+             lease_expires_at = NULL WHERE queue = 'raw' AND state = 'running' \
+             AND lease_owner = 'pgbench-' || :client_id;\n"
+        ),
     )
     .unwrap();
     let clients = 4;
     let per_client = n.div_ceil(100 * clients);
+    let cpu = CpuMeter::start(pg, None);
     let t0 = Instant::now();
     let out = Command::new(pg_bin("pgbench"))
         .args(["-n", "-M", "prepared", "-c", &clients.to_string(), "-j", "2"])
@@ -181,6 +577,7 @@ async fn raw_sql_limit(pg: &PgServer, store: &QueueStore, n: usize) -> f64 {
         .output()
         .expect("run pgbench");
     let secs = t0.elapsed().as_secs_f64();
+    let detail = cpu.report(pg, "", secs);
     let _ = std::fs::remove_file(&script);
     assert!(
         out.status.success(),
@@ -188,7 +585,10 @@ async fn raw_sql_limit(pg: &PgServer, store: &QueueStore, n: usize) -> f64 {
         String::from_utf8_lossy(&out.stderr)
     );
     wait_drained(store, "raw").await;
-    n as f64 / secs
+    BurnDown {
+        jobs_per_sec: n as f64 / secs,
+        detail,
+    }
 }
 
 struct Noop;
@@ -198,20 +598,32 @@ impl Handler for Noop {
     }
 }
 
-async fn in_process(store: &QueueStore, n: usize) -> f64 {
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+async fn in_process(pg: &PgServer, store: &QueueStore, n: usize) -> BurnDown {
     fill(store, "inproc", n).await;
+    reset_statements(store).await;
     let shutdown = CancellationToken::new();
+    // SLUICE_BENCH_* override the settings, for tuning runs (`--only inproc`).
     let opts = WorkerOptions {
-        concurrency: 400,
-        claim_batch: 200,
+        concurrency: env_or("SLUICE_BENCH_CONCURRENCY", INPROC_CONCURRENCY),
+        claim_batch: env_or("SLUICE_BENCH_CLAIM_BATCH", INPROC_CLAIM_BATCH),
+        claimers: env_or("SLUICE_BENCH_CLAIMERS", INPROC_CLAIMERS),
         ..WorkerOptions::new(["inproc"])
     };
+    let cpu = CpuMeter::start(pg, Some(std::process::id()));
     let t0 = Instant::now();
     let worker = Worker::new(store.clone(), Noop, opts);
     let metrics = worker.metrics();
     let w = tokio::spawn(worker.run(shutdown.clone()));
     wait_drained(store, "inproc").await;
     let secs = t0.elapsed().as_secs_f64();
+    let detail = cpu.report(pg, "bench process (worker)", secs);
     shutdown.cancel();
     w.await.unwrap().unwrap();
     let text = metrics.render();
@@ -221,27 +633,34 @@ async fn in_process(store: &QueueStore, n: usize) -> f64 {
             .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .unwrap_or(f64::NAN)
     };
-    eprintln!(
-        "in-process: {:.0} claims, {:.1} jobs per claim",
-        metric("sluice_claim_batch_size_count"),
-        metric("sluice_claim_batch_size_sum") / metric("sluice_claim_batch_size_count")
-    );
-    n as f64 / secs
+    let claims = metric("sluice_claim_batch_size_count");
+    BurnDown {
+        jobs_per_sec: n as f64 / secs,
+        detail: format!(
+            "{detail}; {claims:.0} claims of {:.0} jobs on average",
+            metric("sluice_claim_batch_size_sum") / claims
+        ),
+    }
 }
 
-async fn sidecar_worker(pg: &PgServer, store: &QueueStore, n: usize) -> f64 {
+async fn sidecar_worker(pg: &PgServer, store: &QueueStore, n: usize) -> BurnDown {
     fill(store, "sidecar", n).await;
+    reset_statements(store).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/jobs", listener.local_addr().unwrap());
     let app = Router::new().route("/jobs", post(|| async { "" }));
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let own = CpuMeter::start(pg, Some(std::process::id()));
     let t0 = Instant::now();
     let mut child = Command::new(env!("CARGO_BIN_EXE_sluice-sidecar"))
         .arg("worker")
         .env("SLUICE_DATABASE_URL", pg.url())
         .env("SLUICE_QUEUES", "sidecar")
         .env("SLUICE_HANDLER_URL", &url)
-        .env("SLUICE_WORKER_CONCURRENCY", "256")
+        .env(
+            "SLUICE_WORKER_CONCURRENCY",
+            env_or("SLUICE_BENCH_SIDECAR_CONCURRENCY", SIDECAR_CONCURRENCY).to_string(),
+        )
         .env("SLUICE_METRICS_LISTEN", "127.0.0.1:0")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
@@ -249,30 +668,42 @@ async fn sidecar_worker(pg: &PgServer, store: &QueueStore, n: usize) -> f64 {
         .expect("start sluice-sidecar worker");
     wait_drained(store, "sidecar").await;
     let secs = t0.elapsed().as_secs_f64();
+    let sidecar_cpu = cpu_secs(child.id());
+    let detail = own.report(pg, "bench process (HTTP handler)", secs);
     let _ = Command::new("kill")
         .arg("-TERM")
         .arg(child.id().to_string())
         .status();
     let _ = child.wait();
     server.abort();
-    n as f64 / secs
+    BurnDown {
+        jobs_per_sec: n as f64 / secs,
+        detail: format!("{detail}, sidecar {sidecar_cpu:.1} s"),
+    }
 }
 
 const GRAPHILE_SCRIPT: &str = r#"
-const { run, makeWorkerUtils } = require("graphile-worker");
+const { run, makeWorkerUtils, Logger } = require("graphile-worker");
 const { Pool } = require("pg");
+// graphile-worker logs every job at INFO by default; that would measure console output.
+const logger = new Logger(() => () => {});
 (async () => {
   const connectionString = process.env.DATABASE_URL;
   const n = parseInt(process.env.JOBS, 10);
-  const utils = await makeWorkerUtils({ connectionString });
+  const utils = await makeWorkerUtils({ connectionString, logger });
   await utils.migrate();
   await utils.release();
   const pool = new Pool({ connectionString });
-  await pool.query("select graphile_worker.add_job('noop', json_build_object('i', i)) from generate_series(1, $1) i", [n]);
+  // One bulk add_jobs call: n add_job calls in one statement take time quadratic in n (100k: > 10 min).
+  await pool.query(
+    "select count(*) from graphile_worker.add_jobs((select array_agg(('noop', json_build_object('i', i), " +
+      "null, null, null, null, null, null)::graphile_worker.job_spec) from generate_series(1, $1) i))",
+    [n]);
   await pool.query("vacuum analyze");
   const t0 = process.hrtime.bigint();
   const runner = await run({
     noHandleSignals: true,
+    logger,
     taskList: { noop: async () => {} },
     preset: { worker: { connectionString, concurrentJobs: 24, maxPoolSize: 25, pollInterval: 1000,
                         localQueue: { size: 500 }, completeJobBatchDelay: 0, failJobBatchDelay: 0 } },
@@ -285,23 +716,18 @@ const { Pool } = require("pg");
   const secs = Number(process.hrtime.bigint() - t0) / 1e9;
   await runner.stop();
   await pool.end();
-  console.log(JSON.stringify({ jobsPerSec: n / secs }));
+  console.log(JSON.stringify({ jobsPerSec: n / secs, secs }));
   process.exit(0);
 })().catch((e) => { console.error(e); process.exit(1); });
 "#;
 
 /// graphile-worker from npm, installed into a temp dir now (needs `npm` and network access).
-async fn graphile(pg: &PgServer, n: usize) -> Result<f64, String> {
+async fn graphile(pg: &PgServer, n: usize) -> Result<BurnDown, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let install = Command::new("npm")
-        .args([
-            "install",
-            "--silent",
-            "--no-audit",
-            "--no-fund",
-            "graphile-worker@0.16",
-            "pg",
-        ])
+        .args(["install", "--silent", "--no-audit", "--no-fund"])
+        .arg(format!("graphile-worker@{GRAPHILE_VERSION}"))
+        .arg("pg")
         .current_dir(dir.path())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -319,6 +745,7 @@ async fn graphile(pg: &PgServer, n: usize) -> Result<f64, String> {
         .args(["-q", "-d", &pg.url(), "-c", "CREATE DATABASE graphile"])
         .status()
         .map_err(|e| e.to_string())?;
+    let cpu = CpuMeter::start(pg, None);
     let out = Command::new("node")
         .arg("bench.js")
         .current_dir(dir.path())
@@ -329,7 +756,6 @@ async fn graphile(pg: &PgServer, n: usize) -> Result<f64, String> {
     if !out.status.success() {
         return Err(format!("node failed: {}", String::from_utf8_lossy(&out.stderr)));
     }
-    // graphile-worker logs to stdout too; the result is the last line.
     let stdout = String::from_utf8_lossy(&out.stdout);
     let last = stdout
         .lines()
@@ -337,7 +763,15 @@ async fn graphile(pg: &PgServer, n: usize) -> Result<f64, String> {
         .find(|l| l.starts_with('{'))
         .unwrap_or_default();
     let v: serde_json::Value = serde_json::from_str(last).map_err(|e| format!("{e}: {stdout}"))?;
-    v["jobsPerSec"].as_f64().ok_or_else(|| "no result".into())
+    let secs = v["secs"].as_f64().unwrap_or(f64::NAN);
+    Ok(BurnDown {
+        jobs_per_sec: v["jobsPerSec"].as_f64().ok_or("no result")?,
+        // PostgreSQL's CPU here also covers the insert before timing; only the wall time is comparable.
+        detail: format!(
+            "{secs:.1} s wall; CPU: PostgreSQL {:.1} s including the insert",
+            pg_cpu(pg) - cpu.pg
+        ),
+    })
 }
 
 async fn bulk_enqueue(store: &QueueStore, n: usize) -> f64 {

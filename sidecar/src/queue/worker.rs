@@ -9,7 +9,8 @@
 //! - the **listener** LISTENs on `sluice_jobs` and turns notifications into one coalesced wake-up;
 //! - the **heartbeat** extends the leases of running jobs, delivers cancellation requests, and stops a job
 //!   whose lease was lost (another worker rescued it);
-//! - the **completer** writes finished attempts in batches, fenced on (id, running, owner, attempt);
+//! - the **completer** writes finished attempts in batches (up to two at once), fenced on (id, running,
+//!   owner, attempt); a job's concurrency permit is released only once its outcome is written;
 //! - **maintenance** rescues expired leases, deletes finished jobs past retention in bounded batches and
 //!   refreshes the depth gauges.
 //!
@@ -201,8 +202,8 @@ impl<H> Shared<H> {
 }
 
 /// A worker: the engine with a handler. Build it, then [`Worker::run`] it until shutdown. It uses up to
-/// six connections of the store's pool at once (LISTEN, two claim loops, completer, heartbeat,
-/// maintenance).
+/// seven connections of the store's pool at once (LISTEN, two claim loops, two completer writes,
+/// heartbeat, maintenance).
 pub struct Worker<H> {
     store: QueueStore,
     handler: H,
