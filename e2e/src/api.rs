@@ -1188,6 +1188,7 @@ fn default_builtin(rt: &ResourceType, obj: &mut Value, all: bool) {
             }
             default_pod_spec(spec.get_mut("template").and_then(|t| t.get_mut("spec")));
         }
+        ("", "secrets") => fold_string_data(obj),
         ("", "services") => {
             default_protocols(obj.get_mut("spec").and_then(|s| s.get_mut("ports")));
             if !all {
@@ -1207,6 +1208,26 @@ fn default_builtin(rt: &ResourceType, obj: &mut Value, all: bool) {
             }
         }
         _ => {}
+    }
+}
+
+/// As kube-apiserver does on every write: `stringData` is write-only, merged into `data` (base64, winning
+/// over a `data` key of the same name) and dropped.
+fn fold_string_data(obj: &mut Value) {
+    use base64::Engine;
+    let Some(o) = obj.as_object_mut() else { return };
+    let Some(Value::Object(plain)) = o.remove("stringData") else {
+        return;
+    };
+    let data = o.entry("data").or_insert_with(|| json!({}));
+    if data.is_null() {
+        *data = json!({});
+    }
+    if let Some(data) = data.as_object_mut() {
+        for (k, v) in plain {
+            let text = v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string());
+            data.insert(k, json!(base64::engine::general_purpose::STANDARD.encode(text)));
+        }
     }
 }
 

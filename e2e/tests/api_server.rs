@@ -138,6 +138,27 @@ async fn create_of_an_existing_name_gets_409_and_get_of_a_missing_one_gets_404()
 }
 
 #[tokio::test]
+async fn secret_string_data_is_stored_as_base64_data_and_never_read_back() {
+    let env = Env::start().await.unwrap();
+    let ns = env.namespace("secrets").await.unwrap();
+    let api: Api<Secret> = ns.api();
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "db"},
+        "data": {"user": "b2xk", "host": "aG9zdA=="},
+        "stringData": {"url": "postgres://app@db/app", "user": "app"}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &secret).await.unwrap();
+    let stored = api.get("db").await.unwrap();
+    assert!(stored.string_data.is_none(), "stringData is write-only");
+    let data = stored.data.unwrap();
+    let text = |k: &str| String::from_utf8(data[k].0.clone()).unwrap();
+    assert_eq!(text("url"), "postgres://app@db/app");
+    assert_eq!(text("user"), "app", "stringData wins over data");
+    assert_eq!(text("host"), "host");
+}
+
+#[tokio::test]
 async fn an_update_with_a_stale_resource_version_gets_409_conflict() {
     let env = Env::start().await.unwrap();
     let ns = env.namespace("stale").await.unwrap();
