@@ -257,13 +257,7 @@ mod limiter {
     #[tokio::test]
     async fn concurrent_requests_for_one_key_share_redis_calls_and_stay_exact() {
         let redis = RedisServer::start();
-        let clock = ManualClock::at(next_edge(T0, 60_000) + 10);
-        let cfg = config(
-            vec![rule("hot", Algorithm::FixedWindow, 100, 60_000)],
-            FailureMode::Closed,
-        );
-        let l = limiter(&cfg, Some(&redis.url()), &clock);
-        healthy(&l).await;
+        let (l, _clock) = hot_key_limiter(&redis).await;
         let facts = get_from("203.0.113.9");
         let verdicts = futures::future::join_all((0..250).map(|_| l.check(&facts))).await;
         let mut remaining: Vec<u64> = verdicts
@@ -287,13 +281,7 @@ mod limiter {
     #[tokio::test]
     async fn requests_queued_behind_an_abandoned_call_are_still_decided_in_redis() {
         let redis = RedisServer::start();
-        let clock = ManualClock::at(next_edge(T0, 60_000) + 10);
-        let cfg = config(
-            vec![rule("hot", Algorithm::FixedWindow, 100, 60_000)],
-            FailureMode::Closed,
-        );
-        let l = limiter(&cfg, Some(&redis.url()), &clock);
-        healthy(&l).await;
+        let (l, _clock) = hot_key_limiter(&redis).await;
         let facts = get_from("203.0.113.9");
         let mut lead = Box::pin(l.check(&facts));
         assert!(futures::poll!(&mut lead).is_pending(), "the call is in flight");
@@ -310,6 +298,17 @@ mod limiter {
             verdicts.iter().all(|v| v.allowed()),
             "decided by Redis, not by the closed failure mode: {verdicts:?}"
         );
+    }
+
+    /// A fixed window of 100 per minute, failing closed (so a decision that did not come from Redis is a
+    /// rejection), on `redis`, clock just past a window edge.
+    async fn hot_key_limiter(redis: &RedisServer) -> (sluice_sidecar::limiter::Limiter, ManualClock) {
+        redis_limiter(
+            redis,
+            rule("hot", Algorithm::FixedWindow, 100, 60_000),
+            next_edge(T0, 60_000) + 10,
+        )
+        .await
     }
 
     const ALGORITHMS: [Algorithm; 4] = [
