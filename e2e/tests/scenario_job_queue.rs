@@ -30,7 +30,7 @@ const DRAIN_DEADLINE: Duration = Duration::from_secs(120);
 const LONG_JOB_MS: u64 = 6_000;
 
 fn job_ms(n: usize) -> u64 {
-    if n % 250 == 0 { LONG_JOB_MS } else { 20 }
+    if n.is_multiple_of(250) { LONG_JOB_MS } else { 20 }
 }
 
 fn queue(db_url: &str) -> String {
