@@ -574,11 +574,17 @@ async fn workers_go_to_zero_only_after_the_cooldown_and_only_when_nothing_runs()
     // Past the cooldown (1m), the next poll scales to zero.
     f.clock.advance(Duration::from_secs(61));
     f.wait_replicas(0, DEADLINE).await;
-    let jq = f.job_queue().await;
-    assert_eq!(
-        jq.status.unwrap().last_scale_reason.as_deref(),
-        Some("CooledDown")
-    );
+    // The status is written after the scale call: await it rather than read it once.
+    wait_for(
+        "the status to give CooledDown as the reason",
+        DEADLINE,
+        || async {
+            let reason = f.job_queue().await.status?.last_scale_reason?;
+            (reason == "CooledDown").then_some(())
+        },
+    )
+    .await
+    .unwrap();
 }
 
 #[tokio::test]
