@@ -6,12 +6,13 @@
 
 use std::{
     collections::HashMap,
+    ops::ControlFlow,
     sync::Mutex,
     time::{Duration, Instant},
 };
 
-use sluice_sidecar::queue::worker::NOTIFY_CHANNEL;
-use sqlx::postgres::{PgListener, PgPoolOptions};
+use sluice_sidecar::queue::listen::Event;
+use sqlx::postgres::PgPoolOptions;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -72,57 +73,33 @@ impl Waker {
 }
 
 async fn listen(url: String, key: String, tx: mpsc::UnboundedSender<Wake>, stop: CancellationToken) {
-    let mut wait = Duration::from_millis(200);
-    loop {
-        let connected = async {
-            // Its own connection: LISTEN holds it for as long as the listener lives.
-            let pool = PgPoolOptions::new()
-                .max_connections(1)
-                .acquire_timeout(Duration::from_secs(3))
-                .connect_lazy(&url)?;
-            let mut l = PgListener::connect_with(&pool).await?;
-            l.listen(NOTIFY_CHANNEL).await?;
-            Ok::<_, sqlx::Error>(l)
-        };
-        let listener = tokio::select! {
-            l = connected => l,
-            _ = stop.cancelled() => return,
-        };
-        match listener {
-            Ok(mut l) => {
-                wait = Duration::from_millis(200);
-                loop {
-                    let n = tokio::select! {
-                        n = l.try_recv() => n,
-                        _ = stop.cancelled() => return,
-                    };
-                    match n {
-                        Ok(Some(n)) => {
-                            let wake = Wake {
-                                database: key.clone(),
-                                queue: n.payload().to_owned(),
-                                at: Instant::now(),
-                            };
-                            if tx.send(wake).is_err() {
-                                return;
-                            }
-                        }
-                        // The connection dropped and was re-established: anything enqueued meanwhile
-                        // is found by the next poll.
-                        Ok(None) => {}
-                        Err(e) => {
-                            tracing::debug!(database = %key, error = %e, "LISTEN connection lost");
-                            break;
-                        }
-                    }
-                }
+    // Its own connection: LISTEN holds it for as long as the listener lives.
+    let pool = match PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(3))
+        .connect_lazy(&url)
+    {
+        Ok(pool) => pool,
+        Err(e) => {
+            tracing::warn!(database = %key, error = %e, "no LISTEN for this database; polling only");
+            return;
+        }
+    };
+    sluice_sidecar::queue::listen::listen(&pool, &key, &stop, |event| match event {
+        Event::Enqueued(queue) => {
+            let wake = Wake {
+                database: key.clone(),
+                queue: queue.to_owned(),
+                at: Instant::now(),
+            };
+            if tx.send(wake).is_err() {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
             }
-            Err(e) => tracing::debug!(database = %key, error = %e, "LISTEN failed; polling meanwhile"),
         }
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = stop.cancelled() => return,
-        }
-        wait = (wait * 2).min(Duration::from_secs(10));
-    }
+        // Anything enqueued while nobody listened is found by the next poll.
+        Event::Listening => ControlFlow::Continue(()),
+    })
+    .await;
 }

@@ -14,6 +14,7 @@ pub mod backoff;
 pub mod client;
 pub mod dispatch;
 pub mod job;
+pub mod listen;
 pub mod metrics;
 pub mod schema;
 pub mod sql;

@@ -20,6 +20,7 @@
 use std::{
     collections::HashMap,
     future::Future,
+    ops::ControlFlow,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
@@ -27,7 +28,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use sqlx::postgres::PgListener;
 use tokio::{
     sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc},
     task::JoinSet,
@@ -37,6 +37,7 @@ use uuid::Uuid;
 
 use super::{
     job::{ClaimedJob, QueueSettings},
+    listen::Event,
     metrics::QueueMetrics,
     store::{Finish, Finished, QueueStore},
 };
@@ -643,51 +644,15 @@ async fn heartbeat<H>(shared: Arc<Shared<H>>, stop: CancellationToken) {
 }
 
 async fn listen<H>(shared: Arc<Shared<H>>, stop: CancellationToken) {
-    let mut wait = Duration::from_millis(100);
-    loop {
-        let connected = async {
-            let mut l = PgListener::connect_with(shared.store.pool()).await?;
-            l.listen(NOTIFY_CHANNEL).await?;
-            Ok::<_, sqlx::Error>(l)
-        };
-        let mut listener = tokio::select! {
-            l = connected => l,
-            _ = stop.cancelled() => return,
-        };
-        match listener {
-            Ok(ref mut l) => {
-                wait = Duration::from_millis(100);
-                // Anything enqueued while we were not listening is found by this poll.
-                shared.wake.notify_one();
-                loop {
-                    let n = tokio::select! {
-                        n = l.try_recv() => n,
-                        _ = stop.cancelled() => return,
-                    };
-                    match n {
-                        Ok(Some(n)) => {
-                            if shared.opts.queues.iter().any(|q| q == n.payload()) {
-                                shared.wake.notify_one();
-                            }
-                        }
-                        Ok(None) => {
-                            shared.wake.notify_one();
-                        }
-                        Err(e) => {
-                            tracing::debug!(error = %e, "listener lost its connection");
-                            break;
-                        }
-                    }
-                }
-            }
-            Err(e) => tracing::debug!(error = %e, "listen failed; polling meanwhile"),
+    super::listen::listen(shared.store.pool(), "worker", &stop, |event| {
+        match event {
+            Event::Enqueued(queue) if !shared.opts.queues.iter().any(|q| q == queue) => {}
+            // A job for us, or listening (again) after missing notifications: claim now.
+            _ => shared.wake.notify_one(),
         }
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = stop.cancelled() => return,
-        }
-        wait = (wait * 2).min(Duration::from_secs(5));
-    }
+        ControlFlow::Continue(())
+    })
+    .await;
 }
 
 async fn maintenance<H>(shared: Arc<Shared<H>>, stop: CancellationToken) {
