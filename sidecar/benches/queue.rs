@@ -13,9 +13,10 @@
 //! BENCHMARKS.md. `-- --short` shrinks every size ~10× and `-- --only raw,inproc,...` runs a subset; both
 //! only print, leaving BENCHMARKS.md alone.
 
+mod report;
+
 use std::{
     fmt::Write as _,
-    path::Path,
     process::{Command, Stdio},
     sync::Arc,
     time::{Duration, Instant},
@@ -174,7 +175,7 @@ async fn main() {
     if short || only.is_some() {
         eprintln!("--short/--only: BENCHMARKS.md left as it is");
     } else {
-        write_report(&section);
+        report::write_section(START, END, &section);
     }
 }
 
@@ -226,9 +227,9 @@ fn render(
          Versions: {}; {}; node {}; graphile-worker {GRAPHILE_VERSION}; sluice-sidecar {} (release profile).\n",
         cores(),
         load.join(" "),
-        version_of("rustc", &["-V"]),
+        report::version_of("rustc", &["-V"]),
         pg_version.split(" on ").next().unwrap_or(pg_version),
-        version_of("node", &["--version"]),
+        report::version_of("node", &["--version"]),
         env!("CARGO_PKG_VERSION"),
     );
     let _ = writeln!(out, "| measurement | result | where the time went |");
@@ -342,36 +343,6 @@ worker's CPU comes out of PostgreSQL's budget. CPU seconds in the table are user
 
 Needs PostgreSQL server binaries (`postgres`, `initdb`, `psql`, `pgbench`) and, for the graphile line,
 `node` + `npm` with network access (without them that line says why it was not measured).";
-
-/// Replaces the marked section of BENCHMARKS.md (at the workspace root), or appends it.
-fn write_report(section: &str) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../BENCHMARKS.md");
-    let old = std::fs::read_to_string(&path).unwrap_or_else(|_| "# Benchmarks\n".into());
-    let new = match (old.find(START), old.find(END)) {
-        (Some(a), Some(b)) if b > a => {
-            format!("{}{}{}", &old[..a], section.trim_end(), &old[b + END.len()..])
-        }
-        _ => format!("{}\n{}", old.trim_end().to_owned() + "\n", section),
-    };
-    std::fs::write(&path, new).expect("write BENCHMARKS.md");
-    eprintln!("wrote {}", path.display());
-}
-
-fn version_of(bin: &str, args: &[&str]) -> String {
-    Command::new(bin)
-        .args(args)
-        .output()
-        .map(|o| {
-            let text = if o.stdout.is_empty() { o.stderr } else { o.stdout };
-            String::from_utf8_lossy(&text)
-                .lines()
-                .next()
-                .unwrap_or("?")
-                .trim()
-                .to_owned()
-        })
-        .unwrap_or_else(|_| "?".into())
-}
 
 fn cores() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)

@@ -12,7 +12,10 @@
 //!
 //! nginx and wrk come from Debian (`nginx-light`, `wrk`); when missing they are installed with apt-get,
 //! and the run says so. Redis is a throwaway `redis-server` (sluice_testsupport).
+
 #![allow(missing_docs)]
+
+mod report;
 
 use std::{
     convert::Infallible,
@@ -75,7 +78,7 @@ fn main() {
     if quick {
         eprintln!("quick mode: BENCHMARKS.md left as it is");
     } else {
-        write_report(&report);
+        report::write_section(START, END, &report);
     }
     println!("{report}");
 }
@@ -548,19 +551,9 @@ fn rss(pid: u32) -> Option<u64> {
         .ok()
 }
 
-fn version_of(cmd: &str, args: &[&str]) -> String {
-    Command::new(which(cmd).unwrap_or_else(|| PathBuf::from(cmd)))
-        .args(args)
-        .output()
-        .map(|o| {
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            );
-            text.lines().next().unwrap_or("?").trim().to_owned()
-        })
-        .unwrap_or_else(|_| "?".into())
+/// The version line of tool `cmd`, found like the benchmark runs it.
+fn tool_version(cmd: &str, args: &[&str]) -> String {
+    report::version_of(which(cmd).unwrap_or_else(|| PathBuf::from(cmd)), args)
 }
 
 fn render(s: &Settings, rows: &[Row], notes: &[String]) -> String {
@@ -610,16 +603,16 @@ fn render(s: &Settings, rows: &[Row], notes: &[String]) -> String {
     let _ = writeln!(
         out,
         "Machine: {cpu}, {cores} cores, {mem} GiB; kernel {}; load average at the end {}.",
-        version_of("uname", &["-r"]),
+        tool_version("uname", &["-r"]),
         load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
     );
     let _ = writeln!(
         out,
         "Versions: {}; {}; {}; {}; sluice-sidecar {} (release profile).\n",
-        version_of("rustc", &["-V"]),
-        version_of("nginx", &["-v"]),
-        version_of("wrk", &["-v"]).split(" [").next().unwrap_or("?"),
-        version_of("redis-server", &["--version"])
+        tool_version("rustc", &["-V"]),
+        tool_version("nginx", &["-v"]),
+        tool_version("wrk", &["-v"]).split(" [").next().unwrap_or("?"),
+        tool_version("redis-server", &["--version"])
             .split(" sha=")
             .next()
             .unwrap_or("?"),
@@ -734,18 +727,4 @@ fn render(s: &Settings, rows: &[Row], notes: &[String]) -> String {
     );
     let _ = writeln!(out, "\n{END}");
     out
-}
-
-/// Replaces the marked section of BENCHMARKS.md (at the workspace root), or appends it.
-fn write_report(section: &str) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../BENCHMARKS.md");
-    let old = std::fs::read_to_string(&path).unwrap_or_else(|_| "# Benchmarks\n".into());
-    let new = match (old.find(START), old.find(END)) {
-        (Some(a), Some(b)) if b > a => {
-            format!("{}{}{}", &old[..a], section.trim_end(), &old[b + END.len()..])
-        }
-        _ => format!("{}\n{}", old.trim_end().to_owned() + "\n", section),
-    };
-    std::fs::write(&path, new).expect("write BENCHMARKS.md");
-    eprintln!("wrote {}", path.display());
 }
