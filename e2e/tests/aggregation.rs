@@ -16,6 +16,24 @@ use sluice_e2e::tls::Pki;
 /// A metrics backend answering discovery and one external metric.
 async fn start_backend(pki: &Pki) -> std::net::SocketAddr {
     let acceptor = tokio_rustls::TlsAcceptor::from(pki.server_config().unwrap());
+    serve_json(acceptor, |req| match req.uri().path() {
+        "/apis/external.metrics.k8s.io/v1beta1" => {
+            json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "external.metrics.k8s.io/v1beta1",
+            "resources": [{"name": "queue_depth", "singularName": "", "namespaced": true, "kind": "ExternalMetricValueList", "verbs": ["get"]}]})
+        }
+        p => {
+            json!({"kind": "ExternalMetricValueList", "apiVersion": "external.metrics.k8s.io/v1beta1", "metadata": {},
+            "items": [{"metricName": p.rsplit('/').next(), "metricLabels": {"selector": req.uri().query().unwrap_or_default()}, "timestamp": "2026-01-01T00:00:00Z", "value": "42"}]})
+        }
+    })
+    .await
+}
+
+/// Serves HTTPS on a free port through `acceptor`, answering every request with `answer(request)` as JSON.
+async fn serve_json(
+    acceptor: tokio_rustls::TlsAcceptor,
+    answer: fn(&hyper::Request<hyper::body::Incoming>) -> Value,
+) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -28,18 +46,8 @@ async fn start_backend(pki: &Pki) -> std::net::SocketAddr {
                 let Ok(tls) = acceptor.accept(tcp).await else {
                     return;
                 };
-                let svc = service_fn(|req: hyper::Request<hyper::body::Incoming>| async move {
-                    let body = match req.uri().path() {
-                        "/apis/external.metrics.k8s.io/v1beta1" => {
-                            json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "external.metrics.k8s.io/v1beta1",
-                            "resources": [{"name": "queue_depth", "singularName": "", "namespaced": true, "kind": "ExternalMetricValueList", "verbs": ["get"]}]})
-                        }
-                        p => {
-                            json!({"kind": "ExternalMetricValueList", "apiVersion": "external.metrics.k8s.io/v1beta1", "metadata": {},
-                            "items": [{"metricName": p.rsplit('/').next(), "metricLabels": {"selector": req.uri().query().unwrap_or_default()}, "timestamp": "2026-01-01T00:00:00Z", "value": "42"}]})
-                        }
-                    };
-                    let mut resp = hyper::Response::new(Full::new(Bytes::from(body.to_string())));
+                let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| async move {
+                    let mut resp = hyper::Response::new(Full::new(Bytes::from(answer(&req).to_string())));
                     resp.headers_mut()
                         .insert(http::header::CONTENT_TYPE, "application/json".parse().unwrap());
                     Ok::<_, Infallible>(resp)
@@ -126,42 +134,20 @@ async fn start_identity_echo(pki: &Pki, front_proxy_ca_pem: &str) -> std::net::S
         .with_single_cert(certs, key)
         .unwrap();
     let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else {
-                return;
-            };
-            let acceptor = acceptor.clone();
-            tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                let svc = service_fn(|req: hyper::Request<hyper::body::Incoming>| async move {
-                    let all = |h: &str| {
-                        req.headers()
-                            .get_all(h)
-                            .iter()
-                            .map(|v| v.to_str().unwrap().to_string())
-                            .collect::<Vec<_>>()
-                    };
-                    let body = json!({"kind": "ExternalMetricValueList", "apiVersion": "external.metrics.k8s.io/v1beta1",
-                        "metadata": {}, "items": [],
-                        "user": all("x-remote-user"), "groups": all("x-remote-group"),
-                        "authorization": all("authorization")});
-                    let mut resp = hyper::Response::new(Full::new(Bytes::from(body.to_string())));
-                    resp.headers_mut()
-                        .insert(http::header::CONTENT_TYPE, "application/json".parse().unwrap());
-                    Ok::<_, Infallible>(resp)
-                });
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(tls), svc)
-                    .await;
-            });
-        }
-    });
-    addr
+    serve_json(acceptor, |req| {
+        let all = |h: &str| {
+            req.headers()
+                .get_all(h)
+                .iter()
+                .map(|v| v.to_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        };
+        json!({"kind": "ExternalMetricValueList", "apiVersion": "external.metrics.k8s.io/v1beta1",
+            "metadata": {}, "items": [],
+            "user": all("x-remote-user"), "groups": all("x-remote-group"),
+            "authorization": all("authorization")})
+    })
+    .await
 }
 
 #[tokio::test]
