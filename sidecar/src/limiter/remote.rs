@@ -31,9 +31,10 @@ pub(super) struct Share {
 /// What one call is about: the counter, and the rule it belongs to (for the reply's shape and logs).
 #[derive(Clone, Debug)]
 struct Counter {
-    /// Coalescing key: the Redis key base and the algorithm.
+    /// Coalescing key: the Redis key base, `:` and the algorithm's tag.
     key: String,
-    base: String,
+    /// Length of the Redis key base at the start of `key`.
+    base_len: usize,
     kind: AlgorithmKind,
     params: Params,
     rule: String,
@@ -48,8 +49,8 @@ pub(super) async fn decide(
     base: String,
     now: u64,
 ) -> Option<Outcome> {
-    let mut key = String::with_capacity(base.len() + 3);
-    key.push_str(&base);
+    let base_len = base.len();
+    let mut key = base;
     key.push(':');
     key.push_str(algorithm::key_tag(rule.algorithm));
     match shared.coalescer.join(&key) {
@@ -64,7 +65,7 @@ pub(super) async fn decide(
         turn => {
             let counter = Counter {
                 key,
-                base,
+                base_len,
                 kind: rule.algorithm,
                 params: rule.params,
                 rule: rule.name.clone(),
@@ -96,7 +97,8 @@ async fn call(
         instance: shared.instance,
         seq: shared.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
     };
-    let call = algorithm::call(counter.kind, &counter.base, &counter.params, now, unique, hits);
+    let base = &counter.key[..counter.base_len];
+    let call = algorithm::call(counter.kind, base, &counter.params, now, unique, hits);
     let (result, took) = redis.run(algorithm::script(counter.kind), call, deadline).await;
     let m = &shared.metrics;
     m.redis_latency.observe(took.as_secs_f64());
