@@ -14,6 +14,7 @@ mod limiter {
     use sluice_sidecar::{
         clock::ManualClock,
         limiter::{
+            Verdict,
             algorithm::{self, LocalState, Params, Unique},
             redis_store::RedisStore,
         },
@@ -298,6 +299,113 @@ mod limiter {
             verdicts.iter().all(|v| v.allowed()),
             "decided by Redis, not by the closed failure mode: {verdicts:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_hot_key_takes_budget_ahead_and_spends_it_without_waiting_for_redis() {
+        let redis = RedisServer::start();
+        let (l, _clock) = redis_limiter(
+            &redis,
+            rule("ahead", Algorithm::FixedWindow, 1_000_000, 60_000),
+            next_edge(T0, 60_000) + 10,
+        )
+        .await;
+        let facts = get_from("203.0.113.9");
+        for _ in 0..20 {
+            let wave = futures::future::join_all((0..64).map(|_| l.check(&facts))).await;
+            assert!(wave.iter().all(Verdict::allowed));
+        }
+        let calls = script_calls(&redis);
+        let prefetched = l.metrics().prefetched.get();
+        assert!(
+            prefetched >= 640,
+            "at least half of 1,280 requests were spent from budget taken ahead, got {prefetched}"
+        );
+        assert!(calls <= 200, "1,280 requests took {calls} script calls");
+        let last = l.check(&facts).await.quota.unwrap();
+        assert!(
+            last.remaining <= 1_000_000 - 1_281,
+            "budget taken ahead counts in Redis at once: {last:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn budget_taken_ahead_never_lets_two_limiters_over_one_limit() {
+        let redis = RedisServer::start();
+        for kind in [Algorithm::FixedWindow, Algorithm::SlidingCounter] {
+            let clock = ManualClock::at(next_edge(T0, 60_000) + 10);
+            let cfg = config(
+                vec![rule(&format!("ahead-{kind:?}"), kind, 2_000, 60_000)],
+                FailureMode::Closed,
+            );
+            let a = limiter(&cfg, Some(&redis.url()), &clock);
+            let b = limiter(&cfg, Some(&redis.url()), &clock);
+            healthy(&a).await;
+            healthy(&b).await;
+            // Waves of concurrent requests at both until a whole wave is refused by both: by then every hit
+            // either took ahead has been spent or refused nothing.
+            let mut allowed = 0;
+            for wave in 0.. {
+                assert!(wave < 200, "{kind:?}: never refused");
+                let tasks = (0..96).map(|i| {
+                    let l = if i % 3 == 0 { &a } else { &b };
+                    async move { l.check(&get_from("203.0.113.9")).await.allowed() }
+                });
+                let n = futures::future::join_all(tasks)
+                    .await
+                    .into_iter()
+                    .filter(|a| *a)
+                    .count();
+                allowed += n;
+                if n == 0 {
+                    break;
+                }
+            }
+            assert_eq!(allowed, 2_000, "{kind:?}");
+            let ahead = a.metrics().prefetched.get() + b.metrics().prefetched.get();
+            assert!(ahead > 0, "{kind:?}: budget was taken ahead");
+        }
+    }
+
+    #[tokio::test]
+    async fn budget_taken_ahead_is_not_spent_in_the_next_window() {
+        let redis = RedisServer::start();
+        let edge = next_edge(T0, 60_000);
+        let (l, clock) = redis_limiter(
+            &redis,
+            rule("ahead", Algorithm::FixedWindow, 1_000, 60_000),
+            edge + 60_000 - 1,
+        )
+        .await;
+        let facts = get_from("203.0.113.9");
+        for _ in 0..5 {
+            let _ = futures::future::join_all((0..32).map(|_| l.check(&facts))).await;
+        }
+        assert!(l.metrics().prefetched.get() > 0, "a reserve formed");
+        clock.set(edge + 60_000);
+        let first = l.check(&facts).await.quota.unwrap();
+        assert_eq!(
+            first.remaining, 999,
+            "the new window's first request is counted in the new window's counter"
+        );
+    }
+
+    #[tokio::test]
+    async fn token_buckets_and_sliding_logs_never_take_budget_ahead() {
+        let redis = RedisServer::start();
+        for kind in [Algorithm::TokenBucket, Algorithm::SlidingLog] {
+            let (l, _clock) = redis_limiter(
+                &redis,
+                rule(&format!("exact-{kind:?}"), kind, 1_000_000, 60_000),
+                T0,
+            )
+            .await;
+            let facts = get_from("203.0.113.9");
+            for _ in 0..10 {
+                let _ = futures::future::join_all((0..64).map(|_| l.check(&facts))).await;
+            }
+            assert_eq!(l.metrics().prefetched.get(), 0, "{kind:?}");
+        }
     }
 
     /// A fixed window of 100 per minute, failing closed (so a decision that did not come from Redis is a

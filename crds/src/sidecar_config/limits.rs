@@ -17,6 +17,8 @@ pub const ADMIN_LISTEN_DEFAULT: &str = "0.0.0.0:9901";
 pub const REDIS_TIMEOUT_DEFAULT: Duration = Duration::from_millis(50);
 /// Default largest request body forwarded (larger ones get 413).
 pub const MAX_REQUEST_BODY_DEFAULT: u64 = 10 * 1024 * 1024;
+/// Default of `limits.redis.prefetch`: most requests of a hot key's budget taken ahead in one call.
+pub const PREFETCH_DEFAULT: u64 = 256;
 /// Default cap on in-process buckets (local fallback state).
 pub const LOCAL_MAX_KEYS_DEFAULT: usize = 100_000;
 
@@ -129,6 +131,11 @@ pub struct RedisConfig {
     /// Connections in the pool (each pipelines many calls).
     #[serde(default = "default_pool_size")]
     pub pool_size: usize,
+    /// Most requests of a hot key's budget one call may take ahead for this sidecar to spend in process
+    /// (fixed window and sliding-window counter). Never over the limit; 0 makes every request wait for
+    /// its own decision. See docs/rate-limiting.md, "Hot keys take their budget ahead".
+    #[serde(default = "default_prefetch")]
+    pub prefetch: u64,
 }
 
 impl Default for RedisConfig {
@@ -139,6 +146,7 @@ impl Default for RedisConfig {
             breaker_failures: default_breaker_failures(),
             breaker_cooldown: default_breaker_cooldown(),
             pool_size: default_pool_size(),
+            prefetch: PREFETCH_DEFAULT,
         }
     }
 }
@@ -469,6 +477,10 @@ fn default_breaker_failures() -> u32 {
 fn default_breaker_cooldown() -> Duration {
     Duration::from_millis(500)
 }
+fn default_prefetch() -> u64 {
+    PREFETCH_DEFAULT
+}
+
 fn default_pool_size() -> usize {
     4
 }

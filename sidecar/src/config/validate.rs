@@ -21,6 +21,8 @@ pub const WINDOW_MAX: Duration = Duration::from_secs(24 * 3600);
 pub const SHUTDOWN_GRACE_MAX: Duration = Duration::from_secs(600);
 /// Longest Redis deadline accepted: a longer one defeats the point of a per-call deadline.
 pub const REDIS_TIMEOUT_MAX: Duration = Duration::from_secs(5);
+/// Largest `limits.redis.prefetch`.
+pub const PREFETCH_MAX: u64 = 100_000;
 /// Methods a rule may match.
 pub const KNOWN_METHODS: [&str; 9] = [
     "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE",
@@ -217,6 +219,12 @@ fn check_limits(l: &LimitsConfig, errs: &mut ConfigErrors) {
         errs.push(
             "limits.redis.poolSize",
             format!("must be between 1 and 64, got {}", l.redis.pool_size),
+        );
+    }
+    if l.redis.prefetch > PREFETCH_MAX {
+        errs.push(
+            "limits.redis.prefetch",
+            format!("must be at most {PREFETCH_MAX}, got {}", l.redis.prefetch),
         );
     }
     if l.expected_replicas < 1 {

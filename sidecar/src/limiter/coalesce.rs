@@ -1,25 +1,38 @@
-//! Coalescing: requests for one counter that arrive while a Redis call for that counter is in flight wait
-//! for it to finish and are then decided together, by one call with `hits = n` (see
+//! Coalescing and prefetch: requests for one counter that arrive while a Redis call for that counter is in
+//! flight wait for it to finish and are then decided together, by one call with `hits = n` (see
 //! [`Algorithm::call`](super::algorithm::Algorithm::call)). The script decides them in arrival order
 //! exactly as n calls one after another would, so limits stay exact; what changes is the cost: a hot key
 //! (one client, one tenant) costs one Redis round trip per round-trip time instead of one per request.
 //! Different keys never wait for each other.
 //!
-//! A [`Coalescer`] only keeps the queues; the limiter makes the calls. The first request for an idle key
-//! [`Turn::Lead`]s: it calls Redis for itself alone, then takes the queue that formed meanwhile
-//! ([`Coalescer::next_batch`]) and hands it to a task that calls for the whole batch, until no queue
-//! forms. Everyone else [`Turn::Follow`]s and awaits its answer, never longer than its own deadline.
+//! A hot key can also take part of its budget ahead (a [`Reserve`]): its next call asks for a few more hits
+//! than requests are waiting, and later requests spend those hits in process, in order, without waiting for
+//! Redis. Every hit is counted in Redis before it is spent and only in the window it was counted in, so a
+//! reserve never lets a key over its limit; what it can do is make another replica refuse early while
+//! hits taken here are still unspent (bounded by [`prefetch_size`]).
+//!
+//! A [`Coalescer`] only keeps the queues and reserves; the limiter makes the calls. The first request for
+//! an idle key [`Turn::Lead`]s: it calls Redis for itself (plus any prefetch), then [`Coalescer::settle`]s
+//! the reply, which serves the queue that formed meanwhile from the reserve and hands what is left to a
+//! task that calls for the whole batch, until no queue forms. Everyone else [`Turn::Follow`]s and awaits
+//! its answer, never longer than its own deadline, or is served at once from the reserve
+//! ([`Turn::Reserved`]).
 
 use std::{
     collections::HashMap,
-    sync::Mutex,
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use tokio::sync::oneshot;
 
+use super::algorithm::Params;
+
 /// The most requests one call decides; further requests for that key go to Redis on their own.
 pub const MAX_BATCH: usize = 256;
+/// Most keys tracked at once (in flight or holding a reserve); beyond it, calls take nothing ahead, and
+/// keys whose reserve ran out or expired are dropped (at most once a second).
+pub const MAX_RESERVES: usize = 10_000;
 
 /// A request waiting for the next call for its key.
 #[derive(Debug)]
@@ -30,69 +43,262 @@ pub struct Waiter<T> {
     pub answer: oneshot::Sender<T>,
 }
 
+/// Hits a call counted in Redis beyond the requests it decided: spendable in order, while `now` is before
+/// `until_ms` and the rule's parameters are unchanged.
+#[derive(Debug, Clone)]
+pub struct Reserve {
+    /// The call's reply; hit `i` of it is decided by `nth(reply, i)`.
+    pub reply: Arc<Vec<i64>>,
+    /// The parameters the call was made with.
+    pub params: Params,
+    /// Index of the next unspent hit.
+    pub next: u64,
+    /// One past the last allowed hit.
+    pub end: u64,
+    /// End of the window the hits were counted in (limiter clock, ms).
+    pub until_ms: u64,
+}
+
+impl Reserve {
+    fn usable(&self, params: &Params, now: u64) -> bool {
+        self.next < self.end && now < self.until_ms && self.params == *params
+    }
+
+    /// Hits still unspent.
+    pub fn left(&self) -> u64 {
+        self.end.saturating_sub(self.next)
+    }
+}
+
+/// One hit taken from a reserve: its reply and its index in it.
+#[derive(Debug, Clone)]
+pub struct Spent {
+    /// The reply of the call that counted it.
+    pub reply: Arc<Vec<i64>>,
+    /// Its index among that call's hits.
+    pub index: u64,
+}
+
 /// What a request does for its key.
 #[derive(Debug)]
 pub enum Turn<T> {
-    /// No call is in flight: make one, then pass on the queue with [`Coalescer::next_batch`].
-    Lead,
+    /// No call is in flight: make one for this request and `prefetch` more hits, then
+    /// [`Coalescer::settle`] its reply.
+    Lead {
+        /// Hits to take ahead.
+        prefetch: u64,
+    },
     /// A call is in flight: the answer comes on this channel.
     Follow(oneshot::Receiver<T>),
+    /// Decided from the key's reserve, at once. When `refill` is set, this request must start a call that
+    /// takes `prefetch` more hits ahead (the key is marked in flight).
+    Reserved {
+        /// The hit spent.
+        spent: Spent,
+        /// Hits to take ahead in a refill call, or 0 for none.
+        refill: u64,
+    },
     /// The queue is full: call alone, outside the coalescer.
     Alone,
 }
 
-/// Queues of requests per key while a call for that key is in flight. A key is present exactly while a
-/// call for it is in flight.
+/// What a finished call leaves to do.
+#[derive(Debug)]
+pub struct Settled<T> {
+    /// Queued requests now decided from the reserve: send each its hit.
+    pub served: Vec<(Waiter<T>, Spent)>,
+    /// Queued requests the reserve could not serve: decide them with one more call (the key stays in
+    /// flight), taking `prefetch` hits ahead. Empty with `prefetch == 0`: the key is idle.
+    pub batch: Vec<Waiter<T>>,
+    /// Hits the next call should take ahead.
+    pub prefetch: u64,
+}
+
+#[derive(Debug)]
+struct Entry<T> {
+    in_flight: bool,
+    queue: Vec<Waiter<T>>,
+    reserve: Option<Reserve>,
+    /// Requests that joined since the last call was issued.
+    demand: u64,
+    /// Hits the last call took ahead (how large a refill is).
+    prefetched: u64,
+}
+
+impl<T> Entry<T> {
+    fn new() -> Self {
+        Self {
+            in_flight: true,
+            queue: Vec::new(),
+            reserve: None,
+            demand: 0,
+            prefetched: 0,
+        }
+    }
+}
+
+/// Queues of requests per key while a call for that key is in flight, and the keys' reserves.
 #[derive(Debug)]
 pub struct Coalescer<T> {
-    queues: Mutex<HashMap<String, Vec<Waiter<T>>>>,
+    entries: Mutex<Entries<T>>,
+}
+
+#[derive(Debug)]
+struct Entries<T> {
+    by_key: HashMap<String, Entry<T>>,
+    /// When idle keys with spent or expired reserves were last dropped (limiter clock, ms).
+    swept_at: u64,
 }
 
 impl<T> Default for Coalescer<T> {
     fn default() -> Self {
         Self {
-            queues: Mutex::new(HashMap::new()),
+            entries: Mutex::new(Entries {
+                by_key: HashMap::new(),
+                swept_at: 0,
+            }),
         }
     }
 }
 
+/// How many hits a call takes ahead: as many as requests arrived during the last call (a key that sees
+/// no concurrency takes none) twice over, so a refill started when half is spent arrives in time, at most
+/// `limit` (`limits.redis.prefetch`) and at most a quarter of what
+/// is left divided by the replicas that share it, so near the limit every request is decided by Redis
+/// and unspent hits can never hide more than a quarter of the budget from other replicas.
+pub fn prefetch_size(demand: u64, remaining: u64, replicas: u32, limit: u64) -> u64 {
+    if demand < 2 {
+        return 0;
+    }
+    (demand * 2)
+        .min(limit)
+        .min(remaining / (4 * u64::from(replicas.max(1))))
+}
+
 impl<T> Coalescer<T> {
-    /// Joins `key`: lead when no call is in flight for it, else wait in its queue.
-    pub fn join(&self, key: &str) -> Turn<T> {
-        let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
-        match queues.get_mut(key) {
-            None => {
-                queues.insert(key.to_owned(), Vec::new());
-                Turn::Lead
+    /// Joins `key` at `now` for a rule with `params`: spend from its reserve, lead when no call is in
+    /// flight for it, else wait in its queue.
+    pub fn join(&self, key: &str, params: &Params, now: u64) -> Turn<T> {
+        let mut entries = self.lock();
+        let Some(entry) = entries.by_key.get_mut(key) else {
+            entries.by_key.insert(key.to_owned(), Entry::new());
+            return Turn::Lead { prefetch: 0 };
+        };
+        entry.demand += 1;
+        if let Some(reserve) = &mut entry.reserve {
+            if reserve.usable(params, now) {
+                let spent = Spent {
+                    reply: Arc::clone(&reserve.reply),
+                    index: reserve.next,
+                };
+                reserve.next += 1;
+                let low = reserve.left() * 2 <= entry.prefetched;
+                let refill = if low && entry.prefetched > 0 && !entry.in_flight {
+                    entry.in_flight = true;
+                    entry.demand = 0;
+                    entry.prefetched
+                } else {
+                    0
+                };
+                return Turn::Reserved { spent, refill };
             }
-            Some(queue) if queue.len() >= MAX_BATCH => Turn::Alone,
-            Some(queue) => {
-                let (answer, rx) = oneshot::channel();
-                queue.push(Waiter {
-                    since: Instant::now(),
-                    answer,
-                });
-                Turn::Follow(rx)
-            }
+            entry.reserve = None;
         }
+        if !entry.in_flight {
+            entry.in_flight = true;
+            let prefetch = entry.prefetched;
+            entry.demand = 0;
+            return Turn::Lead { prefetch };
+        }
+        if entry.queue.len() >= MAX_BATCH {
+            return Turn::Alone;
+        }
+        let (answer, rx) = oneshot::channel();
+        entry.queue.push(Waiter {
+            since: Instant::now(),
+            answer,
+        });
+        Turn::Follow(rx)
     }
 
-    /// Called when the call in flight for `key` finished: the requests that queued meanwhile, which the
-    /// caller must now decide with one call (the key stays in flight), or none, and the key is idle.
-    pub fn next_batch(&self, key: &str) -> Vec<Waiter<T>> {
-        let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
-        match queues.get_mut(key) {
-            Some(queue) if !queue.is_empty() => std::mem::take(queue),
-            _ => {
-                queues.remove(key);
-                Vec::new()
+    /// Called when the call in flight for `key` finished, with the hits it took ahead (`reserve`, if any
+    /// were allowed) and the size of the next call's prefetch as [`prefetch_size`] reckons it from
+    /// `remaining` (what the reply says is left). Serves the queue that formed meanwhile from the reserve
+    /// and returns the rest as the next batch; with nothing left to decide the key is no longer in flight.
+    pub fn settle(
+        &self,
+        key: &str,
+        reserve: Option<Reserve>,
+        now: u64,
+        next_prefetch: impl FnOnce(u64) -> u64,
+    ) -> Settled<T> {
+        let mut entries = self.lock();
+        if entries.by_key.len() >= MAX_RESERVES && now.saturating_sub(entries.swept_at) >= 1_000 {
+            entries.swept_at = now;
+            entries.by_key.retain(|_, e| {
+                e.in_flight
+                    || e.reserve
+                        .as_ref()
+                        .is_some_and(|r| r.next < r.end && now < r.until_ms)
+            });
+        }
+        let crowded = entries.by_key.len() >= MAX_RESERVES;
+        let mut settled = Settled {
+            served: Vec::new(),
+            batch: Vec::new(),
+            prefetch: 0,
+        };
+        let Some(entry) = entries.by_key.get_mut(key) else {
+            return settled;
+        };
+        if reserve.is_some() {
+            entry.reserve = reserve;
+        }
+        let queue = std::mem::take(&mut entry.queue);
+        for waiter in queue {
+            match &mut entry.reserve {
+                Some(r) if r.next < r.end && now < r.until_ms => {
+                    let spent = Spent {
+                        reply: Arc::clone(&r.reply),
+                        index: r.next,
+                    };
+                    r.next += 1;
+                    settled.served.push((waiter, spent));
+                }
+                _ => settled.batch.push(waiter),
             }
         }
+        let prefetch = if crowded { 0 } else { next_prefetch(entry.demand) };
+        entry.prefetched = prefetch;
+        let reserve_left = entry.reserve.as_ref().map_or(0, Reserve::left);
+        if !settled.batch.is_empty() {
+            entry.demand = 0;
+            settled.prefetch = prefetch;
+        } else if reserve_left == 0 {
+            // Nothing queued, nothing held: the key is idle (its demand is forgotten).
+            entries.by_key.remove(key);
+        } else {
+            entry.in_flight = false;
+        }
+        settled
     }
 
-    /// Keys with a call in flight (for tests).
-    pub fn in_flight(&self) -> usize {
-        self.queues.lock().unwrap_or_else(|e| e.into_inner()).len()
+    /// Keys with a call in flight or a reserve (for tests).
+    pub fn tracked(&self) -> usize {
+        self.lock().by_key.len()
+    }
+
+    /// Hits unspent in `key`'s reserve (for tests).
+    pub fn reserved(&self, key: &str) -> u64 {
+        self.lock()
+            .by_key
+            .get(key)
+            .and_then(|e| e.reserve.as_ref())
+            .map_or(0, Reserve::left)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries<T>> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -109,50 +315,144 @@ pub fn batch_deadline<T>(batch: &[Waiter<T>], timeout: Duration) -> Duration {
 mod tests {
     use super::*;
 
+    const P: Params = Params {
+        requests: 1_000,
+        window_ms: 60_000,
+        burst: 0,
+    };
+
+    fn reserve(next: u64, end: u64, until_ms: u64) -> Reserve {
+        Reserve {
+            reply: Arc::new(vec![end as i64, end as i64]),
+            params: P,
+            next,
+            end,
+            until_ms,
+        }
+    }
+
+    fn none(_: u64) -> u64 {
+        0
+    }
+
     #[test]
     fn the_first_request_leads_and_later_ones_queue_until_the_call_finishes() {
         let c = Coalescer::<u32>::default();
-        assert!(matches!(c.join("k"), Turn::Lead));
-        let Turn::Follow(mut a) = c.join("k") else {
+        assert!(matches!(c.join("k", &P, 0), Turn::Lead { prefetch: 0 }));
+        let Turn::Follow(mut a) = c.join("k", &P, 0) else {
             panic!("second must follow")
         };
-        let Turn::Follow(_b) = c.join("k") else {
+        let Turn::Follow(_b) = c.join("k", &P, 0) else {
             panic!("third must follow")
         };
         assert!(
-            matches!(c.join("other"), Turn::Lead),
+            matches!(c.join("other", &P, 0), Turn::Lead { .. }),
             "keys never wait for each other"
         );
 
-        let batch = c.next_batch("k");
-        assert_eq!(batch.len(), 2);
-        assert_eq!(c.in_flight(), 2, "the batch's call keeps the key in flight");
-        assert!(matches!(c.join("k"), Turn::Follow(_)), "joins the next batch");
-        let mut batch = batch.into_iter();
+        let settled = c.settle("k", None, 0, none);
+        assert_eq!(settled.batch.len(), 2);
+        assert!(settled.served.is_empty());
+        assert_eq!(c.tracked(), 2, "the batch's call keeps the key in flight");
+        assert!(
+            matches!(c.join("k", &P, 0), Turn::Follow(_)),
+            "joins the next batch"
+        );
+        let mut batch = settled.batch.into_iter();
         batch.next().unwrap().answer.send(7).unwrap();
         assert_eq!(a.try_recv().unwrap(), 7);
 
-        assert_eq!(c.next_batch("k").len(), 1);
-        assert!(c.next_batch("k").is_empty());
-        assert!(c.next_batch("other").is_empty());
-        assert_eq!(c.in_flight(), 0);
-        assert!(matches!(c.join("k"), Turn::Lead), "an idle key is led again");
+        assert_eq!(c.settle("k", None, 0, none).batch.len(), 1);
+        assert!(c.settle("k", None, 0, none).batch.is_empty());
+        assert!(c.settle("other", None, 0, none).batch.is_empty());
+        assert_eq!(c.tracked(), 0);
+        assert!(
+            matches!(c.join("k", &P, 0), Turn::Lead { .. }),
+            "an idle key is led again"
+        );
     }
 
     #[test]
     fn a_full_queue_sends_further_requests_alone() {
         let c = Coalescer::<()>::default();
-        assert!(matches!(c.join("k"), Turn::Lead));
-        let _waiting: Vec<_> = (0..MAX_BATCH).map(|_| c.join("k")).collect();
-        assert!(matches!(c.join("k"), Turn::Alone));
+        assert!(matches!(c.join("k", &P, 0), Turn::Lead { .. }));
+        let _waiting: Vec<_> = (0..MAX_BATCH).map(|_| c.join("k", &P, 0)).collect();
+        assert!(matches!(c.join("k", &P, 0), Turn::Alone));
+    }
+
+    #[test]
+    fn a_reserve_serves_the_queue_first_then_later_requests_in_order() {
+        let c = Coalescer::<()>::default();
+        let _ = c.join("k", &P, 0);
+        let queued: Vec<_> = (0..2).map(|_| c.join("k", &P, 0)).collect();
+        assert!(queued.iter().all(|t| matches!(t, Turn::Follow(_))));
+        // The leader's call allowed hit 0 (its own) and hits 1..5 ahead.
+        let settled = c.settle("k", Some(reserve(1, 5, 60_000)), 10, |_| 4);
+        let served: Vec<u64> = settled.served.iter().map(|(_, s)| s.index).collect();
+        assert_eq!(served, [1, 2], "queued requests spend the first hits");
+        assert!(settled.batch.is_empty());
+        assert_eq!(c.reserved("k"), 2);
+
+        let Turn::Reserved { spent, refill } = c.join("k", &P, 20) else {
+            panic!("served from the reserve")
+        };
+        assert_eq!(
+            (spent.index, refill),
+            (3, 4),
+            "half spent: refill by the last prefetch"
+        );
+        let Turn::Reserved { spent, refill } = c.join("k", &P, 20) else {
+            panic!("served from the reserve")
+        };
+        assert_eq!((spent.index, refill), (4, 0), "one refill in flight at a time");
+        assert!(
+            matches!(c.join("k", &P, 20), Turn::Follow(_)),
+            "spent: wait for the refill"
+        );
+    }
+
+    #[test]
+    fn a_reserve_is_not_spent_after_its_window_or_under_other_parameters() {
+        let c = Coalescer::<()>::default();
+        let _ = c.join("k", &P, 0);
+        let _ = c.settle("k", Some(reserve(1, 100, 60_000)), 0, |_| 50);
+        let changed = Params { requests: 10, ..P };
+        assert!(
+            matches!(c.join("k", &changed, 10), Turn::Lead { .. }),
+            "a changed limit drops the reserve"
+        );
+        let _ = c.settle("k", Some(reserve(1, 100, 60_000)), 0, |_| 50);
+        assert!(
+            matches!(c.join("k", &P, 60_000), Turn::Lead { prefetch: 50 }),
+            "the next window needs a new call"
+        );
+        assert_eq!(c.reserved("k"), 0);
+    }
+
+    #[test]
+    fn prefetch_needs_concurrency_and_stays_far_from_the_limit() {
+        assert_eq!(prefetch_size(1, 1_000_000, 1, 256), 0, "one at a time: exact");
+        assert_eq!(
+            prefetch_size(17, 1_000_000, 1, 256),
+            34,
+            "twice the arrivals per call"
+        );
+        assert_eq!(prefetch_size(1_000, 1_000_000, 1, 256), 256, "capped");
+        assert_eq!(prefetch_size(17, 40, 1, 256), 10, "a quarter of what is left");
+        assert_eq!(prefetch_size(17, 40, 5, 256), 2, "shared by the replicas");
+        assert_eq!(
+            prefetch_size(17, 3, 1, 256),
+            0,
+            "near the limit: every request asks Redis"
+        );
     }
 
     #[test]
     fn a_batch_gets_what_is_left_of_its_oldest_deadline() {
         let c = Coalescer::<()>::default();
-        let _ = c.join("k");
-        let _rx = c.join("k");
-        let batch = c.next_batch("k");
+        let _ = c.join("k", &P, 0);
+        let _rx = c.join("k", &P, 0);
+        let batch = c.settle("k", None, 0, none).batch;
         assert!(batch_deadline(&batch, Duration::from_millis(50)) <= Duration::from_millis(50));
         assert!(batch_deadline(&batch, Duration::from_secs(3600)) > Duration::from_secs(3000));
         assert_eq!(batch_deadline(&batch, Duration::ZERO), Duration::ZERO);

@@ -8,10 +8,7 @@
 //! `sluice:{<namespace>/<policy>/<rule>/<32 hex digits>}:<algorithm>:<window ms>[:<window index>]`;
 //! the braces are a Redis Cluster hash tag, so every key of one counter lives in one slot.
 
-use std::{
-    fmt::Write as _,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
-};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use http::HeaderName;
 use sha2::{Digest, Sha256};
@@ -100,8 +97,10 @@ impl KeySpec {
     pub fn redis_base(&self, hash: &KeyHash) -> String {
         let mut s = String::with_capacity(self.redis_prefix.len() + 33 + 24);
         s.push_str(&self.redis_prefix);
+        const HEX: &[u8; 16] = b"0123456789abcdef";
         for b in hash {
-            let _ = write!(s, "{b:02x}");
+            s.push(char::from(HEX[usize::from(b >> 4)]));
+            s.push(char::from(HEX[usize::from(b & 0xf)]));
         }
         s.push('}');
         s

@@ -116,6 +116,8 @@ pub struct Metrics {
     pub local_evictions: Counter,
     /// Decisions by overflow buckets.
     pub local_overflow: Counter,
+    /// Decisions spent from hits a Redis call took ahead.
+    pub prefetched: Counter,
 }
 
 impl Metrics {
@@ -137,6 +139,11 @@ impl Metrics {
             "redis_batch_size",
             "Requests decided by one Redis call (coalesced while a call for the same key was in flight)",
             m.redis_batch_size.clone(),
+        );
+        r.register(
+            "prefetched_decisions",
+            "Requests allowed from budget a hot key's Redis call counted ahead (no wait for Redis)",
+            m.prefetched.clone(),
         );
         r.register(
             "redis_errors",
@@ -183,6 +190,7 @@ impl Metrics {
             local_buckets: Gauge::default(),
             local_evictions: Counter::default(),
             local_overflow: Counter::default(),
+            prefetched: Counter::default(),
         }
     }
 

@@ -122,6 +122,8 @@ struct Settings {
     expected_replicas: u32,
     allow_list: Vec<IpNet>,
     timeout: Duration,
+    /// Most hits one call takes ahead for a hot key (`limits.redis.prefetch`).
+    prefetch: u64,
     breaker_failures: u32,
     breaker_cooldown: Duration,
 }
@@ -163,6 +165,7 @@ impl Settings {
             expected_replicas: config.expected_replicas,
             allow_list: config.allow_list.clone(),
             timeout,
+            prefetch: config.redis.prefetch,
             breaker_failures: config.redis.breaker_failures.max(1),
             breaker_cooldown: config.redis.breaker_cooldown.get().max(Duration::from_millis(1)),
         })
@@ -342,6 +345,12 @@ impl Limiter {
                 .iter()
                 .map(|(r, h)| self.fallback(&settings, r, h, now))
                 .collect(),
+            // One rule (the common case) is awaited in place: `join_all` would allocate and move every
+            // rule's future on each request.
+            Some(redis) if applying.len() == 1 => {
+                let (r, h) = &applying[0];
+                vec![self.redis_decide(redis, &settings, r, h, now).await]
+            }
             Some(redis) => {
                 futures::future::join_all(
                     applying

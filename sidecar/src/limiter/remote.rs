@@ -1,5 +1,6 @@
 //! Decisions made in Redis: one script call per key in flight at a time, the requests that arrive
-//! meanwhile decided together by the next call ([`super::coalesce`]). Every call counts its latency and
+//! meanwhile decided together by the next call, and a hot key's calls taking hits ahead that later
+//! requests spend without waiting ([`super::coalesce`]). Every call counts its latency and
 //! batch size and feeds the circuit breaker; a request that gets no answer within its deadline is left to
 //! the failure mode by the caller.
 
@@ -10,7 +11,7 @@ use sluice_crds::sidecar_config::Algorithm as AlgorithmKind;
 use super::{
     Settings, Shared,
     algorithm::{self, Outcome, Params, Unique},
-    coalesce::{Turn, Waiter, batch_deadline},
+    coalesce::{Reserve, Turn, Waiter, batch_deadline, prefetch_size},
     metrics::RedisErrorKind,
     redis_store::{CallError, RedisStore},
     rule::CompiledRule,
@@ -53,7 +54,16 @@ pub(super) async fn decide(
     let mut key = base;
     key.push(':');
     key.push_str(algorithm::key_tag(rule.algorithm));
-    match shared.coalescer.join(&key) {
+    let counter = |key: String| Counter {
+        key,
+        base_len,
+        kind: rule.algorithm,
+        params: rule.params,
+        rule: rule.name.clone(),
+    };
+    // The calls below are boxed: most requests of a busy key never make one, and this future lives in
+    // every request's state.
+    match shared.coalescer.join(&key, &rule.params, now) {
         Turn::Follow(answer) => {
             let share = tokio::time::timeout(settings.timeout, answer)
                 .await
@@ -62,21 +72,49 @@ pub(super) async fn decide(
             let reply = algorithm::nth(rule.algorithm, &share.params, &share.reply, share.index)?;
             algorithm::outcome(rule.algorithm, &share.params, share.now, &reply)
         }
-        turn => {
-            let counter = Counter {
-                key,
-                base_len,
-                kind: rule.algorithm,
-                params: rule.params,
-                rule: rule.name.clone(),
-            };
-            // Passes on the queue that forms during the call, even if this request is abandoned mid-call.
-            let _handoff = matches!(turn, Turn::Lead).then(|| Handoff {
+        Turn::Reserved { spent, refill } => {
+            shared.metrics.prefetched.inc();
+            let reply = algorithm::nth(rule.algorithm, &rule.params, &spent.reply, spent.index);
+            if refill > 0 {
+                let task = drive(
+                    Arc::clone(shared),
+                    redis.clone(),
+                    counter(key),
+                    Vec::new(),
+                    refill,
+                );
+                tokio::spawn(task);
+            }
+            algorithm::outcome(rule.algorithm, &rule.params, now, &reply?)
+        }
+        Turn::Lead { prefetch } => {
+            // Settles the call even if this request is abandoned mid-call: the queue that formed meanwhile
+            // is served from the hits taken ahead or handed to a task that decides it.
+            let mut handoff = Handoff {
                 shared: Arc::clone(shared),
                 redis: redis.clone(),
-                counter: counter.clone(),
-            });
-            let reply = call(shared, redis, settings, &counter, now, 1, settings.timeout).await?;
+                counter: counter(key),
+                reply: None,
+                now,
+            };
+            let reply = Box::pin(call(
+                shared,
+                redis,
+                settings,
+                &handoff.counter,
+                now,
+                1 + prefetch,
+                settings.timeout,
+            ))
+            .await?;
+            let reply = Arc::new(reply);
+            handoff.reply = Some(Arc::clone(&reply));
+            let own = algorithm::nth(rule.algorithm, &rule.params, &reply, 0)?;
+            algorithm::outcome(rule.algorithm, &rule.params, now, &own)
+        }
+        Turn::Alone => {
+            let counter = counter(key);
+            let reply = Box::pin(call(shared, redis, settings, &counter, now, 1, settings.timeout)).await?;
             algorithm::outcome(rule.algorithm, &rule.params, now, &reply)
         }
     }
@@ -129,20 +167,24 @@ async fn call(
     None
 }
 
-/// Held by the request that leads a key: when it is done (or dropped), the queue that formed meanwhile
-/// goes to a task that decides it.
+/// Held by the request that leads a key: when it is done (or dropped), the call is settled (its hits
+/// taken ahead kept, the queue that formed meanwhile served) and what is left goes to a task.
 struct Handoff {
     shared: Arc<Shared>,
     redis: RedisStore,
     counter: Counter,
+    /// The leader's reply once it came (hit 0 was the leader's own).
+    reply: Option<Arc<Vec<i64>>>,
+    now: u64,
 }
 
 impl Drop for Handoff {
     fn drop(&mut self) {
-        let batch = self.shared.coalescer.next_batch(&self.counter.key);
-        if batch.is_empty() {
+        let reply = self.reply.take();
+        let next = settle(&self.shared, &self.counter, reply.as_ref(), 1, self.now);
+        let Some((batch, prefetch)) = next else {
             return;
-        }
+        };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // No runtime left (shutting down): the waiters see their channels close and fall back.
             return;
@@ -152,20 +194,80 @@ impl Drop for Handoff {
             self.redis.clone(),
             self.counter.clone(),
             batch,
+            prefetch,
         ));
     }
 }
 
-/// Decides batches for `counter` until no more requests queue up behind a call.
-async fn drive(shared: Arc<Shared>, redis: RedisStore, counter: Counter, mut batch: Vec<Waiter<Answer>>) {
+/// Settles a finished call that decided `decided` requests at `now`: the allowed hits beyond them become
+/// the key's reserve, the requests queued meanwhile are answered from it, and the rest is returned as the
+/// next batch with its prefetch (`None`: nothing left to decide).
+fn settle(
+    shared: &Shared,
+    counter: &Counter,
+    reply: Option<&Arc<Vec<i64>>>,
+    decided: u64,
+    now: u64,
+) -> Option<(Vec<Waiter<Answer>>, u64)> {
+    let kind = counter.kind;
+    let p = &counter.params;
+    let allowed = reply.map_or(0, |r| algorithm::allowed_hits(r));
+    let reserve = match (reply, algorithm::prefetch_until(kind, p, now)) {
+        (Some(reply), Some(until_ms)) if allowed > decided => Some(Reserve {
+            reply: Arc::clone(reply),
+            params: *p,
+            next: decided,
+            end: allowed,
+            until_ms,
+        }),
+        _ => None,
+    };
+    // What is left after the last allowed hit sizes the next prefetch.
+    let remaining = reply
+        .filter(|_| allowed > 0)
+        .and_then(|r| algorithm::nth(kind, p, r, allowed - 1))
+        .and_then(|last| algorithm::outcome(kind, p, now, &last))
+        .map_or(0, |o| o.remaining);
+    let settings = shared.settings.load();
+    let (limit, replicas) = (settings.prefetch, settings.expected_replicas);
+    let prefetchable = algorithm::prefetch_until(kind, p, now).is_some();
+    let settled = shared.coalescer.settle(&counter.key, reserve, now, |demand| {
+        if prefetchable {
+            prefetch_size(demand, remaining, replicas, limit)
+        } else {
+            0
+        }
+    });
+    for (waiter, spent) in settled.served {
+        shared.metrics.prefetched.inc();
+        let _ = waiter.answer.send(Some(Share {
+            reply: spent.reply,
+            index: spent.index,
+            now,
+            params: *p,
+        }));
+    }
+    (!settled.batch.is_empty()).then_some((settled.batch, settled.prefetch))
+}
+
+/// Decides batches for `counter` (each call taking `prefetch` hits ahead as well) until no more requests
+/// queue up behind a call.
+async fn drive(
+    shared: Arc<Shared>,
+    redis: RedisStore,
+    counter: Counter,
+    mut batch: Vec<Waiter<Answer>>,
+    mut prefetch: u64,
+) {
     loop {
         let settings = shared.settings.load_full();
         let deadline = batch_deadline(&batch, settings.timeout);
         let now = shared.clock.now_millis();
+        let decided = batch.len() as u64;
         let reply = if deadline.is_zero() || shared.breaker.is_open() {
             None
         } else {
-            let hits = batch.len() as u64;
+            let hits = decided + prefetch;
             call(&shared, &redis, &settings, &counter, now, hits, deadline).await
         };
         let reply = reply.map(Arc::new);
@@ -179,9 +281,10 @@ async fn drive(shared: Arc<Shared>, redis: RedisStore, counter: Counter, mut bat
             // A waiter that gave up (deadline, client gone) no longer listens.
             let _ = waiter.answer.send(share);
         }
-        batch = shared.coalescer.next_batch(&counter.key);
-        if batch.is_empty() {
+        let Some((next, next_prefetch)) = settle(&shared, &counter, reply.as_ref(), decided, now) else {
             return;
-        }
+        };
+        batch = next;
+        prefetch = next_prefetch;
     }
 }

@@ -34,19 +34,44 @@ pub fn insert_quota(headers: &mut HeaderMap, quota: &Quota, config: &HeadersConf
     }
     if config.draft {
         // Rule names are DNS labels (validated), so they need no escaping inside the quoted string.
-        let policy = format!(
-            "\"{}\";q={};w={}",
-            quota.rule,
-            quota.limit,
-            ceil_secs(quota.window)
-        );
-        let state = format!("\"{}\";r={};t={}", quota.rule, quota.remaining, reset);
+        let policy = draft_field(&quota.rule, ";q=", quota.limit, ";w=", ceil_secs(quota.window));
+        let state = draft_field(&quota.rule, ";r=", quota.remaining, ";t=", reset);
         if let Ok(v) = HeaderValue::try_from(policy) {
             headers.insert(RATELIMIT_POLICY.clone(), v);
         }
         if let Ok(v) = HeaderValue::try_from(state) {
             headers.insert(RATELIMIT.clone(), v);
         }
+    }
+}
+
+/// `"<rule>"<p1><n1><p2><n2>`, built without the formatting machinery (this runs on every response of
+/// a limited route).
+fn draft_field(rule: &str, p1: &str, n1: u64, p2: &str, n2: u64) -> String {
+    let mut s = String::with_capacity(rule.len() + 2 + p1.len() + p2.len() + 40);
+    s.push('"');
+    s.push_str(rule);
+    s.push('"');
+    s.push_str(p1);
+    push_decimal(&mut s, n1);
+    s.push_str(p2);
+    push_decimal(&mut s, n2);
+    s
+}
+
+fn push_decimal(s: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[i..] {
+        s.push(char::from(d));
     }
 }
 
@@ -85,5 +110,17 @@ mod tests {
         insert_quota(&mut h, &quota(), &config);
         assert!(h.contains_key("x-ratelimit-limit"));
         assert!(!h.contains_key("ratelimit"));
+    }
+
+    #[test]
+    fn draft_numbers_are_written_in_full() {
+        assert_eq!(
+            draft_field("r", ";q=", 0, ";w=", u64::MAX),
+            "\"r\";q=0;w=18446744073709551615"
+        );
+        assert_eq!(
+            draft_field("a-b", ";r=", 1_000_000_007, ";t=", 10),
+            "\"a-b\";r=1000000007;t=10"
+        );
     }
 }

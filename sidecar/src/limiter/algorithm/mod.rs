@@ -242,6 +242,26 @@ pub fn outcome(kind: AlgorithmKind, p: &Params, now: u64, reply: &[i64]) -> Opti
     }
 }
 
+/// Until when hits counted ahead at `now` may be spent (limiter clock, ms), or `None` for algorithms that
+/// cannot take hits ahead without letting a key over its limit. Fixed window and sliding-window counter
+/// can: a hit counted early in its aligned window is counted no later than when it is spent, so every
+/// check sees at least the true count; the end of that window ends it. A sliding-log entry would expire
+/// earlier than one written when the request arrives, and a token bucket that is full would lose the
+/// refill the early hits made room for: both would let requests over the limit.
+pub fn prefetch_until(kind: AlgorithmKind, p: &Params, now: u64) -> Option<u64> {
+    match kind {
+        AlgorithmKind::FixedWindow | AlgorithmKind::SlidingCounter => {
+            Some((now / p.window_ms + 1) * p.window_ms)
+        }
+        AlgorithmKind::SlidingLog | AlgorithmKind::TokenBucket => None,
+    }
+}
+
+/// How many of the hits of a script reply were allowed (every script's first value).
+pub fn allowed_hits(reply: &[i64]) -> u64 {
+    reply.first().copied().map_or(0, count)
+}
+
 /// Short tag of `kind` in Redis keys (`fw`, `sl`, `sc`, `tb`): the data types differ, so a rule that
 /// changes algorithm starts fresh instead of hitting `WRONGTYPE`.
 pub fn key_tag(kind: AlgorithmKind) -> &'static str {
