@@ -70,6 +70,37 @@ impl Reserve {
     }
 }
 
+/// A key's reserves, oldest first: a refill arrives while the previous reserve still has hits, which are
+/// spent first (they were counted first), so nothing taken ahead is dropped while it is still usable.
+#[derive(Debug, Default)]
+struct Reserves(std::collections::VecDeque<Reserve>);
+
+impl Reserves {
+    /// Spends the next usable hit, dropping reserves that ran out, expired or belong to other parameters.
+    fn take(&mut self, params: &Params, now: u64) -> Option<Spent> {
+        while let Some(r) = self.0.front_mut() {
+            if r.usable(params, now) {
+                let spent = Spent {
+                    reply: Arc::clone(&r.reply),
+                    index: r.next,
+                };
+                r.next += 1;
+                return Some(spent);
+            }
+            self.0.pop_front();
+        }
+        None
+    }
+
+    fn left(&self) -> u64 {
+        self.0.iter().map(Reserve::left).sum()
+    }
+
+    fn usable(&self, now: u64) -> bool {
+        self.0.iter().any(|r| r.next < r.end && now < r.until_ms)
+    }
+}
+
 /// One hit taken from a reserve: its reply and its index in it.
 #[derive(Debug, Clone)]
 pub struct Spent {
@@ -118,7 +149,7 @@ pub struct Settled<T> {
 struct Entry<T> {
     in_flight: bool,
     queue: Vec<Waiter<T>>,
-    reserve: Option<Reserve>,
+    reserves: Reserves,
     /// Requests that joined since the last call was issued.
     demand: u64,
     /// Hits the last call took ahead (how large a refill is).
@@ -130,7 +161,7 @@ impl<T> Entry<T> {
         Self {
             in_flight: true,
             queue: Vec::new(),
-            reserve: None,
+            reserves: Reserves::default(),
             demand: 0,
             prefetched: 0,
         }
@@ -185,24 +216,16 @@ impl<T> Coalescer<T> {
             return Turn::Lead { prefetch: 0 };
         };
         entry.demand += 1;
-        if let Some(reserve) = &mut entry.reserve {
-            if reserve.usable(params, now) {
-                let spent = Spent {
-                    reply: Arc::clone(&reserve.reply),
-                    index: reserve.next,
-                };
-                reserve.next += 1;
-                let low = reserve.left() * 2 <= entry.prefetched;
-                let refill = if low && entry.prefetched > 0 && !entry.in_flight {
-                    entry.in_flight = true;
-                    entry.demand = 0;
-                    entry.prefetched
-                } else {
-                    0
-                };
-                return Turn::Reserved { spent, refill };
-            }
-            entry.reserve = None;
+        if let Some(spent) = entry.reserves.take(params, now) {
+            let low = entry.reserves.left() * 2 <= entry.prefetched;
+            let refill = if low && entry.prefetched > 0 && !entry.in_flight {
+                entry.in_flight = true;
+                entry.demand = 0;
+                entry.prefetched
+            } else {
+                0
+            };
+            return Turn::Reserved { spent, refill };
         }
         if !entry.in_flight {
             entry.in_flight = true;
@@ -228,6 +251,7 @@ impl<T> Coalescer<T> {
     pub fn settle(
         &self,
         key: &str,
+        params: &Params,
         reserve: Option<Reserve>,
         now: u64,
         next_prefetch: impl FnOnce(u64) -> u64,
@@ -235,12 +259,9 @@ impl<T> Coalescer<T> {
         let mut entries = self.lock();
         if entries.by_key.len() >= MAX_RESERVES && now.saturating_sub(entries.swept_at) >= 1_000 {
             entries.swept_at = now;
-            entries.by_key.retain(|_, e| {
-                e.in_flight
-                    || e.reserve
-                        .as_ref()
-                        .is_some_and(|r| r.next < r.end && now < r.until_ms)
-            });
+            entries
+                .by_key
+                .retain(|_, e| e.in_flight || e.reserves.usable(now));
         }
         let crowded = entries.by_key.len() >= MAX_RESERVES;
         let mut settled = Settled {
@@ -251,26 +272,19 @@ impl<T> Coalescer<T> {
         let Some(entry) = entries.by_key.get_mut(key) else {
             return settled;
         };
-        if reserve.is_some() {
-            entry.reserve = reserve;
+        if let Some(r) = reserve {
+            entry.reserves.0.push_back(r);
         }
         let queue = std::mem::take(&mut entry.queue);
         for waiter in queue {
-            match &mut entry.reserve {
-                Some(r) if r.next < r.end && now < r.until_ms => {
-                    let spent = Spent {
-                        reply: Arc::clone(&r.reply),
-                        index: r.next,
-                    };
-                    r.next += 1;
-                    settled.served.push((waiter, spent));
-                }
-                _ => settled.batch.push(waiter),
+            match entry.reserves.take(params, now) {
+                Some(spent) => settled.served.push((waiter, spent)),
+                None => settled.batch.push(waiter),
             }
         }
         let prefetch = if crowded { 0 } else { next_prefetch(entry.demand) };
         entry.prefetched = prefetch;
-        let reserve_left = entry.reserve.as_ref().map_or(0, Reserve::left);
+        let reserve_left = entry.reserves.left();
         if !settled.batch.is_empty() {
             entry.demand = 0;
             settled.prefetch = prefetch;
@@ -290,11 +304,7 @@ impl<T> Coalescer<T> {
 
     /// Hits unspent in `key`'s reserve (for tests).
     pub fn reserved(&self, key: &str) -> u64 {
-        self.lock()
-            .by_key
-            .get(key)
-            .and_then(|e| e.reserve.as_ref())
-            .map_or(0, Reserve::left)
+        self.lock().by_key.get(key).map_or(0, |e| e.reserves.left())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Entries<T>> {
@@ -350,7 +360,7 @@ mod tests {
             "keys never wait for each other"
         );
 
-        let settled = c.settle("k", None, 0, none);
+        let settled = c.settle("k", &P, None, 0, none);
         assert_eq!(settled.batch.len(), 2);
         assert!(settled.served.is_empty());
         assert_eq!(c.tracked(), 2, "the batch's call keeps the key in flight");
@@ -362,9 +372,9 @@ mod tests {
         batch.next().unwrap().answer.send(7).unwrap();
         assert_eq!(a.try_recv().unwrap(), 7);
 
-        assert_eq!(c.settle("k", None, 0, none).batch.len(), 1);
-        assert!(c.settle("k", None, 0, none).batch.is_empty());
-        assert!(c.settle("other", None, 0, none).batch.is_empty());
+        assert_eq!(c.settle("k", &P, None, 0, none).batch.len(), 1);
+        assert!(c.settle("k", &P, None, 0, none).batch.is_empty());
+        assert!(c.settle("other", &P, None, 0, none).batch.is_empty());
         assert_eq!(c.tracked(), 0);
         assert!(
             matches!(c.join("k", &P, 0), Turn::Lead { .. }),
@@ -387,7 +397,7 @@ mod tests {
         let queued: Vec<_> = (0..2).map(|_| c.join("k", &P, 0)).collect();
         assert!(queued.iter().all(|t| matches!(t, Turn::Follow(_))));
         // The leader's call allowed hit 0 (its own) and hits 1..5 ahead.
-        let settled = c.settle("k", Some(reserve(1, 5, 60_000)), 10, |_| 4);
+        let settled = c.settle("k", &P, Some(reserve(1, 5, 60_000)), 10, |_| 4);
         let served: Vec<u64> = settled.served.iter().map(|(_, s)| s.index).collect();
         assert_eq!(served, [1, 2], "queued requests spend the first hits");
         assert!(settled.batch.is_empty());
@@ -415,18 +425,48 @@ mod tests {
     fn a_reserve_is_not_spent_after_its_window_or_under_other_parameters() {
         let c = Coalescer::<()>::default();
         let _ = c.join("k", &P, 0);
-        let _ = c.settle("k", Some(reserve(1, 100, 60_000)), 0, |_| 50);
+        let _ = c.settle("k", &P, Some(reserve(1, 100, 60_000)), 0, |_| 50);
         let changed = Params { requests: 10, ..P };
         assert!(
             matches!(c.join("k", &changed, 10), Turn::Lead { .. }),
             "a changed limit drops the reserve"
         );
-        let _ = c.settle("k", Some(reserve(1, 100, 60_000)), 0, |_| 50);
+        let _ = c.settle("k", &P, Some(reserve(1, 100, 60_000)), 0, |_| 50);
         assert!(
             matches!(c.join("k", &P, 60_000), Turn::Lead { prefetch: 50 }),
             "the next window needs a new call"
         );
         assert_eq!(c.reserved("k"), 0);
+    }
+
+    #[test]
+    fn a_refill_arriving_early_is_spent_after_what_is_left_of_the_last_one() {
+        let c = Coalescer::<()>::default();
+        let _ = c.join("k", &P, 0);
+        let _ = c.settle("k", &P, Some(reserve(1, 5, 60_000)), 0, |_| 4);
+        let Turn::Reserved { refill, .. } = c.join("k", &P, 1) else {
+            panic!("reserved")
+        };
+        assert_eq!(refill, 0);
+        let Turn::Reserved { refill, .. } = c.join("k", &P, 1) else {
+            panic!("reserved")
+        };
+        assert_eq!(refill, 4, "half spent");
+        let mut refilled = reserve(0, 4, 60_000);
+        refilled.reply = Arc::new(vec![4, 9]);
+        let _ = c.settle("k", &P, Some(refilled), 2, |_| 4);
+        assert_eq!(
+            c.reserved("k"),
+            5,
+            "one left of the first reserve, four of the refill"
+        );
+        let order: Vec<(i64, u64)> = (0..5)
+            .map(|_| match c.join("k", &P, 3) {
+                Turn::Reserved { spent, .. } => (spent.reply[1], spent.index),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(order, [(5, 4), (9, 0), (9, 1), (9, 2), (9, 3)]);
     }
 
     #[test]
@@ -452,7 +492,7 @@ mod tests {
         let c = Coalescer::<()>::default();
         let _ = c.join("k", &P, 0);
         let _rx = c.join("k", &P, 0);
-        let batch = c.settle("k", None, 0, none).batch;
+        let batch = c.settle("k", &P, None, 0, none).batch;
         assert!(batch_deadline(&batch, Duration::from_millis(50)) <= Duration::from_millis(50));
         assert!(batch_deadline(&batch, Duration::from_secs(3600)) > Duration::from_secs(3000));
         assert_eq!(batch_deadline(&batch, Duration::ZERO), Duration::ZERO);

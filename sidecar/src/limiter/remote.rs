@@ -231,7 +231,7 @@ fn settle(
     let settings = shared.settings.load();
     let (limit, replicas) = (settings.prefetch, settings.expected_replicas);
     let prefetchable = algorithm::prefetch_until(kind, p, now).is_some();
-    let settled = shared.coalescer.settle(&counter.key, reserve, now, |demand| {
+    let settled = shared.coalescer.settle(&counter.key, p, reserve, now, |demand| {
         if prefetchable {
             prefetch_size(demand, remaining, replicas, limit)
         } else {
