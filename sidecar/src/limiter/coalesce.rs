@@ -457,16 +457,16 @@ mod tests {
         let _ = c.settle("k", &P, Some(refilled), 2, |_| 4);
         assert_eq!(
             c.reserved("k"),
-            5,
-            "one left of the first reserve, four of the refill"
+            6,
+            "two left of the first reserve, four of the refill"
         );
-        let order: Vec<(i64, u64)> = (0..5)
+        let order: Vec<(i64, u64)> = (0..6)
             .map(|_| match c.join("k", &P, 3) {
                 Turn::Reserved { spent, .. } => (spent.reply[1], spent.index),
                 other => panic!("{other:?}"),
             })
             .collect();
-        assert_eq!(order, [(5, 4), (9, 0), (9, 1), (9, 2), (9, 3)]);
+        assert_eq!(order, [(5, 3), (5, 4), (9, 0), (9, 1), (9, 2), (9, 3)]);
     }
 
     #[test]
