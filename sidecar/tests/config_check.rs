@@ -42,6 +42,11 @@ fn each_kind_of_bad_config_is_refused_naming_the_field_at_fault() {
             "at least 1",
         ),
         (
+            "limits:\n  redis:\n    prefetch: 1000000\n".into(),
+            "limits.redis.prefetch",
+            "at most 100000",
+        ),
+        (
             rules(&format!("name: Bad_Name\n    {ok_limit}")),
             "limits.rules[0].name",
             "DNS label",

@@ -15,7 +15,7 @@ mod limiter {
         clock::ManualClock,
         limiter::{
             Verdict,
-            algorithm::{self, LocalState, Params, Unique},
+            algorithm::{self, Hits, LocalState, Params, Unique},
             redis_store::RedisStore,
         },
     };
@@ -140,7 +140,7 @@ mod limiter {
                         instance: 1,
                         seq: step,
                     };
-                    let call = algorithm::call(kind, &base, &p, now, unique, 1);
+                    let call = algorithm::call(kind, &base, &p, now, unique, 1.into());
                     let (reply, _) = store
                         .run(algorithm::script(kind), call, Duration::from_secs(2))
                         .await;
@@ -237,7 +237,7 @@ mod limiter {
                     instance: 3,
                     seq: step,
                 };
-                let call = algorithm::call(kind, &base, &p, now, unique, hits);
+                let call = algorithm::call(kind, &base, &p, now, unique, hits.into());
                 let (reply, _) = store
                     .run(algorithm::script(kind), call, Duration::from_secs(2))
                     .await;
@@ -332,12 +332,18 @@ mod limiter {
     #[tokio::test]
     async fn budget_taken_ahead_never_lets_two_limiters_over_one_limit() {
         let redis = RedisServer::start();
-        for kind in [Algorithm::FixedWindow, Algorithm::SlidingCounter] {
+        for kind in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingCounter,
+            Algorithm::TokenBucket,
+        ] {
             let clock = ManualClock::at(next_edge(T0, 60_000) + 10);
-            let cfg = config(
-                vec![rule(&format!("ahead-{kind:?}"), kind, 2_000, 60_000)],
-                FailureMode::Closed,
-            );
+            let mut r = rule(&format!("ahead-{kind:?}"), kind, 2_000, 60_000);
+            if kind == Algorithm::TokenBucket {
+                // The clock stands still, so the bucket holds burst + 1.
+                r.limit.burst = Some(1_999);
+            }
+            let cfg = config(vec![r], FailureMode::Closed);
             let a = limiter(&cfg, Some(&redis.url()), &clock);
             let b = limiter(&cfg, Some(&redis.url()), &clock);
             healthy(&a).await;
@@ -391,21 +397,77 @@ mod limiter {
     }
 
     #[tokio::test]
-    async fn token_buckets_and_sliding_logs_never_take_budget_ahead() {
+    async fn sliding_logs_never_take_budget_ahead() {
         let redis = RedisServer::start();
-        for kind in [Algorithm::TokenBucket, Algorithm::SlidingLog] {
-            let (l, _clock) = redis_limiter(
-                &redis,
-                rule(&format!("exact-{kind:?}"), kind, 1_000_000, 60_000),
-                T0,
-            )
-            .await;
-            let facts = get_from("203.0.113.9");
-            for _ in 0..10 {
-                let _ = futures::future::join_all((0..64).map(|_| l.check(&facts))).await;
-            }
-            assert_eq!(l.metrics().prefetched.get(), 0, "{kind:?}");
+        let (l, _clock) = redis_limiter(
+            &redis,
+            rule("exact", Algorithm::SlidingLog, 1_000_000, 60_000),
+            T0,
+        )
+        .await;
+        let facts = get_from("203.0.113.9");
+        for _ in 0..10 {
+            let _ = futures::future::join_all((0..64).map(|_| l.check(&facts))).await;
         }
+        assert_eq!(l.metrics().prefetched.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_token_bucket_holds_hits_taken_ahead_so_a_refilled_bucket_admits_no_more_than_it_would_have() {
+        let redis = RedisServer::start();
+        let store = script_store(&redis).await;
+        // 10 per second, burst 9: a full bucket holds 10 requests.
+        let p = Params {
+            requests: 10,
+            window_ms: 1_000,
+            burst: 9,
+        };
+        let kind = Algorithm::TokenBucket;
+        let base = "sluice:{held}";
+        let slot = algorithm::token_bucket::HOLD_SLOT_MS;
+        let t0 = (T0 / slot) * slot + 100;
+        let run = |now: u64, hits: Hits, seq: u64| {
+            let call = algorithm::call(kind, base, &p, now, Unique { instance: 1, seq }, hits);
+            let store = &store;
+            async move {
+                let (reply, _) = store
+                    .run(algorithm::script(kind), call, Duration::from_secs(2))
+                    .await;
+                algorithm::allowed_hits(&reply.expect("reply"))
+            }
+        };
+        let ahead = Hits { waiting: 1, ahead: 5 };
+        assert_eq!(run(t0, ahead, 0).await, 6, "one request and five hits ahead");
+        // A second later the bucket would be full again, but the five hits are still held: spent now,
+        // they leave room for five more, not ten.
+        assert!(algorithm::token_bucket::hold_until(t0) > t0 + 1_000);
+        assert_eq!(
+            run(t0 + 1_000, 10.into(), 1).await,
+            5,
+            "the held hits keep their room"
+        );
+        // Two slots on nothing is held any more, and the bucket refills in full.
+        assert!(algorithm::token_bucket::hold_until(t0) <= t0 + 2_000);
+        assert_eq!(run(t0 + 3_000, 20.into(), 2).await, 10, "full again");
+        // Without hits taken ahead the same sequence admits ten at once after a second.
+        let fresh = "sluice:{unheld}";
+        let call = algorithm::call(kind, fresh, &p, t0, Unique { instance: 1, seq: 3 }, 6.into());
+        let (reply, _) = store
+            .run(algorithm::script(kind), call, Duration::from_secs(2))
+            .await;
+        assert_eq!(algorithm::allowed_hits(&reply.unwrap()), 6);
+        let call = algorithm::call(
+            kind,
+            fresh,
+            &p,
+            t0 + 1_000,
+            Unique { instance: 1, seq: 4 },
+            10.into(),
+        );
+        let (reply, _) = store
+            .run(algorithm::script(kind), call, Duration::from_secs(2))
+            .await;
+        assert_eq!(algorithm::allowed_hits(&reply.unwrap()), 10);
     }
 
     /// A fixed window of 100 per minute, failing closed (so a decision that did not come from Redis is a

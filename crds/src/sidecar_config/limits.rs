@@ -132,7 +132,7 @@ pub struct RedisConfig {
     #[serde(default = "default_pool_size")]
     pub pool_size: usize,
     /// Most requests of a hot key's budget one call may take ahead for this sidecar to spend in process
-    /// (fixed window and sliding-window counter). Never over the limit; 0 makes every request wait for
+    /// (fixed window, sliding-window counter, token bucket). Never over the limit; 0 makes every request wait for
     /// its own decision. See docs/rate-limiting.md, "Hot keys take their budget ahead".
     #[serde(default = "default_prefetch")]
     pub prefetch: u64,

@@ -10,7 +10,7 @@ use sluice_crds::sidecar_config::Algorithm as AlgorithmKind;
 
 use super::{
     Settings, Shared,
-    algorithm::{self, Outcome, Params, Unique},
+    algorithm::{self, Hits, Outcome, Params, Unique},
     coalesce::{Reserve, Turn, Waiter, batch_deadline, prefetch_size},
     metrics::RedisErrorKind,
     redis_store::{CallError, RedisStore},
@@ -103,7 +103,10 @@ pub(super) async fn decide(
                 settings,
                 &handoff.counter,
                 now,
-                1 + prefetch,
+                Hits {
+                    waiting: 1,
+                    ahead: prefetch,
+                },
                 settings.timeout,
             ))
             .await?;
@@ -114,7 +117,16 @@ pub(super) async fn decide(
         }
         Turn::Alone => {
             let counter = counter(key);
-            let reply = Box::pin(call(shared, redis, settings, &counter, now, 1, settings.timeout)).await?;
+            let reply = Box::pin(call(
+                shared,
+                redis,
+                settings,
+                &counter,
+                now,
+                1.into(),
+                settings.timeout,
+            ))
+            .await?;
             algorithm::outcome(rule.algorithm, &rule.params, now, &reply)
         }
     }
@@ -128,7 +140,7 @@ async fn call(
     settings: &Settings,
     counter: &Counter,
     now: u64,
-    hits: u64,
+    hits: Hits,
     deadline: Duration,
 ) -> Option<Vec<i64>> {
     let unique = Unique {
@@ -140,7 +152,7 @@ async fn call(
     let (result, took) = redis.run(algorithm::script(counter.kind), call, deadline).await;
     let m = &shared.metrics;
     m.redis_latency.observe(took.as_secs_f64());
-    m.redis_batch_size.observe(hits as f64);
+    m.redis_batch_size.observe(hits.total() as f64);
     let failure = match result {
         Ok(reply) if algorithm::nth(counter.kind, &counter.params, &reply, 0).is_some() => {
             shared.breaker.record_success();
@@ -267,7 +279,10 @@ async fn drive(
         let reply = if deadline.is_zero() || shared.breaker.is_open() {
             None
         } else {
-            let hits = decided + prefetch;
+            let hits = Hits {
+                waiting: decided,
+                ahead: prefetch,
+            };
             call(&shared, &redis, &settings, &counter, now, hits, deadline).await
         };
         let reply = reply.map(Arc::new);

@@ -3,7 +3,9 @@
 //! Window `w` covers `[w·W, (w+1)·W)` ms. Cheapest algorithm; a client may get up to 2× the limit across
 //! a window edge (the limit at the end of one window and again at the start of the next).
 
-use super::{Algorithm, Call, EXPIRY_GRACE_MS, FIXED_WINDOW_SCRIPT, Outcome, Params, Script, Unique, count};
+use super::{
+    Algorithm, Call, EXPIRY_GRACE_MS, FIXED_WINDOW_SCRIPT, Hits, Outcome, Params, Script, Unique, count,
+};
 
 /// Fixed-window counting.
 #[derive(Debug)]
@@ -23,7 +25,7 @@ impl Algorithm for FixedWindow {
         &FIXED_WINDOW_SCRIPT
     }
 
-    fn call(base: &str, p: &Params, now: u64, _: Unique, hits: u64) -> Call {
+    fn call(base: &str, p: &Params, now: u64, _: Unique, hits: Hits) -> Call {
         let w = now / p.window_ms;
         let end = (w + 1) * p.window_ms;
         Call {
@@ -31,7 +33,7 @@ impl Algorithm for FixedWindow {
             args: vec![
                 p.requests.to_string(),
                 (end - now + EXPIRY_GRACE_MS).to_string(),
-                hits.to_string(),
+                hits.total().to_string(),
             ],
         }
     }
@@ -110,7 +112,13 @@ mod tests {
 
     #[test]
     fn keys_carry_window_length_and_index_under_the_hash_tag() {
-        let c = FixedWindow::call("sluice:{a/b/r/k}", &P, 60_001, Unique { instance: 0, seq: 0 }, 1);
+        let c = FixedWindow::call(
+            "sluice:{a/b/r/k}",
+            &P,
+            60_001,
+            Unique { instance: 0, seq: 0 },
+            1.into(),
+        );
         assert_eq!(c.keys, ["sluice:{a/b/r/k}:fw:30000:2"]);
         assert_eq!(c.args, ["3", &(29_999 + EXPIRY_GRACE_MS).to_string(), "1"]);
     }

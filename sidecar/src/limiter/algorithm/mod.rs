@@ -71,6 +71,30 @@ pub struct Unique {
     pub seq: u64,
 }
 
+/// The hits one call decides, in this order: requests waiting for the answer, then hits taken ahead for
+/// later requests (see [`prefetch_until`]). Only the token bucket treats the two differently.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hits {
+    /// Requests decided now.
+    pub waiting: u64,
+    /// Hits counted now and spent later by this sidecar.
+    pub ahead: u64,
+}
+
+impl Hits {
+    /// All of them.
+    pub fn total(self) -> u64 {
+        self.waiting + self.ahead
+    }
+}
+
+impl From<u64> for Hits {
+    /// `n` waiting requests, nothing taken ahead.
+    fn from(waiting: u64) -> Self {
+        Self { waiting, ahead: 0 }
+    }
+}
+
 /// One Redis call: the keys (all under one hash tag) and the arguments of the script.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Call {
@@ -116,10 +140,10 @@ pub trait Algorithm {
     /// The Lua script.
     fn script() -> &'static Script;
 
-    /// The Redis call deciding `hits` requests (at least 1) for one key, in arrival order, as if they had
-    /// come one after another at `now`. `base` is the key prefix with the hash tag
+    /// The Redis call deciding `hits` (at least 1) for one key, in arrival order, as if they had come one
+    /// after another at `now`. `base` is the key prefix with the hash tag
     /// (`sluice:{ns/policy/rule/keyhash}`); every key starts with it, so a script touches one cluster slot.
-    fn call(base: &str, p: &Params, now: u64, unique: Unique, hits: u64) -> Call;
+    fn call(base: &str, p: &Params, now: u64, unique: Unique, hits: Hits) -> Call;
 
     /// From the reply to a call with several hits, the reply the script would have given the `i`-th of
     /// them (from 0) had each been a call of its own, one after another; `None` when the reply has the
@@ -213,7 +237,7 @@ pub fn script(kind: AlgorithmKind) -> &'static Script {
 }
 
 /// The Redis call of `kind` deciding `hits` requests for one key (see [`Algorithm::call`]).
-pub fn call(kind: AlgorithmKind, base: &str, p: &Params, now: u64, unique: Unique, hits: u64) -> Call {
+pub fn call(kind: AlgorithmKind, base: &str, p: &Params, now: u64, unique: Unique, hits: Hits) -> Call {
     match kind {
         AlgorithmKind::FixedWindow => FixedWindow::call(base, p, now, unique, hits),
         AlgorithmKind::SlidingLog => SlidingLog::call(base, p, now, unique, hits),
@@ -243,17 +267,20 @@ pub fn outcome(kind: AlgorithmKind, p: &Params, now: u64, reply: &[i64]) -> Opti
 }
 
 /// Until when hits counted ahead at `now` may be spent (limiter clock, ms), or `None` for algorithms that
-/// cannot take hits ahead without letting a key over its limit. Fixed window and sliding-window counter
-/// can: a hit counted early in its aligned window is counted no later than when it is spent, so every
-/// check sees at least the true count; the end of that window ends it. A sliding-log entry would expire
-/// earlier than one written when the request arrives, and a token bucket that is full would lose the
-/// refill the early hits made room for: both would let requests over the limit.
+/// cannot take hits ahead without letting a key over its limit.
+/// - Fixed window and sliding-window counter: a hit counted early in its aligned window is counted no
+///   later than when it is spent, so every check sees at least the true count; the end of that window
+///   ends it.
+/// - Token bucket: a full bucket would lose the refill the early hits made room for, so the script holds
+///   them (the bucket drains no lower than what is held) until [`token_bucket::hold_until`].
+/// - Sliding log: an entry written early would expire early and let requests over the limit.
 pub fn prefetch_until(kind: AlgorithmKind, p: &Params, now: u64) -> Option<u64> {
     match kind {
         AlgorithmKind::FixedWindow | AlgorithmKind::SlidingCounter => {
             Some((now / p.window_ms + 1) * p.window_ms)
         }
-        AlgorithmKind::SlidingLog | AlgorithmKind::TokenBucket => None,
+        AlgorithmKind::TokenBucket => Some(token_bucket::hold_until(now)),
+        AlgorithmKind::SlidingLog => None,
     }
 }
 

@@ -6,7 +6,7 @@
 //! Lua's doubles while `limit·W < 2^53` (checked when rules are compiled).
 
 use super::{
-    Algorithm, Call, EXPIRY_GRACE_MS, Outcome, Params, SLIDING_COUNTER_SCRIPT, Script, Unique, count,
+    Algorithm, Call, EXPIRY_GRACE_MS, Hits, Outcome, Params, SLIDING_COUNTER_SCRIPT, Script, Unique, count,
 };
 
 /// Sliding-counter counting.
@@ -28,7 +28,7 @@ impl Algorithm for SlidingCounter {
         &SLIDING_COUNTER_SCRIPT
     }
 
-    fn call(base: &str, p: &Params, now: u64, _: Unique, hits: u64) -> Call {
+    fn call(base: &str, p: &Params, now: u64, _: Unique, hits: Hits) -> Call {
         let w = now / p.window_ms;
         let elapsed = now - w * p.window_ms;
         let prev = w as i64 - 1;
@@ -42,7 +42,7 @@ impl Algorithm for SlidingCounter {
                 p.window_ms.to_string(),
                 elapsed.to_string(),
                 (2 * p.window_ms - elapsed + EXPIRY_GRACE_MS).to_string(),
-                hits.to_string(),
+                hits.total().to_string(),
             ],
         }
     }

@@ -5,7 +5,9 @@
 
 use std::collections::VecDeque;
 
-use super::{Algorithm, Call, EXPIRY_GRACE_MS, Outcome, Params, SLIDING_LOG_SCRIPT, Script, Unique, count};
+use super::{
+    Algorithm, Call, EXPIRY_GRACE_MS, Hits, Outcome, Params, SLIDING_LOG_SCRIPT, Script, Unique, count,
+};
 
 /// Sliding-log counting.
 #[derive(Debug)]
@@ -24,7 +26,7 @@ impl Algorithm for SlidingLog {
         &SLIDING_LOG_SCRIPT
     }
 
-    fn call(base: &str, p: &Params, now: u64, unique: Unique, hits: u64) -> Call {
+    fn call(base: &str, p: &Params, now: u64, unique: Unique, hits: Hits) -> Call {
         Call {
             keys: vec![format!("{base}:sl:{}", p.window_ms)],
             args: vec![
@@ -33,7 +35,7 @@ impl Algorithm for SlidingLog {
                 p.requests.to_string(),
                 format!("{now}:{:x}:{:x}", unique.instance, unique.seq),
                 (p.window_ms + EXPIRY_GRACE_MS).to_string(),
-                hits.to_string(),
+                hits.total().to_string(),
             ],
         }
     }
@@ -130,8 +132,8 @@ mod tests {
 
     #[test]
     fn members_are_unique_per_instance_and_sequence() {
-        let a = SlidingLog::call("b", &P, 5, Unique { instance: 1, seq: 7 }, 1);
-        let b = SlidingLog::call("b", &P, 5, Unique { instance: 2, seq: 7 }, 1);
+        let a = SlidingLog::call("b", &P, 5, Unique { instance: 1, seq: 7 }, 1.into());
+        let b = SlidingLog::call("b", &P, 5, Unique { instance: 2, seq: 7 }, 1.into());
         assert_ne!(a.args[3], b.args[3]);
     }
 }

@@ -5,10 +5,28 @@
 //! `max(e − requests·elapsed, 0) + W ≤ (burst + 1)·W`: a new client gets `burst + 1` requests at once, then
 //! one every `W/requests` ms; rejections change nothing (as in nginx). nginx's `excess` is `e/W − 1`.
 //! Integers throughout, exact in Lua's doubles while `(burst + 1)·W < 2^53`.
+//!
+//! Hits taken ahead (see [`super::prefetch_until`]) are *held*: until they may no longer be spent, `e`
+//! drains no lower than `held·W`, as if they were still in the bucket, so a full bucket cannot refill the
+//! room they made. Held hits live in [`HOLD_SLOT_MS`] slots: those taken in slot `s` may be spent until
+//! slot `s + 2` begins (minus [`HOLD_MARGIN_MS`] for clock skew between sidecars). The in-process math
+//! below never takes hits ahead, so it needs none of this.
 
 use super::{
-    Algorithm, Call, EXPIRY_GRACE_MS, Outcome, Params, Script, TOKEN_BUCKET_SCRIPT, Unique, count, div_ceil,
+    Algorithm, Call, EXPIRY_GRACE_MS, Hits, Outcome, Params, Script, TOKEN_BUCKET_SCRIPT, Unique, count,
+    div_ceil,
 };
+
+/// Length of the time slots hits taken ahead are held in (ms).
+pub const HOLD_SLOT_MS: u64 = 1_000;
+/// Hits taken ahead stop being spendable this long before Redis stops holding them (ms), so a sidecar
+/// whose clock is that much behind another's still spends nothing Redis no longer holds.
+pub const HOLD_MARGIN_MS: u64 = 250;
+
+/// Until when hits a token bucket took ahead at `now` may be spent.
+pub fn hold_until(now: u64) -> u64 {
+    (now / HOLD_SLOT_MS + 2) * HOLD_SLOT_MS - HOLD_MARGIN_MS
+}
 
 /// Token-bucket (GCRA) counting.
 #[derive(Debug)]
@@ -37,7 +55,7 @@ impl Algorithm for TokenBucket {
         &TOKEN_BUCKET_SCRIPT
     }
 
-    fn call(base: &str, p: &Params, now: u64, _: Unique, hits: u64) -> Call {
+    fn call(base: &str, p: &Params, now: u64, _: Unique, hits: Hits) -> Call {
         Call {
             keys: vec![format!("{base}:tb:{}", p.window_ms)],
             args: vec![
@@ -46,7 +64,9 @@ impl Algorithm for TokenBucket {
                 p.burst.to_string(),
                 now.to_string(),
                 EXPIRY_GRACE_MS.to_string(),
-                hits.to_string(),
+                hits.total().to_string(),
+                hits.ahead.to_string(),
+                HOLD_SLOT_MS.to_string(),
             ],
         }
     }
