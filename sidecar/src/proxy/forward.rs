@@ -20,6 +20,7 @@ use sluice_crds::sidecar_config::UpstreamProtocol;
 
 use super::{
     ProxyBody,
+    app_connection::AppConnection,
     headers::insert_quota,
     metrics::Outcome,
     reject::{Rejection, too_many_requests},
@@ -45,10 +46,12 @@ pub static HOP_BY_HOP: [HeaderName; 7] = [
     header::UPGRADE,
 ];
 
-/// Handles one request from `peer`. Never fails: every problem becomes a response.
+/// Handles one request from `peer`, whose plain HTTP/1.1 requests go over `app`. Never fails: every
+/// problem becomes a response.
 pub async fn handle(
     state: Arc<ProxyState>,
     peer: SocketAddr,
+    app: Arc<AppConnection>,
     mut req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let snap = state.snapshot();
@@ -96,20 +99,27 @@ pub async fn handle(
         Ok(out) => out,
         Err(resp) => return Ok(resp),
     };
-    let client = if out.version() == Version::HTTP_2 {
-        &state.clients.h2c
-    } else {
-        &state.clients.http1
-    };
     let started = Instant::now();
-    let result = client.request(out).await;
+    let result = if out.version() == Version::HTTP_11 && upgrade.is_none() {
+        let out = origin_form(out, &snap.upstream_authority);
+        app.send(&snap.upstream_authority, out)
+            .await
+            .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
+    } else {
+        let client = if out.version() == Version::HTTP_2 {
+            &state.clients.h2c
+        } else {
+            &state.clients.http1
+        };
+        client.request(out).await.map_err(Into::into)
+    };
     state
         .metrics
         .upstream_latency
         .observe(started.elapsed().as_secs_f64());
     let mut resp = match result {
         Ok(resp) => resp,
-        Err(e) => return Ok(upstream_failed(&state, &e)),
+        Err(e) => return Ok(upstream_failed(&state, &*e)),
     };
 
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS
@@ -284,8 +294,26 @@ fn request_host<B>(req: &Request<B>) -> Option<String> {
     Some(host.to_ascii_lowercase())
 }
 
-fn upstream_failed(state: &ProxyState, e: &hyper_util::client::legacy::Error) -> Response<ProxyBody> {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+/// The request as an HTTP/1.1 app connection sends it: origin-form URI, `Host` set (the app's address when
+/// the client sent none).
+fn origin_form(req: Request<super::RequestBody>, app: &http::uri::Authority) -> Request<super::RequestBody> {
+    let (mut parts, body) = req.into_parts();
+    let path = parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    parts.uri = Uri::from(path);
+    if !parts.headers.contains_key(header::HOST)
+        && let Ok(v) = HeaderValue::from_str(app.as_str())
+    {
+        parts.headers.insert(header::HOST, v);
+    }
+    Request::from_parts(parts, body)
+}
+
+fn upstream_failed(state: &ProxyState, e: &(dyn std::error::Error + 'static)) -> Response<ProxyBody> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = source {
         if err.is::<http_body_util::LengthLimitError>() {
             state.metrics.request(Outcome::TooLarge);
@@ -295,7 +323,7 @@ fn upstream_failed(state: &ProxyState, e: &hyper_util::client::legacy::Error) ->
     }
     state.metrics.upstream_errors.inc();
     state.metrics.request(Outcome::UpstreamError);
-    tracing::debug!(error = %e, connect = e.is_connect(), "upstream request failed");
+    tracing::debug!(error = %e, "upstream request failed");
     plain(StatusCode::BAD_GATEWAY, "Bad Gateway")
 }
 

@@ -1,12 +1,14 @@
 //! The rate-limiting reverse proxy and its admin endpoints.
 //!
 //! Layout: [`server`] (accept loop, graceful shutdown), [`forward`] (one request: body limit, verdict,
-//! rewriting, hop-by-hop, `X-Forwarded-*`), [`upgrade`] (WebSocket tunnels), [`headers`] (quota headers),
+//! rewriting, hop-by-hop, `X-Forwarded-*`), [`app_connection`] (a client connection's kept-alive
+//! HTTP/1.1 connection to the app), [`upgrade`] (WebSocket tunnels), [`headers`] (quota headers),
 //! [`reject`] (the 429 and its sampled log line), [`admin`] (`/healthz`, `/readyz`, `/metrics`),
 //! [`state`] (the running config, swapped on reload), [`limit`] (the seam to the limiter),
 //! [`metrics`], [`demo`] (`sluice-sidecar demo`).
 
 pub mod admin;
+pub mod app_connection;
 pub mod demo;
 pub mod forward;
 pub mod headers;

@@ -12,7 +12,7 @@ use hyper_util::{
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::{forward, state::ProxyState};
+use super::{app_connection::AppConnection, forward, state::ProxyState};
 
 /// Serves the proxy on `listener` and the admin endpoints on `admin` until `shutdown` is cancelled, then
 /// drains. Returns once every connection closed or the grace period ran out.
@@ -49,7 +49,8 @@ pub async fn run(
         };
         let _ = stream.set_nodelay(true);
         let state = state.clone();
-        let service = service_fn(move |req| forward::handle(state.clone(), peer, req));
+        let app = Arc::new(AppConnection::default());
+        let service = service_fn(move |req| forward::handle(state.clone(), peer, app.clone(), req));
         let conn = builder
             .serve_connection_with_upgrades(TokioIo::new(stream), service)
             .into_owned();
