@@ -27,6 +27,8 @@ pub fn ceil_secs(d: Duration) -> u64 {
 /// Adds the configured quota headers for `quota` to `headers`.
 pub fn insert_quota(headers: &mut HeaderMap, quota: &Quota, config: &HeadersConfig) {
     let reset = ceil_secs(quota.reset);
+    // Grow the map once for all five fields rather than once per field.
+    headers.reserve(5);
     if config.legacy {
         headers.insert(X_RATELIMIT_LIMIT.clone(), HeaderValue::from(quota.limit));
         headers.insert(X_RATELIMIT_REMAINING.clone(), HeaderValue::from(quota.remaining));
