@@ -1,7 +1,7 @@
 //! The rate-limit overhead benchmark: `cargo bench -p sluice-sidecar --bench ratelimit [-- --quick]`.
 //!
-//! One upstream app (a small hyper server in its own process), one load generator, one run, seven
-//! setups: direct to the app; nginx `proxy_pass`; nginx with `limit_req`; the sidecar with limiting off;
+//! One upstream app (a small hyper server in its own process), one load generator, one run, eight
+//! setups, all running at once and measured in turn in interleaved rounds (each row is the median round): direct to the app; nginx `proxy_pass`; nginx with `limit_req`; the sidecar with limiting off;
 //! the sidecar with a fixed-window rule and with a token-bucket rule kept in Redis (limits never hit);
 //! the sidecar with a token-bucket rule while Redis is down. For each: saturation throughput and
 //! latency (wrk, closed loop), and latency at a fixed 2,000 req/s (an open-loop Rust client: each request
@@ -42,7 +42,11 @@ const END: &str = "<!-- bench:ratelimit:end -->";
 
 struct Settings {
     quick: bool,
+    /// Interleaved rounds: every setup is measured once per round, and each row reports the median.
+    rounds: usize,
+    /// wrk's run per setup and round.
     saturate: Duration,
+    /// The fixed-rate run per setup and round.
     fixed: Duration,
     connections: u32,
 }
@@ -56,15 +60,16 @@ fn main() {
     let quick = args.iter().any(|a| a == "--quick") || std::env::var_os("SLUICE_BENCH_QUICK").is_some();
     let settings = Settings {
         quick,
+        rounds: if quick { 1 } else { 3 },
         saturate: if quick {
             Duration::from_secs(3)
         } else {
-            Duration::from_secs(20)
+            Duration::from_secs(8)
         },
         fixed: if quick {
             Duration::from_secs(3)
         } else {
-            Duration::from_secs(20)
+            Duration::from_secs(7)
         },
         connections: 64,
     };
@@ -197,17 +202,12 @@ async fn run(s: &Settings, notes: Vec<String>) -> String {
     wait_port(upstream);
     let work = tempfile::tempdir().expect("tempdir");
     let mut redis = RedisServer::start();
-    let mut rows = Vec::new();
 
-    rows.push(measure(s, "direct to the app", upstream, None).await);
-
-    let (nginx, nginx_addr) = start_nginx(work.path(), upstream, false);
-    rows.push(measure(s, "nginx proxy_pass", nginx_addr, None).await);
-    drop(nginx);
-    let (nginx, nginx_addr) = start_nginx(work.path(), upstream, true);
-    rows.push(measure(s, "nginx limit_req (not hit)", nginx_addr, None).await);
-    drop(nginx);
-
+    // Every setup runs at once (idle ones cost nothing) and is measured once per round, in turn, so
+    // a noisy minute on this shared machine hits one round of every setup rather than all of one.
+    let (_nginx, nginx_addr) = start_nginx(work.path(), upstream, false);
+    let (_nginx_limit, nginx_limit_addr) = start_nginx(work.path(), upstream, true);
+    let mut sidecars = Vec::new();
     let setups: [(&str, &str, bool); 3] = [
         ("sidecar, limiting off", NO_RULE, false),
         ("sidecar, fixedWindow in Redis", FIXED_WINDOW, true),
@@ -224,20 +224,54 @@ async fn run(s: &Settings, notes: Vec<String>) -> String {
         if with_redis {
             wait_redis_healthy(&p);
         }
-        rows.push(measure(s, name, addr, Some(&p)).await);
+        sidecars.push((name, p, addr));
     }
     // Many clients: every request names one of 10,000 keys, so few arrive while a call for their own key
     // is in flight (saturation only: the fixed-rate client sends no key header).
-    let (p, addr) = start_sidecar(work.path(), MANY_KEYS, upstream, Some(redis.url()), false);
-    wait_redis_healthy(&p);
+    let (many_keys, many_keys_addr) =
+        start_sidecar(work.path(), MANY_KEYS, upstream, Some(redis.url()), false);
+    wait_redis_healthy(&many_keys);
     let script = work.path().join("many-keys.lua");
     std::fs::write(&script, MANY_KEYS_WRK).expect("write wrk script");
-    rows.push(measure_saturation(s, MANY_KEYS_ROW, addr, &script));
-    drop(p);
+
+    let mut targets: Vec<(&str, SocketAddr, Option<&Proc>)> = vec![
+        ("direct to the app", upstream, None),
+        ("nginx proxy_pass", nginx_addr, None),
+        ("nginx limit_req (not hit)", nginx_limit_addr, None),
+    ];
+    targets.extend(sidecars.iter().map(|(name, p, addr)| (*name, *addr, Some(p))));
+    let mut samples: Vec<Vec<Row>> = vec![Vec::new(); targets.len() + 1];
+    for round in 0..s.rounds {
+        eprintln!("-- round {} of {}", round + 1, s.rounds);
+        for (i, (name, addr, _)) in targets.iter().enumerate() {
+            samples[i].push(measure(s, name, *addr).await);
+        }
+        samples[targets.len()].push(measure_saturation(s, MANY_KEYS_ROW, many_keys_addr, &script));
+    }
+    let mut rows: Vec<Row> = samples.iter().map(|rounds| median(rounds)).collect();
+    for (row, (_, addr, sidecar)) in rows.iter_mut().zip(&targets) {
+        if let Some(p) = sidecar {
+            let _ = open_loop(*addr, 1_000, Duration::from_secs(5)).await;
+            row.rss_kb = rss(p.0.id());
+        }
+    }
+    drop(many_keys);
+    drop(sidecars);
+
     let url = redis.url();
     redis.kill();
     let (p, addr) = start_sidecar(work.path(), TOKEN_BUCKET, upstream, Some(url), false);
-    rows.push(measure(s, "sidecar, tokenBucket, Redis down", addr, Some(&p)).await);
+    let down: Vec<Row> = {
+        let mut v = Vec::new();
+        for _ in 0..s.rounds {
+            v.push(measure(s, "sidecar, tokenBucket, Redis down", addr).await);
+        }
+        v
+    };
+    let mut down = median(&down);
+    let _ = open_loop(addr, 1_000, Duration::from_secs(5)).await;
+    down.rss_kb = rss(p.0.id());
+    rows.push(down);
     drop(p);
 
     render(s, &rows, &notes)
@@ -400,19 +434,13 @@ http {{
     (p, addr)
 }
 
-async fn measure(s: &Settings, name: &str, addr: SocketAddr, sidecar: Option<&Proc>) -> Row {
+/// One round of one setup: saturation, then the fixed rate.
+async fn measure(s: &Settings, name: &str, addr: SocketAddr) -> Row {
     eprintln!("== {name} ({addr})");
     // Warm up connections and pools.
     let _ = open_loop(addr, 500, Duration::from_millis(500)).await;
     let (rps, sat_p50, sat_p99, non_2xx) = wrk(addr, s.saturate, s.connections, None);
     let fixed = open_loop(addr, 2_000, s.fixed).await;
-    let rss_kb = match sidecar {
-        Some(p) => {
-            let _ = open_loop(addr, 1_000, s.fixed.min(Duration::from_secs(5))).await;
-            rss(p.0.id())
-        }
-        None => None,
-    };
     let row = Row {
         name: name.into(),
         rps,
@@ -422,13 +450,32 @@ async fn measure(s: &Settings, name: &str, addr: SocketAddr, sidecar: Option<&Pr
         fixed_p99_us: fixed.p99_us,
         fixed_errors: fixed.errors,
         non_2xx,
-        rss_kb,
+        rss_kb: None,
     };
     eprintln!(
         "   {:.0} req/s; at 2,000 req/s p50 {} µs p99 {} µs; errors {}; non-2xx {}",
         row.rps, row.fixed_p50_us, row.fixed_p99_us, row.fixed_errors, row.non_2xx
     );
     row
+}
+
+/// The median of a setup's rounds: throughput and its wrk latencies from the median-throughput round,
+/// fixed-rate p50 and p99 each the median of the rounds', errors summed.
+fn median(rounds: &[Row]) -> Row {
+    let mid = |mut v: Vec<u64>| {
+        v.sort_unstable();
+        v[v.len() / 2]
+    };
+    let mut by_rps: Vec<&Row> = rounds.iter().collect();
+    by_rps.sort_by(|a, b| a.rps.total_cmp(&b.rps));
+    let middle = by_rps[by_rps.len() / 2];
+    Row {
+        fixed_p50_us: mid(rounds.iter().map(|r| r.fixed_p50_us).collect()),
+        fixed_p99_us: mid(rounds.iter().map(|r| r.fixed_p99_us).collect()),
+        fixed_errors: rounds.iter().map(|r| r.fixed_errors).sum(),
+        non_2xx: rounds.iter().map(|r| r.non_2xx).sum(),
+        ..middle.clone()
+    }
 }
 
 /// Saturation only, with a wrk script shaping the requests (no fixed-rate or RSS columns).
@@ -624,19 +671,23 @@ fn render(s: &Settings, rows: &[Row], notes: &[String]) -> String {
     let _ = writeln!(
         out,
         "Method: one upstream (a hyper server answering 200 with 19 bytes, its own process), every proxy on \
-         127.0.0.1, one after another in the same run. *Saturation*: wrk, 1 thread, {} keep-alive connections, \
-         {}s. *Fixed rate*: an open-loop Rust client at 2,000 req/s for {}s (each request sent on schedule in its \
-         own task, never waiting for earlier ones; latency from its actual send, since tokio's 1 ms timer \
-         would add the client's own lag). RSS: the sidecar's VmRSS after {}s at 1,000 req/s. \
+         127.0.0.1, all running at once and measured in turn, in {} interleaved rounds; each row is the median \
+         round (a noisy minute on this shared machine hits one round of every setup, not all of one). \
+         *Saturation*: wrk, 1 thread, {} keep-alive connections, {}s per round; the row shows the round with \
+         the median throughput. *Fixed rate*: an open-loop Rust client at 2,000 req/s for {}s per round (each \
+         request sent on schedule in its own task, never waiting for earlier ones; latency from its actual \
+         send, since tokio's 1 ms timer would add the client's own lag); p50 and p99 are the medians of the \
+         rounds'. RSS: the sidecar's VmRSS after 5s at 1,000 req/s, after the rounds. The \"Redis down\" row \
+         is measured after the others, in rounds of its own. \
          nginx: `worker_processes auto`, upstream keepalive 128, access log off; `limit_req` at 1,000,000 r/s \
          burst 1,000,000 nodelay (never hit). Sidecar: default config (tokio on all cores), limits never hit \
          (10⁹ per hour), client-IP key, `failureMode: local`; \"Redis down\" = the redis-server killed before \
          the sidecar starts, so the circuit breaker is open and decisions come from the local fallback. The \
          load generator, the upstream and the proxy share the machine's cores.\n",
+        s.rounds,
         s.connections,
         s.saturate.as_secs(),
         s.fixed.as_secs(),
-        s.fixed.min(Duration::from_secs(5)).as_secs()
     );
     let _ = writeln!(
         out,

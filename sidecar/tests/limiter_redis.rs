@@ -203,16 +203,7 @@ mod limiter {
             healthy(&a).await;
             healthy(&b).await;
             // Both sidecars see the same millisecond: sliding-log members must still be distinct.
-            let tasks = (0..100).map(|i| {
-                let l = if i % 2 == 0 { &a } else { &b };
-                async move { l.check(&get_from("203.0.113.9")).await.allowed() }
-            });
-            let allowed = futures::future::join_all(tasks)
-                .await
-                .into_iter()
-                .filter(|a| *a)
-                .count();
-            assert_eq!(allowed, 40, "{kind:?}");
+            assert_eq!(allowed_at_once(&a, &b, 100, 2).await, 40, "{kind:?}");
         }
     }
 
@@ -349,19 +340,11 @@ mod limiter {
             healthy(&a).await;
             healthy(&b).await;
             // Waves of concurrent requests at both until a whole wave is refused by both: by then every hit
-            // either took ahead has been spent or refused nothing.
+            // either limiter took ahead has been spent.
             let mut allowed = 0;
             for wave in 0.. {
                 assert!(wave < 200, "{kind:?}: never refused");
-                let tasks = (0..96).map(|i| {
-                    let l = if i % 3 == 0 { &a } else { &b };
-                    async move { l.check(&get_from("203.0.113.9")).await.allowed() }
-                });
-                let n = futures::future::join_all(tasks)
-                    .await
-                    .into_iter()
-                    .filter(|a| *a)
-                    .count();
+                let n = allowed_at_once(&a, &b, 96, 3).await;
                 allowed += n;
                 if n == 0 {
                     break;
@@ -468,6 +451,25 @@ mod limiter {
             .run(algorithm::script(kind), call, Duration::from_secs(2))
             .await;
         assert_eq!(algorithm::allowed_hits(&reply.unwrap()), 10);
+    }
+
+    /// Sends `n` concurrent requests from one client, every `a_every`-th to `a` and the rest to `b`;
+    /// returns how many were allowed.
+    async fn allowed_at_once(
+        a: &sluice_sidecar::limiter::Limiter,
+        b: &sluice_sidecar::limiter::Limiter,
+        n: usize,
+        a_every: usize,
+    ) -> usize {
+        let tasks = (0..n).map(|i| {
+            let l = if i % a_every == 0 { a } else { b };
+            async move { l.check(&get_from("203.0.113.9")).await.allowed() }
+        });
+        futures::future::join_all(tasks)
+            .await
+            .into_iter()
+            .filter(|a| *a)
+            .count()
     }
 
     /// A fixed window of 100 per minute, failing closed (so a decision that did not come from Redis is a

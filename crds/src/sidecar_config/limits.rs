@@ -100,7 +100,7 @@ impl Default for LimitsConfig {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum UpstreamProtocol {
-    /// HTTP/1.1 with pooled keep-alive connections, whatever the client spoke.
+    /// HTTP/1.1 over keep-alive connections (one per client connection), whatever the client spoke.
     #[default]
     Http1,
     /// HTTP/2 with prior knowledge (cleartext), whatever the client spoke.
