@@ -200,16 +200,8 @@ fn render(
     let inproc = r.inproc.as_ref().map(|b| b.jobs_per_sec).unwrap_or(f64::NAN);
     let sidecar = r.sidecar.as_ref().map(|b| b.jobs_per_sec).unwrap_or(f64::NAN);
     let verdict = |ok: bool| if ok { "met" } else { "**not met**" };
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let load: Vec<&str> = load.split_whitespace().take(3).collect();
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
-        })
-        .unwrap_or_else(|| "?".into());
+    let load = report::load_average();
+    let cpu = report::cpu_model();
 
     let mut out = String::new();
     let _ = writeln!(out, "{START}");
@@ -226,7 +218,7 @@ fn render(
         "Machine: {cpu}, {} cores (shared: other builds may run; load average at the end {}). \
          Versions: {}; {}; node {}; graphile-worker {GRAPHILE_VERSION}; sluice-sidecar {} (release profile).\n",
         cores(),
-        load.join(" "),
+        load,
         report::version_of("rustc", &["-V"]),
         pg_version.split(" on ").next().unwrap_or(pg_version),
         report::version_of("node", &["--version"]),

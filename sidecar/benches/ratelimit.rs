@@ -604,14 +604,7 @@ fn tool_version(cmd: &str, args: &[&str]) -> String {
 }
 
 fn render(s: &Settings, rows: &[Row], notes: &[String]) -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
-        })
-        .unwrap_or_else(|| "?".into());
+    let cpu = report::cpu_model();
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     let mem = std::fs::read_to_string("/proc/meminfo")
         .ok()
@@ -627,7 +620,7 @@ fn render(s: &Settings, rows: &[Row], notes: &[String]) -> String {
             })
         })
         .unwrap_or(0);
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load = report::load_average();
     let mut out = String::new();
     let _ = writeln!(out, "{START}");
     let _ = writeln!(out, "## Rate-limit overhead (sidecar vs nginx)\n");
@@ -644,14 +637,14 @@ fn render(s: &Settings, rows: &[Row], notes: &[String]) -> String {
              with other builds (load average at the end: {}). These numbers are noisy and are not the \
              result; the real run happens on a quiet machine without `--quick`.\n",
             s.saturate.as_secs(),
-            load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+            load
         );
     }
     let _ = writeln!(
         out,
         "Machine: {cpu}, {cores} cores, {mem} GiB; kernel {}; load average at the end {}.",
         tool_version("uname", &["-r"]),
-        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+        load
     );
     let _ = writeln!(
         out,

@@ -19,6 +19,24 @@ pub fn version_of(program: impl AsRef<OsStr>, args: &[&str]) -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
+/// The CPU model, from /proc/cpuinfo.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
+        .unwrap_or_else(|| "?".into())
+}
+
+/// The 1, 5 and 15 minute load averages, space separated.
+pub fn load_average() -> String {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+}
+
 /// Replaces the section between `start` and `end` of BENCHMARKS.md (at the workspace root) with
 /// `section` (which carries both markers), or appends it.
 pub fn write_section(start: &str, end: &str, section: &str) {
