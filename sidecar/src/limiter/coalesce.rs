@@ -152,7 +152,8 @@ struct Entry<T> {
     reserves: Reserves,
     /// Requests that joined since the last call was issued.
     demand: u64,
-    /// Hits the last call took ahead (how large a refill is).
+    /// Hits the next call for this key takes ahead, as the last settled call reckoned it (also the size
+    /// of a refill).
     prefetched: u64,
 }
 
@@ -192,11 +193,11 @@ impl<T> Default for Coalescer<T> {
     }
 }
 
-/// How many hits a call takes ahead: as many as requests arrived during the last call (a key that sees
-/// no concurrency takes none) twice over, so a refill started when half is spent arrives in time, at most
-/// `limit` (`limits.redis.prefetch`) and at most a quarter of what
-/// is left divided by the replicas that share it, so near the limit every request is decided by Redis
-/// and unspent hits can never hide more than a quarter of the budget from other replicas.
+/// How many hits a call takes ahead: twice the requests that arrived during the last call, so a refill
+/// started when half is spent arrives in time (a key that sees no concurrency takes none); at most
+/// `limit` (`limits.redis.prefetch`); and at most a quarter of what is left divided by the replicas that
+/// share it, so near the limit every request is decided by Redis and unspent hits never hide more than a
+/// quarter of the budget from other replicas.
 pub fn prefetch_size(demand: u64, remaining: u64, replicas: u32, limit: u64) -> u64 {
     if demand < 2 {
         return 0;

@@ -224,7 +224,8 @@ fn settle(
     let kind = counter.kind;
     let p = &counter.params;
     let allowed = reply.map_or(0, |r| algorithm::allowed_hits(r));
-    let reserve = match (reply, algorithm::prefetch_until(kind, p, now)) {
+    let until = algorithm::prefetch_until(kind, p, now);
+    let reserve = match (reply, until) {
         (Some(reply), Some(until_ms)) if allowed > decided => Some(Reserve {
             reply: Arc::clone(reply),
             params: *p,
@@ -242,9 +243,8 @@ fn settle(
         .map_or(0, |o| o.remaining);
     let settings = shared.settings.load();
     let (limit, replicas) = (settings.prefetch, settings.expected_replicas);
-    let prefetchable = algorithm::prefetch_until(kind, p, now).is_some();
     let settled = shared.coalescer.settle(&counter.key, p, reserve, now, |demand| {
-        if prefetchable {
+        if until.is_some() {
             prefetch_size(demand, remaining, replicas, limit)
         } else {
             0
