@@ -100,8 +100,7 @@ pub async fn handle(
         Err(resp) => return Ok(resp),
     };
     let started = Instant::now();
-    let result = if out.version() == Version::HTTP_11 && upgrade.is_none() {
-        let out = origin_form(out, &snap.upstream_authority);
+    let result = if over_app_connection(out.version(), upgrade.is_some()) {
         app.send(&snap.upstream_authority, out)
             .await
             .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
@@ -157,7 +156,8 @@ fn reject(state: &ProxyState, snap: &Snapshot, verdict: &Verdict, ip: IpAddr, ho
     }
 }
 
-/// Turns the client's request into the app's: absolute URI at the upstream, the chosen HTTP version,
+/// Turns the client's request into the app's: the chosen HTTP version, the URI in the form its connection
+/// needs (origin form over the app connection, absolute at the upstream for the pooled clients),
 /// hop-by-hop fields removed (the upgrade pair re-added for a WebSocket), forwarding fields set, and the
 /// body capped at `maxRequestBody` (a chunked body that grows past it fails the request with 413).
 #[allow(clippy::result_large_err)]
@@ -204,11 +204,6 @@ fn rewrite_request(
         .path_and_query()
         .cloned()
         .unwrap_or_else(|| PathAndQuery::from_static("/"));
-    let mut uri = http::uri::Parts::default();
-    uri.scheme = Some(snap.upstream_scheme.clone());
-    uri.authority = Some(snap.upstream_authority.clone());
-    uri.path_and_query = Some(path);
-    parts.uri = Uri::from_parts(uri).map_err(|_| plain(StatusCode::BAD_REQUEST, "Bad Request"))?;
     parts.version = match limits.upstream_protocol {
         _ if upgrading => Version::HTTP_11,
         UpstreamProtocol::Http1 => Version::HTTP_11,
@@ -216,6 +211,22 @@ fn rewrite_request(
         UpstreamProtocol::MatchClient if client_version == Version::HTTP_2 => Version::HTTP_2,
         UpstreamProtocol::MatchClient => Version::HTTP_11,
     };
+    if over_app_connection(parts.version, upgrading) {
+        // The app connection sends the request line as is: origin form, and HTTP/1.1 needs a Host.
+        parts.uri = Uri::from(path);
+        if !parts.headers.contains_key(header::HOST)
+            && let Ok(v) = HeaderValue::from_str(snap.upstream_authority.as_str())
+        {
+            parts.headers.insert(header::HOST, v);
+        }
+    } else {
+        // The pooled clients pick their connection by the absolute URI.
+        let mut uri = http::uri::Parts::default();
+        uri.scheme = Some(snap.upstream_scheme.clone());
+        uri.authority = Some(snap.upstream_authority.clone());
+        uri.path_and_query = Some(path);
+        parts.uri = Uri::from_parts(uri).map_err(|_| plain(StatusCode::BAD_REQUEST, "Bad Request"))?;
+    }
     if parts.version == Version::HTTP_2 {
         // The authority travels as :authority; a Host field beside it is redundant.
         parts.headers.remove(header::HOST);
@@ -294,22 +305,10 @@ fn request_host<B>(req: &Request<B>) -> Option<String> {
     Some(host.to_ascii_lowercase())
 }
 
-/// The request as an HTTP/1.1 app connection sends it: origin-form URI, `Host` set (the app's address when
-/// the client sent none).
-fn origin_form(req: Request<super::RequestBody>, app: &http::uri::Authority) -> Request<super::RequestBody> {
-    let (mut parts, body) = req.into_parts();
-    let path = parts
-        .uri
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| PathAndQuery::from_static("/"));
-    parts.uri = Uri::from(path);
-    if !parts.headers.contains_key(header::HOST)
-        && let Ok(v) = HeaderValue::from_str(app.as_str())
-    {
-        parts.headers.insert(header::HOST, v);
-    }
-    Request::from_parts(parts, body)
+/// Whether a request goes over the client connection's app connection (plain HTTP/1.1) rather than a
+/// pooled client (h2c, upgrades).
+fn over_app_connection(version: Version, upgrading: bool) -> bool {
+    version == Version::HTTP_11 && !upgrading
 }
 
 fn upstream_failed(state: &ProxyState, e: &(dyn std::error::Error + 'static)) -> Response<ProxyBody> {
