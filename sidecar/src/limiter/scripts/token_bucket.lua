@@ -67,9 +67,6 @@ if allowed <= 0 then
   return {0, excess}
 end
 local after = excess + allowed * window
-if now > last then
-  last = now
-end
 -- Slots never move back, even for a caller whose clock is behind.
 local slot = math.max(math.floor(now / slot_ms), s)
 if slot == s + 1 then
@@ -79,7 +76,7 @@ elseif slot > s then
 end
 s = slot
 h = h + math.max(0, allowed - (hits - ahead))
-redis.call('HSET', KEYS[1], 'e', after, 't', last, 'h', h, 'hp', hp, 's', s)
+redis.call('HSET', KEYS[1], 'e', after, 't', now_drain, 'h', h, 'hp', hp, 's', s)
 local ttl = math.ceil(after / rate)
 if h + hp > 0 then
   ttl = math.max(ttl, (s + 2) * slot_ms - now)
