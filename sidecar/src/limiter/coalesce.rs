@@ -30,9 +30,20 @@ use super::algorithm::Params;
 
 /// The most requests one call decides; further requests for that key go to Redis on their own.
 pub const MAX_BATCH: usize = 256;
-/// Most keys tracked at once (in flight or holding a reserve); beyond it, calls take nothing ahead, and
-/// keys whose reserve ran out or expired are dropped (at most once a second).
+/// Most keys tracked at once (in flight, holding a reserve, or seen lately); beyond it, calls take nothing
+/// ahead.
 pub const MAX_RESERVES: usize = 10_000;
+/// Above this many tracked keys, keys with no call in flight, no usable reserve and no recent request are
+/// dropped, at most once per [`SWEEP_EVERY_MS`].
+pub const SWEEP_ABOVE: usize = 1_024;
+/// See [`SWEEP_ABOVE`].
+pub const SWEEP_EVERY_MS: u64 = 100;
+/// A busy key takes ahead the hits it is expected to spend in this long, at its rate over the last
+/// [`RATE_WINDOW_MS`]: a refill started when half is left then has half the horizon to arrive, many Redis
+/// round trips even on a loaded machine.
+pub const PREFETCH_HORIZON_MS: u64 = 8;
+/// A key's arrival rate is counted per window of this long.
+pub const RATE_WINDOW_MS: u64 = 10;
 
 /// A request waiting for the next call for its key.
 #[derive(Debug)]
@@ -145,6 +156,53 @@ pub struct Settled<T> {
     pub prefetch: u64,
 }
 
+/// A key's arrivals per fixed window of [`RATE_WINDOW_MS`]: the current window's so far and the last full
+/// one's.
+#[derive(Debug)]
+struct Rate {
+    /// Start of the current window (limiter clock, ms).
+    start: u64,
+    seen: u64,
+    before: u64,
+}
+
+impl Rate {
+    fn new(now: u64) -> Self {
+        Self {
+            start: now,
+            seen: 0,
+            before: 0,
+        }
+    }
+
+    /// Counts one arrival at `now`.
+    fn record(&mut self, now: u64) {
+        let elapsed = now.saturating_sub(self.start);
+        if elapsed >= RATE_WINDOW_MS {
+            // The window that just ended is the last full one only if no empty window came between.
+            self.before = if elapsed < 2 * RATE_WINDOW_MS {
+                self.seen
+            } else {
+                0
+            };
+            self.seen = 0;
+            self.start = now - elapsed % RATE_WINDOW_MS;
+        }
+        self.seen += 1;
+    }
+
+    /// Arrivals expected within [`PREFETCH_HORIZON_MS`] at the last full window's rate.
+    fn expected(&self) -> u64 {
+        self.before * PREFETCH_HORIZON_MS / RATE_WINDOW_MS
+    }
+
+    /// Whether the key saw a request in this window or the last: worth remembering while it is idle, so
+    /// that a steady stream of requests that never overlap still builds up a rate.
+    fn recent(&self, now: u64) -> bool {
+        now.saturating_sub(self.start) < 2 * RATE_WINDOW_MS
+    }
+}
+
 #[derive(Debug)]
 struct Entry<T> {
     in_flight: bool,
@@ -152,20 +210,34 @@ struct Entry<T> {
     reserves: Reserves,
     /// Requests that joined since the last call was issued.
     demand: u64,
+    rate: Rate,
     /// Hits the next call for this key takes ahead, as the last settled call reckoned it (also the size
     /// of a refill).
     prefetched: u64,
 }
 
 impl<T> Entry<T> {
-    fn new() -> Self {
+    fn new(now: u64) -> Self {
+        let mut rate = Rate::new(now);
+        rate.record(now);
         Self {
             in_flight: true,
             queue: Vec::new(),
             reserves: Reserves::default(),
             demand: 0,
+            rate,
             prefetched: 0,
         }
+    }
+
+    /// Hits this key wants to take ahead: twice the requests that arrived during the last call (so a
+    /// refill started when half is spent arrives in time), or what it is expected to spend within
+    /// [`PREFETCH_HORIZON_MS`], whichever is more. Fewer than two is none: a key that sees one request at
+    /// a time, at a low rate, takes nothing ahead.
+    fn wanted(&self) -> u64 {
+        let during_call = if self.demand >= 2 { self.demand * 2 } else { 0 };
+        let wanted = during_call.max(self.rate.expected());
+        if wanted < 2 { 0 } else { wanted }
     }
 }
 
@@ -193,16 +265,12 @@ impl<T> Default for Coalescer<T> {
     }
 }
 
-/// How many hits a call takes ahead: twice the requests that arrived during the last call, so a refill
-/// started when half is spent arrives in time (a key that sees no concurrency takes none); at most
-/// `limit` (`limits.redis.prefetch`); and at most a quarter of what is left divided by the replicas that
-/// share it, so near the limit every request is decided by Redis and unspent hits never hide more than a
+/// How many hits a call takes ahead: what the key `wanted` (see `Entry::wanted`); at most `limit`
+/// (`limits.redis.prefetch`); and at most a quarter of what is left divided by the replicas that share
+/// it, so near the limit every request is decided by Redis and unspent hits never hide more than a
 /// quarter of the budget from other replicas.
-pub fn prefetch_size(demand: u64, remaining: u64, replicas: u32, limit: u64) -> u64 {
-    if demand < 2 {
-        return 0;
-    }
-    (demand * 2)
+pub fn prefetch_size(wanted: u64, remaining: u64, replicas: u32, limit: u64) -> u64 {
+    wanted
         .min(limit)
         .min(remaining / (4 * u64::from(replicas.max(1))))
 }
@@ -213,10 +281,12 @@ impl<T> Coalescer<T> {
     pub fn join(&self, key: &str, params: &Params, now: u64) -> Turn<T> {
         let mut entries = self.lock();
         let Some(entry) = entries.by_key.get_mut(key) else {
-            entries.by_key.insert(key.to_owned(), Entry::new());
+            entries.by_key.insert(key.to_owned(), Entry::new(now));
             return Turn::Lead { prefetch: 0 };
         };
+        let quiet = !entry.rate.recent(now);
         entry.demand += 1;
+        entry.rate.record(now);
         if let Some(spent) = entry.reserves.take(params, now) {
             let low = entry.reserves.left() * 2 <= entry.prefetched;
             let refill = if low && entry.prefetched > 0 && !entry.in_flight {
@@ -230,7 +300,8 @@ impl<T> Coalescer<T> {
         }
         if !entry.in_flight {
             entry.in_flight = true;
-            let prefetch = entry.prefetched;
+            // Quiet since its last call: what that call reckoned no longer holds.
+            let prefetch = if quiet { 0 } else { entry.prefetched };
             entry.demand = 0;
             return Turn::Lead { prefetch };
         }
@@ -246,9 +317,10 @@ impl<T> Coalescer<T> {
     }
 
     /// Called when the call in flight for `key` finished, with the hits it took ahead (`reserve`, if any
-    /// were allowed) and the size of the next call's prefetch as [`prefetch_size`] reckons it from
-    /// `remaining` (what the reply says is left). Serves the queue that formed meanwhile from the reserve
-    /// and returns the rest as the next batch; with nothing left to decide the key is no longer in flight.
+    /// were allowed) and the size of the next call's prefetch, which `next_prefetch` reckons from the hits
+    /// the key wants (see [`prefetch_size`]). Serves the queue that formed meanwhile from the reserve and
+    /// returns the rest as the next batch; with nothing left to decide the key is no longer in flight,
+    /// and it is forgotten unless it holds hits or saw a request lately.
     pub fn settle(
         &self,
         key: &str,
@@ -258,11 +330,11 @@ impl<T> Coalescer<T> {
         next_prefetch: impl FnOnce(u64) -> u64,
     ) -> Settled<T> {
         let mut entries = self.lock();
-        if entries.by_key.len() >= MAX_RESERVES && now.saturating_sub(entries.swept_at) >= 1_000 {
+        if entries.by_key.len() >= SWEEP_ABOVE && now.saturating_sub(entries.swept_at) >= SWEEP_EVERY_MS {
             entries.swept_at = now;
             entries
                 .by_key
-                .retain(|_, e| e.in_flight || e.reserves.usable(now));
+                .retain(|_, e| e.in_flight || e.reserves.usable(now) || e.rate.recent(now));
         }
         let crowded = entries.by_key.len() >= MAX_RESERVES;
         let mut settled = Settled {
@@ -283,14 +355,14 @@ impl<T> Coalescer<T> {
                 None => settled.batch.push(waiter),
             }
         }
-        let prefetch = if crowded { 0 } else { next_prefetch(entry.demand) };
+        let prefetch = if crowded { 0 } else { next_prefetch(entry.wanted()) };
         entry.prefetched = prefetch;
         let reserve_left = entry.reserves.left();
         if !settled.batch.is_empty() {
             entry.demand = 0;
             settled.prefetch = prefetch;
-        } else if reserve_left == 0 {
-            // Nothing queued, nothing held: the key is idle (its demand is forgotten).
+        } else if reserve_left == 0 && !entry.rate.recent(now) {
+            // Nothing queued, nothing held, quiet: the key is idle (its demand is forgotten).
             entries.by_key.remove(key);
         } else {
             entry.in_flight = false;
@@ -375,8 +447,16 @@ mod tests {
 
         assert_eq!(c.settle("k", &P, None, 0, none).batch.len(), 1);
         assert!(c.settle("k", &P, None, 0, none).batch.is_empty());
-        assert!(c.settle("other", &P, None, 0, none).batch.is_empty());
-        assert_eq!(c.tracked(), 0);
+        assert_eq!(c.tracked(), 2, "an idle key seen lately is remembered");
+        let quiet = 2 * RATE_WINDOW_MS;
+        assert!(c.settle("other", &P, None, quiet, none).batch.is_empty());
+        let _ = c.join("k", &P, quiet);
+        assert!(
+            c.settle("k", &P, None, quiet + 2 * RATE_WINDOW_MS, none)
+                .batch
+                .is_empty()
+        );
+        assert_eq!(c.tracked(), 0, "quiet idle keys are forgotten");
         assert!(
             matches!(c.join("k", &P, 0), Turn::Lead { .. }),
             "an idle key is led again"
@@ -434,8 +514,8 @@ mod tests {
         );
         let _ = c.settle("k", &P, Some(reserve(1, 100, 60_000)), 0, |_| 50);
         assert!(
-            matches!(c.join("k", &P, 60_000), Turn::Lead { prefetch: 50 }),
-            "the next window needs a new call"
+            matches!(c.join("k", &P, 60_000), Turn::Lead { prefetch: 0 }),
+            "the next window needs a new call (and a key quiet this long takes nothing ahead)"
         );
         assert_eq!(c.reserved("k"), 0);
     }
@@ -471,13 +551,53 @@ mod tests {
     }
 
     #[test]
-    fn prefetch_needs_concurrency_and_stays_far_from_the_limit() {
-        assert_eq!(prefetch_size(1, 1_000_000, 1, 256), 0, "one at a time: exact");
+    fn a_key_wants_twice_the_arrivals_per_call_or_its_horizon_at_its_rate() {
+        let mut e = Entry::<()>::new(0);
+        e.demand = 1;
+        assert_eq!(e.wanted(), 0, "one at a time, at a low rate: exact");
+        e.demand = 17;
+        assert_eq!(e.wanted(), 34, "twice the arrivals per call");
+        e.demand = 0;
+        for t in 0..25 {
+            e.rate.record(t * RATE_WINDOW_MS / 25);
+        }
+        assert_eq!(e.wanted(), 0, "no full window yet");
+        e.rate.record(RATE_WINDOW_MS);
         assert_eq!(
-            prefetch_size(17, 1_000_000, 1, 256),
-            34,
-            "twice the arrivals per call"
+            e.wanted(),
+            25 * PREFETCH_HORIZON_MS / RATE_WINDOW_MS,
+            "the last window's rate over the horizon"
         );
+        e.rate.record(3 * RATE_WINDOW_MS + 1);
+        assert_eq!(e.wanted(), 0, "an empty window between: no rate");
+    }
+
+    #[test]
+    fn a_steady_stream_that_never_overlaps_takes_hits_ahead_after_one_window() {
+        let c = Coalescer::<()>::default();
+        let mut prefetches = Vec::new();
+        // Two requests a millisecond, each call finished before the next request arrives.
+        for t in 0..2 * RATE_WINDOW_MS {
+            for _ in 0..2 {
+                let Turn::Lead { prefetch } = c.join("k", &P, t) else {
+                    panic!("nothing overlaps, nothing is reserved: every request leads")
+                };
+                prefetches.push(prefetch);
+                let _ = c.settle("k", &P, None, t, |wanted| wanted);
+            }
+        }
+        let per_window = 2 * RATE_WINDOW_MS;
+        assert!(prefetches[..per_window as usize + 1].iter().all(|&p| p == 0));
+        assert_eq!(
+            prefetches.last(),
+            Some(&(per_window * PREFETCH_HORIZON_MS / RATE_WINDOW_MS))
+        );
+    }
+
+    #[test]
+    fn prefetch_stays_within_its_cap_and_far_from_the_limit() {
+        assert_eq!(prefetch_size(0, 1_000_000, 1, 256), 0, "wanting none takes none");
+        assert_eq!(prefetch_size(34, 1_000_000, 1, 256), 34);
         assert_eq!(prefetch_size(1_000, 1_000_000, 1, 256), 256, "capped");
         assert_eq!(prefetch_size(17, 40, 1, 256), 10, "a quarter of what is left");
         assert_eq!(prefetch_size(17, 40, 5, 256), 2, "shared by the replicas");

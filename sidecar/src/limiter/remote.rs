@@ -243,9 +243,9 @@ fn settle(
         .map_or(0, |o| o.remaining);
     let settings = shared.settings.load();
     let (limit, replicas) = (settings.prefetch, settings.expected_replicas);
-    let settled = shared.coalescer.settle(&counter.key, p, reserve, now, |demand| {
+    let settled = shared.coalescer.settle(&counter.key, p, reserve, now, |wanted| {
         if until.is_some() {
-            prefetch_size(demand, remaining, replicas, limit)
+            prefetch_size(wanted, remaining, replicas, limit)
         } else {
             0
         }
