@@ -323,44 +323,54 @@ impl Limiter {
         if settings.allow_list.iter().any(|net| net.contains(&client)) {
             return Verdict::default();
         }
-        let applying: Vec<(&CompiledRule, KeyHash)> = settings
+        let mut matching = settings
             .rules
             .iter()
             .filter(|r| r.matcher.matches(req))
-            .filter_map(|r| r.key.hash(req).map(|h| (r, h)))
-            .collect();
-        if applying.is_empty() {
+            .filter_map(|r| r.key.hash(req).map(|h| (r, h)));
+        let Some(first) = matching.next() else {
             return Verdict::default();
-        }
-        let now = self.shared.clock.now_millis();
-        let decisions: Vec<(Outcome, Source)> = match &self.shared.redis {
-            None => applying
-                .iter()
-                .map(|(r, h)| {
-                    let o = self.shared.local.decide(&r.name, h, r.algorithm, r.params, now);
-                    (o, Source::Local)
-                })
-                .collect(),
-            Some(_) if self.shared.breaker.is_open() => applying
-                .iter()
-                .map(|(r, h)| self.fallback(&settings, r, h, now))
-                .collect(),
-            // One rule (the common case) is awaited in place: `join_all` would allocate and move every
-            // rule's future on each request.
-            Some(redis) if applying.len() == 1 => {
-                let (r, h) = &applying[0];
-                vec![self.redis_decide(redis, &settings, r, h, now).await]
-            }
-            Some(redis) => {
-                futures::future::join_all(
-                    applying
-                        .iter()
-                        .map(|(r, h)| self.redis_decide(redis, &settings, r, h, now)),
-                )
-                .await
-            }
         };
+        let now = self.shared.clock.now_millis();
+        // One applying rule (the common case) is decided in place, without a vector of rules, a vector
+        // of decisions or `join_all` (which would allocate and move every rule's future); the rest
+        // collected is empty and allocates nothing.
+        let rest: Vec<(&CompiledRule, KeyHash)> = matching.collect();
+        if rest.is_empty() {
+            let (r, h) = &first;
+            let decision = self.decide(&settings, r, h, now).await;
+            return verdict(
+                std::slice::from_ref(&first),
+                std::slice::from_ref(&decision),
+                &settings,
+            );
+        }
+        let applying: Vec<(&CompiledRule, KeyHash)> = std::iter::once(first).chain(rest).collect();
+        let decisions: Vec<(Outcome, Source)> =
+            futures::future::join_all(applying.iter().map(|(r, h)| self.decide(&settings, r, h, now))).await;
         verdict(&applying, &decisions, &settings)
+    }
+
+    /// One rule's decision: in process without Redis, from the failure mode while the breaker is open,
+    /// else by Redis.
+    async fn decide(
+        &self,
+        settings: &Settings,
+        rule: &CompiledRule,
+        hash: &KeyHash,
+        now: u64,
+    ) -> (Outcome, Source) {
+        match &self.shared.redis {
+            None => {
+                let o = self
+                    .shared
+                    .local
+                    .decide(&rule.name, hash, rule.algorithm, rule.params, now);
+                (o, Source::Local)
+            }
+            Some(_) if self.shared.breaker.is_open() => self.fallback(settings, rule, hash, now),
+            Some(redis) => self.redis_decide(redis, settings, rule, hash, now).await,
+        }
     }
 
     async fn redis_decide(
