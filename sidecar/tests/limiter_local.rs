@@ -34,7 +34,7 @@ mod limiter {
         );
         let v = check(&l, "198.51.100.7").await;
         let q = v.quota.unwrap();
-        assert_eq!((q.rule.as_str(), q.limit, q.remaining), ("api", 5, 0));
+        assert_eq!((&*q.rule, q.limit, q.remaining), ("api", 5, 0));
         assert_eq!(v.retry_after, Some(Duration::from_secs(60)));
         clock.advance(Duration::from_secs(60));
         assert_eq!(allowed_of(&l, "198.51.100.7", 8).await, 5);
@@ -107,7 +107,7 @@ mod limiter {
         assert_eq!(m.decisions("trial", DecisionOutcome::shadow_rejected), 3);
         assert_eq!(m.decisions("trial", DecisionOutcome::rejected), 0);
         assert_eq!(
-            check(&l, "198.51.100.7").await.quota.unwrap().rule,
+            &*check(&l, "198.51.100.7").await.quota.unwrap().rule,
             "api",
             "shadow rules stay out of headers"
         );
@@ -152,14 +152,14 @@ mod limiter {
         };
         let v = l.check(&req("/login")).await;
         let q = v.quota.unwrap();
-        assert_eq!((q.rule.as_str(), q.remaining), ("login", 1));
+        assert_eq!((&*q.rule, q.remaining), ("login", 1));
         l.check(&req("/login")).await;
         let v = l.check(&req("/login")).await;
         assert_eq!(v.rejected_by.as_deref(), Some("login"));
-        assert_eq!(v.quota.unwrap().rule, "login");
+        assert_eq!(&*v.quota.unwrap().rule, "login");
         // Other paths only meet the wide rule, which counted the three login attempts too.
         let q = l.check(&req("/other")).await.quota.unwrap();
-        assert_eq!((q.rule.as_str(), q.remaining), ("all", 6));
+        assert_eq!((&*q.rule, q.remaining), ("all", 6));
     }
 
     #[tokio::test]
@@ -185,7 +185,7 @@ mod limiter {
         assert_eq!(allowed, 10, "auth tier: 10 per minute");
         let v = l.check(&login(no_headers(), "198.51.100.1")).await;
         assert!(v.allowed(), "anonymous clients are keyed by address");
-        assert_eq!(v.quota.unwrap().rule, "auth");
+        assert_eq!(&*v.quota.unwrap().rule, "auth");
     }
 
     #[tokio::test]

@@ -185,7 +185,7 @@ mod limiter {
         l.reconfigure(&two, Some(&policy())).unwrap();
         assert_eq!(allowed_of(&l, "198.51.100.7", 5).await, 2);
         assert_eq!(
-            l.check(&get_from("198.51.100.7")).await.quota.unwrap().rule,
+            &*l.check(&get_from("198.51.100.7")).await.quota.unwrap().rule,
             "read"
         );
     }

@@ -102,7 +102,7 @@ impl Verdict {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Quota {
     /// Rule name.
-    pub rule: String,
+    pub rule: Arc<str>,
     /// Requests allowed per window, as enforced by this decision (the per-replica share in local
     /// fallback; for the token bucket the refill rate per window).
     pub limit: u64,
@@ -442,7 +442,7 @@ fn verdict(
         rule.counters.count(label);
         if label == DecisionOutcome::rejected {
             if v.rejected_by.is_none() {
-                v.rejected_by = Some(rule.name.clone());
+                v.rejected_by = Some(rule.name.to_string());
             }
             let wait = Duration::from_millis(o.retry_after_ms);
             v.retry_after = Some(v.retry_after.map_or(wait, |w| w.max(wait)));
@@ -466,7 +466,7 @@ fn verdict(
             _ => rule.params.requests,
         };
         Quota {
-            rule: rule.name.clone(),
+            rule: Arc::clone(&rule.name),
             limit,
             remaining: if o.allowed { o.remaining } else { 0 },
             reset: Duration::from_millis(o.reset_ms),

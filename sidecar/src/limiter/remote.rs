@@ -38,7 +38,7 @@ struct Counter {
     base_len: usize,
     kind: AlgorithmKind,
     params: Params,
-    rule: String,
+    rule: Arc<str>,
 }
 
 /// Decides `rule` for the key `base` in Redis; `None` when Redis did not decide in time.
@@ -59,7 +59,7 @@ pub(super) async fn decide(
         base_len,
         kind: rule.algorithm,
         params: rule.params,
-        rule: rule.name.clone(),
+        rule: Arc::clone(&rule.name),
     };
     // The calls below are boxed: most requests of a busy key never make one, and this future lives in
     // every request's state.

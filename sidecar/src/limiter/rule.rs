@@ -1,5 +1,7 @@
 //! Rules compiled for the hot path: which requests a rule applies to, its key and its limit.
 
+use std::sync::Arc;
+
 use http::HeaderName;
 use regex::Regex;
 use sluice_crds::sidecar_config::{Algorithm as AlgorithmKind, PolicyRef, Rule, RuleMatch};
@@ -93,8 +95,8 @@ fn host_only(h: &str) -> &str {
 /// One rule, ready for the hot path.
 #[derive(Debug)]
 pub struct CompiledRule {
-    /// Rule name (in verdicts, metrics and Redis keys).
-    pub name: String,
+    /// Rule name (in verdicts, metrics and Redis keys); shared, since every quota header names it.
+    pub name: Arc<str>,
     /// When the rule applies.
     pub matcher: Matcher,
     /// How its keys are derived.
@@ -143,7 +145,7 @@ impl CompiledRule {
             )));
         }
         Ok(Self {
-            name: rule.name.clone(),
+            name: Arc::from(rule.name.as_str()),
             matcher: Matcher::compile(&rule.matches, &format!("{field}.match"))?,
             key: KeySpec::compile(policy, &rule.name, &rule.key, &field)?,
             algorithm: rule.algorithm,

@@ -3,6 +3,7 @@
 //! response streamed back with the quota headers added.
 
 use std::{
+    borrow::Cow,
     convert::Infallible,
     net::{IpAddr, SocketAddr},
     sync::Arc,
@@ -291,8 +292,9 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// Host without port, lower case: from `Host`, or the URI authority (HTTP/2).
-fn request_host<B>(req: &Request<B>) -> Option<String> {
+/// Host without port, lower case: from `Host`, or the URI authority (HTTP/2). Borrowed when it is
+/// lower case already (nearly always).
+fn request_host<B>(req: &Request<B>) -> Option<Cow<'_, str>> {
     let raw = req
         .headers()
         .get(header::HOST)
@@ -302,7 +304,11 @@ fn request_host<B>(req: &Request<B>) -> Option<String> {
         Some(v6) => v6.split(']').next().unwrap_or(v6),
         None => raw.split(':').next().unwrap_or(raw),
     };
-    Some(host.to_ascii_lowercase())
+    Some(if host.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(host.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(host)
+    })
 }
 
 /// Whether a request goes over the client connection's app connection (plain HTTP/1.1) rather than a

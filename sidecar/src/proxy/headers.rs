@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use sluice_crds::sidecar_config::HeadersConfig;
 
@@ -25,43 +26,80 @@ pub fn ceil_secs(d: Duration) -> u64 {
 }
 
 /// Adds the configured quota headers for `quota` to `headers`.
+///
+/// This runs on every response of a limited route, so the values are written into one buffer and each
+/// field holds a slice of it: two allocations for all five fields rather than two per field.
 pub fn insert_quota(headers: &mut HeaderMap, quota: &Quota, config: &HeadersConfig) {
     let reset = ceil_secs(quota.reset);
-    // Grow the map once for all five fields rather than once per field.
-    headers.reserve(5);
+    let mut values = Values::with_capacity(3 * 20 + 2 * (quota.rule.len() + 2 + 6 + 40));
     if config.legacy {
-        headers.insert(X_RATELIMIT_LIMIT.clone(), HeaderValue::from(quota.limit));
-        headers.insert(X_RATELIMIT_REMAINING.clone(), HeaderValue::from(quota.remaining));
-        headers.insert(X_RATELIMIT_RESET.clone(), HeaderValue::from(reset));
+        values.field(&X_RATELIMIT_LIMIT, |b| push_decimal(b, quota.limit));
+        values.field(&X_RATELIMIT_REMAINING, |b| push_decimal(b, quota.remaining));
+        values.field(&X_RATELIMIT_RESET, |b| push_decimal(b, reset));
     }
     if config.draft {
         // Rule names are DNS labels (validated), so they need no escaping inside the quoted string.
-        let policy = draft_field(&quota.rule, ";q=", quota.limit, ";w=", ceil_secs(quota.window));
-        let state = draft_field(&quota.rule, ";r=", quota.remaining, ";t=", reset);
-        if let Ok(v) = HeaderValue::try_from(policy) {
-            headers.insert(RATELIMIT_POLICY.clone(), v);
+        let window = ceil_secs(quota.window);
+        values.field(&RATELIMIT_POLICY, |b| {
+            draft_field(b, &quota.rule, b";q=", quota.limit, b";w=", window)
+        });
+        values.field(&RATELIMIT, |b| {
+            draft_field(b, &quota.rule, b";r=", quota.remaining, b";t=", reset)
+        });
+    }
+    values.insert_into(headers);
+}
+
+/// Header values written one after another into one buffer: `(name, start, end)` per field.
+struct Values {
+    buf: Vec<u8>,
+    fields: [Option<(&'static HeaderName, usize, usize)>; 5],
+    len: usize,
+}
+
+impl Values {
+    fn with_capacity(bytes: usize) -> Self {
+        Self {
+            buf: Vec::with_capacity(bytes),
+            fields: [None; 5],
+            len: 0,
         }
-        if let Ok(v) = HeaderValue::try_from(state) {
-            headers.insert(RATELIMIT.clone(), v);
+    }
+
+    fn field(&mut self, name: &'static HeaderName, write: impl FnOnce(&mut Vec<u8>)) {
+        let start = self.buf.len();
+        write(&mut self.buf);
+        self.fields[self.len] = Some((name, start, self.buf.len()));
+        self.len += 1;
+    }
+
+    fn insert_into(self, headers: &mut HeaderMap) {
+        if self.len == 0 {
+            return;
+        }
+        // Grow the map once for all fields rather than once per field.
+        headers.reserve(self.len);
+        let buf = Bytes::from(self.buf);
+        for (name, start, end) in self.fields.into_iter().flatten() {
+            if let Ok(v) = HeaderValue::from_maybe_shared(buf.slice(start..end)) {
+                headers.insert(name.clone(), v);
+            }
         }
     }
 }
 
-/// `"<rule>"<p1><n1><p2><n2>`, built without the formatting machinery (this runs on every response of
-/// a limited route).
-fn draft_field(rule: &str, p1: &str, n1: u64, p2: &str, n2: u64) -> String {
-    let mut s = String::with_capacity(rule.len() + 2 + p1.len() + p2.len() + 40);
-    s.push('"');
-    s.push_str(rule);
-    s.push('"');
-    s.push_str(p1);
-    push_decimal(&mut s, n1);
-    s.push_str(p2);
-    push_decimal(&mut s, n2);
-    s
+/// Writes `"<rule>"<p1><n1><p2><n2>`.
+fn draft_field(b: &mut Vec<u8>, rule: &str, p1: &[u8], n1: u64, p2: &[u8], n2: u64) {
+    b.push(b'"');
+    b.extend_from_slice(rule.as_bytes());
+    b.push(b'"');
+    b.extend_from_slice(p1);
+    push_decimal(b, n1);
+    b.extend_from_slice(p2);
+    push_decimal(b, n2);
 }
 
-fn push_decimal(s: &mut String, mut n: u64) {
+fn push_decimal(b: &mut Vec<u8>, mut n: u64) {
     let mut digits = [0u8; 20];
     let mut i = digits.len();
     loop {
@@ -72,9 +110,7 @@ fn push_decimal(s: &mut String, mut n: u64) {
             break;
         }
     }
-    for &d in &digits[i..] {
-        s.push(char::from(d));
-    }
+    b.extend_from_slice(&digits[i..]);
 }
 
 #[cfg(test)]
@@ -116,13 +152,29 @@ mod tests {
 
     #[test]
     fn draft_numbers_are_written_in_full() {
+        let field = |rule, p1, n1, p2, n2| {
+            let mut b = Vec::new();
+            draft_field(&mut b, rule, p1, n1, p2, n2);
+            String::from_utf8(b).unwrap()
+        };
         assert_eq!(
-            draft_field("r", ";q=", 0, ";w=", u64::MAX),
+            field("r", b";q=", 0, b";w=", u64::MAX),
             "\"r\";q=0;w=18446744073709551615"
         );
         assert_eq!(
-            draft_field("a-b", ";r=", 1_000_000_007, ";t=", 10),
+            field("a-b", b";r=", 1_000_000_007, b";t=", 10),
             "\"a-b\";r=1000000007;t=10"
         );
+    }
+
+    #[test]
+    fn no_fields_leave_the_map_untouched() {
+        let mut h = HeaderMap::new();
+        let config = HeadersConfig {
+            legacy: false,
+            draft: false,
+        };
+        insert_quota(&mut h, &quota(), &config);
+        assert!(h.is_empty());
     }
 }
