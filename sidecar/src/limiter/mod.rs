@@ -369,22 +369,13 @@ impl Limiter {
                 (o, Source::Local)
             }
             Some(_) if self.shared.breaker.is_open() => self.fallback(settings, rule, hash, now),
-            Some(redis) => self.redis_decide(redis, settings, rule, hash, now).await,
-        }
-    }
-
-    async fn redis_decide(
-        &self,
-        redis: &RedisStore,
-        settings: &Settings,
-        rule: &CompiledRule,
-        hash: &KeyHash,
-        now: u64,
-    ) -> (Outcome, Source) {
-        let base = rule.key.redis_base(hash);
-        match remote::decide(&self.shared, redis, settings, rule, base, now).await {
-            Some(o) => (o, Source::Redis),
-            None => self.fallback(settings, rule, hash, now),
+            Some(redis) => {
+                let base = rule.key.redis_base(hash);
+                match remote::decide(&self.shared, redis, settings, rule, base, now).await {
+                    Some(o) => (o, Source::Redis),
+                    None => self.fallback(settings, rule, hash, now),
+                }
+            }
         }
     }
 
