@@ -31,7 +31,10 @@ pub fn ceil_secs(d: Duration) -> u64 {
 /// field holds a slice of it: two allocations for all five fields rather than two per field.
 pub fn insert_quota(headers: &mut HeaderMap, quota: &Quota, config: &HeadersConfig) {
     let reset = ceil_secs(quota.reset);
-    let mut values = Values::with_capacity(3 * 20 + 2 * (quota.rule.len() + 2 + 6 + 40));
+    // Enough for every field, so the buffer never grows: a u64 has at most 20 digits, and a draft field
+    // is the quoted rule name, two 3-byte parameter prefixes and two numbers.
+    let draft_len = quota.rule.len() + 2 + 2 * 3 + 2 * 20;
+    let mut values = Values::with_capacity(3 * 20 + 2 * draft_len);
     if config.legacy {
         values.field(&X_RATELIMIT_LIMIT, |b| push_decimal(b, quota.limit));
         values.field(&X_RATELIMIT_REMAINING, |b| push_decimal(b, quota.remaining));
