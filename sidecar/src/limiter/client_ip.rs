@@ -2,28 +2,33 @@
 //! only then does `X-Forwarded-For` count, read from the right, skipping trusted proxies. Anything a client
 //! writes into the header itself ends up left of the first untrusted hop and is never believed.
 
-use std::net::{IpAddr, SocketAddr};
+use std::{
+    net::{IpAddr, SocketAddr},
+    ops::ControlFlow,
+};
 
-use http::HeaderMap;
+use http::HeaderName;
 use ipnet::IpNet;
 
+use super::HeaderLookup;
+
 /// The header proxies append the address they received a request from to.
-pub const X_FORWARDED_FOR: &str = "x-forwarded-for";
+pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// Resolves the client address: the socket `peer`, or — only when the peer is in `trusted` — the rightmost
 /// `X-Forwarded-For` address that is not itself in `trusted`. IPv4-mapped IPv6 addresses (`::ffff:a.b.c.d`)
 /// are unwrapped to IPv4 first. When every listed hop is trusted, the leftmost one is the client; an
 /// unparsable entry stops the walk at the last address that was understood.
-pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+pub fn client_ip(peer: IpAddr, headers: &dyn HeaderLookup, trusted: &[IpNet]) -> IpAddr {
     let peer = unmap(peer);
     if !is_trusted(peer, trusted) {
         return peer;
     }
     let mut client = peer;
     // Later header lines were appended later: walk the lines and their entries right to left.
-    for line in headers.get_all(X_FORWARDED_FOR).iter().rev() {
-        let Ok(line) = line.to_str() else {
-            return client;
+    headers.each_rev(&X_FORWARDED_FOR, &mut |line| {
+        let Ok(line) = std::str::from_utf8(line) else {
+            return ControlFlow::Break(());
         };
         for entry in line.rsplit(',') {
             let entry = entry.trim();
@@ -31,14 +36,15 @@ pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr
                 continue;
             }
             let Some(addr) = parse_entry(entry) else {
-                return client;
+                return ControlFlow::Break(());
             };
             client = unmap(addr);
             if !is_trusted(client, trusted) {
-                return client;
+                return ControlFlow::Break(());
             }
         }
-    }
+        ControlFlow::Continue(())
+    });
     client
 }
 
@@ -70,12 +76,14 @@ fn parse_entry(entry: &str) -> Option<IpAddr> {
 
 #[cfg(test)]
 mod tests {
+    use http::HeaderMap;
+
     use super::*;
 
     fn xff(values: &[&str]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for v in values {
-            h.append(X_FORWARDED_FOR, v.parse().unwrap());
+            h.append(X_FORWARDED_FOR.clone(), v.parse().unwrap());
         }
         h
     }

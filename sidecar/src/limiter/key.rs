@@ -77,10 +77,10 @@ impl KeySpec {
         for part in &self.parts {
             match part {
                 Part::ClientIp { v4, v6 } => feed_ip(&mut h, b'i', masked(req.client_ip, *v4, *v6)),
-                Part::Header(name) => feed(&mut h, b'h', req.headers.get(name)?.as_bytes()),
-                Part::HashedHeader(name) => feed(&mut h, b'x', req.headers.get(name)?.as_bytes()),
-                Part::Credential { header, v4, v6 } => match req.headers.get(header) {
-                    Some(v) => feed(&mut h, b'x', v.as_bytes()),
+                Part::Header(name) => feed(&mut h, b'h', req.headers.first(name)?),
+                Part::HashedHeader(name) => feed(&mut h, b'x', req.headers.first(name)?),
+                Part::Credential { header, v4, v6 } => match req.headers.first(header) {
+                    Some(v) => feed(&mut h, b'x', v),
                     None => feed_ip(&mut h, b'i', masked(req.client_ip, *v4, *v6)),
                 },
                 Part::Method => feed(&mut h, b'm', req.method.as_str().as_bytes()),

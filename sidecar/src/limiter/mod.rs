@@ -3,7 +3,8 @@
 //! with a failure mode for when Redis cannot decide.
 //!
 //! Layout: [`rule`] (matching, compiled rules), [`key`] (key derivation, IP masking, hashing),
-//! [`mod@client_ip`] (socket peer and trusted `X-Forwarded-For`), [`algorithm`] (fixed window, sliding log,
+//! [`request`] (the request as the limiter sees it), [`mod@client_ip`] (socket peer and trusted
+//! `X-Forwarded-For`), [`algorithm`] (fixed window, sliding log,
 //! sliding counter, token bucket: Lua script and in-process math each), [`redis_store`] (fred pool,
 //! `EVALSHA`), [`coalesce`] and `remote` (one call in flight per key; requests arriving meanwhile decided
 //! together by the next call), [`breaker`], [`local`] (bounded in-process buckets), [`metrics`].
@@ -22,12 +23,12 @@ pub mod local;
 pub mod metrics;
 pub mod redis_store;
 mod remote;
+pub mod request;
 pub mod rule;
 
 use std::{
     collections::HashSet,
     fmt,
-    net::IpAddr,
     sync::{Arc, atomic::AtomicU64},
     time::Duration,
 };
@@ -38,6 +39,7 @@ use prometheus_client::registry::Registry;
 use sluice_crds::sidecar_config::{FailureMode, LimitsConfig, PolicyRef, Rule, TierLimits, default_rules};
 
 pub use client_ip::client_ip;
+pub use request::{HeaderLookup, RequestFacts};
 
 use self::{
     algorithm::Outcome,
@@ -50,33 +52,6 @@ use self::{
     rule::CompiledRule,
 };
 use crate::{Error, clock::SharedClock};
-
-/// What the limiter needs to know about a request.
-pub struct RequestFacts<'a> {
-    /// Request method (`GET`, ...).
-    pub method: &'a http::Method,
-    /// Request path, without the query.
-    pub path: &'a str,
-    /// Host without port, lower case, if the request names one.
-    pub host: Option<&'a str>,
-    /// Request headers.
-    pub headers: &'a http::HeaderMap,
-    /// The client address (already resolved through trusted proxies, see [`client_ip()`]).
-    pub client_ip: IpAddr,
-}
-
-impl fmt::Debug for RequestFacts<'_> {
-    /// Header values are left out: they may hold credentials.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RequestFacts")
-            .field("method", self.method)
-            .field("path", &self.path)
-            .field("host", &self.host)
-            .field("headers", &self.headers.keys().collect::<Vec<_>>())
-            .field("client_ip", &self.client_ip)
-            .finish()
-    }
-}
 
 /// The decision for one request.
 #[derive(Debug, Clone, Default)]

@@ -79,7 +79,7 @@ impl Matcher {
             && self
                 .header_present
                 .as_ref()
-                .is_none_or(|h| req.headers.contains_key(h))
+                .is_none_or(|h| req.headers.first(h).is_some())
             && self.path_regex.as_ref().is_none_or(|r| r.is_match(req.path))
     }
 }

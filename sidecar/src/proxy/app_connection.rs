@@ -1,6 +1,6 @@
-//! The app connection of one client connection. HTTP/1.1 requests that arrive on one client connection
-//! are sequential, so they share one kept-alive connection to the app: opened on first use, reopened when
-//! the app closed it, closed with the client connection. Compared with a pooled client this takes no pool
+//! The app connection of one client connection on the hyper path ([`super::forward`]). HTTP/1.1 requests
+//! that arrive on one client connection are sequential, so they share one kept-alive connection to the
+//! app: opened on first use, reopened when the app closed it, closed with the client connection. Compared with a pooled client this takes no pool
 //! lock and spawns nothing per request (hyper-util's pooled client spawns a task per response to hand
 //! the connection back to its pool once the body is read). Upgrades and h2c keep using the pooled
 //! clients of [`super::state::UpstreamClients`].
@@ -90,10 +90,23 @@ impl AppConnection {
 
 /// Opens a connection to the app and starts driving it.
 async fn connect(authority: &Authority) -> Result<SendRequest<RequestBody>, AppError> {
-    let failed = |source: Box<dyn std::error::Error + Send + Sync>| AppError::Connect {
-        authority: authority.clone(),
-        source,
-    };
+    let stream = connect_tcp(authority).await?;
+    let (sender, conn) = http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| AppError::Connect {
+            authority: authority.clone(),
+            source: e.into(),
+        })?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::trace!(error = %e, "app connection ended with an error");
+        }
+    });
+    Ok(sender)
+}
+
+/// Opens a TCP connection to the app (`TCP_NODELAY` set) within the connect timeout.
+pub async fn connect_tcp(authority: &Authority) -> Result<TcpStream, AppError> {
     let stream = tokio::time::timeout(
         UPSTREAM_CONNECT_TIMEOUT_DEFAULT,
         TcpStream::connect(authority.as_str()),
@@ -102,15 +115,10 @@ async fn connect(authority: &Authority) -> Result<SendRequest<RequestBody>, AppE
     .map_err(|_| AppError::ConnectTimeout {
         authority: authority.clone(),
     })?
-    .map_err(|e| failed(e.into()))?;
+    .map_err(|e| AppError::Connect {
+        authority: authority.clone(),
+        source: e.into(),
+    })?;
     let _ = stream.set_nodelay(true);
-    let (sender, conn) = http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| failed(e.into()))?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::trace!(error = %e, "app connection ended with an error");
-        }
-    });
-    Ok(sender)
+    Ok(stream)
 }

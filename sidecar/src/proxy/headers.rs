@@ -1,7 +1,7 @@
 //! Rate-limit response headers: the legacy `X-RateLimit-*` triple and the IETF draft
 //! (draft-ietf-httpapi-ratelimit-headers) `RateLimit-Policy` / `RateLimit` fields.
 
-use std::time::Duration;
+use std::{ops::Range, time::Duration};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
@@ -30,65 +30,88 @@ pub fn ceil_secs(d: Duration) -> u64 {
 /// This runs on every response of a limited route, so the values are written into one buffer and each
 /// field holds a slice of it: two allocations for all five fields rather than two per field.
 pub fn insert_quota(headers: &mut HeaderMap, quota: &Quota, config: &HeadersConfig) {
-    let reset = ceil_secs(quota.reset);
-    // Enough for every field, so the buffer never grows: a u64 has at most 20 digits, and a draft field
-    // is the quoted rule name, two 3-byte parameter prefixes and two numbers.
+    let mut buf = Vec::with_capacity(values_capacity(quota));
+    let fields = quota_values(quota, config, &mut buf);
+    if fields.is_empty() {
+        return;
+    }
+    // Grow the map once for all fields rather than once per field.
+    headers.reserve(fields.len());
+    let buf = Bytes::from(buf);
+    for (name, range) in fields.iter() {
+        if let Ok(v) = HeaderValue::from_maybe_shared(buf.slice(range.clone())) {
+            headers.insert((*name).clone(), v);
+        }
+    }
+}
+
+/// Writes the configured quota fields for `quota` as HTTP/1.1 header lines (`name: value\r\n`) onto
+/// `out`; `scratch` is a buffer the caller keeps between calls.
+pub fn write_quota_lines(out: &mut Vec<u8>, scratch: &mut Vec<u8>, quota: &Quota, config: &HeadersConfig) {
+    scratch.clear();
+    let fields = quota_values(quota, config, scratch);
+    for (name, range) in fields.iter() {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(&scratch[range.clone()]);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// Enough for every field, so the buffer never grows: a u64 has at most 20 digits, and a draft field is
+/// the quoted rule name, two 3-byte parameter prefixes and two numbers.
+fn values_capacity(quota: &Quota) -> usize {
     let draft_len = quota.rule.len() + 2 + 2 * 3 + 2 * 20;
-    let mut values = Values::with_capacity(3 * 20 + 2 * draft_len);
+    3 * 20 + 2 * draft_len
+}
+
+/// The configured quota fields: each one's name and where its value lies in the buffer it was written to.
+#[derive(Default)]
+struct QuotaFields {
+    fields: [Option<(&'static HeaderName, Range<usize>)>; 5],
+    len: usize,
+}
+
+impl QuotaFields {
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &(&'static HeaderName, Range<usize>)> {
+        self.fields.iter().flatten()
+    }
+}
+
+/// Writes the values of the configured quota fields one after another onto `buf`.
+fn quota_values(quota: &Quota, config: &HeadersConfig, buf: &mut Vec<u8>) -> QuotaFields {
+    let mut fields = QuotaFields::default();
+    let mut field = |name: &'static HeaderName, buf: &mut Vec<u8>, write: &dyn Fn(&mut Vec<u8>)| {
+        let start = buf.len();
+        write(buf);
+        fields.fields[fields.len] = Some((name, start..buf.len()));
+        fields.len += 1;
+    };
+    let reset = ceil_secs(quota.reset);
     if config.legacy {
-        values.field(&X_RATELIMIT_LIMIT, |b| push_decimal(b, quota.limit));
-        values.field(&X_RATELIMIT_REMAINING, |b| push_decimal(b, quota.remaining));
-        values.field(&X_RATELIMIT_RESET, |b| push_decimal(b, reset));
+        field(&X_RATELIMIT_LIMIT, buf, &|b| push_decimal(b, quota.limit));
+        field(&X_RATELIMIT_REMAINING, buf, &|b| push_decimal(b, quota.remaining));
+        field(&X_RATELIMIT_RESET, buf, &|b| push_decimal(b, reset));
     }
     if config.draft {
         // Rule names are DNS labels (validated), so they need no escaping inside the quoted string.
         let window = ceil_secs(quota.window);
-        values.field(&RATELIMIT_POLICY, |b| {
+        field(&RATELIMIT_POLICY, buf, &|b| {
             draft_field(b, &quota.rule, b";q=", quota.limit, b";w=", window)
         });
-        values.field(&RATELIMIT, |b| {
+        field(&RATELIMIT, buf, &|b| {
             draft_field(b, &quota.rule, b";r=", quota.remaining, b";t=", reset)
         });
     }
-    values.insert_into(headers);
-}
-
-/// Header values written one after another into one buffer: `(name, start, end)` per field.
-struct Values {
-    buf: Vec<u8>,
-    fields: [Option<(&'static HeaderName, usize, usize)>; 5],
-    len: usize,
-}
-
-impl Values {
-    fn with_capacity(bytes: usize) -> Self {
-        Self {
-            buf: Vec::with_capacity(bytes),
-            fields: [None; 5],
-            len: 0,
-        }
-    }
-
-    fn field(&mut self, name: &'static HeaderName, write: impl FnOnce(&mut Vec<u8>)) {
-        let start = self.buf.len();
-        write(&mut self.buf);
-        self.fields[self.len] = Some((name, start, self.buf.len()));
-        self.len += 1;
-    }
-
-    fn insert_into(self, headers: &mut HeaderMap) {
-        if self.len == 0 {
-            return;
-        }
-        // Grow the map once for all fields rather than once per field.
-        headers.reserve(self.len);
-        let buf = Bytes::from(self.buf);
-        for (name, start, end) in self.fields.into_iter().flatten() {
-            if let Ok(v) = HeaderValue::from_maybe_shared(buf.slice(start..end)) {
-                headers.insert(name.clone(), v);
-            }
-        }
-    }
+    fields
 }
 
 /// Writes `"<rule>"<p1><n1><p2><n2>`.
@@ -167,6 +190,17 @@ mod tests {
         assert_eq!(
             field("a-b", b";r=", 1_000_000_007, b";t=", 10),
             "\"a-b\";r=1000000007;t=10"
+        );
+    }
+
+    #[test]
+    fn quota_lines_are_the_same_fields_as_http1_header_lines() {
+        let (mut out, mut scratch) = (Vec::new(), Vec::new());
+        write_quota_lines(&mut out, &mut scratch, &quota(), &HeadersConfig::default());
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "x-ratelimit-limit: 300\r\nx-ratelimit-remaining: 12\r\nx-ratelimit-reset: 42\r\n\
+             ratelimit-policy: \"read\";q=300;w=60\r\nratelimit: \"read\";r=12;t=42\r\n"
         );
     }
 

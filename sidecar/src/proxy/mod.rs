@@ -1,17 +1,24 @@
 //! The rate-limiting reverse proxy and its admin endpoints.
 //!
-//! Layout: [`server`] (accept loop, graceful shutdown), [`forward`] (one request: body limit, verdict,
-//! rewriting, hop-by-hop, `X-Forwarded-*`), [`app_connection`] (a client connection's kept-alive
-//! HTTP/1.1 connection to the app), [`upgrade`] (WebSocket tunnels), [`headers`] (quota headers),
-//! [`reject`] (the 429 and its sampled log line), [`admin`] (`/healthz`, `/readyz`, `/metrics`),
-//! [`state`] (the running config, swapped on reload), [`limit`] (the seam to the limiter),
-//! [`metrics`], [`demo`] (`sluice-sidecar demo`).
+//! Layout: [`server`] (accept loop, graceful shutdown), [`admit`] (body limit and the limiter's verdict,
+//! for both paths below), [`h1`] (the HTTP/1.1 fast path every connection starts on), [`fallback`] and
+//! [`forward`] (hyper, for what the fast path hands over: h2c, HTTP/1.0, upgrades, `Expect`),
+//! [`app_connection`] (the hyper path's kept-alive connection to the app), [`upgrade`] (WebSocket
+//! tunnels), [`hop_by_hop`] and [`forwarded`] (how heads are rewritten), [`headers`] (quota headers),
+//! [`reject`] (the proxy's own responses: the 429 and its sampled log line, 413, 502), [`admin`]
+//! (`/healthz`, `/readyz`, `/metrics`), [`state`] (the running config, swapped on reload), [`limit`] (the
+//! seam to the limiter), [`metrics`], [`demo`] (`sluice-sidecar demo`).
 
 pub mod admin;
+pub mod admit;
 pub mod app_connection;
 pub mod demo;
+pub mod fallback;
 pub mod forward;
+pub mod forwarded;
+pub mod h1;
 pub mod headers;
+pub mod hop_by_hop;
 pub mod limit;
 pub mod metrics;
 pub mod reject;

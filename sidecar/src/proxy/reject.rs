@@ -1,5 +1,6 @@
-//! Rejections: the `429 Too Many Requests` response and the `RATE_LIMIT …` log line, itself sampled so an
-//! attack cannot flood the logs (at most `rejectionLog.perSecond` lines a second; the rest are counted).
+//! Responses the proxy makes itself: the `429 Too Many Requests` with its `RATE_LIMIT …` log line, itself
+//! sampled so an attack cannot flood the logs (at most `rejectionLog.perSecond` lines a second; the rest
+//! are counted), and the short plain-text answers for 413, 400 and 502.
 
 use std::{
     net::IpAddr,
@@ -8,10 +9,9 @@ use std::{
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
-use http_body_util::{Either, Full};
 use sluice_crds::sidecar_config::{HeadersConfig, LogFormat, RejectionLogConfig};
 
-use super::{ProxyBody, headers};
+use super::headers;
 use crate::limiter::Verdict;
 
 /// The body of every rejection.
@@ -19,16 +19,9 @@ pub const REJECTION_BODY: &str = "Too Many Requests";
 
 /// Builds the 429: body `Too Many Requests`, `Retry-After` in whole seconds (at least 1), and the quota
 /// headers.
-pub fn too_many_requests(verdict: &Verdict, config: &HeadersConfig) -> Response<ProxyBody> {
-    let mut resp = Response::new(Either::Right(Full::new(Bytes::from_static(
-        REJECTION_BODY.as_bytes(),
-    ))));
-    *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+pub fn too_many_requests(verdict: &Verdict, config: &HeadersConfig) -> Response<Bytes> {
+    let mut resp = plain(StatusCode::TOO_MANY_REQUESTS, REJECTION_BODY);
     let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
     let retry = verdict
         .retry_after
         .or_else(|| verdict.quota.as_ref().map(|q| q.reset))
@@ -39,6 +32,17 @@ pub fn too_many_requests(verdict: &Verdict, config: &HeadersConfig) -> Response<
     if let Some(q) = &verdict.quota {
         headers::insert_quota(h, q, config);
     }
+    resp
+}
+
+/// A short text response made by the proxy itself.
+pub fn plain(status: StatusCode, body: &'static str) -> Response<Bytes> {
+    let mut resp = Response::new(Bytes::from_static(body.as_bytes()));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     resp
 }
 

@@ -1,18 +1,14 @@
-//! The accept loop (HTTP/1.1 with keep-alive and upgrades, and h2c, on one port) and graceful shutdown:
-//! on the shutdown signal the listener closes, `/readyz` fails, idle connections close, and in-flight
-//! requests get up to `limits.shutdownGrace` to finish.
+//! The accept loop (HTTP/1.1 with keep-alive and upgrades, and h2c, on one port; each connection starts on
+//! the fast path, [`super::h1`]) and graceful shutdown: on the shutdown signal the listener closes,
+//! `/readyz` fails, idle connections close, and in-flight requests get up to `limits.shutdownGrace` to
+//! finish.
 
 use std::{sync::Arc, time::Duration};
 
-use hyper::service::service_fn;
-use hyper_util::{
-    rt::{TokioExecutor, TokioIo},
-    server::{conn::auto, graceful::GracefulShutdown},
-};
 use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
-use super::{app_connection::AppConnection, forward, state::ProxyState};
+use super::{h1, state::ProxyState};
 
 /// Serves the proxy on `listener` and the admin endpoints on `admin` until `shutdown` is cancelled, then
 /// drains. Returns once every connection closed or the grace period ran out.
@@ -32,8 +28,7 @@ pub async fn run(
         })
     };
 
-    let builder = auto::Builder::new(TokioExecutor::new());
-    let graceful = GracefulShutdown::new();
+    let connections = TaskTracker::new();
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -48,29 +43,21 @@ pub async fn run(
             () = shutdown.cancelled() => break,
         };
         let _ = stream.set_nodelay(true);
-        let state = state.clone();
-        let app = Arc::new(AppConnection::default());
-        let service = service_fn(move |req| forward::handle(state.clone(), peer, app.clone(), req));
-        let conn = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
-            .into_owned();
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::trace!(error = %e, "connection ended with an error");
-            }
-        });
+        // Each connection watches a token of its own: waiting on the shared one would take its lock
+        // whenever any connection's read is pending.
+        connections.spawn(h1::serve(stream, peer, state.clone(), shutdown.child_token()));
     }
 
     state.start_draining();
     drop(listener);
     let grace = state.snapshot().effective.config.limits.shutdown_grace.get();
+    connections.close();
     tracing::info!(
-        connections = graceful.count(),
+        connections = connections.len(),
         ?grace,
         "shutting down: draining in-flight requests"
     );
-    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+    if tokio::time::timeout(grace, connections.wait()).await.is_err() {
         tracing::warn!("grace period over; closing the remaining connections");
     }
     let _ = admin_task.await;

@@ -1,0 +1,132 @@
+//! Header fields as the HTTP/1.1 fast path keeps them: byte ranges into the connection's read buffer,
+//! so a parsed head borrows nothing and allocates nothing; [`Fields`] reads them back for the limiter.
+
+use std::ops::{ControlFlow, Range};
+
+use http::HeaderName;
+
+use crate::limiter::HeaderLookup;
+
+/// Most header fields a head may have (as hyper: more is handed to hyper, which answers 431).
+pub const MAX_FIELDS: usize = 100;
+
+/// A byte range of the buffer a head was parsed from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Span {
+    start: u32,
+    end: u32,
+}
+
+impl Span {
+    /// The span of `part`, a subslice of `buf`.
+    pub fn within(buf: &[u8], part: &[u8]) -> Self {
+        let start = part.as_ptr() as usize - buf.as_ptr() as usize;
+        debug_assert!(start + part.len() <= buf.len());
+        Self {
+            start: start as u32,
+            end: (start + part.len()) as u32,
+        }
+    }
+
+    /// The bytes of this span in `buf`.
+    pub fn of<'b>(&self, buf: &'b [u8]) -> &'b [u8] {
+        &buf[self.range()]
+    }
+
+    /// The span as a range.
+    pub fn range(&self) -> Range<usize> {
+        self.start as usize..self.end as usize
+    }
+}
+
+/// One header field: its name and value.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Field {
+    /// The name, as sent.
+    pub name: Span,
+    /// The value, without surrounding whitespace.
+    pub value: Span,
+}
+
+impl Field {
+    /// Records the field `h`, parsed from `buf`.
+    pub fn of(buf: &[u8], h: &httparse::Header<'_>) -> Self {
+        Self {
+            name: Span::within(buf, h.name.as_bytes()),
+            value: Span::within(buf, h.value),
+        }
+    }
+
+    /// Whether this field is named `name` (ASCII, any case).
+    pub fn is(&self, buf: &[u8], name: &str) -> bool {
+        self.name.of(buf).eq_ignore_ascii_case(name.as_bytes())
+    }
+}
+
+/// The fields of one head, read against the buffer it was parsed from.
+#[derive(Clone, Copy)]
+pub struct Fields<'a> {
+    /// The buffer.
+    pub buf: &'a [u8],
+    /// The fields, in order.
+    pub list: &'a [Field],
+}
+
+impl<'a> Fields<'a> {
+    /// The values of the fields named `name`, in order.
+    pub fn values<'n>(self, name: &'n str) -> impl DoubleEndedIterator<Item = &'a [u8]> + use<'a, 'n> {
+        self.list
+            .iter()
+            .filter(move |f| f.is(self.buf, name))
+            .map(move |f| f.value.of(self.buf))
+    }
+}
+
+impl HeaderLookup for Fields<'_> {
+    fn first(&self, name: &HeaderName) -> Option<&[u8]> {
+        self.values(name.as_str()).next()
+    }
+
+    fn each_rev<'s>(&'s self, name: &HeaderName, f: &mut dyn FnMut(&'s [u8]) -> ControlFlow<()>) {
+        for v in self.values(name.as_str()).rev() {
+            if f(v).is_break() {
+                return;
+            }
+        }
+    }
+
+    fn each_name(&self, f: &mut dyn FnMut(&str)) {
+        for field in self.list {
+            f(&String::from_utf8_lossy(field.name.of(self.buf)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_are_found_in_any_case_first_and_last() {
+        let buf = b"X-Forwarded-For: 1.1.1.1\r\nhost: a\r\nx-forwarded-for: 2.2.2.2\r\n";
+        let text = std::str::from_utf8(buf).unwrap();
+        let mut list = Vec::new();
+        for line in text.split("\r\n").filter(|l| !l.is_empty()) {
+            let (name, value) = line.split_once(": ").unwrap();
+            list.push(Field {
+                name: Span::within(buf, name.as_bytes()),
+                value: Span::within(buf, value.as_bytes()),
+            });
+        }
+        let fields = Fields { buf, list: &list };
+        let xff = HeaderName::from_static("x-forwarded-for");
+        assert_eq!(fields.first(&xff), Some(&b"1.1.1.1"[..]));
+        let mut seen = Vec::new();
+        fields.each_rev(&xff, &mut |v| {
+            seen.push(v);
+            ControlFlow::Continue(())
+        });
+        assert_eq!(seen, [&b"2.2.2.2"[..], &b"1.1.1.1"[..]]);
+        assert_eq!(fields.first(&http::header::AUTHORIZATION), None);
+    }
+}

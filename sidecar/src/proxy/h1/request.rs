@@ -1,0 +1,276 @@
+//! A client's request head, parsed for the fast path. The fast path takes the common, unambiguous case
+//! and nothing else: an HTTP/1.1 request in origin form with exactly one `Host`, framed by one valid
+//! `Content-Length`, by `Transfer-Encoding: chunked` alone, or not at all, and asking for no upgrade and
+//! no `Expect` handshake. Anything else — HTTP/1.0, HTTP/2's preface, `CONNECT`, absolute or asterisk
+//! targets, conflicting or odd framing, upgrades, `Expect`, a malformed or oversized head — is handed to
+//! hyper with the bytes read so far, and hyper answers it as it always has (including its 400s and 431s).
+//! So request smuggling through ambiguous framing cannot start here: the app sees exactly the framing
+//! the client sent, and only when that framing has one reading.
+
+use std::mem::MaybeUninit;
+
+use http::Method;
+
+use super::{
+    body::Framing,
+    fields::{Field, MAX_FIELDS, Span},
+};
+use crate::proxy::hop_by_hop::has_token;
+
+/// The longest request head the fast path waits for; a longer one is handed to hyper.
+pub const MAX_HEAD: usize = 64 * 1024;
+
+/// A parsed request head. Its spans point into the buffer it was parsed from.
+#[derive(Debug)]
+pub struct RequestHead {
+    /// Length of the head in bytes (the body, if any, starts here).
+    pub len: usize,
+    /// The method.
+    pub method: Method,
+    /// The request target (origin form: path and query).
+    pub target: Span,
+    /// Length of the path at the start of the target (before any `?`).
+    pub path_len: usize,
+    /// The `Host` field's value.
+    pub host: Span,
+    /// How the body is delimited.
+    pub framing: Framing,
+    /// The client asked to close the connection after this exchange (`Connection: close`).
+    pub close: bool,
+}
+
+impl RequestHead {
+    /// The path, without the query.
+    pub fn path<'b>(&self, buf: &'b [u8]) -> &'b str {
+        // Checked to be UTF-8 when parsed; the path is a prefix ending before an ASCII `?`.
+        std::str::from_utf8(&self.target.of(buf)[..self.path_len]).unwrap_or("/")
+    }
+
+    /// The `Host` value, if it is visible ASCII.
+    pub fn host<'b>(&self, buf: &'b [u8]) -> Option<&'b str> {
+        std::str::from_utf8(self.host.of(buf)).ok()
+    }
+
+    /// Whether the method is `HEAD` (its response has no body whatever it declares).
+    pub fn is_head(&self) -> bool {
+        self.method == Method::HEAD
+    }
+
+    /// Whether sending this request twice is harmless (RFC 9110 §9.2.2), so it may be retried on a
+    /// fresh connection when a kept-alive one turned out closed.
+    pub fn idempotent(&self) -> bool {
+        matches!(
+            self.method,
+            Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+        )
+    }
+}
+
+/// What the bytes read so far hold.
+#[derive(Debug)]
+pub enum Parsed {
+    /// Not a whole head yet: read more.
+    Partial,
+    /// A whole head the fast path takes; its fields are in the list passed to [`parse`].
+    Head(RequestHead),
+    /// Something the fast path leaves to hyper (the reason, for traces).
+    HandOff(&'static str),
+}
+
+/// Parses the request head at the start of `buf`, recording its fields in `fields`.
+pub fn parse(buf: &[u8], fields: &mut Vec<Field>) -> Parsed {
+    fields.clear();
+    let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_FIELDS];
+    let mut req = httparse::Request::new(&mut []);
+    let len = match req.parse_with_uninit_headers(buf, &mut slots) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD => return Parsed::HandOff("head too long"),
+        Ok(httparse::Status::Partial) => return Parsed::Partial,
+        Err(_) => return Parsed::HandOff("not a valid HTTP/1.x head"),
+    };
+    if req.version != Some(1) {
+        return Parsed::HandOff("not HTTP/1.1");
+    }
+    let (Some(method), Some(target)) = (req.method, req.path) else {
+        return Parsed::HandOff("no request line");
+    };
+    let Ok(method) = Method::from_bytes(method.as_bytes()) else {
+        return Parsed::HandOff("unusual method");
+    };
+    if method == Method::CONNECT {
+        return Parsed::HandOff("CONNECT");
+    }
+    // httparse admits bytes above 0x7f in a target; hyper's URI parser decides about those.
+    if !target.starts_with('/') || !target.is_ascii() {
+        return Parsed::HandOff("not an origin-form target");
+    }
+    let path_len = target.find('?').unwrap_or(target.len());
+
+    let mut host = None;
+    let mut hosts = 0;
+    let mut length: Option<u64> = None;
+    let mut lengths = 0;
+    let mut chunked = false;
+    let mut encodings = 0;
+    let mut close = false;
+    for h in req.headers.iter() {
+        fields.push(Field::of(buf, h));
+        let name = h.name.as_bytes();
+        if name.eq_ignore_ascii_case(b"host") {
+            hosts += 1;
+            host = Some(Span::within(buf, h.value));
+        } else if name.eq_ignore_ascii_case(b"content-length") {
+            lengths += 1;
+            length = decimal(h.value);
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            encodings += 1;
+            chunked = h.value.trim_ascii().eq_ignore_ascii_case(b"chunked");
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            if has_token(h.value, "upgrade") {
+                return Parsed::HandOff("upgrade");
+            }
+            close |= has_token(h.value, "close");
+        } else if name.eq_ignore_ascii_case(b"upgrade") {
+            return Parsed::HandOff("upgrade");
+        } else if name.eq_ignore_ascii_case(b"expect") {
+            return Parsed::HandOff("expect");
+        }
+    }
+    let (Some(host), 1) = (host, hosts) else {
+        return Parsed::HandOff("not exactly one Host");
+    };
+    let framing = match (lengths, encodings) {
+        (0, 0) => Framing::Empty,
+        (1, 0) => match length {
+            Some(n) => Framing::Length(n),
+            None => return Parsed::HandOff("invalid Content-Length"),
+        },
+        (0, 1) if chunked => Framing::Chunked,
+        _ => return Parsed::HandOff("ambiguous or unusual framing"),
+    };
+    Parsed::Head(RequestHead {
+        len,
+        method,
+        target: Span::within(buf, target.as_bytes()),
+        path_len,
+        host,
+        framing,
+        close,
+    })
+}
+
+/// A `Content-Length` value: 1 to 19 decimal digits, nothing else.
+pub fn decimal(v: &[u8]) -> Option<u64> {
+    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(v.iter().fold(0, |n, d| n * 10 + u64::from(d - b'0')))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(raw: &str) -> RequestHead {
+        match parse(raw.as_bytes(), &mut Vec::new()) {
+            Parsed::Head(h) => h,
+            other => panic!("{raw:?}: {other:?}"),
+        }
+    }
+
+    fn handed_off(raw: &str) -> &'static str {
+        match parse(raw.as_bytes(), &mut Vec::new()) {
+            Parsed::HandOff(why) => why,
+            other => panic!("{raw:?} was not handed off: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_plain_get_is_taken_with_its_path_host_and_no_body() {
+        let raw = "GET /v1/items?page=2 HTTP/1.1\r\nHost: api.example.com\r\nAccept: */*\r\n\r\nnext";
+        let mut fields = Vec::new();
+        let Parsed::Head(h) = parse(raw.as_bytes(), &mut fields) else {
+            panic!()
+        };
+        assert_eq!(h.len, raw.len() - 4);
+        assert_eq!(h.method, Method::GET);
+        assert_eq!(h.path(raw.as_bytes()), "/v1/items");
+        assert_eq!(h.target.of(raw.as_bytes()), b"/v1/items?page=2");
+        assert_eq!(h.host(raw.as_bytes()), Some("api.example.com"));
+        assert_eq!(h.framing, Framing::Empty);
+        assert!(!h.close);
+        assert_eq!(fields.len(), 2);
+    }
+
+    #[test]
+    fn bodies_are_framed_by_one_length_or_chunked_alone() {
+        let post = |framing: &str| head(&format!("POST / HTTP/1.1\r\nHost: a\r\n{framing}\r\n\r\n")).framing;
+        assert_eq!(post("Content-Length: 42"), Framing::Length(42));
+        assert_eq!(post("Transfer-Encoding: Chunked"), Framing::Chunked);
+        assert_eq!(post("X-Other: 1"), Framing::Empty);
+    }
+
+    #[test]
+    fn connection_close_is_noted() {
+        assert!(head("GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, close\r\n\r\n").close);
+    }
+
+    #[test]
+    fn an_unfinished_head_asks_for_more() {
+        assert!(matches!(
+            parse(b"GET / HTTP/1.1\r\nHost: a\r\n", &mut Vec::new()),
+            Parsed::Partial
+        ));
+        let long = format!("GET / HTTP/1.1\r\nX-Long: {}", "a".repeat(MAX_HEAD));
+        assert_eq!(handed_off(&long), "head too long");
+    }
+
+    #[test]
+    fn everything_unusual_or_ambiguous_is_handed_to_hyper() {
+        let cases = [
+            "GET / HTTP/1.0\r\nHost: a\r\n\r\n",
+            "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+            "CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\n\r\n",
+            "GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n",
+            "OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GET / HTTP/1.1\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +5\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 99999999999999999999\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+            "GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: h2c\r\n\r\n",
+            "PUT / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nExpect: 100-continue\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nX-Folded: a\r\n b\r\n\r\n",
+            "GET /caf\u{e9} HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nBad Name: x\r\n\r\n",
+        ];
+        for raw in cases {
+            handed_off(raw);
+        }
+        let many = format!(
+            "GET / HTTP/1.1\r\nHost: a\r\n{}\r\n",
+            "X-A: 1\r\n".repeat(MAX_FIELDS)
+        );
+        handed_off(&many);
+    }
+
+    #[test]
+    fn content_length_is_plain_decimal_digits() {
+        assert_eq!(decimal(b"0"), Some(0));
+        assert_eq!(decimal(b"1234567890123456789"), Some(1_234_567_890_123_456_789));
+        for bad in [&b""[..], b"12a", b"-1", b" 1", b"12345678901234567890"] {
+            assert_eq!(decimal(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn only_methods_safe_to_repeat_are_retried() {
+        let m = |method: &str| head(&format!("{method} / HTTP/1.1\r\nHost: a\r\n\r\n")).idempotent();
+        assert!(m("GET") && m("HEAD") && m("PUT") && m("DELETE"));
+        assert!(!m("POST") && !m("PATCH"));
+    }
+}
