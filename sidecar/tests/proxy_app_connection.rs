@@ -4,75 +4,32 @@
 
 mod proxy_support;
 
-use std::{
-    net::SocketAddr,
-    sync::{
-        Arc,
-        atomic::{AtomicUsize, Ordering},
-    },
-};
+use std::{net::SocketAddr, sync::atomic::Ordering};
 
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
-use proxy_support::start_sidecar;
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::{TcpListener, TcpStream},
+use proxy_support::{
+    raw::{RawApp, Reply, ok, raw_app},
+    start_sidecar,
 };
+use tokio::net::{TcpListener, TcpStream};
 
-/// An app answering `200 ok` to each GET; with `close`, it says `Connection: close` and closes after
+/// An app answering `200 ok` to each request; with `close`, it says `Connection: close` and closes after
 /// every response.
-struct RawApp {
-    addr: SocketAddr,
-    connections: Arc<AtomicUsize>,
-    requests: Arc<AtomicUsize>,
-}
-
-async fn raw_app(close: bool) -> RawApp {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let connections = Arc::new(AtomicUsize::new(0));
-    let requests = Arc::new(AtomicUsize::new(0));
-    let (c, r) = (connections.clone(), requests.clone());
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            c.fetch_add(1, Ordering::SeqCst);
-            let r = r.clone();
-            tokio::spawn(async move {
-                let mut seen = Vec::new();
-                let mut buf = [0u8; 4096];
-                loop {
-                    let Ok(n) = stream.read(&mut buf).await else {
-                        return;
-                    };
-                    if n == 0 {
-                        return;
-                    }
-                    seen.extend_from_slice(&buf[..n]);
-                    while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
-                        seen.drain(..end + 4);
-                        r.fetch_add(1, Ordering::SeqCst);
-                        let head = if close {
-                            "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok"
-                        } else {
-                            "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
-                        };
-                        if stream.write_all(head.as_bytes()).await.is_err() || close {
-                            return;
-                        }
-                    }
-                }
-            });
+async fn ok_app(close: bool) -> RawApp {
+    raw_app(move |_| {
+        if close {
+            Reply::SendAndClose(
+                b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok".to_vec(),
+            )
+        } else {
+            Reply::Send(ok("ok"))
         }
-    });
-    RawApp {
-        addr,
-        connections,
-        requests,
-    }
+    })
+    .await
 }
 
 /// Sends `n` GETs one after another over one client connection to `proxy`; returns the statuses.
@@ -99,14 +56,14 @@ const NO_RULES: &str = "version: 1\n";
 
 #[tokio::test]
 async fn one_client_connection_keeps_one_app_connection_for_all_its_requests() {
-    let app = raw_app(false).await;
+    let app = ok_app(false).await;
     let sidecar = start_sidecar(NO_RULES, app.addr, None, None).await;
     let replies = sequential_gets(sidecar.addr, 20).await;
     assert!(
         replies.iter().all(|(s, b)| *s == StatusCode::OK && b == "ok"),
         "{replies:?}"
     );
-    assert_eq!(app.requests.load(Ordering::SeqCst), 20);
+    assert_eq!(app.requests().len(), 20);
     assert_eq!(
         app.connections.load(Ordering::SeqCst),
         1,
@@ -116,7 +73,7 @@ async fn one_client_connection_keeps_one_app_connection_for_all_its_requests() {
 
 #[tokio::test]
 async fn an_app_that_closes_after_each_response_is_connected_to_again() {
-    let app = raw_app(true).await;
+    let app = ok_app(true).await;
     let sidecar = start_sidecar(NO_RULES, app.addr, None, None).await;
     let replies = sequential_gets(sidecar.addr, 5).await;
     assert!(

@@ -27,6 +27,8 @@ use sluice_sidecar::{
     proxy::{self, state::ProxyState},
 };
 use tokio::{io::AsyncReadExt, io::AsyncWriteExt, net::TcpListener};
+
+pub mod raw;
 use tokio_util::sync::CancellationToken;
 
 /// The upstream app: echoes what it received; `/slow?ms=N` answers after N ms; `Upgrade` requests get a
