@@ -1,4 +1,5 @@
-//! Query plans of the worker's hot statements on a table the size of a real backlog.
+//! Query plans of the worker's hot statements, and of the depth every worker and the operator read, on a
+//! table the size of a real backlog.
 //!
 //! The bug this guards against: with 100k jobs, completing a batch of 1,000 took over a second because
 //! the planner scanned the partial running index (statistics said almost nothing runs) and filtered every
@@ -179,6 +180,48 @@ async fn batch_statements_look_jobs_up_by_primary_key_in_a_large_table() {
             "claim ({mode}) reads the claim index in order, without sorting the backlog: {plan:#}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn depth_counts_dead_jobs_without_reading_the_finished_ones() {
+    let (_pg, pool) = pg().await;
+    let store = QueueStore::new(pool.clone());
+    queue(&store, "depth").await;
+    sqlx::query(
+        "INSERT INTO sluice.jobs (id, queue, kind, payload, max_attempts, state, attempt, finished_at) \
+         SELECT sluice.uuid_v7(), 'depth', 'k', '{}', 3, CASE WHEN i % 1000 = 0 THEN 'dead' ELSE 'succeeded' END, \
+                1, now() FROM generate_series(1, $1) i",
+    )
+    .bind(BACKLOG as i32)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE sluice.jobs").execute(&pool).await.unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "PREPARE depth(text) AS {}",
+        sql::QUEUE_DEPTH
+    )))
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    for mode in PLAN_MODES {
+        let plan = explain(&mut conn, mode, "depth", "'depth'").await;
+        let mut scans = Vec::new();
+        scans_of_jobs(&plan, &mut scans);
+        assert!(
+            scans
+                .iter()
+                .all(|s| s.index.as_deref() != Some("jobs_finished_idx") && s.node != "Seq Scan"),
+            "depth ({mode}) must not read the finished jobs: {plan:#}"
+        );
+        assert!(
+            scans.iter().any(|s| s.index.as_deref() == Some("jobs_dead_idx")),
+            "depth ({mode}) counts dead jobs from their own index: {plan:#}"
+        );
+    }
+    let depth = store.depth("depth").await.unwrap().unwrap();
+    assert_eq!(depth.dead, (BACKLOG / 1000) as i64);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

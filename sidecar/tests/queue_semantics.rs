@@ -524,6 +524,21 @@ async fn claims_take_higher_priority_first_and_never_jobs_scheduled_for_later() 
         vec![high, mid, low],
         "priority order; the scheduled job is not due"
     );
+
+    // Within one batch too: a handler slot never goes to a lower priority first.
+    let ids: Vec<_> = [("low", -5), ("high", 7), ("mid", 0), ("high2", 7)]
+        .into_iter()
+        .map(|(kind, p)| NewJob::new(kind, serde_json::json!({})).priority(p))
+        .collect();
+    store.enqueue_many("prio", &ids).await.unwrap();
+    let batch: Vec<String> = store
+        .claim_batch("prio", "w", 10, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|j| j.kind)
+        .collect();
+    assert_eq!(batch, ["high", "high2", "mid", "low"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 /// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
 /// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
 /// which the workspace does not enable).
-const MIGRATIONS: [(i64, &str, &str); 2] = [
+const MIGRATIONS: [(i64, &str, &str); 3] = [
     (
         1,
         "queue tables",
@@ -25,6 +25,11 @@ const MIGRATIONS: [(i64, &str, &str); 2] = [
         2,
         "queue sql api",
         include_str!("../../../migrations/0002_queue_sql_api.sql"),
+    ),
+    (
+        3,
+        "dead jobs index",
+        include_str!("../../../migrations/0003_dead_jobs_index.sql"),
     ),
 ];
 

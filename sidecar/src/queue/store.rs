@@ -231,7 +231,7 @@ impl QueueStore {
 
     // ---- worker side --------------------------------------------------------------------------------
 
-    /// Claims up to `limit` ready jobs of `queue` for `owner`, leased for `lease`.
+    /// Claims up to `limit` ready jobs of `queue` for `owner`, leased for `lease`: highest priority first.
     pub async fn claim_batch(
         &self,
         queue: &str,
@@ -239,13 +239,18 @@ impl QueueStore {
         limit: u32,
         lease: Duration,
     ) -> Result<Vec<ClaimedJob>> {
-        Ok(sqlx::query_as::<_, ClaimedJob>(sql::JOB_CLAIM_BATCH)
+        let mut jobs = sqlx::query_as::<_, ClaimedJob>(sql::JOB_CLAIM_BATCH)
             .bind(queue)
             .bind(owner)
             .bind(i64::from(limit))
             .bind(lease.as_millis() as i64)
             .fetch_all(&self.pool)
-            .await?)
+            .await?;
+        // `UPDATE … RETURNING` gives rows back in no particular order; handler slots are handed out in
+        // this order, so restore the claim's: highest priority first, then oldest (UUIDv7 ids sort by
+        // enqueue time).
+        jobs.sort_by_key(|j| (std::cmp::Reverse(j.priority), j.id));
+        Ok(jobs)
     }
 
     /// Records finished attempts in one statement, fenced on (id, running, owner, attempt). Returns the
