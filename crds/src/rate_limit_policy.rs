@@ -121,6 +121,13 @@ pub struct RedisSpec {
     }]))]
     #[schemars(schema_with = "go_duration_schema")]
     pub timeout: Duration,
+
+    /// Most requests of a hot key's budget one Redis call may take ahead, for a sidecar to spend in
+    /// process without waiting (fixed window, sliding-window counter, token bucket). Never over the
+    /// limit; 0 makes every request wait for its own Redis decision. See docs/rate-limiting.md.
+    #[serde(default = "default_prefetch")]
+    #[schemars(range(min = 0, max = sidecar_config::PREFETCH_MAX))]
+    pub prefetch: u64,
 }
 
 /// A key of a Secret in the policy's namespace.
@@ -527,6 +534,9 @@ fn default_expected_replicas() -> u32 {
 }
 fn default_redis_timeout() -> Duration {
     sidecar_config::REDIS_TIMEOUT_DEFAULT
+}
+fn default_prefetch() -> u64 {
+    sidecar_config::PREFETCH_DEFAULT
 }
 fn default_secret_key() -> String {
     REDIS_SECRET_KEY_DEFAULT.into()

@@ -37,13 +37,13 @@ spec:
       limit: {requests: 100, window: 1m}
 "#;
 
-/// Three mistakes in one policy; the API server reports every one.
+/// Five mistakes in one policy; the API server reports every one.
 const BAD_POLICY: &str = r#"
 apiVersion: sluice.dev/v1alpha1
 kind: RateLimitPolicy
 metadata: {name: broken}
 spec:
-  redis: {secretRef: {name: redis}, timeout: 10s}
+  redis: {secretRef: {name: redis}, timeout: 10s, prefetch: 200000}
   rules:
     - name: a
       algorithm: slidingLog
@@ -168,6 +168,7 @@ async fn bad_input_through_kubectl_is_refused_with_its_message_and_nothing_is_ha
             "rule names must be unique within a policy",
             "limit.burst is only allowed with algorithm tokenBucket",
             "redis.timeout must be between 1ms and 5s",
+            "spec.redis.prefetch",
         ],
     );
     assert!(policies.get_opt("broken").await.unwrap().is_none());

@@ -19,6 +19,8 @@ pub const REDIS_TIMEOUT_DEFAULT: Duration = Duration::from_millis(50);
 pub const MAX_REQUEST_BODY_DEFAULT: u64 = 10 * 1024 * 1024;
 /// Default of `limits.redis.prefetch`: most requests of a hot key's budget taken ahead in one call.
 pub const PREFETCH_DEFAULT: u64 = 256;
+/// Largest `limits.redis.prefetch`.
+pub const PREFETCH_MAX: u64 = 100_000;
 /// Default cap on in-process buckets (local fallback state).
 pub const LOCAL_MAX_KEYS_DEFAULT: usize = 100_000;
 

@@ -73,6 +73,7 @@ pub fn render(policy: &RateLimitPolicy) -> Result<SidecarConfig, RenderError> {
         redis: RedisConfig {
             url: None,
             timeout: spec.redis.timeout,
+            prefetch: spec.redis.prefetch,
             ..RedisConfig::default()
         },
         failure_mode: spec.failure_mode.into(),
@@ -221,7 +222,7 @@ mod tests {
     #[test]
     fn every_field_is_copied_to_its_namesake() {
         let config = render(&policy(serde_json::json!({
-            "redis": {"secretRef": {"name": "redis", "key": "uri"}, "timeout": "20ms"},
+            "redis": {"secretRef": {"name": "redis", "key": "uri"}, "timeout": "20ms", "prefetch": 0},
             "failureMode": "closed",
             "expectedReplicas": 3,
             "clientIp": {"trustedProxies": ["10.0.0.0/8", "fd00::/8"]},
@@ -241,6 +242,7 @@ mod tests {
         .unwrap();
         let l = &config.limits;
         assert_eq!(l.redis.timeout.as_millis(), 20);
+        assert_eq!(l.redis.prefetch, 0);
         assert_eq!(l.failure_mode, FailureMode::Closed);
         assert_eq!(l.expected_replicas, 3);
         assert_eq!(l.client_ip.trusted_proxies.len(), 2);

@@ -21,8 +21,7 @@ pub const WINDOW_MAX: Duration = Duration::from_secs(24 * 3600);
 pub const SHUTDOWN_GRACE_MAX: Duration = Duration::from_secs(600);
 /// Longest Redis deadline accepted: a longer one defeats the point of a per-call deadline.
 pub const REDIS_TIMEOUT_MAX: Duration = Duration::from_secs(5);
-/// Largest `limits.redis.prefetch`.
-pub const PREFETCH_MAX: u64 = 100_000;
+pub use sluice_crds::sidecar_config::PREFETCH_MAX;
 /// Methods a rule may match.
 pub const KNOWN_METHODS: [&str; 9] = [
     "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE",
