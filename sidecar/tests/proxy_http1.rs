@@ -1,17 +1,25 @@
 //! The HTTP/1.1 fast path byte by byte, between a raw client and a scripted app: pipelining, bodies in
-//! both framings and both directions, responses without a body or delimited by close, interim responses,
-//! kept-alive app connections that went stale, and what it hands to hyper (HTTP/1.0, ambiguous framing,
-//! `Expect`, an upgrade after fast-path requests) or refuses (malformed chunks, bad app framing).
+//! both framings and both directions (chunked ones re-encoded), responses without a body or delimited by
+//! close, interim responses, kept-alive app connections that went stale, clients that hang up, apps that
+//! answer early, shutdown; what it hands to hyper (HTTP/1.0, ambiguous framing, `Expect`) or refuses
+//! (malformed chunks, bad app framing); and the smuggling attempts it must not let through.
 
 mod proxy_support;
 
-use std::{sync::atomic::Ordering, time::Duration};
+use std::{
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
 
 use proxy_support::{
-    raw::{RawClient, Reply, Seen, decode_chunked, ok, raw_app},
+    raw::{RawClient, Reply, Seen, close_seen_at, decode_chunked, ok, raw_app},
     start_sidecar, start_upstream,
 };
 use sluice_testsupport::wait_for_async;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    sync::Notify,
+};
 
 const NO_RULES: &str = "version: 1\n";
 
@@ -45,6 +53,10 @@ async fn pipelined_requests_are_answered_in_order_over_one_app_connection() {
     for want in ["/one body=0", "/two body=5", "/three body=0"] {
         let resp = c.response(false).await.unwrap();
         assert_eq!(resp.status, 200);
+        assert!(
+            resp.field("date").is_some(),
+            "the proxy dates what the app did not"
+        );
         assert_eq!(String::from_utf8(resp.body).unwrap(), want);
     }
     assert_eq!(app.connections.load(Ordering::SeqCst), 1);
@@ -58,12 +70,12 @@ async fn pipelined_requests_are_answered_in_order_over_one_app_connection() {
 }
 
 #[tokio::test]
-async fn chunked_bodies_pass_through_both_ways_with_their_trailers() {
+async fn chunked_bodies_reach_each_side_in_canonical_framing() {
     let app = raw_app(|req| {
         let body = format!("got {} bytes", req.body.len());
         Reply::Send(
             format!(
-                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\nx-sum: 7\r\n\r\n",
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n00{:x} ;x=1\r\n{body}\r\n0\r\nx-sum: 7\r\n\r\n",
                 body.len()
             )
             .into_bytes(),
@@ -72,21 +84,29 @@ async fn chunked_bodies_pass_through_both_ways_with_their_trailers() {
     .await;
     let sidecar = start_sidecar(NO_RULES, app.addr, None, None).await;
     let mut c = RawClient::connect(sidecar.addr).await;
-    // Sent in pieces, so the body streams after the head was forwarded.
-    c.send(b"POST /up HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n")
+    // Sent in pieces, so the body streams after the head was forwarded. Extensions, whitespace and
+    // trailer lines (one looks like a forged field, one like a request) never reach the app.
+    c.send(
+        b"POST /up HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n005 \t;ext=\"1\"\r\nhello\r\n",
+    )
+    .await;
+    c.send(b"6\r\n world\r\n0\r\nX-Forwarded-For: 6.6.6.6\r\nGET /x HTTP/1.1\r\n\r\n")
         .await;
-    c.send(b"6\r\n world\r\n0\r\nx-client-trailer: 1\r\n\r\n").await;
     let resp = c.response(false).await.unwrap();
     assert_eq!(resp.status, 200);
     assert_eq!(resp.field("transfer-encoding").as_deref(), Some("chunked"));
-    let wire = String::from_utf8(resp.body.clone()).unwrap();
-    assert!(wire.ends_with("0\r\nx-sum: 7\r\n\r\n"), "{wire:?}");
-    assert_eq!(decode_chunked(&resp.body), b"got 11 bytes");
-    assert_eq!(app.requests()[0].body, b"hello world");
+    assert_eq!(
+        String::from_utf8(resp.body).unwrap(),
+        "c\r\ngot 11 bytes\r\n0\r\n\r\n"
+    );
+    let seen = &app.requests()[0];
+    assert_eq!(seen.wire, b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n");
+    assert_eq!(seen.body, b"hello world");
 
     // The connection is still in step.
     c.send(b"GET /again HTTP/1.1\r\nHost: a\r\n\r\n").await;
     assert_eq!(c.response(false).await.unwrap().status, 200);
+    assert_eq!(app.requests().len(), 2);
 }
 
 #[tokio::test]
@@ -126,6 +146,7 @@ async fn responses_without_a_body_keep_the_connection_in_step() {
         Reply::Send(match req.head.split(' ').nth(1).unwrap() {
             "/none" => b"HTTP/1.1 204 No Content\r\n\r\n".to_vec(),
             "/cached" => b"HTTP/1.1 304 Not Modified\r\nContent-Length: 42\r\n\r\n".to_vec(),
+            "/full" => ok("complete"),
             _ => b"HTTP/1.1 200 OK\r\nContent-Length: 42\r\n\r\n".to_vec(),
         })
     })
@@ -142,18 +163,26 @@ async fn responses_without_a_body_keep_the_connection_in_step() {
     assert_eq!(c.response(false).await.unwrap().status, 204);
     c.send(b"GET /cached HTTP/1.1\r\nHost: a\r\n\r\n").await;
     assert_eq!(c.response(false).await.unwrap().status, 304);
+    // No stray bytes followed any of them: the next response starts where it should.
+    c.send(b"GET /full HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    let full = c.response(false).await.unwrap();
+    assert_eq!((full.status, full.body.as_slice()), (200, &b"complete"[..]));
     assert_eq!(app.connections.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]
-async fn a_response_delimited_by_close_reaches_the_client_which_is_then_closed() {
+async fn a_response_delimited_by_close_goes_out_chunked_and_the_client_connection_stays_open() {
     let app = raw_app(|_| Reply::SendAndClose(b"HTTP/1.1 200 OK\r\n\r\nuntil the end".to_vec())).await;
     let sidecar = start_sidecar(NO_RULES, app.addr, None, None).await;
     let mut c = RawClient::connect(sidecar.addr).await;
-    c.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").await;
-    let resp = c.response(false).await.unwrap();
-    assert_eq!(resp.field("connection").as_deref(), Some("close"));
-    assert_eq!(resp.body, b"until the end");
+    for _ in 0..2 {
+        c.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        let resp = c.response(false).await.unwrap();
+        assert_eq!(resp.field("connection"), None);
+        assert_eq!(resp.field("transfer-encoding").as_deref(), Some("chunked"));
+        assert_eq!(decode_chunked(&resp.body), b"until the end");
+    }
+    assert_eq!(app.connections.load(Ordering::SeqCst), 2);
 }
 
 #[tokio::test]
@@ -193,6 +222,17 @@ async fn a_kept_alive_app_connection_the_app_dropped_is_retried_only_for_idempot
     c.send(b"GET /second HTTP/1.1\r\nHost: a\r\n\r\n").await;
     let retried = c.response(false).await.unwrap();
     assert_eq!(String::from_utf8(retried.body).unwrap(), "/second body=0");
+    let second: Vec<(usize, usize)> = app
+        .requests()
+        .iter()
+        .filter(|r| r.head.starts_with("GET /second"))
+        .map(|r| (r.connection, r.nth))
+        .collect();
+    assert_eq!(
+        second,
+        [(0, 1), (1, 0)],
+        "dropped on the kept-alive connection, sent again on a new one"
+    );
 
     let app = raw_app(|req| {
         if req.connection == 0 && req.nth == 1 {
@@ -225,11 +265,14 @@ async fn an_app_that_closed_while_idle_is_connected_to_again_before_sending() {
             .await;
         let resp = c.response(false).await.unwrap();
         assert_eq!((resp.status, resp.body.as_slice()), (200, &b"n=0"[..]));
-        // The app has closed the connection before the next request is sent (a POST is not retried,
-        // so this succeeds only because the proxy notices the close first).
-        wait_for_async("the app to close", Duration::from_secs(5), || async {
-            (app.closed.load(Ordering::SeqCst) == i).then_some(())
-        })
+        // The app's close has reached the proxy's socket before the next request is sent (a POST is not
+        // retried, so this succeeds only because the proxy notices the close before sending).
+        let proxy_side = app.peers.lock().unwrap()[i - 1];
+        wait_for_async(
+            "the app's close to reach the proxy",
+            Duration::from_secs(5),
+            || async { close_seen_at(proxy_side, app.addr).then_some(()) },
+        )
         .await;
     }
     assert_eq!(app.connections.load(Ordering::SeqCst), 3);
@@ -339,5 +382,184 @@ async fn an_idle_connection_closes_at_shutdown() {
     c.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").await;
     assert_eq!(c.response(false).await.unwrap().status, 200);
     sidecar.stop.cancel();
+    assert!(c.closed().await);
+}
+
+#[tokio::test]
+async fn a_connection_field_naming_the_framing_cannot_smuggle_a_request() {
+    let app = raw_app(echo).await;
+    let sidecar = start_sidecar(LIMITED, app.addr, None, None).await;
+    let mut c = RawClient::connect(sidecar.addr).await;
+    let inner = "GET /smuggled HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 6.6.6.6\r\n\r\n";
+    c.send(
+        format!(
+            "POST /outer HTTP/1.1\r\nHost: a\r\nConnection: content-length, host\r\nContent-Length: {}\r\n\r\n{inner}",
+            inner.len()
+        )
+        .as_bytes(),
+    )
+    .await;
+    let resp = c.response(false).await.unwrap();
+    assert_eq!(
+        String::from_utf8(resp.body).unwrap(),
+        format!("/outer body={}", inner.len())
+    );
+    let seen = app.requests();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(seen[0].head.contains("Host: a\r\n"), "{}", seen[0].head);
+    assert_eq!(seen[0].body, inner.as_bytes());
+    // The limiter counted one request: the second of two allowed still passes.
+    c.send(b"GET /next HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(c.response(false).await.unwrap().status, 200);
+}
+
+#[tokio::test]
+async fn a_refused_head_request_gets_no_body_and_the_connection_stays_in_step() {
+    let app = raw_app(echo).await;
+    let sidecar = start_sidecar(LIMITED, app.addr, None, None).await;
+    let mut c = RawClient::connect(sidecar.addr).await;
+    for _ in 0..2 {
+        c.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        assert_eq!(c.response(false).await.unwrap().status, 200);
+    }
+    c.send(b"HEAD / HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    let refused = c.response(true).await.unwrap();
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.field("content-length").as_deref(), Some("17"));
+    c.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    let next = c.response(false).await.unwrap();
+    assert_eq!(
+        (next.status, next.body.as_slice()),
+        (429, &b"Too Many Requests"[..])
+    );
+}
+
+#[tokio::test]
+async fn a_response_with_both_framings_reaches_the_client_chunked_alone() {
+    let app = raw_app(|_| {
+        Reply::Send(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n".to_vec())
+    })
+    .await;
+    let sidecar = start_sidecar(NO_RULES, app.addr, None, None).await;
+    let mut c = RawClient::connect(sidecar.addr).await;
+    c.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    // The client fixture fails the test if both framings arrive.
+    let resp = c.response(false).await.unwrap();
+    assert_eq!(decode_chunked(&resp.body), b"hello");
+    assert_eq!(resp.field("content-length"), None);
+}
+
+#[tokio::test]
+async fn endless_whitespace_after_a_chunk_size_is_a_400() {
+    let app = raw_app(echo).await;
+    let sidecar = start_sidecar(NO_RULES, app.addr, None, None).await;
+    let mut c = RawClient::connect(sidecar.addr).await;
+    let mut req = b"POST /p HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n1".to_vec();
+    req.extend(std::iter::repeat_n(b' ', 100_000));
+    c.send(&req).await;
+    let resp = c.response(false).await.unwrap();
+    assert_eq!(resp.status, 400);
+    assert!(c.closed().await);
+    assert!(app.requests().is_empty());
+}
+
+#[tokio::test]
+async fn a_client_that_hangs_up_while_the_app_works_closes_the_app_connection() {
+    let app = raw_app(|_| Reply::Never).await;
+    let sidecar = start_sidecar(NO_RULES, app.addr, None, None).await;
+    let mut c = RawClient::connect(sidecar.addr).await;
+    c.send(b"GET /long-poll HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    wait_for_async("the request to reach the app", Duration::from_secs(5), || async {
+        (!app.requests().is_empty()).then_some(())
+    })
+    .await;
+    drop(c);
+    wait_for_async(
+        "the proxy to close the app connection",
+        Duration::from_secs(5),
+        || async { (app.closed.load(Ordering::SeqCst) == 1).then_some(()) },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn an_app_that_answers_an_upload_early_and_stops_reading_gets_its_answer_through() {
+    // The app answers 401 as soon as it has the head and then neither reads nor closes.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let app_addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            s.read_exact(&mut byte).await.unwrap();
+            head.push(byte[0]);
+        }
+        s.write_all(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 6\r\n\r\nno way")
+            .await
+            .unwrap();
+        std::future::pending::<()>().await;
+    });
+    let sidecar = start_sidecar(
+        "version: 1\nlimits: {maxRequestBody: 1000000000}\n",
+        app_addr,
+        None,
+        None,
+    )
+    .await;
+    let stream = tokio::net::TcpStream::connect(sidecar.addr).await.unwrap();
+    let (mut read, mut write) = stream.into_split();
+    // 256 MiB: far more than the socket buffers between the three of them hold.
+    let size = 256 << 20;
+    let upload = tokio::spawn(async move {
+        let head = format!("PUT /big HTTP/1.1\r\nHost: a\r\nContent-Length: {size}\r\n\r\n");
+        write.write_all(head.as_bytes()).await?;
+        let chunk = vec![b'x'; 1 << 20];
+        for _ in 0..256 {
+            write.write_all(&chunk).await?;
+        }
+        Ok::<_, std::io::Error>(())
+    });
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let answer = tokio::time::timeout(Duration::from_secs(10), async {
+        while !String::from_utf8_lossy(&got).contains("no way") {
+            let n = read.read(&mut buf).await.unwrap();
+            assert!(
+                n > 0,
+                "closed without the answer: {:?}",
+                String::from_utf8_lossy(&got)
+            );
+            got.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await;
+    assert!(answer.is_ok(), "no answer within 10 s");
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 401 Unauthorized\r\n"), "{text}");
+    assert!(text.contains("connection: close\r\n"), "{text}");
+    upload.abort();
+}
+
+#[tokio::test]
+async fn an_exchange_in_flight_at_shutdown_finishes_with_connection_close() {
+    let release = Arc::new(Notify::new());
+    let app = raw_app({
+        let release = release.clone();
+        move |_| Reply::WhenReleased(release.clone(), ok("finished"))
+    })
+    .await;
+    let sidecar = start_sidecar(NO_RULES, app.addr, None, None).await;
+    let mut c = RawClient::connect(sidecar.addr).await;
+    c.send(b"GET /slow HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    wait_for_async("the request to reach the app", Duration::from_secs(5), || async {
+        (!app.requests().is_empty()).then_some(())
+    })
+    .await;
+    sidecar.stop.cancel();
+    release.notify_one();
+    let resp = c.response(false).await.unwrap();
+    assert_eq!((resp.status, resp.body.as_slice()), (200, &b"finished"[..]));
+    assert_eq!(resp.field("connection").as_deref(), Some("close"));
     assert!(c.closed().await);
 }

@@ -21,6 +21,8 @@ pub enum Outcome {
     UpstreamError,
     /// Switched protocols (WebSocket) and tunnelled.
     Upgraded,
+    /// Refused as malformed (400), e.g. a chunked body that breaks the coding.
+    BadRequest,
 }
 
 /// Labels of `sluice_proxy_requests_total`.
@@ -57,7 +59,7 @@ pub struct ProxyMetrics {
     /// Rejections that were not logged because the rejection log was over its per-second budget.
     pub rejections_unlogged: Counter,
     /// Handles into `requests`, one per [`Outcome`] in declaration order.
-    by_outcome: [Counter; 5],
+    by_outcome: [Counter; 6],
 }
 
 impl ProxyMetrics {
@@ -84,6 +86,7 @@ impl ProxyMetrics {
             Outcome::TooLarge,
             Outcome::UpstreamError,
             Outcome::Upgraded,
+            Outcome::BadRequest,
         ]
         .map(|outcome| family.get_or_create(&RequestLabels { outcome }).clone());
         registry.register("sluice_proxy_requests", "Requests by outcome", m.requests.clone());
@@ -129,6 +132,7 @@ impl ProxyMetrics {
             Outcome::TooLarge => 2,
             Outcome::UpstreamError => 3,
             Outcome::Upgraded => 4,
+            Outcome::BadRequest => 5,
         };
         self.by_outcome[i].inc();
     }

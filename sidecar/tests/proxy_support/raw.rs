@@ -15,6 +15,7 @@ use sluice_sidecar::proxy::h1::chunked::Chunked;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
+    sync::Notify,
 };
 
 /// A request as the app received it.
@@ -24,6 +25,8 @@ pub struct Seen {
     pub head: String,
     /// The body's data (decoded when chunked).
     pub body: Vec<u8>,
+    /// The body as it came over the wire (still chunked if it was).
+    pub wire: Vec<u8>,
     /// Which connection it came on (0 for the first the app accepted).
     pub connection: usize,
     /// Its place on that connection (0 for the first).
@@ -38,12 +41,18 @@ pub enum Reply {
     SendAndClose(Vec<u8>),
     /// Closes the connection without a word.
     Close,
+    /// Writes these bytes once the test releases it, then reads the next request.
+    WhenReleased(Arc<Notify>, Vec<u8>),
+    /// Never answers; the connection stays open until the proxy closes it.
+    Never,
 }
 
 /// A running scripted app.
 pub struct RawApp {
     pub addr: SocketAddr,
     pub connections: Arc<AtomicUsize>,
+    /// Where each connection came from, in order of arrival.
+    pub peers: Arc<Mutex<Vec<SocketAddr>>>,
     /// Connections the app has closed.
     pub closed: Arc<AtomicUsize>,
     pub seen: Arc<Mutex<Vec<Seen>>>,
@@ -64,9 +73,11 @@ pub async fn raw_app(script: impl Fn(&Seen) -> Reply + Send + Sync + 'static) ->
     let closed = Arc::new(AtomicUsize::new(0));
     let seen = Arc::new(Mutex::new(Vec::new()));
     let script = Arc::new(script);
-    let (c, s, done) = (connections.clone(), seen.clone(), closed.clone());
+    let peers = Arc::new(Mutex::new(Vec::new()));
+    let (c, s, done, p) = (connections.clone(), seen.clone(), closed.clone(), peers.clone());
     tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
+        while let Ok((stream, peer)) = listener.accept().await {
+            p.lock().unwrap().push(peer);
             let connection = c.fetch_add(1, Ordering::SeqCst);
             let (s, script, done) = (s.clone(), script.clone(), done.clone());
             tokio::spawn(async move {
@@ -78,6 +89,7 @@ pub async fn raw_app(script: impl Fn(&Seen) -> Reply + Send + Sync + 'static) ->
     RawApp {
         addr,
         connections,
+        peers,
         closed,
         seen,
     }
@@ -93,12 +105,18 @@ async fn serve(
 ) {
     let mut buf = Vec::new();
     for nth in 0.. {
-        let Some((head, body)) = read_request(&mut stream, &mut buf).await else {
+        let Some((head, wire)) = read_message(&mut stream, &mut buf, false).await else {
             return;
+        };
+        let body = if framing(&head) == Framing::Chunked {
+            decode_chunked(&wire)
+        } else {
+            wire.clone()
         };
         let req = Seen {
             head,
             body,
+            wire,
             connection,
             nth,
         };
@@ -114,6 +132,16 @@ async fn serve(
                 return;
             }
             Reply::Close => return,
+            Reply::WhenReleased(release, bytes) => {
+                release.notified().await;
+                if stream.write_all(&bytes).await.is_err() {
+                    return;
+                }
+            }
+            Reply::Never => {
+                while read_some(&mut stream, &mut buf).await.is_some() {}
+                return;
+            }
         }
     }
 }
@@ -123,8 +151,60 @@ pub fn ok(body: &str) -> Vec<u8> {
     format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len()).into_bytes()
 }
 
-/// Reads one request (head, then a Content-Length or chunked body) from `stream`.
-async fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(String, Vec<u8>)> {
+/// How a message read by these peers is delimited.
+#[derive(Debug, PartialEq, Eq)]
+enum Framing {
+    Length(usize),
+    Chunked,
+    /// No framing field: no body for a request, everything until close for a response.
+    None,
+}
+
+/// The value of each field named `name` (any case) in `head`.
+pub fn field_values<'h>(head: &'h str, name: &str) -> Vec<&'h str> {
+    head.lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.trim())
+        .collect()
+}
+
+/// The framing `head` declares. A message declaring both framings, or several lengths, fails the test:
+/// no peer of the proxy should ever see one.
+fn framing(head: &str) -> Framing {
+    let te = field_values(head, "transfer-encoding");
+    let cl = field_values(head, "content-length");
+    assert!(
+        te.is_empty() || cl.is_empty(),
+        "a message with both Transfer-Encoding and Content-Length crossed the proxy: {head:?}"
+    );
+    assert!(
+        cl.len() <= 1,
+        "several Content-Length fields crossed the proxy: {head:?}"
+    );
+    if te
+        .last()
+        .is_some_and(|v| v.to_ascii_lowercase().ends_with("chunked"))
+    {
+        Framing::Chunked
+    } else if let Some(n) = cl.first() {
+        Framing::Length(
+            n.parse()
+                .unwrap_or_else(|_| panic!("Content-Length {n:?} in {head:?}")),
+        )
+    } else {
+        Framing::None
+    }
+}
+
+/// Reads one message (head, then its body as it came over the wire) from `stream`; a response whose
+/// body is delimited by the close when `until_close`, otherwise none.
+async fn read_message(
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    until_close: bool,
+) -> Option<(String, Vec<u8>)> {
     let head_len = loop {
         if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             break end + 4;
@@ -133,30 +213,34 @@ async fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(Stri
     };
     let head = String::from_utf8_lossy(&buf[..head_len]).into_owned();
     buf.drain(..head_len);
-    let lower = head.to_ascii_lowercase();
-    let mut body = Vec::new();
-    if lower.contains("transfer-encoding: chunked") {
-        let mut c = Chunked::default();
-        loop {
-            let n = c.scan(buf).ok()?;
-            body.extend(buf.drain(..n));
-            if c.done() {
-                break;
+    let wire = match framing(&head) {
+        Framing::Chunked => {
+            let mut c = Chunked::default();
+            let mut wire = Vec::new();
+            loop {
+                let n = c
+                    .transcode(buf, &mut Vec::new())
+                    .expect("well-formed chunked body");
+                wire.extend(buf.drain(..n));
+                if c.done() {
+                    break wire;
+                }
+                read_some(stream, buf).await?;
             }
-            read_some(stream, buf).await?;
         }
-        body = decode_chunked(&body);
-    } else if let Some(len) = lower
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length: "))
-        .and_then(|v| v.trim().parse::<usize>().ok())
-    {
-        while buf.len() < len {
-            read_some(stream, buf).await?;
+        Framing::Length(len) => {
+            while buf.len() < len {
+                read_some(stream, buf).await?;
+            }
+            buf.drain(..len).collect()
         }
-        body = buf.drain(..len).collect();
-    }
-    Some((head, body))
+        Framing::None if until_close => {
+            while read_some(stream, buf).await.is_some() {}
+            std::mem::take(buf)
+        }
+        Framing::None => Vec::new(),
+    };
+    Some((head, wire))
 }
 
 async fn read_some(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<()> {
@@ -199,10 +283,7 @@ pub struct RawResponse {
 impl RawResponse {
     /// The value of the field `name` (any case), if present.
     pub fn field(&self, name: &str) -> Option<String> {
-        self.head.lines().find_map(|l| {
-            let (n, v) = l.split_once(':')?;
-            n.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
-        })
+        field_values(&self.head, name).first().map(|v| (*v).to_owned())
     }
 }
 
@@ -240,43 +321,22 @@ impl RawClient {
             read_some(&mut self.stream, &mut self.buf).await?;
         };
         let head = String::from_utf8_lossy(&self.buf[..head_len]).into_owned();
-        self.buf.drain(..head_len);
-        let status: u16 = head[9..12].parse().unwrap();
-        let mut resp = RawResponse {
-            status,
-            head,
-            body: Vec::new(),
-        };
+        let status: u16 = head
+            .strip_prefix("HTTP/1.1 ")
+            .or_else(|| head.strip_prefix("HTTP/1.0 "))
+            .and_then(|rest| rest.get(..3))
+            .and_then(|code| code.parse().ok())
+            .unwrap_or_else(|| panic!("not an HTTP/1.x status line: {head:?}"));
         if head_request || status < 200 || status == 204 || status == 304 {
-            return Some(resp);
+            self.buf.drain(..head_len);
+            return Some(RawResponse {
+                status,
+                head,
+                body: Vec::new(),
+            });
         }
-        if resp
-            .field("transfer-encoding")
-            .is_some_and(|v| v.ends_with("chunked"))
-        {
-            let mut c = Chunked::default();
-            loop {
-                let n = c.scan(&self.buf).unwrap();
-                resp.body.extend(self.buf.drain(..n));
-                if c.done() {
-                    return Some(resp);
-                }
-                read_some(&mut self.stream, &mut self.buf).await?;
-            }
-        }
-        match resp.field("content-length").map(|v| v.parse::<usize>().unwrap()) {
-            Some(len) => {
-                while self.buf.len() < len {
-                    read_some(&mut self.stream, &mut self.buf).await?;
-                }
-                resp.body = self.buf.drain(..len).collect();
-            }
-            None => {
-                while read_some(&mut self.stream, &mut self.buf).await.is_some() {}
-                resp.body = std::mem::take(&mut self.buf);
-            }
-        }
-        Some(resp)
+        let (head, body) = read_message(&mut self.stream, &mut self.buf, true).await?;
+        Some(RawResponse { status, head, body })
     }
 
     /// Whether the proxy closes this connection within 5 s (reading and dropping anything else).
@@ -294,4 +354,22 @@ impl RawClient {
             .await
             .is_ok()
     }
+}
+
+/// Whether the kernel has delivered the close of the TCP connection from `local` to `remote` to the
+/// `local` side (it is in CLOSE_WAIT there): whatever reads that socket next sees the end. IPv4 only.
+pub fn close_seen_at(local: SocketAddr, remote: SocketAddr) -> bool {
+    fn hex(addr: SocketAddr) -> String {
+        let SocketAddr::V4(v4) = addr else {
+            panic!("IPv4 only: {addr}")
+        };
+        format!("{:08X}:{:04X}", u32::from_le_bytes(v4.ip().octets()), v4.port())
+    }
+    let (local, remote) = (hex(local), hex(remote));
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .any(|f| f.len() > 3 && f[1] == local && f[2] == remote && f[3] == "08")
 }

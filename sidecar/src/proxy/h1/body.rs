@@ -1,6 +1,9 @@
-//! How a message body is delimited (RFC 9112 §6.3) and how far the fast path has forwarded it.
+//! How a message body is delimited (RFC 9112 §6.3), and a body on its way through: which of the bytes
+//! that arrive belong to it, and what goes out for them. A `Content-Length` body goes out as it came; a
+//! chunked one is re-encoded ([`super::chunked`]); a body delimited by the app closing its connection goes
+//! out chunked, so the client connection stays usable and a body cut short shows as one (no last chunk).
 
-use super::chunked::{Chunked, Malformed};
+use super::chunked::{Chunked, LAST_CHUNK, Malformed, write_size_line};
 
 /// How a message's body is delimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -15,14 +18,14 @@ pub enum Framing {
     UntilClose,
 }
 
-/// A body being forwarded: which of the bytes that arrive belong to it, and whether it is complete.
+/// A body being forwarded.
 #[derive(Debug, Clone)]
 pub enum Body {
     /// This many bytes still to come.
     Length(u64),
-    /// A chunked body.
+    /// A chunked body (kept when done, so its data length can still be read).
     Chunked(Chunked),
-    /// Bytes until the sender closes.
+    /// Bytes until the sender closes, sent on chunked.
     UntilClose,
     /// Complete.
     Done,
@@ -39,34 +42,44 @@ impl Body {
         }
     }
 
-    /// How many of `input`, the next bytes from the sender, belong to this body (all of them unless it
-    /// ends inside `input`); they count as forwarded.
-    pub fn take(&mut self, input: &[u8]) -> Result<usize, Malformed> {
+    /// Reads `input`, the next bytes from the sender: appends what goes out for the ones that belong to
+    /// the body to `out`, and returns how many belong to it (all of them unless the body ends inside
+    /// `input`).
+    pub fn take(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<usize, Malformed> {
         let n = match self {
             Body::Length(left) => {
                 let n = usize::try_from(*left).unwrap_or(usize::MAX).min(input.len());
+                out.extend_from_slice(&input[..n]);
                 *left -= n as u64;
                 if *left == 0 {
                     *self = Body::Done;
                 }
                 n
             }
-            // A chunked body stays here when done, so its data length can still be read.
-            Body::Chunked(c) => c.scan(input)?,
-            Body::UntilClose => input.len(),
+            Body::Chunked(c) => c.transcode(input, out)?,
+            Body::UntilClose => {
+                if !input.is_empty() {
+                    write_size_line(out, input.len() as u64);
+                    out.extend_from_slice(input);
+                    out.extend_from_slice(b"\r\n");
+                }
+                input.len()
+            }
             Body::Done => 0,
         };
         Ok(n)
     }
 
     /// The sender closed its side: whether that completes the body (it does only for
-    /// [`Framing::UntilClose`]; anything else was cut short).
-    pub fn closed(&mut self) -> bool {
+    /// [`Framing::UntilClose`], whose last chunk then goes onto `out`; anything else was cut short).
+    pub fn closed(&mut self, out: &mut Vec<u8>) -> bool {
         match self {
-            Body::UntilClose | Body::Done => {
+            Body::UntilClose => {
+                out.extend_from_slice(LAST_CHUNK);
                 *self = Body::Done;
                 true
             }
+            Body::Done => true,
             Body::Chunked(c) => c.done(),
             Body::Length(_) => false,
         }
@@ -97,26 +110,42 @@ mod tests {
     #[test]
     fn a_length_body_takes_exactly_its_length() {
         let mut b = Body::new(Framing::Length(5));
-        assert_eq!(b.take(b"abc"), Ok(3));
+        let mut out = Vec::new();
+        assert_eq!(b.take(b"abc", &mut out), Ok(3));
         assert!(!b.done());
-        assert_eq!(b.take(b"deGET"), Ok(2));
+        assert_eq!(b.take(b"deGET", &mut out), Ok(2));
         assert!(b.done());
-        assert_eq!(b.take(b"more"), Ok(0));
+        assert_eq!(b.take(b"more", &mut out), Ok(0));
+        assert_eq!(out, b"abcde");
     }
 
     #[test]
     fn a_finished_chunked_body_still_knows_its_data_length() {
         let mut b = Body::new(Framing::Chunked);
-        assert_eq!(b.take(b"3\r\nabc\r\n0\r\n\r\nnext"), Ok(13));
+        let mut out = Vec::new();
+        assert_eq!(b.take(b"3\r\nabc\r\n0\r\n\r\nnext", &mut out), Ok(13));
         assert!(b.done());
         assert_eq!(b.chunked_data(), 3);
     }
 
     #[test]
+    fn a_body_delimited_by_close_goes_out_chunked_and_ends_at_the_close() {
+        let mut b = Body::new(Framing::UntilClose);
+        let mut out = Vec::new();
+        assert_eq!(b.take(b"hello", &mut out), Ok(5));
+        assert_eq!(b.take(b"", &mut out), Ok(0));
+        assert!(!b.done());
+        assert!(b.closed(&mut out));
+        assert!(b.done());
+        assert_eq!(out, b"5\r\nhello\r\n0\r\n\r\n");
+    }
+
+    #[test]
     fn only_a_close_delimited_body_is_completed_by_a_close() {
-        assert!(Body::new(Framing::UntilClose).closed());
-        assert!(!Body::new(Framing::Length(1)).closed());
-        assert!(!Body::new(Framing::Chunked).closed());
+        let mut out = Vec::new();
+        assert!(!Body::new(Framing::Length(1)).closed(&mut out));
+        assert!(!Body::new(Framing::Chunked).closed(&mut out));
+        assert!(out.is_empty());
         assert!(Body::new(Framing::Empty).done());
         assert!(Body::new(Framing::Length(0)).done());
     }

@@ -1,10 +1,15 @@
-//! The chunked transfer coding (RFC 9112 §7.1), scanned rather than decoded: the fast path forwards a
-//! chunked body byte for byte and only needs to know where it ends, how much data it carries (for
-//! `limits.maxRequestBody`) and that it is well formed. Chunk sizes are hex digits only (at most 15, so
-//! no overflow), optionally followed by whitespace and chunk extensions; lines end in CRLF; extensions
-//! and trailer fields together may take at most [`MAX_OVERHEAD`] bytes.
+//! The chunked transfer coding (RFC 9112 §7.1), re-encoded on the way through: each chunk leaves with a
+//! plain hex size line, its extensions dropped, and the body ends `0\r\n\r\n` with its trailer section
+//! dropped (as hyper does). So whatever quirks a sender puts in its framing — leading zeros, whitespace,
+//! extensions, trailer lines that look like fields or requests — never reach the receiver, whose chunked
+//! parser sees only canonical framing. Data is copied as is.
+//!
+//! What is accepted: chunk sizes of hex digits only (at most 15, so no overflow), optionally followed by
+//! whitespace and chunk extensions; lines ending in CRLF; at most [`MAX_OVERHEAD`] bytes of whitespace,
+//! extensions and trailer lines per body.
 
-/// Most bytes of chunk extensions and trailer fields one body may carry (hyper allows 16 KiB too).
+/// Most bytes of whitespace, chunk extensions and trailer lines one body may carry (hyper allows 16 KiB
+/// of extensions too).
 pub const MAX_OVERHEAD: usize = 16 * 1024;
 
 /// Why a chunked body is not well formed.
@@ -19,7 +24,7 @@ pub enum Malformed {
     /// The trailer section does not end in CRLF lines.
     #[error("malformed trailer section")]
     Trailer,
-    /// Chunk extensions and trailers are longer than [`MAX_OVERHEAD`].
+    /// Whitespace, chunk extensions and trailers are longer than [`MAX_OVERHEAD`].
     #[error("chunk extensions and trailers over {MAX_OVERHEAD} bytes")]
     TooLong,
 }
@@ -32,7 +37,7 @@ enum State {
     SizeSpace,
     /// A chunk extension, up to CR.
     Extension,
-    /// LF after a chunk-size line; the chunk's size.
+    /// LF after a chunk-size line.
     SizeLf,
     /// Chunk data still to come.
     Data,
@@ -56,11 +61,11 @@ enum State {
 #[derive(Debug, Clone)]
 pub struct Chunked {
     state: State,
-    /// The current chunk's size (while reading it) or data still to come (in [`State::Data`]).
+    /// The current chunk's size (while reading it) or its data still to come (in [`State::Data`]).
     size: u64,
     /// Data bytes seen in all chunks.
     data: u64,
-    /// Extension and trailer bytes seen.
+    /// Whitespace, extension and trailer bytes seen.
     overhead: usize,
 }
 
@@ -76,16 +81,17 @@ impl Default for Chunked {
 }
 
 impl Chunked {
-    /// Scans `input`, the next bytes of the body's stream, and returns how many of them belong to the
-    /// body: all of them unless the body ends inside `input`.
-    pub fn scan(&mut self, input: &[u8]) -> Result<usize, Malformed> {
+    /// Reads `input`, the next bytes of the body's stream, appending the body re-encoded to `out`, and
+    /// returns how many bytes of `input` belong to the body: all of them unless it ends inside `input`.
+    pub fn transcode(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<usize, Malformed> {
         let mut i = 0;
         while i < input.len() && self.state != State::Done {
             if self.state == State::Data {
-                // Skip data in one step rather than byte by byte.
+                // Data in one step rather than byte by byte.
                 let n = usize::try_from(self.size)
                     .unwrap_or(usize::MAX)
                     .min(input.len() - i);
+                out.extend_from_slice(&input[i..i + n]);
                 i += n;
                 self.size -= n as u64;
                 self.data += n as u64;
@@ -94,13 +100,13 @@ impl Chunked {
                 }
                 continue;
             }
-            self.step(input[i])?;
+            self.step(input[i], out)?;
             i += 1;
         }
         Ok(i)
     }
 
-    fn step(&mut self, b: u8) -> Result<(), Malformed> {
+    fn step(&mut self, b: u8, out: &mut Vec<u8>) -> Result<(), Malformed> {
         self.state = match self.state {
             State::Size { digits } => match hex(b) {
                 Some(d) if digits < 15 => {
@@ -123,12 +129,16 @@ impl Chunked {
                 if self.size == 0 {
                     State::TrailerStart
                 } else {
+                    write_size_line(out, self.size);
                     State::Data
                 }
             }
             State::SizeLf => return Err(Malformed::Size),
             State::DataCr if b == b'\r' => State::DataLf,
-            State::DataLf if b == b'\n' => State::Size { digits: 0 },
+            State::DataLf if b == b'\n' => {
+                out.extend_from_slice(b"\r\n");
+                State::Size { digits: 0 }
+            }
             State::DataCr | State::DataLf => return Err(Malformed::DataEnd),
             State::TrailerStart => match b {
                 b'\r' => State::EndLf,
@@ -147,9 +157,12 @@ impl Chunked {
                 }
             },
             State::TrailerLf if b == b'\n' => State::TrailerStart,
-            State::EndLf if b == b'\n' => State::Done,
+            State::EndLf if b == b'\n' => {
+                out.extend_from_slice(LAST_CHUNK);
+                State::Done
+            }
             State::TrailerLf | State::EndLf => return Err(Malformed::Trailer),
-            State::Data | State::Done => unreachable!("handled in scan"),
+            State::Data | State::Done => unreachable!("handled in transcode"),
         };
         Ok(())
     }
@@ -157,7 +170,10 @@ impl Chunked {
     /// A byte after at least one size digit: whitespace, an extension or the end of the line.
     fn after_size(&mut self, b: u8) -> Result<(), Malformed> {
         self.state = match b {
-            b' ' | b'\t' => State::SizeSpace,
+            b' ' | b'\t' => {
+                self.count_overhead()?;
+                State::SizeSpace
+            }
             b';' => {
                 self.count_overhead()?;
                 State::Extension
@@ -187,6 +203,27 @@ impl Chunked {
     }
 }
 
+/// The last chunk and an empty trailer section: how every chunked body ends on its way out.
+pub const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
+
+/// Writes a chunk-size line for `size` bytes of data.
+pub fn write_size_line(out: &mut Vec<u8>, size: u64) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut digits = [0u8; 16];
+    let mut i = digits.len();
+    let mut n = size;
+    loop {
+        i -= 1;
+        digits[i] = HEX[(n & 0xf) as usize];
+        n >>= 4;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+    out.extend_from_slice(b"\r\n");
+}
+
 fn hex(b: u8) -> Option<u8> {
     match b {
         b'0'..=b'9' => Some(b - b'0'),
@@ -200,49 +237,57 @@ fn hex(b: u8) -> Option<u8> {
 mod tests {
     use super::*;
 
-    /// Scans `body` fed in pieces of `step` bytes, returning (bytes belonging to the body, done, data).
-    fn scan_in_steps(body: &[u8], step: usize) -> Result<(usize, bool, u64), Malformed> {
+    /// Transcodes `body` fed in pieces of `step` bytes: (bytes belonging to the body, done, data, out).
+    fn in_steps(body: &[u8], step: usize) -> Result<(usize, bool, u64, String), Malformed> {
         let mut c = Chunked::default();
         let mut taken = 0;
+        let mut out = Vec::new();
         for piece in body.chunks(step) {
-            let n = c.scan(piece)?;
+            let n = c.transcode(piece, &mut out)?;
             taken += n;
             if n < piece.len() {
                 break;
             }
         }
-        Ok((taken, c.done(), c.data_len()))
+        Ok((taken, c.done(), c.data_len(), String::from_utf8(out).unwrap()))
     }
 
     #[test]
-    fn a_body_ends_after_the_last_chunk_and_trailers_however_it_is_split() {
-        let body =
-            b"5\r\nhello\r\nA;name=value\r\n0123456789\r\n0\r\nx-checksum: 1\r\n\r\nGET / HTTP/1.1\r\n";
+    fn a_body_leaves_in_canonical_framing_however_it_came_and_was_split() {
+        let body = b"0005 \t;name=\"v\"\r\nhello\r\nA;x\r\n0123456789\r\n0\r\nx-checksum: 1\r\nX-Forwarded-For: 6.6.6.6\r\n\r\nGET / HTTP/1.1\r\n";
         let end = body.len() - b"GET / HTTP/1.1\r\n".len();
         for step in 1..body.len() {
-            assert_eq!(scan_in_steps(body, step), Ok((end, true, 15)), "step {step}");
+            assert_eq!(
+                in_steps(body, step),
+                Ok((end, true, 15, "5\r\nhello\r\na\r\n0123456789\r\n0\r\n\r\n".into())),
+                "step {step}"
+            );
         }
     }
 
     #[test]
     fn an_empty_body_is_the_last_chunk_alone() {
-        assert_eq!(scan_in_steps(b"0\r\n\r\n", 64), Ok((5, true, 0)));
-        assert_eq!(scan_in_steps(b"0 ; x\r\n\r\n", 1), Ok((9, true, 0)));
+        assert_eq!(in_steps(b"0\r\n\r\n", 64), Ok((5, true, 0, "0\r\n\r\n".into())));
+        assert_eq!(
+            in_steps(b"0 ; x\r\n\r\n", 1),
+            Ok((9, true, 0, "0\r\n\r\n".into()))
+        );
     }
 
     #[test]
     fn an_unfinished_body_is_not_done() {
-        assert_eq!(scan_in_steps(b"5\r\nhel", 64), Ok((6, false, 3)));
-        assert_eq!(scan_in_steps(b"0\r\n", 64), Ok((3, false, 0)));
+        assert_eq!(in_steps(b"5\r\nhel", 64), Ok((6, false, 3, "5\r\nhel".into())));
+        assert_eq!(in_steps(b"0\r\n", 64), Ok((3, false, 0, String::new())));
     }
 
     #[test]
     fn malformed_bodies_are_refused() {
-        let bad: [(&[u8], Malformed); 8] = [
+        let bad: [(&[u8], Malformed); 9] = [
             (b"\r\n", Malformed::Size),
             (b"g\r\n", Malformed::Size),
             (b"-1\r\n", Malformed::Size),
             (b"5\nhello", Malformed::Size),
+            (b"5 5\r\n", Malformed::Size),
             (b"1000000000000000\r\n", Malformed::Size),
             (b"5\r\nhelloX", Malformed::DataEnd),
             (b"0\r\nbad\n", Malformed::Trailer),
@@ -250,7 +295,7 @@ mod tests {
         ];
         for (body, want) in bad {
             assert_eq!(
-                scan_in_steps(body, 64),
+                in_steps(body, 64).map(|r| r.0),
                 Err(want),
                 "{:?}",
                 String::from_utf8_lossy(body)
@@ -261,14 +306,35 @@ mod tests {
     #[test]
     fn the_largest_chunk_size_does_not_overflow() {
         let mut c = Chunked::default();
-        assert_eq!(c.scan(b"fffffffffffffff\r\n"), Ok(17));
+        let mut out = Vec::new();
+        assert_eq!(c.transcode(b"fffffffffffffff\r\n", &mut out), Ok(17));
+        assert_eq!(out, b"fffffffffffffff\r\n");
         assert!(!c.done());
     }
 
     #[test]
-    fn extensions_and_trailers_are_bounded() {
-        let mut body = b"1;".to_vec();
-        body.extend(std::iter::repeat_n(b'x', MAX_OVERHEAD));
-        assert_eq!(scan_in_steps(&body, 4096), Err(Malformed::TooLong));
+    fn whitespace_extensions_and_trailers_are_bounded() {
+        for filler in [&b" "[..], b";"] {
+            let mut body = b"1".to_vec();
+            body.extend(std::iter::repeat_n(filler[0], MAX_OVERHEAD + 1));
+            assert_eq!(in_steps(&body, 4096).map(|r| r.0), Err(Malformed::TooLong));
+        }
+        let mut body = b"0\r\n".to_vec();
+        body.extend(std::iter::repeat_n(b'x', MAX_OVERHEAD + 1));
+        assert_eq!(in_steps(&body, 4096).map(|r| r.0), Err(Malformed::TooLong));
+    }
+
+    #[test]
+    fn size_lines_are_lower_case_hex() {
+        for (n, want) in [
+            (0, "0\r\n"),
+            (10, "a\r\n"),
+            (4096, "1000\r\n"),
+            (u64::MAX, "ffffffffffffffff\r\n"),
+        ] {
+            let mut out = Vec::new();
+            write_size_line(&mut out, n);
+            assert_eq!(String::from_utf8(out).unwrap(), want);
+        }
     }
 }

@@ -1,6 +1,9 @@
 //! Heads as the fast path writes them: the request the app receives, the response the client receives,
 //! and the responses the proxy makes itself. Fields are copied as sent (names keep their case), minus the
-//! hop-by-hop ones and those `Connection` names; the proxy adds its own.
+//! hop-by-hop ones and those `Connection` names — except the fields that frame the message or name its
+//! host, which a `Connection` token cannot remove (`Connection: content-length` would otherwise turn a
+//! body into a second request). The proxy adds its own: forwarding fields, the transfer coding the body
+//! goes out in, `Date` when the app sent none.
 
 use std::{cell::RefCell, net::IpAddr, time::SystemTime};
 
@@ -58,7 +61,8 @@ pub fn request_head(
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let keep_proto = keeps_forwarded_proto(
         trusted,
-        fields.values(X_FORWARDED_PROTO.as_str()).next().is_some(),
+        fields.values(X_FORWARDED_PROTO.as_str()).next().is_some()
+            && !hop_by_hop(fields, X_FORWARDED_PROTO.as_str().as_bytes()),
     );
     for f in fields.list {
         let name = f.name.of(buf);
@@ -87,8 +91,8 @@ pub fn request_head(
 }
 
 /// Writes the head of the response the client receives onto `out`, up to (not including) the blank line
-/// that ends it, so the caller can add fields: the app's status and fields, and the transfer coding the
-/// body is passed through in.
+/// that ends it, so the caller can add fields: the app's status and fields, the transfer coding the body
+/// goes out in, and `Date` if the app sent none.
 pub fn response_head(out: &mut Vec<u8>, buf: &[u8], head: &ResponseHead, fields: &[Field]) {
     let fields = Fields { buf, list: fields };
     out.extend_from_slice(b"HTTP/1.1 ");
@@ -98,18 +102,34 @@ pub fn response_head(out: &mut Vec<u8>, buf: &[u8], head: &ResponseHead, fields:
     out.extend_from_slice(b"\r\n");
     for f in fields.list {
         let name = f.name.of(buf);
-        if !hop_by_hop(fields, name) {
+        // With Transfer-Encoding, Content-Length is wrong and must go (RFC 9112 §6.3).
+        let stale_length = head.transfer_encoding.is_some() && name.eq_ignore_ascii_case(b"content-length");
+        if !stale_length && !hop_by_hop(fields, name) {
             line(out, name, f.value.of(buf));
         }
     }
-    if let Some(te) = head.transfer_encoding {
-        line(out, b"transfer-encoding", te.of(buf));
+    let coding = head.transfer_encoding.map(|te| te.of(buf));
+    match (head.framing, coding) {
+        // A body delimited by the app's close goes out chunked, on top of any coding it had.
+        (Framing::UntilClose, Some(te)) => {
+            out.extend_from_slice(b"transfer-encoding: ");
+            out.extend_from_slice(te);
+            out.extend_from_slice(b", chunked\r\n");
+        }
+        (Framing::UntilClose, None) => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        (_, Some(te)) => line(out, b"transfer-encoding", te),
+        (_, None) => {}
+    }
+    if !head.dated {
+        out.extend_from_slice(b"date: ");
+        write_date(out);
+        out.extend_from_slice(b"\r\n");
     }
 }
 
-/// Writes a response the proxy made itself (with `Content-Length` and `Date`), head and body, onto `out`;
-/// `close` adds `Connection: close`.
-pub fn own_response(out: &mut Vec<u8>, resp: &Response<Bytes>, close: bool) {
+/// Writes a response the proxy made itself (with `Content-Length` and `Date`), head and body (none for a
+/// `HEAD` request), onto `out`; `close` adds `Connection: close`.
+pub fn own_response(out: &mut Vec<u8>, resp: &Response<Bytes>, close: bool, head_request: bool) {
     out.extend_from_slice(b"HTTP/1.1 ");
     push_status(out, resp.status().as_u16());
     out.push(b' ');
@@ -127,15 +147,24 @@ pub fn own_response(out: &mut Vec<u8>, resp: &Response<Bytes>, close: bool) {
         out.extend_from_slice(b"connection: close\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(resp.body());
+    if !head_request {
+        out.extend_from_slice(resp.body());
+    }
 }
 
-/// Whether the field `name` is hop-by-hop: one of the standard set, or named by a `Connection` field.
+/// Fields a `Connection` token cannot remove: they frame the message or name its host.
+const PROTECTED: [&[u8]; 2] = [b"content-length", b"host"];
+
+/// Whether the field `name` is hop-by-hop: one of the standard set, or named by a `Connection` field
+/// (unless it is [`PROTECTED`]).
 fn hop_by_hop(fields: Fields<'_>, name: &[u8]) -> bool {
-    is_hop_by_hop(name)
-        || fields
-            .values("connection")
-            .any(|v| std::str::from_utf8(name).is_ok_and(|name| has_token(v, name)))
+    if is_hop_by_hop(name) {
+        return true;
+    }
+    if PROTECTED.iter().any(|p| p.eq_ignore_ascii_case(name)) {
+        return false;
+    }
+    std::str::from_utf8(name).is_ok_and(|name| fields.values("connection").any(|v| has_token(v, name)))
 }
 
 fn line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
@@ -223,9 +252,57 @@ mod tests {
         };
         let mut out = Vec::new();
         response_head(&mut out, raw.as_bytes(), &head, &fields);
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.starts_with("HTTP/1.1 200 Fine\r\nX-E2e: kept\r\ntransfer-encoding: chunked\r\ndate: "),
+            "{text}"
+        );
+    }
+
+    fn response_out(raw: &str) -> String {
+        let mut fields = Vec::new();
+        let response::Parsed::Head(head) = response::parse(raw.as_bytes(), &mut fields, false) else {
+            panic!("{raw:?}")
+        };
+        let mut out = Vec::new();
+        response_head(&mut out, raw.as_bytes(), &head, &fields);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn connection_cannot_remove_the_framing_or_the_host() {
+        let raw = "POST /a HTTP/1.1\r\nHost: app\r\nConnection: content-length, host, x-forwarded-proto\r\n\
+                   Content-Length: 3\r\nX-Forwarded-Proto: https\r\n\r\n";
+        let out = request_out(raw, &(Peer::new("10.0.0.1".parse().unwrap()), true));
         assert_eq!(
-            String::from_utf8(out).unwrap(),
-            "HTTP/1.1 200 Fine\r\nX-E2e: kept\r\ntransfer-encoding: chunked\r\n"
+            out,
+            "POST /a HTTP/1.1\r\nHost: app\r\nContent-Length: 3\r\nx-forwarded-for: 10.0.0.1\r\n\
+             x-forwarded-proto: http\r\n\r\n"
+        );
+        let resp = response_out(
+            "HTTP/1.1 200 OK\r\nConnection: content-length\r\nContent-Length: 2\r\nDate: x\r\n\r\n",
+        );
+        assert_eq!(resp, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nDate: x\r\n");
+    }
+
+    #[test]
+    fn transfer_encoding_drops_content_length_and_a_close_delimited_body_goes_out_chunked() {
+        let both = response_out(
+            "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\nDate: x\r\n\r\n",
+        );
+        assert_eq!(
+            both,
+            "HTTP/1.1 200 OK\r\nDate: x\r\ntransfer-encoding: chunked\r\n"
+        );
+        let until_close = response_out("HTTP/1.1 200 OK\r\nDate: x\r\n\r\n");
+        assert_eq!(
+            until_close,
+            "HTTP/1.1 200 OK\r\nDate: x\r\ntransfer-encoding: chunked\r\n"
+        );
+        let coded = response_out("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nDate: x\r\n\r\n");
+        assert_eq!(
+            coded,
+            "HTTP/1.1 200 OK\r\nDate: x\r\ntransfer-encoding: gzip, chunked\r\n"
         );
     }
 
@@ -233,7 +310,7 @@ mod tests {
     fn own_responses_carry_their_length_date_and_body() {
         let resp = crate::proxy::reject::plain(StatusCode::BAD_GATEWAY, "Bad Gateway");
         let mut out = Vec::new();
-        own_response(&mut out, &resp, true);
+        own_response(&mut out, &resp, true, false);
         let text = String::from_utf8(out).unwrap();
         assert!(
             text.starts_with(
@@ -244,6 +321,14 @@ mod tests {
         );
         assert!(
             text.ends_with(" GMT\r\nconnection: close\r\n\r\nBad Gateway"),
+            "{text}"
+        );
+        // A HEAD request gets the head alone.
+        let mut out = Vec::new();
+        own_response(&mut out, &resp, false, true);
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("content-length: 11\r\n") && text.ends_with("\r\n\r\n"),
             "{text}"
         );
     }

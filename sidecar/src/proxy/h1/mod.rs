@@ -1,21 +1,21 @@
 //! The HTTP/1.1 fast path: one task per client connection reads requests with `httparse`, asks
 //! [`admit`] for the verdict, and forwards each request and its response over the connection's own
-//! kept-alive connection to the app, bodies passed through in their own framing (a `Content-Length`
-//! body or chunked coding, scanned for its end, never re-coded). No per-request task, channel, pool or
-//! header map: this is where the proxy's CPU per request goes, and it is what nginx does.
+//! kept-alive connection to the app, bodies streamed as they come (a `Content-Length` body as is, chunked
+//! ones re-encoded in canonical framing, a body delimited by the app's close sent on chunked). No
+//! per-request task, channel, pool or header map: this is where the proxy's CPU per request goes, and it
+//! is what nginx does.
 //!
 //! It takes the common, unambiguous case only (see [`request`]); at any request boundary it can hand the
 //! connection, with the bytes already read, to hyper ([`super::fallback`]): h2c, HTTP/1.0, upgrades,
 //! `Expect`, odd framing, an h2c app. Between requests it watches the shutdown signal: an idle connection
-//! closes at once, an exchange in flight finishes with `Connection: close`.
+//! closes at once, an exchange in flight finishes with `Connection: close`. While the app works on a
+//! request it watches the client: a client that hangs up drops the app's connection, as hyper does.
+//! A request body is sent to the app while listening to it: an app that answers early (and stops
+//! reading) gets its answer forwarded, and the client connection is closed after it.
 //!
 //! Layout: [`request`] and [`response`] (heads and their framing), [`fields`] (header fields as spans of
-//! the read buffer), [`body`] and [`chunked`] (where a body ends), [`encode`] (the heads written out),
-//! [`app`] (the connection to the app), [`prefixed`] (the hand-off to hyper).
-//!
-//! What it does not do, like nginx's default: read the response while the request body is still being
-//! sent. A request body is sent in full first; if the app stops reading it and answers early, the
-//! answer is forwarded once writing fails, and the connection is closed.
+//! the read buffer), [`body`] and [`chunked`] (where a body ends, what goes out for it), [`encode`] (the
+//! heads written out), [`app`] (the connection to the app), [`prefixed`] (the hand-off to hyper).
 
 pub mod app;
 pub mod body;
@@ -26,13 +26,19 @@ pub mod prefixed;
 pub mod request;
 pub mod response;
 
-use std::{net::SocketAddr, pin::Pin, sync::Arc, time::Duration, time::Instant};
+use std::{
+    io,
+    net::SocketAddr,
+    pin::Pin,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use bytes::{Buf, BytesMut};
 use http::{Response, StatusCode, uri::Authority};
 use sluice_crds::sidecar_config::UpstreamProtocol;
 use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
     net::TcpStream,
 };
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
@@ -62,8 +68,9 @@ const BUFFER_INITIAL: usize = 4 * 1024;
 const READ_CHUNK: usize = 16 * 1024;
 /// A buffer that grew past this is replaced by a small one once it is empty.
 const BUFFER_KEEP: usize = 64 * 1024;
-/// How long a connection closed with part of a request unread keeps reading (and dropping) what the
-/// client still sends, so the client reads the response rather than a reset (nginx's lingering close).
+/// How long a closing connection keeps reading (and dropping) what the client still sends — the rest of
+/// a request that was not read, pipelined requests — so the client reads the last response rather than
+/// a reset (nginx's lingering close).
 const LINGER_TIME: Duration = Duration::from_secs(2);
 /// The most bytes dropped that way.
 const LINGER_BYTES: usize = 1 << 20;
@@ -94,7 +101,7 @@ struct Connection {
     app: Option<App>,
     /// The fields of the head being handled (the request's, then the response's).
     fields: Vec<Field>,
-    /// What is being written (a head and the body bytes that came with it).
+    /// What is being written (a head and the body bytes that came with it, or a piece of a body).
     out: Vec<u8>,
     /// For quota header values.
     scratch: Vec<u8>,
@@ -113,10 +120,8 @@ enum End {
 enum Step {
     /// The next request.
     Next,
-    /// Close the connection.
+    /// Close the connection (lingering: see [`LINGER_TIME`]).
     Close,
-    /// Close it, draining what the client still sends of a request that was not read in full.
-    Linger,
     /// Hand the connection, from this request on, to hyper.
     HandOff,
 }
@@ -127,14 +132,17 @@ enum Failure {
     #[error(transparent)]
     Connect(#[from] AppError),
     #[error("sending the request to the app: {0}")]
-    Send(std::io::Error),
+    Send(io::Error),
+    /// The app said something (an early answer, or a close) before it had the whole request.
+    #[error("the app answered before it had the whole request")]
+    AnsweredEarly,
     #[error("the app closed the connection before answering")]
     NoResponse,
     #[error("reading the response from the app: {0}")]
-    Receive(std::io::Error),
+    Receive(io::Error),
     #[error("the app's response is not valid: {0}")]
     Invalid(&'static str),
-    /// The client closed its connection while sending the request body.
+    /// The client closed its connection before the response.
     #[error("the client went away mid-request")]
     ClientGone,
     #[error("the request body is not valid chunked coding: {0}")]
@@ -156,10 +164,6 @@ impl Connection {
             match self.exchange(state, head, stop).await {
                 Step::Next => self.trim_buffers(),
                 Step::Close => {
-                    let _ = self.client.shutdown().await;
-                    return End::Closed;
-                }
-                Step::Linger => {
                     self.linger().await;
                     return End::Closed;
                 }
@@ -240,49 +244,37 @@ impl Connection {
         self.buf.advance(head.len);
         // The body bytes already read go out with the head.
         let mut body = Body::new(head.framing);
-        let sent_with_head = match take(&mut body, &self.buf, limits.max_request_body) {
-            Ok(n) => n,
-            Err(failure) => return self.failed(state, failure, false).await,
-        };
-        self.out.extend_from_slice(&self.buf[..sent_with_head]);
-        self.buf.advance(sent_with_head);
+        match take(&mut body, &self.buf, &mut self.out, limits.max_request_body) {
+            Ok(n) => self.buf.advance(n),
+            Err(failure) => return self.failed(state, failure, &head, &body).await,
+        }
 
         let started = Instant::now();
-        let replayable = body.done() && head.idempotent();
+        let retryable = body.done() && head.retryable();
         let response = self
             .send(
                 &snap.upstream_authority,
                 &mut body,
-                replayable,
+                retryable,
                 head.is_head(),
                 limits.max_request_body,
             )
             .await;
-        let response = match response {
-            Ok(response) => response,
-            Err(failure) => return self.failed(state, failure, body.done()).await,
-        };
         state
             .metrics
             .upstream_latency
             .observe(started.elapsed().as_secs_f64());
-
+        let response = match response {
+            Ok(response) => response,
+            Err(failure) => return self.failed(state, failure, &head, &body).await,
+        };
         let Some(app) = self.app.as_mut() else {
             return Step::Close;
         };
-        // A request body the app did not take in full (it answered early) leaves both connections
-        // out of step.
-        let close =
-            head.close || stop.is_cancelled() || !body.done() || response.framing == Framing::UntilClose;
-        let mut response_body = Body::new(response.framing);
-        let first = &app.buf[response.len..];
-        let with_head = match response_body.take(first) {
-            Ok(n) => n,
-            Err(_) => {
-                let invalid = Failure::Invalid("malformed chunked body");
-                return self.failed(state, invalid, body.done()).await;
-            }
-        };
+
+        // A request body the app did not take in full (it answered early) leaves both connections out
+        // of step.
+        let close = head.close || stop.is_cancelled() || !body.done();
         self.out.clear();
         encode::response_head(&mut self.out, &app.buf, &response, &self.fields);
         if let Some(quota) = &verdict.quota {
@@ -292,15 +284,23 @@ impl Connection {
             self.out.extend_from_slice(b"connection: close\r\n");
         }
         self.out.extend_from_slice(b"\r\n");
-        self.out.extend_from_slice(&first[..with_head]);
-        app.buf.advance(response.len + with_head);
+        app.buf.advance(response.len);
+        let mut response_body = Body::new(response.framing);
+        match response_body.take(&app.buf, &mut self.out) {
+            Ok(n) => app.buf.advance(n),
+            Err(_) => {
+                // Nothing has reached the client yet.
+                let invalid = Failure::Invalid("malformed chunked body");
+                return self.failed(state, invalid, &head, &body).await;
+            }
+        }
         state.metrics.request(Outcome::Forwarded);
         if self.client.write_all(&self.out).await.is_err() {
             self.app = None;
             return Step::Close;
         }
         if !response_body.done()
-            && pump_response(app, &mut self.client, &mut response_body)
+            && pump_response(app, &mut self.client, &mut response_body, &mut self.out)
                 .await
                 .is_err()
         {
@@ -313,60 +313,63 @@ impl Connection {
         } else {
             self.app = None;
         }
-        match (close, body.done()) {
-            (false, _) => Step::Next,
-            (true, true) => Step::Close,
-            (true, false) => Step::Linger,
-        }
+        if close { Step::Close } else { Step::Next }
     }
 
     /// Sends the request (the head and the body bytes in `out`, the rest of the body still to come from
-    /// the client) and reads the app's final response head, forwarding interim (1xx) ones. A request
-    /// that met a kept-alive connection the app had closed is sent once more on a fresh one, if sending
-    /// it twice is harmless.
+    /// the client) and reads the app's final response head, forwarding interim (1xx) ones, while
+    /// watching for the client to hang up. A request that met a kept-alive connection the app had closed,
+    /// with no byte of answer, is sent once more on a fresh one if `retryable`.
     async fn send(
         &mut self,
         authority: &Authority,
         body: &mut Body,
-        replayable: bool,
+        retryable: bool,
         head_request: bool,
         max_body: u64,
     ) -> Result<ResponseHead, Failure> {
         let mut retried = false;
         loop {
             let app = app_for(&mut self.app, authority).await?;
-            let reused = app.reused;
-            let retry = reused && replayable && !retried;
-            if let Err(e) = app.io.write_all(&self.out).await {
-                if retry {
+            let retry = app.reused && retryable && !retried;
+            match write_unless_answered(app, &self.out).await {
+                Ok(()) => {}
+                Err(Failure::Send(_)) if retry => {
                     self.app = None;
                     retried = true;
                     continue;
                 }
-                return Err(Failure::Send(e));
+                // It spoke first: read what it said.
+                Err(Failure::AnsweredEarly) => {}
+                Err(failure) => return Err(failure),
             }
-            if !body.done() {
-                match pump_request(&mut self.client, &mut self.buf, app, body, max_body).await {
-                    Ok(()) => {}
-                    // The app stopped reading: it may have answered early; read what it said.
-                    Err(Failure::Send(_)) => {}
+            if !body.done() && app.buf.is_empty() {
+                match pump_request(
+                    &mut self.client,
+                    &mut self.buf,
+                    app,
+                    body,
+                    &mut self.out,
+                    max_body,
+                )
+                .await
+                {
+                    Ok(()) | Err(Failure::AnsweredEarly) => {}
                     Err(failure) => return Err(failure),
                 }
             }
-            match read_final_head(
-                app,
-                &mut self.client,
-                &mut self.fields,
-                &mut self.out,
-                head_request,
-            )
-            .await
-            {
+            let (mut client_in, mut client_out) = self.client.split();
+            let head = tokio::select! {
+                biased;
+                head = read_final_head(app, &mut client_out, &mut self.fields, &mut self.out, head_request) => head,
+                () = hang_up(&mut client_in, &mut self.buf) => Err(Failure::ClientGone),
+            };
+            match head {
                 Err(Failure::NoResponse) if retry => {
                     self.app = None;
                     retried = true;
                 }
-                result => return result,
+                head => return head,
             }
         }
     }
@@ -380,30 +383,33 @@ impl Connection {
             Framing::Length(n) => usize::try_from(n).ok().filter(|&n| n <= after_head.len()),
             Framing::Chunked => {
                 let mut c = Chunked::default();
-                c.scan(after_head).ok().filter(|_| c.done())
+                let mut dropped = Vec::new();
+                c.transcode(after_head, &mut dropped).ok().filter(|_| c.done())
             }
             Framing::UntilClose => None,
         };
         let close = skip.is_none() || head.close;
         self.out.clear();
-        encode::own_response(&mut self.out, resp, close);
+        encode::own_response(&mut self.out, resp, close, head.is_head());
         if let Some(n) = skip {
             self.buf.advance(head.len + n);
         }
-        if self.client.write_all(&self.out).await.is_err() {
+        if self.client.write_all(&self.out).await.is_err() || close {
             return Step::Close;
         }
-        match (close, skip.is_some()) {
-            (false, _) => Step::Next,
-            (true, true) => Step::Close,
-            (true, false) => Step::Linger,
-        }
+        Step::Next
     }
 
     /// Answers a request that got no response from the app, or whose body was refused on the way: 502,
-    /// or 413/400 for a chunked body over the limit or malformed. `body_done`: the whole request was
-    /// read (otherwise the connection closes once the answer is out).
-    async fn failed(&mut self, state: &ProxyState, failure: Failure, body_done: bool) -> Step {
+    /// or 413/400 for a chunked body over the limit or malformed. The connection stays open only if the
+    /// whole request was read.
+    async fn failed(
+        &mut self,
+        state: &ProxyState,
+        failure: Failure,
+        head: &RequestHead,
+        body: &Body,
+    ) -> Step {
         self.app = None;
         let resp = match &failure {
             Failure::ClientGone => return Step::Close,
@@ -411,7 +417,10 @@ impl Connection {
                 state.metrics.request(Outcome::TooLarge);
                 plain(StatusCode::PAYLOAD_TOO_LARGE, "Payload Too Large")
             }
-            Failure::Malformed(_) => plain(StatusCode::BAD_REQUEST, "Bad Request"),
+            Failure::Malformed(_) => {
+                state.metrics.request(Outcome::BadRequest);
+                plain(StatusCode::BAD_REQUEST, "Bad Request")
+            }
             _ => {
                 state.metrics.upstream_errors.inc();
                 state.metrics.request(Outcome::UpstreamError);
@@ -419,14 +428,17 @@ impl Connection {
                 plain(StatusCode::BAD_GATEWAY, "Bad Gateway")
             }
         };
+        let close = !body.done() || head.close;
         self.out.clear();
-        encode::own_response(&mut self.out, &resp, !body_done);
-        if self.client.write_all(&self.out).await.is_err() {
+        encode::own_response(&mut self.out, &resp, close, head.is_head());
+        if self.client.write_all(&self.out).await.is_err() || close {
             return Step::Close;
         }
-        if body_done { Step::Next } else { Step::Linger }
+        Step::Next
     }
 
+    /// Closes the connection: the response is complete (FIN), then what the client still sends is read
+    /// and dropped for a while, so it reads the response rather than a reset.
     async fn linger(&mut self) {
         let _ = self.client.shutdown().await;
         let mut dropped = 0;
@@ -474,9 +486,10 @@ fn make_room(buf: &mut BytesMut, at_least: usize) {
     }
 }
 
-/// How many of `input` belong to the request `body`, checking a chunked body against `max`.
-fn take(body: &mut Body, input: &[u8], max: u64) -> Result<usize, Failure> {
-    let n = body.take(input).map_err(Failure::Malformed)?;
+/// Reads `input` into the request `body` (what goes out onto `out`), checking a chunked body against
+/// `max`; returns how many bytes of `input` it took.
+fn take(body: &mut Body, input: &[u8], out: &mut Vec<u8>, max: u64) -> Result<usize, Failure> {
+    let n = body.take(input, out).map_err(Failure::Malformed)?;
     if body.chunked_data() > max {
         return Err(Failure::TooLarge);
     }
@@ -498,12 +511,43 @@ async fn app_for<'a>(slot: &'a mut Option<App>, authority: &Authority) -> Result
     Ok(slot.as_mut().expect("set above"))
 }
 
-/// Streams the rest of a request body from the client to the app.
+/// Writes `bytes` to the app unless the app speaks first: bytes from it (an early answer, kept in
+/// `app.buf`) or its close end the write with [`Failure::AnsweredEarly`], so an app that answers an
+/// upload early and stops reading cannot leave the write waiting forever.
+async fn write_unless_answered(app: &mut App, mut bytes: &[u8]) -> Result<(), Failure> {
+    loop {
+        // Nearly always the socket takes everything at once, without waiting on either readiness.
+        match app.io.try_write(bytes) {
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(Failure::Send(e)),
+        }
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        tokio::select! {
+            biased;
+            ready = app.io.readable() => {
+                ready.map_err(Failure::Send)?;
+                make_room(&mut app.buf, app::BUFFER_INITIAL);
+                match app.io.try_read_buf(&mut app.buf) {
+                    Ok(_) => return Err(Failure::AnsweredEarly),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(Failure::Send(e)),
+                }
+            }
+            ready = app.io.writable() => ready.map_err(Failure::Send)?,
+        }
+    }
+}
+
+/// Streams the rest of a request body from the client to the app (`out` is scratch space).
 async fn pump_request(
     client: &mut TcpStream,
     buf: &mut BytesMut,
     app: &mut App,
     body: &mut Body,
+    out: &mut Vec<u8>,
     max: u64,
 ) -> Result<(), Failure> {
     while !body.done() {
@@ -514,23 +558,37 @@ async fn pump_request(
                 _ => return Err(Failure::ClientGone),
             }
         }
-        let n = take(body, buf, max)?;
-        app.io.write_all(&buf[..n]).await.map_err(Failure::Send)?;
+        out.clear();
+        let n = take(body, buf, out, max)?;
         buf.advance(n);
+        write_unless_answered(app, out).await?;
     }
     Ok(())
+}
+
+/// Resolves when the client closes its connection (or it fails). What the client sends meanwhile —
+/// pipelined requests — is kept in `buf`; past [`request::MAX_HEAD`] of it, reading stops (and so does
+/// watching).
+async fn hang_up(client: &mut (impl AsyncRead + Unpin), buf: &mut BytesMut) {
+    while buf.len() < request::MAX_HEAD {
+        make_room(buf, BUFFER_INITIAL);
+        if !matches!(client.read_buf(buf).await, Ok(n) if n > 0) {
+            return;
+        }
+    }
+    std::future::pending().await
 }
 
 /// Reads the app's final response head into `app.buf` (its fields into `fields`), forwarding interim
 /// (1xx) responses to the client as they come.
 async fn read_final_head(
     app: &mut App,
-    client: &mut TcpStream,
+    client: &mut (impl AsyncWrite + Unpin),
     fields: &mut Vec<Field>,
     out: &mut Vec<u8>,
     head_request: bool,
 ) -> Result<ResponseHead, Failure> {
-    let mut read_any = false;
+    let mut read_any = !app.buf.is_empty();
     loop {
         if !app.buf.is_empty() {
             match response::parse(&app.buf, fields, head_request) {
@@ -552,7 +610,7 @@ async fn read_final_head(
             Ok(0) if read_any => return Err(Failure::Invalid("closed mid-head")),
             Ok(0) => return Err(Failure::NoResponse),
             Ok(_) => read_any = true,
-            Err(e) if !read_any && e.kind() == std::io::ErrorKind::ConnectionReset => {
+            Err(e) if !read_any && e.kind() == io::ErrorKind::ConnectionReset => {
                 return Err(Failure::NoResponse);
             }
             Err(e) => return Err(Failure::Receive(e)),
@@ -560,23 +618,30 @@ async fn read_final_head(
     }
 }
 
-/// Streams the rest of a response body from the app to the client.
-async fn pump_response(app: &mut App, client: &mut TcpStream, body: &mut Body) -> std::io::Result<()> {
+/// Streams the rest of a response body from the app to the client (`out` is scratch space).
+async fn pump_response(
+    app: &mut App,
+    client: &mut TcpStream,
+    body: &mut Body,
+    out: &mut Vec<u8>,
+) -> io::Result<()> {
     while !body.done() {
+        out.clear();
         if app.buf.is_empty() {
             make_room(&mut app.buf, READ_CHUNK);
             if app.io.read_buf(&mut app.buf).await? == 0 {
-                if body.closed() {
-                    return Ok(());
+                if !body.closed(out) {
+                    return Err(io::ErrorKind::UnexpectedEof.into());
                 }
-                return Err(std::io::ErrorKind::UnexpectedEof.into());
+                client.write_all(out).await?;
+                return Ok(());
             }
         }
         let n = body
-            .take(&app.buf)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-        client.write_all(&app.buf[..n]).await?;
+            .take(&app.buf, out)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         app.buf.advance(n);
+        client.write_all(out).await?;
     }
     Ok(())
 }

@@ -37,6 +37,8 @@ pub struct RequestHead {
     pub framing: Framing,
     /// The client asked to close the connection after this exchange (`Connection: close`).
     pub close: bool,
+    /// The request carries an `Idempotency-Key` (the client says sending it twice is harmless).
+    pub idempotency_key: bool,
 }
 
 impl RequestHead {
@@ -56,13 +58,16 @@ impl RequestHead {
         self.method == Method::HEAD
     }
 
-    /// Whether sending this request twice is harmless (RFC 9110 §9.2.2), so it may be retried on a
-    /// fresh connection when a kept-alive one turned out closed.
-    pub fn idempotent(&self) -> bool {
-        matches!(
-            self.method,
-            Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
-        )
+    /// Whether this request may be sent again on a fresh connection when a kept-alive one turned out to
+    /// be closed with no answer: a safe method (RFC 9110 §9.2.1), or any request with an
+    /// `Idempotency-Key`. The app may have received it before it closed, so `PUT` and `DELETE` are not
+    /// retried on their own (as Go's HTTP client decides).
+    pub fn retryable(&self) -> bool {
+        self.idempotency_key
+            || matches!(
+                self.method,
+                Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+            )
     }
 }
 
@@ -113,6 +118,7 @@ pub fn parse(buf: &[u8], fields: &mut Vec<Field>) -> Parsed {
     let mut chunked = false;
     let mut encodings = 0;
     let mut close = false;
+    let mut idempotency_key = false;
     for h in req.headers.iter() {
         fields.push(Field::of(buf, h));
         let name = h.name.as_bytes();
@@ -134,6 +140,8 @@ pub fn parse(buf: &[u8], fields: &mut Vec<Field>) -> Parsed {
             return Parsed::HandOff("upgrade");
         } else if name.eq_ignore_ascii_case(b"expect") {
             return Parsed::HandOff("expect");
+        } else if name.eq_ignore_ascii_case(b"idempotency-key") {
+            idempotency_key = true;
         }
     }
     let (Some(host), 1) = (host, hosts) else {
@@ -156,6 +164,7 @@ pub fn parse(buf: &[u8], fields: &mut Vec<Field>) -> Parsed {
         host,
         framing,
         close,
+        idempotency_key,
     })
 }
 
@@ -268,9 +277,10 @@ mod tests {
     }
 
     #[test]
-    fn only_methods_safe_to_repeat_are_retried() {
-        let m = |method: &str| head(&format!("{method} / HTTP/1.1\r\nHost: a\r\n\r\n")).idempotent();
-        assert!(m("GET") && m("HEAD") && m("PUT") && m("DELETE"));
-        assert!(!m("POST") && !m("PATCH"));
+    fn only_safe_methods_or_requests_with_an_idempotency_key_are_retried() {
+        let m = |method: &str| head(&format!("{method} / HTTP/1.1\r\nHost: a\r\n\r\n")).retryable();
+        assert!(m("GET") && m("HEAD") && m("OPTIONS"));
+        assert!(!m("POST") && !m("PATCH") && !m("PUT") && !m("DELETE"));
+        assert!(head("POST / HTTP/1.1\r\nHost: a\r\nIdempotency-Key: k1\r\n\r\n").retryable());
     }
 }

@@ -9,8 +9,8 @@ use super::{
 };
 use crate::proxy::hop_by_hop::{has_token, tokens};
 
-/// The longest response head read from the app.
-pub const MAX_HEAD: usize = 64 * 1024;
+/// The longest response head read from the app (hyper's limit: big `Set-Cookie` or CSP fields fit).
+pub const MAX_HEAD: usize = 408 * 1024;
 
 /// A parsed response head. Its spans point into the buffer it was parsed from.
 #[derive(Debug)]
@@ -27,6 +27,8 @@ pub struct ResponseHead {
     pub transfer_encoding: Option<Span>,
     /// Whether the app keeps the connection open for another request.
     pub keep_alive: bool,
+    /// Whether the app sent a `Date` field.
+    pub dated: bool,
 }
 
 impl ResponseHead {
@@ -62,6 +64,9 @@ pub fn parse(buf: &[u8], fields: &mut Vec<Field>, head_request: bool) -> Parsed 
     let (Some(version), Some(status), Some(reason)) = (resp.version, resp.code, resp.reason) else {
         return Parsed::Invalid("no status line");
     };
+    if status < 100 {
+        return Parsed::Invalid("status below 100");
+    }
     if status == 101 {
         // The fast path never forwards an upgrade, so the app has nothing to switch to.
         return Parsed::Invalid("101 to a request that asked for no upgrade");
@@ -70,6 +75,7 @@ pub fn parse(buf: &[u8], fields: &mut Vec<Field>, head_request: bool) -> Parsed 
     let mut length: Option<Option<u64>> = None;
     let mut transfer_encoding = None;
     let mut chunked = false;
+    let mut dated = false;
     for h in resp.headers.iter() {
         fields.push(Field::of(buf, h));
         let name = h.name.as_bytes();
@@ -87,6 +93,8 @@ pub fn parse(buf: &[u8], fields: &mut Vec<Field>, head_request: bool) -> Parsed 
             chunked = tokens(h.value)
                 .last()
                 .is_some_and(|t| t.eq_ignore_ascii_case(b"chunked"));
+        } else if name.eq_ignore_ascii_case(b"date") {
+            dated = true;
         } else if name.eq_ignore_ascii_case(b"connection") {
             if has_token(h.value, "close") {
                 keep_alive = false;
@@ -99,8 +107,9 @@ pub fn parse(buf: &[u8], fields: &mut Vec<Field>, head_request: bool) -> Parsed 
     let framing = if interim || head_request || status == 204 || status == 304 {
         Framing::Empty
     } else if transfer_encoding.is_some() {
-        if length.is_some() {
-            // Transfer-Encoding wins (RFC 9112 §6.3), but a connection that carried both is not reused.
+        if length.is_some() || version == 0 {
+            // Transfer-Encoding wins (RFC 9112 §6.3), but a connection that carried both, or carried it in
+            // HTTP/1.0, has faulty framing and is not reused (§6.1).
             keep_alive = false;
         }
         if chunked {
@@ -124,6 +133,7 @@ pub fn parse(buf: &[u8], fields: &mut Vec<Field>, head_request: bool) -> Parsed 
         framing,
         transfer_encoding,
         keep_alive,
+        dated,
     })
 }
 
@@ -176,6 +186,16 @@ mod tests {
     }
 
     #[test]
+    fn transfer_encoding_in_http_1_0_is_processed_but_the_connection_not_reused() {
+        let r = head(
+            "HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n",
+            false,
+        );
+        assert_eq!(r.framing, Framing::Chunked);
+        assert!(!r.keep_alive);
+    }
+
+    #[test]
     fn keep_alive_follows_the_version_and_connection() {
         assert!(
             !head(
@@ -202,6 +222,7 @@ mod tests {
             "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
             "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n",
             "HTTP/2 200\r\n\r\n",
+            "HTTP/1.1 099 Odd\r\n\r\n",
             "nonsense\r\n\r\n",
         ] {
             assert!(
