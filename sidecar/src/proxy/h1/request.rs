@@ -267,6 +267,38 @@ mod tests {
         handed_off(&many);
     }
 
+    /// Random mutations of a valid head never panic, and a head the fast path takes always lies within
+    /// the bytes it was parsed from.
+    #[test]
+    fn mutated_heads_never_panic_and_taken_heads_stay_in_bounds() {
+        use rand::{Rng, SeedableRng, rngs::StdRng};
+        let mut rng = StdRng::seed_from_u64(7);
+        let base =
+            b"POST /a?b=c HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nConnection: keep-alive\r\n\r\nabc";
+        let alphabet = b" :\r\n\t/?0123456789HTPchunkedTransfer-EncodingContent-LengthHost,;\x80\x00";
+        let mut fields = Vec::new();
+        for _ in 0..5_000 {
+            let mut buf = base.to_vec();
+            for _ in 0..rng.random_range(1..6) {
+                let at = rng.random_range(0..buf.len());
+                let b = alphabet[rng.random_range(0..alphabet.len())];
+                match rng.random_range(0..3) {
+                    0 => buf[at] = b,
+                    1 => buf.insert(at, b),
+                    _ => {
+                        buf.remove(at);
+                    }
+                }
+            }
+            if let Parsed::Head(h) = parse(&buf, &mut fields) {
+                assert!(h.len <= buf.len());
+                assert!(h.target.range().end <= h.len && h.host.range().end <= h.len);
+                assert!(fields.iter().all(|f| f.value.range().end <= h.len));
+                let _ = (h.path(&buf), h.host(&buf));
+            }
+        }
+    }
+
     #[test]
     fn content_length_is_plain_decimal_digits() {
         assert_eq!(decimal(b"0"), Some(0));
