@@ -179,6 +179,18 @@ async fn a_websocket_upgrade_passes_through_and_carries_bytes_both_ways() {
     let app = start_upstream().await;
     let sidecar = start_sidecar(ONE_THOUSAND_PER_HOUR, app.addr, None, None).await;
     let mut s = TcpStream::connect(sidecar.addr).await.unwrap();
+    // A plain request first (the fast path), then the upgrade on the same connection (handed to hyper
+    // with the bytes already read).
+    s.write_all(b"GET /first HTTP/1.1\r\nHost: app\r\n\r\n")
+        .await
+        .unwrap();
+    let mut first = Vec::new();
+    let mut byte = [0u8; 1];
+    while !String::from_utf8_lossy(&first).contains("body-bytes=0\n") {
+        s.read_exact(&mut byte).await.unwrap();
+        first.push(byte[0]);
+    }
+    assert!(first.starts_with(b"HTTP/1.1 200 OK\r\n"));
     s.write_all(
         b"GET /ws HTTP/1.1\r\nHost: app\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
           Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
@@ -186,7 +198,6 @@ async fn a_websocket_upgrade_passes_through_and_carries_bytes_both_ways() {
     .await
     .unwrap();
     let mut head = Vec::new();
-    let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
         s.read_exact(&mut byte).await.unwrap();
         head.push(byte[0]);
