@@ -239,6 +239,20 @@ async fn h2c_clients_are_served_and_forwarded_as_h2c_when_the_app_speaks_it() {
 }
 
 #[tokio::test]
+async fn http1_clients_reach_an_app_that_speaks_only_h2c() {
+    let app = start_upstream().await;
+    let yaml = format!("{ONE_THOUSAND_PER_HOUR}  upstreamProtocol: h2c\n");
+    let sidecar = start_sidecar(&yaml, app.addr, None, None).await;
+    let c = client();
+    for path in ["/one", "/two"] {
+        let reply = get(&c, sidecar.addr, path, &[]).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert!(reply.body.starts_with("version=HTTP/2.0"), "{}", reply.body);
+        assert_eq!(reply.headers["x-ratelimit-limit"], "1000000");
+    }
+}
+
+#[tokio::test]
 async fn an_h2c_client_reaches_an_http1_app_by_default() {
     let app = start_upstream().await;
     let sidecar = start_sidecar(ONE_THOUSAND_PER_HOUR, app.addr, None, None).await;
