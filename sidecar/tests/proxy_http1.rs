@@ -12,7 +12,8 @@ use std::{
 };
 
 use proxy_support::{
-    raw::{RawClient, Reply, Seen, close_seen_at, decode_chunked, ok, raw_app},
+    Sidecar,
+    raw::{RawApp, RawClient, Reply, Seen, close_seen_at, decode_chunked, ok, raw_app},
     start_sidecar, start_upstream,
 };
 use sluice_testsupport::wait_for_async;
@@ -203,10 +204,10 @@ async fn interim_responses_are_forwarded_before_the_final_one() {
     assert_eq!((last.status, last.body.as_slice()), (200, &b"final"[..]));
 }
 
-#[tokio::test]
-async fn a_kept_alive_app_connection_the_app_dropped_is_retried_only_for_idempotent_requests() {
-    // The app drops the second request on its first connection unanswered (the race of a keep-alive
-    // timeout), and answers everything else.
+/// An app that drops the second request on its first connection unanswered (the race of a keep-alive
+/// timeout) and answers everything else, behind a sidecar, with one request already answered over a
+/// client connection that is returned.
+async fn second_request_dropped() -> (RawApp, Sidecar, RawClient) {
     let app = raw_app(|req| {
         if req.connection == 0 && req.nth == 1 {
             Reply::Close
@@ -219,6 +220,12 @@ async fn a_kept_alive_app_connection_the_app_dropped_is_retried_only_for_idempot
     let mut c = RawClient::connect(sidecar.addr).await;
     c.send(b"GET /first HTTP/1.1\r\nHost: a\r\n\r\n").await;
     assert_eq!(c.response(false).await.unwrap().status, 200);
+    (app, sidecar, c)
+}
+
+#[tokio::test]
+async fn a_safe_request_the_app_dropped_on_a_kept_alive_connection_is_sent_again() {
+    let (app, _sidecar, mut c) = second_request_dropped().await;
     c.send(b"GET /second HTTP/1.1\r\nHost: a\r\n\r\n").await;
     let retried = c.response(false).await.unwrap();
     assert_eq!(String::from_utf8(retried.body).unwrap(), "/second body=0");
@@ -233,19 +240,11 @@ async fn a_kept_alive_app_connection_the_app_dropped_is_retried_only_for_idempot
         [(0, 1), (1, 0)],
         "dropped on the kept-alive connection, sent again on a new one"
     );
+}
 
-    let app = raw_app(|req| {
-        if req.connection == 0 && req.nth == 1 {
-            Reply::Close
-        } else {
-            echo(req)
-        }
-    })
-    .await;
-    let sidecar = start_sidecar(NO_RULES, app.addr, None, None).await;
-    let mut c = RawClient::connect(sidecar.addr).await;
-    c.send(b"GET /first HTTP/1.1\r\nHost: a\r\n\r\n").await;
-    assert_eq!(c.response(false).await.unwrap().status, 200);
+#[tokio::test]
+async fn an_unsafe_request_the_app_dropped_is_a_502_and_never_sent_twice() {
+    let (app, _sidecar, mut c) = second_request_dropped().await;
     c.send(b"POST /pay HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\n42")
         .await;
     assert_eq!(c.response(false).await.unwrap().status, 502);
