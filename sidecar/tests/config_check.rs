@@ -47,6 +47,16 @@ fn each_kind_of_bad_config_is_refused_naming_the_field_at_fault() {
             "at most 100000",
         ),
         (
+            "limits:\n  clientTimeouts:\n    idle: 0s\n".into(),
+            "limits.clientTimeouts.idle",
+            "longer than 0s",
+        ),
+        (
+            "limits:\n  clientTimeouts:\n    requestHead: 48h\n".into(),
+            "limits.clientTimeouts.requestHead",
+            "at most",
+        ),
+        (
             rules(&format!("name: Bad_Name\n    {ok_limit}")),
             "limits.rules[0].name",
             "DNS label",

@@ -562,3 +562,181 @@ async fn an_exchange_in_flight_at_shutdown_finishes_with_connection_close() {
     assert_eq!(resp.field("connection").as_deref(), Some("close"));
     assert!(c.closed().await);
 }
+
+#[tokio::test]
+async fn a_credential_the_app_never_sees_does_not_pick_the_rate_limit_key() {
+    let per_credential = "version: 1\nlimits:\n  rules:\n  - name: per-credential\n    key: [{type: credential}]\n    limit: {requests: 2, window: 1h}\n";
+    let app = raw_app(echo).await;
+    let sidecar = start_sidecar(per_credential, app.addr, None, None).await;
+    let mut c = RawClient::connect(sidecar.addr).await;
+    // A fresh junk credential each time, named by Connection so the proxy drops it: without the fix each
+    // request got a bucket of its own; now they all count against the client address.
+    let mut statuses = Vec::new();
+    for i in 0..4 {
+        c.send(
+            format!("GET / HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer junk-{i}\r\nConnection: authorization\r\n\r\n")
+                .as_bytes(),
+        )
+        .await;
+        statuses.push(c.response(false).await.unwrap().status);
+    }
+    assert_eq!(statuses, [200, 200, 429, 429]);
+    assert!(
+        app.requests()
+            .iter()
+            .all(|r| !r.head.to_ascii_lowercase().contains("authorization")),
+        "the app never saw the credential"
+    );
+}
+
+#[tokio::test]
+async fn an_app_that_answers_an_upload_early_and_resets_still_gets_its_answer_through() {
+    // The app refuses the upload at once and closes with the body unread (a reset), as most servers do.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let app_addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            s.read_exact(&mut byte).await.unwrap();
+            head.push(byte[0]);
+        }
+        // Some body bytes are unread when the socket closes: the kernel sends a reset.
+        let mut some = [0u8; 1024];
+        let _ = s.read(&mut some).await;
+        s.write_all(
+            b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 8\r\nConnection: close\r\n\r\ntoo big!",
+        )
+        .await
+        .unwrap();
+    });
+    let sidecar = start_sidecar(
+        "version: 1\nlimits: {maxRequestBody: 1000000000}\n",
+        app_addr,
+        None,
+        None,
+    )
+    .await;
+    let stream = tokio::net::TcpStream::connect(sidecar.addr).await.unwrap();
+    let (mut read, mut write) = stream.into_split();
+    let upload = tokio::spawn(async move {
+        let size = 64 << 20;
+        write
+            .write_all(format!("PUT /big HTTP/1.1\r\nHost: a\r\nContent-Length: {size}\r\n\r\n").as_bytes())
+            .await?;
+        let chunk = vec![b'x'; 1 << 20];
+        for _ in 0..64 {
+            write.write_all(&chunk).await?;
+        }
+        Ok::<_, std::io::Error>(())
+    });
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), read.read_to_end(&mut got)).await;
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 413 Payload Too Large\r\n"), "{text}");
+    assert!(text.ends_with("too big!"), "{text}");
+    upload.abort();
+}
+
+#[tokio::test]
+async fn an_interim_answer_during_an_upload_is_forwarded_and_the_upload_goes_on() {
+    // 103 right after the head, the final answer only once the whole body is in.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let app_addr = listener.local_addr().unwrap();
+    let size: usize = 8 << 20;
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            s.read_exact(&mut byte).await.unwrap();
+            head.push(byte[0]);
+        }
+        s.write_all(b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n")
+            .await
+            .unwrap();
+        let mut body = vec![0u8; size];
+        s.read_exact(&mut body).await.unwrap();
+        let reply = format!("got {}", body.len());
+        s.write_all(
+            format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{reply}",
+                reply.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        std::future::pending::<()>().await;
+    });
+    let sidecar = start_sidecar(
+        "version: 1\nlimits: {maxRequestBody: 1000000000}\n",
+        app_addr,
+        None,
+        None,
+    )
+    .await;
+    let mut c = RawClient::connect(sidecar.addr).await;
+    let mut req = format!("PUT /up HTTP/1.1\r\nHost: a\r\nContent-Length: {size}\r\n\r\n").into_bytes();
+    req.extend(std::iter::repeat_n(b'y', size));
+    let sender = tokio::spawn(async move {
+        c.send(&req).await;
+        c
+    });
+    let mut c = sender.await.unwrap();
+    assert_eq!(c.response(false).await.unwrap().status, 103);
+    let last = c.response(false).await.unwrap();
+    assert_eq!(
+        (last.status, String::from_utf8(last.body).unwrap()),
+        (200, format!("got {size}"))
+    );
+}
+
+#[tokio::test]
+async fn a_client_that_hangs_up_mid_stream_closes_the_app_connection() {
+    // A stream of events: a chunked head and one event, then silence.
+    let app = raw_app(|_| {
+        Reply::Send(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n7\r\nevent 1\r\n".to_vec())
+    })
+    .await;
+    let sidecar = start_sidecar(NO_RULES, app.addr, None, None).await;
+    let mut c = tokio::net::TcpStream::connect(sidecar.addr).await.unwrap();
+    c.write_all(b"GET /events HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&got).contains("event 1") {
+        let n = c.read(&mut buf).await.unwrap();
+        assert!(n > 0);
+        got.extend_from_slice(&buf[..n]);
+    }
+    drop(c);
+    wait_for_async(
+        "the proxy to close the app connection",
+        Duration::from_secs(5),
+        || async { (app.closed.load(Ordering::SeqCst) == 1).then_some(()) },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn quiet_client_connections_are_closed_after_their_timeouts() {
+    let short = "version: 1\nlimits:\n  clientTimeouts: {idle: 300ms, requestHead: 300ms}\n";
+    let app = raw_app(echo).await;
+    let sidecar = start_sidecar(short, app.addr, None, None).await;
+    // Idle after a request.
+    let mut idle = RawClient::connect(sidecar.addr).await;
+    idle.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(idle.response(false).await.unwrap().status, 200);
+    // A head that never ends.
+    let mut slow = RawClient::connect(sidecar.addr).await;
+    slow.send(b"GET / HTTP/1.1\r\nHost: a\r\nX-Slow: ").await;
+    // Nothing at all.
+    let mut silent = RawClient::connect(sidecar.addr).await;
+    assert!(idle.closed().await, "an idle connection stays open");
+    assert!(slow.closed().await, "a slow head keeps its connection");
+    assert!(silent.closed().await, "a connection that never sends stays open");
+    assert_eq!(app.requests().len(), 1);
+}

@@ -71,6 +71,9 @@ pub struct LimitsConfig {
     /// How long in-flight requests may take to finish after SIGTERM.
     #[serde(default = "default_shutdown_grace")]
     pub shutdown_grace: Duration,
+    /// How long client connections may keep the proxy waiting.
+    #[serde(default)]
+    pub client_timeouts: ClientTimeouts,
     /// The rules. Empty: the seed tiers of ADR 0018 (see [`default_rules`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rules: Vec<Rule>,
@@ -93,6 +96,7 @@ impl Default for LimitsConfig {
             max_request_body: MAX_REQUEST_BODY_DEFAULT,
             rejection_log: RejectionLogConfig::default(),
             shutdown_grace: default_shutdown_grace(),
+            client_timeouts: ClientTimeouts::default(),
             rules: Vec::new(),
         }
     }
@@ -174,6 +178,30 @@ pub struct ClientIpConfig {
     /// from any other peer the socket address is the client and the header is ignored.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub trusted_proxies: Vec<IpNet>,
+}
+
+/// How long a client connection may keep the proxy waiting for its next request; it is closed after.
+/// No timeout applies while the app works on a request (long polls and streams are the app's business).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClientTimeouts {
+    /// A kept-alive connection with no request for this long is closed. Keep it longer than the
+    /// keep-alive timeout of whatever sends traffic here (load balancers and ingress proxies use 60 s to
+    /// 10 min), or it may send a request on a connection just being closed.
+    #[serde(default = "default_client_idle")]
+    pub idle: Duration,
+    /// A request head must arrive whole within this long of its first byte (slow-header attacks).
+    #[serde(default = "default_request_head")]
+    pub request_head: Duration,
+}
+
+impl Default for ClientTimeouts {
+    fn default() -> Self {
+        Self {
+            idle: default_client_idle(),
+            request_head: default_request_head(),
+        }
+    }
 }
 
 /// Which rate-limit headers responses of limited routes carry.
@@ -503,6 +531,12 @@ fn default_max_request_body() -> u64 {
 }
 fn default_shutdown_grace() -> Duration {
     Duration::from_secs(25)
+}
+fn default_client_idle() -> Duration {
+    Duration::from_secs(15 * 60)
+}
+fn default_request_head() -> Duration {
+    Duration::from_secs(60)
 }
 fn default_rejection_log_per_second() -> u32 {
     10

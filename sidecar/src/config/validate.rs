@@ -19,6 +19,8 @@ pub const WINDOW_MIN: Duration = Duration::from_secs(1);
 pub const WINDOW_MAX: Duration = Duration::from_secs(24 * 3600);
 /// Longest shutdown grace period accepted.
 pub const SHUTDOWN_GRACE_MAX: Duration = Duration::from_secs(600);
+/// Longest client timeout accepted.
+pub const CLIENT_TIMEOUT_MAX: Duration = Duration::from_secs(24 * 3600);
 /// Longest Redis deadline accepted: a longer one defeats the point of a per-call deadline.
 pub const REDIS_TIMEOUT_MAX: Duration = Duration::from_secs(5);
 pub use sluice_crds::sidecar_config::PREFETCH_MAX;
@@ -243,6 +245,20 @@ fn check_limits(l: &LimitsConfig, errs: &mut ConfigErrors) {
             "limits.shutdownGrace",
             format!("must be at most {SHUTDOWN_GRACE_MAX}, got {}", l.shutdown_grace),
         );
+    }
+    for (field, d) in [
+        ("limits.clientTimeouts.idle", l.client_timeouts.idle),
+        (
+            "limits.clientTimeouts.requestHead",
+            l.client_timeouts.request_head,
+        ),
+    ] {
+        if d.get().is_zero() || d > CLIENT_TIMEOUT_MAX {
+            errs.push(
+                field,
+                format!("must be longer than 0s and at most {CLIENT_TIMEOUT_MAX}, got {d}"),
+            );
+        }
     }
     let mut seen = HashSet::new();
     for (i, rule) in l.rules.iter().enumerate() {

@@ -7,7 +7,7 @@ use std::{net::SocketAddr, sync::Arc};
 
 use hyper::service::service_fn;
 use hyper_util::{
-    rt::{TokioExecutor, TokioIo},
+    rt::{TokioExecutor, TokioIo, TokioTimer},
     server::conn::auto,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -21,9 +21,22 @@ pub async fn serve<I>(io: I, peer: SocketAddr, state: Arc<ProxyState>, stop: Can
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let request_head = state
+        .snapshot()
+        .effective
+        .config
+        .limits
+        .client_timeouts
+        .request_head
+        .get();
     let app = Arc::new(AppConnection::default());
     let service = service_fn(move |req| forward::handle(state.clone(), peer, app.clone(), req));
-    let builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // hyper's wait for a request head (the first, and each after it) is bounded like the fast path's.
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(request_head);
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
     let result = tokio::select! {

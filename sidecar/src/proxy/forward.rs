@@ -22,7 +22,7 @@ use super::{
     app_connection::AppConnection,
     forwarded::set_forwarded,
     headers::insert_quota,
-    hop_by_hop::strip_hop_by_hop,
+    hop_by_hop::{EndToEnd, strip_hop_by_hop},
     metrics::Outcome,
     reject::plain,
     state::{ProxyState, Snapshot},
@@ -48,7 +48,7 @@ pub async fn handle(
             .get(header::HOST)
             .and_then(|v| v.to_str().ok())
             .or_else(|| req.uri().authority().map(|a| a.as_str())),
-        headers: req.headers(),
+        headers: &EndToEnd(req.headers()),
         content_length: content_length(req.headers()),
     };
     let verdict = match admit(&state, &snap, peer.ip(), &arrival).await {

@@ -4,9 +4,9 @@
 //! extensions, trailer lines that look like fields or requests — never reach the receiver, whose chunked
 //! parser sees only canonical framing. Data is copied as is.
 //!
-//! What is accepted: chunk sizes of hex digits only (at most 15, so no overflow), optionally followed by
-//! whitespace and chunk extensions; lines ending in CRLF; at most [`MAX_OVERHEAD`] bytes of whitespace,
-//! extensions and trailer lines per body.
+//! What is accepted: chunk sizes of hex digits only (at most 15 after leading zeros, so no overflow),
+//! optionally followed by whitespace and chunk extensions; lines ending in CRLF; at most [`MAX_OVERHEAD`]
+//! bytes of leading zeros, whitespace, extensions and trailer lines per body.
 
 /// Most bytes of whitespace, chunk extensions and trailer lines one body may carry (hyper allows 16 KiB
 /// of extensions too).
@@ -31,8 +31,8 @@ pub enum Malformed {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
-    /// Reading a chunk size; `digits` so far.
-    Size { digits: u8 },
+    /// Reading a chunk size; `seen`: at least one digit.
+    Size { seen: bool },
     /// Whitespace after the size.
     SizeSpace,
     /// A chunk extension, up to CR.
@@ -72,7 +72,7 @@ pub struct Chunked {
 impl Default for Chunked {
     fn default() -> Self {
         Self {
-            state: State::Size { digits: 0 },
+            state: State::Size { seen: false },
             size: 0,
             data: 0,
             overhead: 0,
@@ -108,13 +108,21 @@ impl Chunked {
 
     fn step(&mut self, b: u8, out: &mut Vec<u8>) -> Result<(), Malformed> {
         self.state = match self.state {
-            State::Size { digits } => match hex(b) {
-                Some(d) if digits < 15 => {
+            State::Size { seen } => match hex(b) {
+                Some(d) => {
+                    // At most 15 significant digits (below 2^60), so the size never overflows.
+                    if self.size >= 1 << 56 {
+                        return Err(Malformed::Size);
+                    }
+                    // Leading zeros add nothing but length, which is bounded like whitespace.
+                    if seen && self.size == 0 {
+                        self.count_overhead()?;
+                    }
                     self.size = self.size * 16 + u64::from(d);
-                    State::Size { digits: digits + 1 }
+                    State::Size { seen: true }
                 }
-                None if digits > 0 => return self.after_size(b),
-                _ => return Err(Malformed::Size),
+                None if seen => return self.after_size(b),
+                None => return Err(Malformed::Size),
             },
             State::SizeSpace => return self.after_size(b),
             State::Extension => match b {
@@ -137,7 +145,7 @@ impl Chunked {
             State::DataCr if b == b'\r' => State::DataLf,
             State::DataLf if b == b'\n' => {
                 out.extend_from_slice(b"\r\n");
-                State::Size { digits: 0 }
+                State::Size { seen: false }
             }
             State::DataCr | State::DataLf => return Err(Malformed::DataEnd),
             State::TrailerStart => match b {
@@ -301,6 +309,17 @@ mod tests {
                 String::from_utf8_lossy(body)
             );
         }
+    }
+
+    #[test]
+    fn leading_zeros_do_not_count_against_the_size_but_are_bounded() {
+        assert_eq!(
+            in_steps(b"0000000000000005\r\nhello\r\n0\r\n\r\n", 3),
+            Ok((30, true, 5, "5\r\nhello\r\n0\r\n\r\n".into()))
+        );
+        let mut zeros = vec![b'0'; MAX_OVERHEAD + 2];
+        zeros.extend(b"1\r\n");
+        assert_eq!(in_steps(&zeros, 4096).map(|r| r.0), Err(Malformed::TooLong));
     }
 
     #[test]

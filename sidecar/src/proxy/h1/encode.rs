@@ -18,7 +18,7 @@ use super::{
 };
 use crate::proxy::{
     forwarded::{X_FORWARDED_FOR, X_FORWARDED_PROTO, keeps_forwarded_proto, write_forwarded_for},
-    hop_by_hop::{has_token, is_hop_by_hop},
+    hop_by_hop::is_hop_by_hop,
 };
 
 /// Who the request came from, for `X-Forwarded-For` and `-Proto`.
@@ -59,16 +59,17 @@ pub fn request_head(
     out.push(b' ');
     out.extend_from_slice(head.target.of(buf));
     out.extend_from_slice(b" HTTP/1.1\r\n");
+    let dropped = Dropped::of(fields);
     let keep_proto = keeps_forwarded_proto(
         trusted,
         fields.values(X_FORWARDED_PROTO.as_str()).next().is_some()
-            && !hop_by_hop(fields, X_FORWARDED_PROTO.as_str().as_bytes()),
+            && !dropped.contains(X_FORWARDED_PROTO.as_str().as_bytes()),
     );
     for f in fields.list {
         let name = f.name.of(buf);
         let replaced = name.eq_ignore_ascii_case(X_FORWARDED_FOR.as_str().as_bytes())
             || (!keep_proto && name.eq_ignore_ascii_case(X_FORWARDED_PROTO.as_str().as_bytes()));
-        if !replaced && !hop_by_hop(fields, name) {
+        if !replaced && !dropped.contains(name) {
             line(out, name, f.value.of(buf));
         }
     }
@@ -100,12 +101,15 @@ pub fn response_head(out: &mut Vec<u8>, buf: &[u8], head: &ResponseHead, fields:
     out.push(b' ');
     out.extend_from_slice(head.reason.of(buf));
     out.extend_from_slice(b"\r\n");
+    let dropped = Dropped::of(fields);
+    let mut dated = false;
     for f in fields.list {
         let name = f.name.of(buf);
         // With Transfer-Encoding, Content-Length is wrong and must go (RFC 9112 §6.3).
         let stale_length = head.transfer_encoding.is_some() && name.eq_ignore_ascii_case(b"content-length");
-        if !stale_length && !hop_by_hop(fields, name) {
+        if !stale_length && !dropped.contains(name) {
             line(out, name, f.value.of(buf));
+            dated |= name.eq_ignore_ascii_case(b"date");
         }
     }
     let coding = head.transfer_encoding.map(|te| te.of(buf));
@@ -120,7 +124,7 @@ pub fn response_head(out: &mut Vec<u8>, buf: &[u8], head: &ResponseHead, fields:
         (_, Some(te)) => line(out, b"transfer-encoding", te),
         (_, None) => {}
     }
-    if !head.dated {
+    if !dated {
         out.extend_from_slice(b"date: ");
         write_date(out);
         out.extend_from_slice(b"\r\n");
@@ -152,19 +156,28 @@ pub fn own_response(out: &mut Vec<u8>, resp: &Response<Bytes>, close: bool, head
     }
 }
 
-/// Fields a `Connection` token cannot remove: they frame the message or name its host.
-const PROTECTED: [&[u8]; 2] = [b"content-length", b"host"];
+/// Whether fields of a head are dropped on the way: reads the `Connection` fields once per head rather
+/// than once per field.
+struct Dropped<'a> {
+    fields: Fields<'a>,
+    named: bool,
+}
 
-/// Whether the field `name` is hop-by-hop: one of the standard set, or named by a `Connection` field
-/// (unless it is [`PROTECTED`]).
-fn hop_by_hop(fields: Fields<'_>, name: &[u8]) -> bool {
-    if is_hop_by_hop(name) {
-        return true;
+impl<'a> Dropped<'a> {
+    fn of(fields: Fields<'a>) -> Self {
+        Self {
+            fields,
+            named: fields.values("connection").next().is_some(),
+        }
     }
-    if PROTECTED.iter().any(|p| p.eq_ignore_ascii_case(name)) {
-        return false;
+
+    fn contains(&self, name: &[u8]) -> bool {
+        if self.named {
+            self.fields.dropped(name)
+        } else {
+            is_hop_by_hop(name)
+        }
     }
-    std::str::from_utf8(name).is_ok_and(|name| fields.values("connection").any(|v| has_token(v, name)))
 }
 
 fn line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
@@ -283,6 +296,13 @@ mod tests {
             "HTTP/1.1 200 OK\r\nConnection: content-length\r\nContent-Length: 2\r\nDate: x\r\n\r\n",
         );
         assert_eq!(resp, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nDate: x\r\n");
+        // A Date the app's Connection drops is replaced by the proxy's own.
+        let resp =
+            response_out("HTTP/1.1 200 OK\r\nConnection: date\r\nContent-Length: 0\r\nDate: x\r\n\r\n");
+        assert!(
+            resp.starts_with("HTTP/1.1 200 OK\r\nContent-Length: 0\r\ndate: "),
+            "{resp}"
+        );
     }
 
     #[test]

@@ -1,11 +1,12 @@
 //! Header fields as the HTTP/1.1 fast path keeps them: byte ranges into the connection's read buffer,
-//! so a parsed head borrows nothing and allocates nothing; [`Fields`] reads them back for the limiter.
+//! so a parsed head borrows nothing and allocates nothing; [`Fields`] reads them back, and for the
+//! limiter only as the app will receive them (hop-by-hop fields and those `Connection` names skipped).
 
 use std::ops::{ControlFlow, Range};
 
 use http::HeaderName;
 
-use crate::limiter::HeaderLookup;
+use crate::{limiter::HeaderLookup, proxy::hop_by_hop::dropped};
 
 /// Most header fields a head may have (as hyper: more is handed to hyper, which answers 431).
 pub const MAX_FIELDS: usize = 100;
@@ -73,6 +74,12 @@ pub struct Fields<'a> {
 }
 
 impl<'a> Fields<'a> {
+    /// Whether a field named `name` is dropped on the way to the app (hop-by-hop, or named by
+    /// `Connection`).
+    pub fn dropped(self, name: &[u8]) -> bool {
+        dropped(name, self.values("connection"))
+    }
+
     /// The values of the fields named `name`, in order.
     pub fn values<'n>(self, name: &'n str) -> impl DoubleEndedIterator<Item = &'a [u8]> + use<'a, 'n> {
         self.list
@@ -84,10 +91,16 @@ impl<'a> Fields<'a> {
 
 impl HeaderLookup for Fields<'_> {
     fn first(&self, name: &HeaderName) -> Option<&[u8]> {
+        if self.dropped(name.as_str().as_bytes()) {
+            return None;
+        }
         self.values(name.as_str()).next()
     }
 
     fn each_rev<'s>(&'s self, name: &HeaderName, f: &mut dyn FnMut(&'s [u8]) -> ControlFlow<()>) {
+        if self.dropped(name.as_str().as_bytes()) {
+            return;
+        }
         for v in self.values(name.as_str()).rev() {
             if f(v).is_break() {
                 return;
@@ -128,5 +141,26 @@ mod tests {
         });
         assert_eq!(seen, [&b"2.2.2.2"[..], &b"1.1.1.1"[..]]);
         assert_eq!(fields.first(&http::header::AUTHORIZATION), None);
+    }
+
+    #[test]
+    fn fields_dropped_on_the_way_are_not_read() {
+        let buf = b"Connection: authorization\r\nAuthorization: Bearer junk\r\nTE: trailers\r\nHost: a\r\n";
+        let text = std::str::from_utf8(buf).unwrap();
+        let list: Vec<Field> = text
+            .split("\r\n")
+            .filter(|l| !l.is_empty())
+            .map(|line| {
+                let (name, value) = line.split_once(": ").unwrap();
+                Field {
+                    name: Span::within(buf, name.as_bytes()),
+                    value: Span::within(buf, value.as_bytes()),
+                }
+            })
+            .collect();
+        let fields = Fields { buf, list: &list };
+        assert_eq!(fields.first(&http::header::AUTHORIZATION), None);
+        assert_eq!(fields.first(&http::header::TE), None);
+        assert_eq!(fields.first(&http::header::HOST), Some(&b"a"[..]));
     }
 }

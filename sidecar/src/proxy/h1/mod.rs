@@ -25,9 +25,9 @@ pub mod fields;
 pub mod prefixed;
 pub mod request;
 pub mod response;
+pub mod upstream;
 
 use std::{
-    io,
     net::SocketAddr,
     pin::Pin,
     sync::Arc,
@@ -35,11 +35,12 @@ use std::{
 };
 
 use bytes::{Buf, BytesMut};
-use http::{Response, StatusCode, uri::Authority};
-use sluice_crds::sidecar_config::UpstreamProtocol;
+use http::{Response, StatusCode};
+use sluice_crds::sidecar_config::{ClientTimeouts, UpstreamProtocol};
 use tokio::{
-    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
+    io::{AsyncReadExt, AsyncWriteExt},
     net::TcpStream,
+    time::Sleep,
 };
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
@@ -51,11 +52,10 @@ use self::{
     fields::{Field, Fields},
     prefixed::Prefixed,
     request::{Parsed, RequestHead},
-    response::ResponseHead,
+    upstream::{Answer, Client, Failure, pump_response, take},
 };
 use super::{
     admit::{Admission, Arrival, admit},
-    app_connection::AppError,
     headers::write_quota_lines,
     metrics::Outcome,
     reject::plain,
@@ -78,6 +78,7 @@ const LINGER_BYTES: usize = 1 << 20;
 /// Serves one client connection until it closes, handing it to hyper when it asks for something the fast
 /// path leaves to hyper.
 pub async fn serve(stream: TcpStream, peer: SocketAddr, state: Arc<ProxyState>, stop: CancellationToken) {
+    let timeouts = state.snapshot().effective.config.limits.client_timeouts.clone();
     let mut conn = Connection {
         client: stream,
         buf: BytesMut::with_capacity(BUFFER_INITIAL),
@@ -86,6 +87,8 @@ pub async fn serve(stream: TcpStream, peer: SocketAddr, state: Arc<ProxyState>, 
         out: Vec::with_capacity(BUFFER_INITIAL),
         scratch: Vec::new(),
         peer: Peer::new(peer.ip()),
+        quiet: Quiet::since(Instant::now(), timeouts.request_head.get()),
+        timer: Box::pin(tokio::time::sleep(timeouts.request_head.get())),
     };
     if conn.run(&state, &stop).await == End::HandOff {
         let Connection { client, buf, .. } = conn;
@@ -106,6 +109,28 @@ struct Connection {
     /// For quota header values.
     scratch: Vec<u8>,
     peer: Peer,
+    /// How long the connection may stay quiet, counted from when.
+    quiet: Quiet,
+    /// Fires at the earliest when `quiet` runs out; reset only when it fires early, so a request costs
+    /// no timer operation.
+    timer: Pin<Box<Sleep>>,
+}
+
+/// A client connection waiting for a request head: since when, and for how long at most.
+#[derive(Debug, Clone, Copy)]
+struct Quiet {
+    since: Instant,
+    allowed: Duration,
+}
+
+impl Quiet {
+    fn since(since: Instant, allowed: Duration) -> Self {
+        Self { since, allowed }
+    }
+
+    fn deadline(&self) -> Instant {
+        self.since + self.allowed
+    }
 }
 
 /// How a connection left the fast path.
@@ -126,29 +151,11 @@ enum Step {
     HandOff,
 }
 
-/// Why a request got no response from the app.
-#[derive(Debug, thiserror::Error)]
-enum Failure {
-    #[error(transparent)]
-    Connect(#[from] AppError),
-    #[error("sending the request to the app: {0}")]
-    Send(io::Error),
-    /// The app said something (an early answer, or a close) before it had the whole request.
-    #[error("the app answered before it had the whole request")]
-    AnsweredEarly,
-    #[error("the app closed the connection before answering")]
-    NoResponse,
-    #[error("reading the response from the app: {0}")]
-    Receive(io::Error),
-    #[error("the app's response is not valid: {0}")]
-    Invalid(&'static str),
-    /// The client closed its connection before the response.
-    #[error("the client went away mid-request")]
-    ClientGone,
-    #[error("the request body is not valid chunked coding: {0}")]
-    Malformed(chunked::Malformed),
-    #[error("the request body is over limits.maxRequestBody")]
-    TooLarge,
+/// What the client connection holds next.
+enum Next {
+    Head(RequestHead),
+    HandOff,
+    Closed,
 }
 
 impl Connection {
@@ -156,13 +163,17 @@ impl Connection {
         let cancelled = stop.cancelled();
         tokio::pin!(cancelled);
         loop {
-            let head = match self.next_head(cancelled.as_mut()).await {
+            let timeouts = state.snapshot().effective.config.limits.client_timeouts.clone();
+            let head = match self.next_head(cancelled.as_mut(), &timeouts).await {
                 Next::Head(head) => head,
                 Next::HandOff => return End::HandOff,
                 Next::Closed => return End::Closed,
             };
             match self.exchange(state, head, stop).await {
-                Step::Next => self.trim_buffers(),
+                Step::Next => {
+                    self.trim_buffers();
+                    self.quiet = Quiet::since(Instant::now(), timeouts.idle.get());
+                }
                 Step::Close => {
                     self.linger().await;
                     return End::Closed;
@@ -172,10 +183,18 @@ impl Connection {
         }
     }
 
-    /// Reads until a whole request head is buffered (or the client closes, or shutdown begins).
-    async fn next_head(&mut self, mut cancelled: Pin<&mut WaitForCancellationFuture<'_>>) -> Next {
+    /// Reads until a whole request head is buffered; `None` when the client closes, shutdown begins or
+    /// the connection stayed quiet too long (idle between requests, or a head arriving too slowly).
+    async fn next_head(
+        &mut self,
+        mut cancelled: Pin<&mut WaitForCancellationFuture<'_>>,
+        timeouts: &ClientTimeouts,
+    ) -> Next {
+        // Where parsing last stopped short: a head that arrives in pieces is parsed again only once a
+        // piece could hold its end.
+        let mut scanned = 0;
         loop {
-            if !self.buf.is_empty() {
+            if !self.buf.is_empty() && could_end_head(&self.buf, scanned) {
                 match request::parse(&self.buf, &mut self.fields) {
                     Parsed::Head(head) => return Next::Head(head),
                     Parsed::HandOff(why) => {
@@ -185,14 +204,29 @@ impl Connection {
                     Parsed::Partial => {}
                 }
             }
+            scanned = self.buf.len();
+            let was_empty = self.buf.is_empty();
             make_room(&mut self.buf, BUFFER_INITIAL);
             let read = tokio::select! {
                 biased;
                 read = self.client.read_buf(&mut self.buf) => read,
                 () = cancelled.as_mut() => return Next::Closed,
+                () = self.timer.as_mut() => {
+                    let deadline = self.quiet.deadline();
+                    if Instant::now() >= deadline {
+                        tracing::debug!(waited = ?self.quiet.allowed, "closing a client connection that stayed quiet");
+                        return Next::Closed;
+                    }
+                    self.timer.as_mut().reset(deadline.into());
+                    continue;
+                }
             };
             if !matches!(read, Ok(n) if n > 0) {
                 return Next::Closed;
+            }
+            if was_empty {
+                // The first byte of a head: it must be whole within `requestHead` from now.
+                self.quiet = Quiet::since(Instant::now(), timeouts.request_head.get());
             }
         }
     }
@@ -251,29 +285,39 @@ impl Connection {
 
         let started = Instant::now();
         let retryable = body.done() && head.retryable();
-        let response = self
-            .send(
-                &snap.upstream_authority,
-                &mut body,
-                retryable,
-                head.is_head(),
-                limits.max_request_body,
-            )
-            .await;
+        let client = Client {
+            io: &mut self.client,
+            buf: &mut self.buf,
+            fields: &mut self.fields,
+            out: &mut self.out,
+        };
+        let answer = upstream::send(
+            &mut self.app,
+            &snap.upstream_authority,
+            client,
+            &mut body,
+            limits.max_request_body,
+            retryable,
+            head.is_head(),
+        )
+        .await;
         state
             .metrics
             .upstream_latency
             .observe(started.elapsed().as_secs_f64());
-        let response = match response {
-            Ok(response) => response,
+        let Answer {
+            head: response,
+            sent_all,
+        } = match answer {
+            Ok(answer) => answer,
             Err(failure) => return self.failed(state, failure, &head, &body).await,
         };
         let Some(app) = self.app.as_mut() else {
             return Step::Close;
         };
 
-        // A request body the app did not take in full (it answered early) leaves both connections out
-        // of step.
+        // A request body not read in full (the app answered early) leaves the client connection out of
+        // step; one not sent in full, the app connection.
         let close = head.close || stop.is_cancelled() || !body.done();
         self.out.clear();
         encode::response_head(&mut self.out, &app.buf, &response, &self.fields);
@@ -300,78 +344,26 @@ impl Connection {
             return Step::Close;
         }
         if !response_body.done()
-            && pump_response(app, &mut self.client, &mut response_body, &mut self.out)
-                .await
-                .is_err()
+            && pump_response(
+                app,
+                &mut self.client,
+                &mut self.buf,
+                &mut response_body,
+                &mut self.out,
+            )
+            .await
+            .is_err()
         {
             // Cut short (by either side): the client sees the connection close before the body ends.
             self.app = None;
             return Step::Close;
         }
-        if response.keep_alive && body.done() && app.buf.is_empty() {
+        if response.keep_alive && sent_all && app.buf.is_empty() {
             app.reused = true;
         } else {
             self.app = None;
         }
         if close { Step::Close } else { Step::Next }
-    }
-
-    /// Sends the request (the head and the body bytes in `out`, the rest of the body still to come from
-    /// the client) and reads the app's final response head, forwarding interim (1xx) ones, while
-    /// watching for the client to hang up. A request that met a kept-alive connection the app had closed,
-    /// with no byte of answer, is sent once more on a fresh one if `retryable`.
-    async fn send(
-        &mut self,
-        authority: &Authority,
-        body: &mut Body,
-        retryable: bool,
-        head_request: bool,
-        max_body: u64,
-    ) -> Result<ResponseHead, Failure> {
-        let mut retried = false;
-        loop {
-            let app = app_for(&mut self.app, authority).await?;
-            let retry = app.reused && retryable && !retried;
-            match write_unless_answered(app, &self.out).await {
-                Ok(()) => {}
-                Err(Failure::Send(_)) if retry => {
-                    self.app = None;
-                    retried = true;
-                    continue;
-                }
-                // It spoke first: read what it said.
-                Err(Failure::AnsweredEarly) => {}
-                Err(failure) => return Err(failure),
-            }
-            if !body.done() && app.buf.is_empty() {
-                match pump_request(
-                    &mut self.client,
-                    &mut self.buf,
-                    app,
-                    body,
-                    &mut self.out,
-                    max_body,
-                )
-                .await
-                {
-                    Ok(()) | Err(Failure::AnsweredEarly) => {}
-                    Err(failure) => return Err(failure),
-                }
-            }
-            let (mut client_in, mut client_out) = self.client.split();
-            let head = tokio::select! {
-                biased;
-                head = read_final_head(app, &mut client_out, &mut self.fields, &mut self.out, head_request) => head,
-                () = hang_up(&mut client_in, &mut self.buf) => Err(Failure::ClientGone),
-            };
-            match head {
-                Err(Failure::NoResponse) if retry => {
-                    self.app = None;
-                    retried = true;
-                }
-                head => return head,
-            }
-        }
     }
 
     /// Answers a request admission refused; the connection stays open if the request's body was read
@@ -437,9 +429,11 @@ impl Connection {
         Step::Next
     }
 
-    /// Closes the connection: the response is complete (FIN), then what the client still sends is read
-    /// and dropped for a while, so it reads the response rather than a reset.
+    /// Closes the connection: the app connection at once; the client connection once the response is
+    /// complete (FIN) and what the client still sends has been read and dropped for a while, so it reads
+    /// the response rather than a reset.
     async fn linger(&mut self) {
+        self.app = None;
         let _ = self.client.shutdown().await;
         let mut dropped = 0;
         let _ = tokio::time::timeout(LINGER_TIME, async {
@@ -472,176 +466,38 @@ impl Connection {
     }
 }
 
-/// What the client connection holds next.
-enum Next {
-    Head(RequestHead),
-    HandOff,
-    Closed,
-}
-
 /// Makes room in `buf` for a read of at least `at_least` bytes.
-fn make_room(buf: &mut BytesMut, at_least: usize) {
+pub(crate) fn make_room(buf: &mut BytesMut, at_least: usize) {
     if buf.capacity() - buf.len() < at_least / 4 {
         buf.reserve(at_least);
     }
 }
 
-/// Reads `input` into the request `body` (what goes out onto `out`), checking a chunked body against
-/// `max`; returns how many bytes of `input` it took.
-fn take(body: &mut Body, input: &[u8], out: &mut Vec<u8>, max: u64) -> Result<usize, Failure> {
-    let n = body.take(input, out).map_err(Failure::Malformed)?;
-    if body.chunked_data() > max {
-        return Err(Failure::TooLarge);
-    }
-    Ok(n)
+/// Whether `buf`, of which the first `scanned` bytes were parsed before without a whole head, could now
+/// hold the end of one: the blank line that ends a head (a bare-LF one too, for hyper to refuse), or the
+/// most a head may take. So a head that trickles in is parsed once more per blank line, not per read.
+fn could_end_head(buf: &[u8], scanned: usize) -> bool {
+    // The blank line may straddle the old and the new bytes.
+    let new = &buf[scanned.saturating_sub(2)..];
+    scanned == 0
+        || buf.len() >= request::MAX_HEAD
+        || new.windows(2).any(|w| w == b"\n\n")
+        || new.windows(3).any(|w| w == b"\n\r\n")
 }
 
-/// The connection to the app at `authority`: the kept-alive one unless the app closed it meanwhile (or
-/// a reload moved the app), else a new one.
-async fn app_for<'a>(slot: &'a mut Option<App>, authority: &Authority) -> Result<&'a mut App, Failure> {
-    if slot
-        .as_mut()
-        .is_some_and(|app| !app.is_for(authority) || app.closed_while_idle())
-    {
-        *slot = None;
-    }
-    if slot.is_none() {
-        *slot = Some(App::connect(authority).await?);
-    }
-    Ok(slot.as_mut().expect("set above"))
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Writes `bytes` to the app unless the app speaks first: bytes from it (an early answer, kept in
-/// `app.buf`) or its close end the write with [`Failure::AnsweredEarly`], so an app that answers an
-/// upload early and stops reading cannot leave the write waiting forever.
-async fn write_unless_answered(app: &mut App, mut bytes: &[u8]) -> Result<(), Failure> {
-    loop {
-        // Nearly always the socket takes everything at once, without waiting on either readiness.
-        match app.io.try_write(bytes) {
-            Ok(n) => bytes = &bytes[n..],
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(Failure::Send(e)),
-        }
-        if bytes.is_empty() {
-            return Ok(());
-        }
-        tokio::select! {
-            biased;
-            ready = app.io.readable() => {
-                ready.map_err(Failure::Send)?;
-                make_room(&mut app.buf, app::BUFFER_INITIAL);
-                match app.io.try_read_buf(&mut app.buf) {
-                    Ok(_) => return Err(Failure::AnsweredEarly),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Err(Failure::Send(e)),
-                }
-            }
-            ready = app.io.writable() => ready.map_err(Failure::Send)?,
-        }
+    #[test]
+    fn a_head_arriving_in_pieces_is_parsed_again_only_once_it_could_be_whole() {
+        let head = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n";
+        let parses: Vec<usize> = (1..=head.len())
+            .filter(|&end| could_end_head(&head[..end], end - 1))
+            .collect();
+        assert_eq!(parses, [1, head.len()], "the first byte, then the blank line");
+        // A blank line split across reads still counts.
+        assert!(could_end_head(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n", 26));
+        assert!(could_end_head(b"GET / HTTP/1.1\nHost: a\n\n", 24));
     }
-}
-
-/// Streams the rest of a request body from the client to the app (`out` is scratch space).
-async fn pump_request(
-    client: &mut TcpStream,
-    buf: &mut BytesMut,
-    app: &mut App,
-    body: &mut Body,
-    out: &mut Vec<u8>,
-    max: u64,
-) -> Result<(), Failure> {
-    while !body.done() {
-        if buf.is_empty() {
-            make_room(buf, READ_CHUNK);
-            match client.read_buf(buf).await {
-                Ok(n) if n > 0 => {}
-                _ => return Err(Failure::ClientGone),
-            }
-        }
-        out.clear();
-        let n = take(body, buf, out, max)?;
-        buf.advance(n);
-        write_unless_answered(app, out).await?;
-    }
-    Ok(())
-}
-
-/// Resolves when the client closes its connection (or it fails). What the client sends meanwhile —
-/// pipelined requests — is kept in `buf`; past [`request::MAX_HEAD`] of it, reading stops (and so does
-/// watching).
-async fn hang_up(client: &mut (impl AsyncRead + Unpin), buf: &mut BytesMut) {
-    while buf.len() < request::MAX_HEAD {
-        make_room(buf, BUFFER_INITIAL);
-        if !matches!(client.read_buf(buf).await, Ok(n) if n > 0) {
-            return;
-        }
-    }
-    std::future::pending().await
-}
-
-/// Reads the app's final response head into `app.buf` (its fields into `fields`), forwarding interim
-/// (1xx) responses to the client as they come.
-async fn read_final_head(
-    app: &mut App,
-    client: &mut (impl AsyncWrite + Unpin),
-    fields: &mut Vec<Field>,
-    out: &mut Vec<u8>,
-    head_request: bool,
-) -> Result<ResponseHead, Failure> {
-    let mut read_any = !app.buf.is_empty();
-    loop {
-        if !app.buf.is_empty() {
-            match response::parse(&app.buf, fields, head_request) {
-                response::Parsed::Head(head) if head.interim() => {
-                    out.clear();
-                    encode::response_head(out, &app.buf, &head, fields);
-                    out.extend_from_slice(b"\r\n");
-                    app.buf.advance(head.len);
-                    client.write_all(out).await.map_err(|_| Failure::ClientGone)?;
-                    continue;
-                }
-                response::Parsed::Head(head) => return Ok(head),
-                response::Parsed::Invalid(why) => return Err(Failure::Invalid(why)),
-                response::Parsed::Partial => {}
-            }
-        }
-        make_room(&mut app.buf, app::BUFFER_INITIAL);
-        match app.io.read_buf(&mut app.buf).await {
-            Ok(0) if read_any => return Err(Failure::Invalid("closed mid-head")),
-            Ok(0) => return Err(Failure::NoResponse),
-            Ok(_) => read_any = true,
-            Err(e) if !read_any && e.kind() == io::ErrorKind::ConnectionReset => {
-                return Err(Failure::NoResponse);
-            }
-            Err(e) => return Err(Failure::Receive(e)),
-        }
-    }
-}
-
-/// Streams the rest of a response body from the app to the client (`out` is scratch space).
-async fn pump_response(
-    app: &mut App,
-    client: &mut TcpStream,
-    body: &mut Body,
-    out: &mut Vec<u8>,
-) -> io::Result<()> {
-    while !body.done() {
-        out.clear();
-        if app.buf.is_empty() {
-            make_room(&mut app.buf, READ_CHUNK);
-            if app.io.read_buf(&mut app.buf).await? == 0 {
-                if !body.closed(out) {
-                    return Err(io::ErrorKind::UnexpectedEof.into());
-                }
-                client.write_all(out).await?;
-                return Ok(());
-            }
-        }
-        let n = body
-            .take(&app.buf, out)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        app.buf.advance(n);
-        client.write_all(out).await?;
-    }
-    Ok(())
 }

@@ -13,7 +13,7 @@ use http::Method;
 
 use super::{
     body::Framing,
-    fields::{Field, MAX_FIELDS, Span},
+    fields::{Field, Fields, MAX_FIELDS, Span},
 };
 use crate::proxy::hop_by_hop::has_token;
 
@@ -144,6 +144,8 @@ pub fn parse(buf: &[u8], fields: &mut Vec<Field>) -> Parsed {
             idempotency_key = true;
         }
     }
+    // A key the app never sees (named by `Connection`) does not make the request safe to repeat.
+    let idempotency_key = idempotency_key && !Fields { buf, list: fields }.dropped(b"idempotency-key");
     let (Some(host), 1) = (host, hosts) else {
         return Parsed::HandOff("not exactly one Host");
     };
@@ -314,5 +316,11 @@ mod tests {
         assert!(m("GET") && m("HEAD") && m("OPTIONS"));
         assert!(!m("POST") && !m("PATCH") && !m("PUT") && !m("DELETE"));
         assert!(head("POST / HTTP/1.1\r\nHost: a\r\nIdempotency-Key: k1\r\n\r\n").retryable());
+        let hidden =
+            "POST / HTTP/1.1\r\nHost: a\r\nConnection: idempotency-key\r\nIdempotency-Key: k1\r\n\r\n";
+        assert!(
+            !head(hidden).retryable(),
+            "the app never sees a key Connection names"
+        );
     }
 }

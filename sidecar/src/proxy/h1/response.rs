@@ -27,8 +27,6 @@ pub struct ResponseHead {
     pub transfer_encoding: Option<Span>,
     /// Whether the app keeps the connection open for another request.
     pub keep_alive: bool,
-    /// Whether the app sent a `Date` field.
-    pub dated: bool,
 }
 
 impl ResponseHead {
@@ -75,7 +73,6 @@ pub fn parse(buf: &[u8], fields: &mut Vec<Field>, head_request: bool) -> Parsed 
     let mut length: Option<Option<u64>> = None;
     let mut transfer_encoding = None;
     let mut chunked = false;
-    let mut dated = false;
     for h in resp.headers.iter() {
         fields.push(Field::of(buf, h));
         let name = h.name.as_bytes();
@@ -93,8 +90,6 @@ pub fn parse(buf: &[u8], fields: &mut Vec<Field>, head_request: bool) -> Parsed 
             chunked = tokens(h.value)
                 .last()
                 .is_some_and(|t| t.eq_ignore_ascii_case(b"chunked"));
-        } else if name.eq_ignore_ascii_case(b"date") {
-            dated = true;
         } else if name.eq_ignore_ascii_case(b"connection") {
             if has_token(h.value, "close") {
                 keep_alive = false;
@@ -133,7 +128,6 @@ pub fn parse(buf: &[u8], fields: &mut Vec<Field>, head_request: bool) -> Parsed 
         framing,
         transfer_encoding,
         keep_alive,
-        dated,
     })
 }
 

@@ -1,0 +1,330 @@
+//! The app's side of an exchange: sending the request — its body streamed from the client while the
+//! app is listened to, so interim responses are forwarded and an early final answer stops the upload —
+//! then reading the final response head while watching for the client to hang up, then streaming the
+//! response body (still watching).
+
+use std::io;
+
+use bytes::{Buf, BytesMut};
+use http::uri::Authority;
+use tokio::{
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
+    net::TcpStream,
+};
+
+use super::{
+    BUFFER_INITIAL, READ_CHUNK,
+    app::{self, App},
+    body::Body,
+    chunked, encode,
+    fields::Field,
+    make_room, request,
+    response::{self, ResponseHead},
+};
+use crate::proxy::app_connection::AppError;
+
+/// Why a request got no response from the app.
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    /// No connection to the app.
+    #[error(transparent)]
+    Connect(#[from] AppError),
+    /// The app closed the connection (or reset it) before answering.
+    #[error("the app closed the connection before answering")]
+    NoResponse,
+    /// Reading the response failed.
+    #[error("reading the response from the app: {0}")]
+    Receive(io::Error),
+    /// The app's response cannot be forwarded.
+    #[error("the app's response is not valid: {0}")]
+    Invalid(&'static str),
+    /// The client closed its connection before the response.
+    #[error("the client went away mid-request")]
+    ClientGone,
+    /// The request body breaks the chunked coding.
+    #[error("the request body is not valid chunked coding: {0}")]
+    Malformed(chunked::Malformed),
+    /// The request body grew past `limits.maxRequestBody`.
+    #[error("the request body is over limits.maxRequestBody")]
+    TooLarge,
+}
+
+/// The app's final response head, and whether it came before the app had the whole request.
+#[derive(Debug)]
+pub struct Answer {
+    /// The final response head (in `app.buf`, its fields in the field list).
+    pub head: ResponseHead,
+    /// Every byte of the request reached the app. Otherwise the app connection is out of step and must
+    /// not carry another request.
+    pub sent_all: bool,
+}
+
+/// What one client connection lends the app's side of an exchange.
+pub struct Client<'a> {
+    /// The client connection.
+    pub io: &'a mut TcpStream,
+    /// Bytes read from the client and not yet forwarded.
+    pub buf: &'a mut BytesMut,
+    /// The fields of the head being handled.
+    pub fields: &'a mut Vec<Field>,
+    /// Write space: holds the request head and body bytes sent with it on entry.
+    pub out: &'a mut Vec<u8>,
+}
+
+/// How sending a request ended.
+enum Sent {
+    /// Every byte went out.
+    All,
+    /// The app's final answer arrived first; the rest was not sent.
+    Answered(ResponseHead),
+    /// Writing failed (the app closed or reset the connection): what it said, if anything, is still to
+    /// be read.
+    Cut,
+}
+
+/// Sends the request in `client.out` (the head and body bytes already read), the rest of `body` as the
+/// client sends it, to the app at `authority` over the kept-alive connection in `slot` (or a new one),
+/// and reads the app's final answer, forwarding interim (1xx) ones. A request that met a kept-alive
+/// connection the app had closed, and got no byte back, is sent once more on a fresh one if `retryable`
+/// (its body wholly in `out`).
+pub async fn send(
+    slot: &mut Option<App>,
+    authority: &Authority,
+    client: Client<'_>,
+    body: &mut Body,
+    max_body: u64,
+    retryable: bool,
+    head_request: bool,
+) -> Result<Answer, Failure> {
+    let Client { io, buf, fields, out } = client;
+    let mut retried = false;
+    loop {
+        let app = app_for(slot, authority).await?;
+        let retry = app.reused && retryable && !retried;
+        let sent = upload(app, io, buf, out, fields, body, max_body, head_request).await?;
+        let sent_all = match sent {
+            Sent::Answered(head) => {
+                return Ok(Answer {
+                    head,
+                    sent_all: false,
+                });
+            }
+            Sent::All => true,
+            Sent::Cut => false,
+        };
+        let (mut client_in, mut client_out) = io.split();
+        let head = tokio::select! {
+            biased;
+            head = read_final_head(app, &mut client_out, fields, head_request) => head,
+            () = hang_up(&mut client_in, buf) => Err(Failure::ClientGone),
+        };
+        match head {
+            Err(Failure::NoResponse) if retry => {
+                *slot = None;
+                retried = true;
+            }
+            head => return head.map(|head| Answer { head, sent_all }),
+        }
+    }
+}
+
+/// The connection to the app at `authority`: the kept-alive one unless the app closed it meanwhile (or
+/// a reload moved the app), else a new one.
+async fn app_for<'a>(slot: &'a mut Option<App>, authority: &Authority) -> Result<&'a mut App, Failure> {
+    if slot
+        .as_mut()
+        .is_some_and(|app| !app.is_for(authority) || app.closed_while_idle())
+    {
+        *slot = None;
+    }
+    if slot.is_none() {
+        *slot = Some(App::connect(authority).await?);
+    }
+    Ok(slot.as_mut().expect("set above"))
+}
+
+/// Writes `out` to the app, then the rest of `body` as the client sends it (through `out` again), while
+/// listening to the app: interim responses are forwarded to the client as they come, a final one ends
+/// the upload ([`Sent::Answered`]). Nearly always `out` is the whole request and the socket takes it at
+/// once, without waiting on anything.
+#[allow(clippy::too_many_arguments)]
+async fn upload(
+    app: &mut App,
+    client: &mut TcpStream,
+    buf: &mut BytesMut,
+    out: &mut Vec<u8>,
+    fields: &mut Vec<Field>,
+    body: &mut Body,
+    max_body: u64,
+    head_request: bool,
+) -> Result<Sent, Failure> {
+    let mut written = 0;
+    loop {
+        while written < out.len() {
+            match app.io.try_write(&out[written..]) {
+                Ok(n) => written += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(_) => return Ok(Sent::Cut),
+            }
+        }
+        if written == out.len() {
+            if body.done() {
+                return Ok(Sent::All);
+            }
+            if !buf.is_empty() {
+                out.clear();
+                written = 0;
+                let n = take(body, buf, out, max_body)?;
+                buf.advance(n);
+                continue;
+            }
+        }
+        let (mut client_in, mut client_out) = client.split();
+        tokio::select! {
+            biased;
+            ready = app.io.readable() => {
+                if ready.is_err() {
+                    return Ok(Sent::Cut);
+                }
+                make_room(&mut app.buf, app::BUFFER_INITIAL);
+                match app.io.try_read_buf(&mut app.buf) {
+                    Ok(0) => return Ok(Sent::Cut),
+                    Ok(_) => {
+                        if let Some(head) = forward_interim(app, &mut client_out, fields, head_request).await? {
+                            return Ok(Sent::Answered(head));
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(_) => return Ok(Sent::Cut),
+                }
+            }
+            ready = app.io.writable(), if written < out.len() => {
+                if ready.is_err() {
+                    return Ok(Sent::Cut);
+                }
+            }
+            read = client_in.read_buf(buf), if written == out.len() => {
+                if !matches!(read, Ok(n) if n > 0) {
+                    return Err(Failure::ClientGone);
+                }
+            }
+        }
+        if written == out.len() && buf.capacity() - buf.len() < READ_CHUNK / 4 {
+            make_room(buf, READ_CHUNK);
+        }
+    }
+}
+
+/// Reads `input` into the request `body` (what goes out onto `out`), checking a chunked body against
+/// `max`; returns how many bytes of `input` it took.
+pub fn take(body: &mut Body, input: &[u8], out: &mut Vec<u8>, max: u64) -> Result<usize, Failure> {
+    let n = body.take(input, out).map_err(Failure::Malformed)?;
+    if body.chunked_data() > max {
+        return Err(Failure::TooLarge);
+    }
+    Ok(n)
+}
+
+/// Parses what `app.buf` holds: interim (1xx) heads are forwarded to the client and dropped; returns
+/// the final head once it is whole (its fields in `fields`), or `None` while it is not.
+async fn forward_interim(
+    app: &mut App,
+    client: &mut (impl AsyncWrite + Unpin),
+    fields: &mut Vec<Field>,
+    head_request: bool,
+) -> Result<Option<ResponseHead>, Failure> {
+    loop {
+        match response::parse(&app.buf, fields, head_request) {
+            response::Parsed::Head(head) if head.interim() => {
+                let mut interim = Vec::with_capacity(head.len + 64);
+                encode::response_head(&mut interim, &app.buf, &head, fields);
+                interim.extend_from_slice(b"\r\n");
+                app.buf.advance(head.len);
+                client
+                    .write_all(&interim)
+                    .await
+                    .map_err(|_| Failure::ClientGone)?;
+            }
+            response::Parsed::Head(head) => return Ok(Some(head)),
+            response::Parsed::Invalid(why) => return Err(Failure::Invalid(why)),
+            response::Parsed::Partial => return Ok(None),
+        }
+    }
+}
+
+/// Reads the app's final response head into `app.buf` (its fields into `fields`), forwarding interim
+/// responses to the client as they come.
+async fn read_final_head(
+    app: &mut App,
+    client: &mut (impl AsyncWrite + Unpin),
+    fields: &mut Vec<Field>,
+    head_request: bool,
+) -> Result<ResponseHead, Failure> {
+    let mut read_any = !app.buf.is_empty();
+    loop {
+        if !app.buf.is_empty()
+            && let Some(head) = forward_interim(app, client, fields, head_request).await?
+        {
+            return Ok(head);
+        }
+        make_room(&mut app.buf, app::BUFFER_INITIAL);
+        match app.io.read_buf(&mut app.buf).await {
+            Ok(0) if read_any => return Err(Failure::Invalid("closed mid-head")),
+            Ok(0) => return Err(Failure::NoResponse),
+            Ok(_) => read_any = true,
+            Err(e) if !read_any && e.kind() == io::ErrorKind::ConnectionReset => {
+                return Err(Failure::NoResponse);
+            }
+            Err(e) => return Err(Failure::Receive(e)),
+        }
+    }
+}
+
+/// Resolves when the client closes its connection (or it fails). What the client sends meanwhile —
+/// pipelined requests — is kept in `buf`; past [`request::MAX_HEAD`] of it, reading stops (and so does
+/// watching).
+async fn hang_up(client: &mut (impl AsyncRead + Unpin), buf: &mut BytesMut) {
+    while buf.len() < request::MAX_HEAD {
+        make_room(buf, BUFFER_INITIAL);
+        if !matches!(client.read_buf(buf).await, Ok(n) if n > 0) {
+            return;
+        }
+    }
+    std::future::pending().await
+}
+
+/// Streams the rest of a response body from the app to the client (`out` is write space), watching for
+/// the client to hang up while the app is quiet (a stream of events, a long download).
+pub async fn pump_response(
+    app: &mut App,
+    client: &mut TcpStream,
+    buf: &mut BytesMut,
+    body: &mut Body,
+    out: &mut Vec<u8>,
+) -> io::Result<()> {
+    while !body.done() {
+        out.clear();
+        if app.buf.is_empty() {
+            make_room(&mut app.buf, READ_CHUNK);
+            let (mut client_in, _) = client.split();
+            let read = tokio::select! {
+                biased;
+                read = app.io.read_buf(&mut app.buf) => read?,
+                () = hang_up(&mut client_in, buf) => return Err(io::ErrorKind::ConnectionAborted.into()),
+            };
+            if read == 0 {
+                if !body.closed(out) {
+                    return Err(io::ErrorKind::UnexpectedEof.into());
+                }
+                client.write_all(out).await?;
+                return Ok(());
+            }
+        }
+        let n = body
+            .take(&app.buf, out)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        app.buf.advance(n);
+        client.write_all(out).await?;
+    }
+    Ok(())
+}
