@@ -328,3 +328,52 @@ pub async fn pump_response(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::net::TcpListener;
+
+    use super::*;
+    use crate::proxy::h1::body::Framing;
+
+    #[tokio::test]
+    async fn an_answer_before_the_whole_request_is_written_marks_the_app_connection_out_of_step() {
+        // The app answers once it has the head, keeps the connection open and reads nothing more.
+        let app = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let authority: Authority = app.local_addr().unwrap().to_string().parse().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = app.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                s.read_exact(&mut byte).await.unwrap();
+                head.push(byte[0]);
+            }
+            s.write_all(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n")
+                .await
+                .unwrap();
+            std::future::pending::<()>().await;
+        });
+        let front = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let _client = TcpStream::connect(front.local_addr().unwrap()).await.unwrap();
+        let (mut from_client, _) = front.accept().await.unwrap();
+
+        // The whole request is already in `out`: far more than the sockets between here and the app hold.
+        let size = 64 << 20;
+        let mut out = format!("PUT / HTTP/1.1\r\nHost: a\r\nContent-Length: {size}\r\n\r\n").into_bytes();
+        out.resize(out.len() + size, b'x');
+        let mut body = Body::new(Framing::Empty);
+        let (mut buf, mut fields, mut slot) = (BytesMut::new(), Vec::new(), None);
+        let client = Client {
+            io: &mut from_client,
+            buf: &mut buf,
+            fields: &mut fields,
+            out: &mut out,
+        };
+        let answer = send(&mut slot, &authority, client, &mut body, u64::MAX, false, false)
+            .await
+            .unwrap();
+        assert_eq!(answer.head.status, 401);
+        assert!(!answer.sent_all, "the app never took the body");
+    }
+}
