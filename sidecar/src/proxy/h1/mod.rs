@@ -169,7 +169,7 @@ impl Connection {
                 Next::HandOff => return End::HandOff,
                 Next::Closed => return End::Closed,
             };
-            match self.exchange(state, head, stop).await {
+            match self.exchange(state, head).await {
                 Step::Next => {
                     self.trim_buffers();
                     self.quiet = Quiet::since(Instant::now(), timeouts.idle.get());
@@ -232,7 +232,7 @@ impl Connection {
     }
 
     /// One request and its response.
-    async fn exchange(&mut self, state: &ProxyState, head: RequestHead, stop: &CancellationToken) -> Step {
+    async fn exchange(&mut self, state: &ProxyState, head: RequestHead) -> Step {
         let snap = state.snapshot();
         let limits = &snap.effective.config.limits;
         if limits.upstream_protocol == UpstreamProtocol::H2c {
@@ -318,7 +318,7 @@ impl Connection {
 
         // A request body not read in full (the app answered early) leaves the client connection out of
         // step; one not sent in full, the app connection.
-        let close = head.close || stop.is_cancelled() || !body.done();
+        let close = head.close || state.draining() || !body.done();
         self.out.clear();
         encode::response_head(&mut self.out, &app.buf, &response, &self.fields);
         if let Some(quota) = &verdict.quota {

@@ -50,10 +50,31 @@ pub enum Parsed {
 /// Parses the response head at the start of `buf` (answering a `HEAD` request when `head_request`),
 /// recording its fields in `fields`.
 pub fn parse(buf: &[u8], fields: &mut Vec<Field>, head_request: bool) -> Parsed {
+    // Most responses have a few fields: parse with room for 24 first (httparse wants the slots zeroed),
+    // and with room for all only when that is not enough.
+    let mut few = [httparse::EMPTY_HEADER; 24];
+    let mut resp = httparse::Response::new(&mut few);
+    match resp.parse(buf) {
+        Err(httparse::Error::TooManyHeaders) => {
+            let mut all = [httparse::EMPTY_HEADER; MAX_FIELDS];
+            let mut resp = httparse::Response::new(&mut all);
+            let parsed = resp.parse(buf);
+            read(buf, fields, head_request, &resp, parsed)
+        }
+        parsed => read(buf, fields, head_request, &resp, parsed),
+    }
+}
+
+/// Reads a parse of `buf` into a [`Parsed`].
+fn read(
+    buf: &[u8],
+    fields: &mut Vec<Field>,
+    head_request: bool,
+    resp: &httparse::Response<'_, '_>,
+    parsed: httparse::Result<usize>,
+) -> Parsed {
     fields.clear();
-    let mut slots = [httparse::EMPTY_HEADER; MAX_FIELDS];
-    let mut resp = httparse::Response::new(&mut slots);
-    let len = match resp.parse(buf) {
+    let len = match parsed {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD => return Parsed::Invalid("head too long"),
         Ok(httparse::Status::Partial) => return Parsed::Partial,
@@ -187,6 +208,23 @@ mod tests {
         );
         assert_eq!(r.framing, Framing::Chunked);
         assert!(!r.keep_alive);
+    }
+
+    #[test]
+    fn a_response_with_many_fields_is_read_whole() {
+        let many: String = (0..60).map(|i| format!("X-Field-{i}: {i}\r\n")).collect();
+        let raw = format!("HTTP/1.1 200 OK\r\n{many}Content-Length: 2\r\n\r\nok");
+        let mut fields = Vec::new();
+        let Parsed::Head(h) = parse(raw.as_bytes(), &mut fields, false) else {
+            panic!()
+        };
+        assert_eq!((fields.len(), h.framing), (61, Framing::Length(2)));
+        let too_many: String = (0..MAX_FIELDS + 1).map(|i| format!("X-{i}: 1\r\n")).collect();
+        let raw = format!("HTTP/1.1 200 OK\r\n{too_many}\r\n");
+        assert!(matches!(
+            parse(raw.as_bytes(), &mut fields, false),
+            Parsed::Invalid(_)
+        ));
     }
 
     #[test]
