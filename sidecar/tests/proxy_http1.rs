@@ -740,3 +740,36 @@ async fn quiet_client_connections_are_closed_after_their_timeouts() {
     assert!(silent.closed().await, "a connection that never sends stays open");
     assert_eq!(app.requests().len(), 1);
 }
+
+#[tokio::test]
+async fn a_slow_head_is_held_to_its_own_timeout_however_long_the_connection_was_idle() {
+    let config = "version: 1\nlimits:\n  clientTimeouts: {idle: 60s, requestHead: 300ms}\n";
+    let app = raw_app(echo).await;
+    let sidecar = start_sidecar(config, app.addr, None, None).await;
+    let mut c = RawClient::connect(sidecar.addr).await;
+    c.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(c.response(false).await.unwrap().status, 200);
+    // A connection opened after `c` that never sends: once it is closed, `c`'s timer has run out once
+    // too, while `c` sat idle (allowed 60 s).
+    let mut marker = RawClient::connect(sidecar.addr).await;
+    assert!(marker.closed().await);
+    c.send(b"GET / HTTP/1.1\r\nHost: a\r\nX-Slow: ").await;
+    assert!(c.closed().await, "the head got the idle allowance");
+
+    // A partial head pipelined behind a whole request starts its own clock as well.
+    let mut p = RawClient::connect(sidecar.addr).await;
+    p.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nX-Slow: ").await;
+    assert_eq!(p.response(false).await.unwrap().status, 200);
+    assert!(p.closed().await, "the pipelined head got the idle allowance");
+}
+
+#[tokio::test]
+async fn a_garbage_request_line_is_answered_400_at_once() {
+    let app = raw_app(echo).await;
+    let sidecar = start_sidecar(NO_RULES, app.addr, None, None).await;
+    let mut c = RawClient::connect(sidecar.addr).await;
+    // No blank line follows: the request line alone is enough to know (the head timeout is 60 s).
+    c.send(b"NOT\x01A REQUEST\r\n").await;
+    assert_eq!(c.response(false).await.unwrap().status, 400);
+    assert!(app.requests().is_empty());
+}

@@ -21,22 +21,18 @@ pub async fn serve<I>(io: I, peer: SocketAddr, state: Arc<ProxyState>, stop: Can
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let request_head = state
-        .snapshot()
-        .effective
-        .config
-        .limits
-        .client_timeouts
-        .request_head
-        .get();
+    let timeouts = state.snapshot().effective.config.limits.client_timeouts.clone();
+    // hyper starts its head timer whenever it waits for a head, between kept-alive requests too, so
+    // here one timeout serves as both; the longer, so that a load balancer's kept-alive connection is
+    // never closed under it (a slow head then gets as long as an idle connection).
+    let head_timeout = timeouts.idle.get().max(timeouts.request_head.get());
     let app = Arc::new(AppConnection::default());
     let service = service_fn(move |req| forward::handle(state.clone(), peer, app.clone(), req));
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    // hyper's wait for a request head (the first, and each after it) is bounded like the fast path's.
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(request_head);
+        .header_read_timeout(head_timeout);
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
     let result = tokio::select! {

@@ -16,9 +16,8 @@ use super::{
     request::RequestHead,
     response::ResponseHead,
 };
-use crate::proxy::{
-    forwarded::{X_FORWARDED_FOR, X_FORWARDED_PROTO, keeps_forwarded_proto, write_forwarded_for},
-    hop_by_hop::is_hop_by_hop,
+use crate::proxy::forwarded::{
+    X_FORWARDED_FOR, X_FORWARDED_PROTO, keeps_forwarded_proto, write_forwarded_for,
 };
 
 /// Who the request came from, for `X-Forwarded-For` and `-Proto`.
@@ -54,29 +53,31 @@ pub fn request_head(
     peer: &Peer,
     trusted: bool,
 ) {
-    let fields = Fields { buf, list: fields };
+    let fields = Fields::new(buf, fields);
     out.extend_from_slice(head.method.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(head.target.of(buf));
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    let dropped = Dropped::of(fields);
     let keep_proto = keeps_forwarded_proto(
         trusted,
         fields.values(X_FORWARDED_PROTO.as_str()).next().is_some()
-            && !dropped.contains(X_FORWARDED_PROTO.as_str().as_bytes()),
+            && !fields.dropped(X_FORWARDED_PROTO.as_str().as_bytes()),
     );
     for f in fields.list {
         let name = f.name.of(buf);
         let replaced = name.eq_ignore_ascii_case(X_FORWARDED_FOR.as_str().as_bytes())
             || (!keep_proto && name.eq_ignore_ascii_case(X_FORWARDED_PROTO.as_str().as_bytes()));
-        if !replaced && !dropped.contains(name) {
+        if !replaced && !fields.dropped(name) {
             line(out, name, f.value.of(buf));
         }
     }
     if trusted {
         out.extend_from_slice(X_FORWARDED_FOR.as_str().as_bytes());
         out.extend_from_slice(b": ");
-        write_forwarded_for(out, fields.values(X_FORWARDED_FOR.as_str()), peer.ip, true);
+        // A chain the peer's `Connection` names is dropped, as the limiter (which read none) saw it.
+        let chain_kept = !fields.dropped(X_FORWARDED_FOR.as_str().as_bytes());
+        let chain = fields.values(X_FORWARDED_FOR.as_str()).filter(|_| chain_kept);
+        write_forwarded_for(out, chain, peer.ip, true);
         out.extend_from_slice(b"\r\n");
         if !keep_proto {
             out.extend_from_slice(X_FORWARDED_PROTO.as_str().as_bytes());
@@ -95,19 +96,18 @@ pub fn request_head(
 /// that ends it, so the caller can add fields: the app's status and fields, the transfer coding the body
 /// goes out in, and `Date` if the app sent none.
 pub fn response_head(out: &mut Vec<u8>, buf: &[u8], head: &ResponseHead, fields: &[Field]) {
-    let fields = Fields { buf, list: fields };
+    let fields = Fields::new(buf, fields);
     out.extend_from_slice(b"HTTP/1.1 ");
     push_status(out, head.status);
     out.push(b' ');
     out.extend_from_slice(head.reason.of(buf));
     out.extend_from_slice(b"\r\n");
-    let dropped = Dropped::of(fields);
     let mut dated = false;
     for f in fields.list {
         let name = f.name.of(buf);
         // With Transfer-Encoding, Content-Length is wrong and must go (RFC 9112 §6.3).
         let stale_length = head.transfer_encoding.is_some() && name.eq_ignore_ascii_case(b"content-length");
-        if !stale_length && !dropped.contains(name) {
+        if !stale_length && !fields.dropped(name) {
             line(out, name, f.value.of(buf));
             dated |= name.eq_ignore_ascii_case(b"date");
         }
@@ -124,7 +124,8 @@ pub fn response_head(out: &mut Vec<u8>, buf: &[u8], head: &ResponseHead, fields:
         (_, Some(te)) => line(out, b"transfer-encoding", te),
         (_, None) => {}
     }
-    if !dated {
+    // Interim responses need none (RFC 9110 §6.6.1).
+    if !dated && !head.interim() {
         out.extend_from_slice(b"date: ");
         write_date(out);
         out.extend_from_slice(b"\r\n");
@@ -153,30 +154,6 @@ pub fn own_response(out: &mut Vec<u8>, resp: &Response<Bytes>, close: bool, head
     out.extend_from_slice(b"\r\n");
     if !head_request {
         out.extend_from_slice(resp.body());
-    }
-}
-
-/// Whether fields of a head are dropped on the way: reads the `Connection` fields once per head rather
-/// than once per field.
-struct Dropped<'a> {
-    fields: Fields<'a>,
-    named: bool,
-}
-
-impl<'a> Dropped<'a> {
-    fn of(fields: Fields<'a>) -> Self {
-        Self {
-            fields,
-            named: fields.values("connection").next().is_some(),
-        }
-    }
-
-    fn contains(&self, name: &[u8]) -> bool {
-        if self.named {
-            self.fields.dropped(name)
-        } else {
-            is_hop_by_hop(name)
-        }
     }
 }
 

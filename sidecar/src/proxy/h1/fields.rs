@@ -6,7 +6,10 @@ use std::ops::{ControlFlow, Range};
 
 use http::HeaderName;
 
-use crate::{limiter::HeaderLookup, proxy::hop_by_hop::dropped};
+use crate::{
+    limiter::HeaderLookup,
+    proxy::hop_by_hop::{dropped, is_hop_by_hop},
+};
 
 /// Most header fields a head may have (as hyper: more is handed to hyper, which answers 431).
 pub const MAX_FIELDS: usize = 100;
@@ -71,13 +74,45 @@ pub struct Fields<'a> {
     pub buf: &'a [u8],
     /// The fields, in order.
     pub list: &'a [Field],
+    /// Where the head's `Connection` field is, found once so that asking whether a field is dropped does
+    /// not walk every field again.
+    connection: Connection,
+}
+
+/// The `Connection` fields of a head.
+#[derive(Clone, Copy, Debug)]
+enum Connection {
+    None,
+    One(Span),
+    /// Several `Connection` fields (rare): asking walks the fields.
+    Many,
 }
 
 impl<'a> Fields<'a> {
+    /// The fields `list` of a head parsed from `buf`.
+    pub fn new(buf: &'a [u8], list: &'a [Field]) -> Self {
+        let mut connection = Connection::None;
+        for f in list.iter().filter(|f| f.is(buf, "connection")) {
+            connection = match connection {
+                Connection::None => Connection::One(f.value),
+                _ => Connection::Many,
+            };
+        }
+        Self {
+            buf,
+            list,
+            connection,
+        }
+    }
+
     /// Whether a field named `name` is dropped on the way to the app (hop-by-hop, or named by
     /// `Connection`).
     pub fn dropped(self, name: &[u8]) -> bool {
-        dropped(name, self.values("connection"))
+        match self.connection {
+            Connection::None => is_hop_by_hop(name),
+            Connection::One(value) => dropped(name, std::iter::once(value.of(self.buf))),
+            Connection::Many => dropped(name, self.values("connection")),
+        }
     }
 
     /// The values of the fields named `name`, in order.
@@ -131,7 +166,7 @@ mod tests {
                 value: Span::within(buf, value.as_bytes()),
             });
         }
-        let fields = Fields { buf, list: &list };
+        let fields = Fields::new(buf, &list);
         let xff = HeaderName::from_static("x-forwarded-for");
         assert_eq!(fields.first(&xff), Some(&b"1.1.1.1"[..]));
         let mut seen = Vec::new();
@@ -158,7 +193,7 @@ mod tests {
                 }
             })
             .collect();
-        let fields = Fields { buf, list: &list };
+        let fields = Fields::new(buf, &list);
         assert_eq!(fields.first(&http::header::AUTHORIZATION), None);
         assert_eq!(fields.first(&http::header::TE), None);
         assert_eq!(fields.first(&http::header::HOST), Some(&b"a"[..]));

@@ -71,9 +71,9 @@ const BUFFER_KEEP: usize = 64 * 1024;
 /// How long a closing connection keeps reading (and dropping) what the client still sends — the rest of
 /// a request that was not read, pipelined requests — so the client reads the last response rather than
 /// a reset (nginx's lingering close).
-const LINGER_TIME: Duration = Duration::from_secs(2);
+const LINGER_TIME: Duration = Duration::from_secs(5);
 /// The most bytes dropped that way.
-const LINGER_BYTES: usize = 1 << 20;
+const LINGER_BYTES: usize = 16 << 20;
 
 /// Serves one client connection until it closes, handing it to hyper when it asks for something the fast
 /// path leaves to hyper.
@@ -89,6 +89,7 @@ pub async fn serve(stream: TcpStream, peer: SocketAddr, state: Arc<ProxyState>, 
         peer: Peer::new(peer.ip()),
         quiet: Quiet::since(Instant::now(), timeouts.request_head.get()),
         timer: Box::pin(tokio::time::sleep(timeouts.request_head.get())),
+        timeouts,
     };
     if conn.run(&state, &stop).await == End::HandOff {
         let Connection { client, buf, .. } = conn;
@@ -114,6 +115,8 @@ struct Connection {
     /// Fires at the earliest when `quiet` runs out; reset only when it fires early, so a request costs
     /// no timer operation.
     timer: Pin<Box<Sleep>>,
+    /// The client timeouts of the config the last exchange ran with.
+    timeouts: ClientTimeouts,
 }
 
 /// A client connection waiting for a request head: since when, and for how long at most.
@@ -163,7 +166,7 @@ impl Connection {
         let cancelled = stop.cancelled();
         tokio::pin!(cancelled);
         loop {
-            let timeouts = state.snapshot().effective.config.limits.client_timeouts.clone();
+            let timeouts = self.timeouts.clone();
             let head = match self.next_head(cancelled.as_mut(), &timeouts).await {
                 Next::Head(head) => head,
                 Next::HandOff => return End::HandOff,
@@ -172,7 +175,13 @@ impl Connection {
             match self.exchange(state, head).await {
                 Step::Next => {
                     self.trim_buffers();
-                    self.quiet = Quiet::since(Instant::now(), timeouts.idle.get());
+                    // Bytes of the next request already here: its head is under way.
+                    let allowed = if self.buf.is_empty() {
+                        timeouts.idle
+                    } else {
+                        timeouts.request_head
+                    };
+                    self.quiet = Quiet::since(Instant::now(), allowed.get());
                 }
                 Step::Close => {
                     self.linger().await;
@@ -217,7 +226,10 @@ impl Connection {
                         tracing::debug!(waited = ?self.quiet.allowed, "closing a client connection that stayed quiet");
                         return Next::Closed;
                     }
-                    self.timer.as_mut().reset(deadline.into());
+                    // Never further out than a head may take, so a head that starts meanwhile is still
+                    // held to its own deadline (checked here when the timer fires).
+                    let latest = Instant::now() + timeouts.request_head.get();
+                    self.timer.as_mut().reset(deadline.min(latest).into());
                     continue;
                 }
             };
@@ -235,15 +247,13 @@ impl Connection {
     async fn exchange(&mut self, state: &ProxyState, head: RequestHead) -> Step {
         let snap = state.snapshot();
         let limits = &snap.effective.config.limits;
+        self.timeouts.clone_from(&limits.client_timeouts);
         if limits.upstream_protocol == UpstreamProtocol::H2c {
             return Step::HandOff;
         }
         let admission = {
             let buf = &self.buf[..];
-            let fields = Fields {
-                buf,
-                list: &self.fields,
-            };
+            let fields = Fields::new(buf, &self.fields);
             let arrival = Arrival {
                 method: &head.method,
                 path: head.path(buf),
@@ -474,13 +484,15 @@ pub(crate) fn make_room(buf: &mut BytesMut, at_least: usize) {
 }
 
 /// Whether `buf`, of which the first `scanned` bytes were parsed before without a whole head, could now
-/// hold the end of one: the blank line that ends a head (a bare-LF one too, for hyper to refuse), or the
-/// most a head may take. So a head that trickles in is parsed once more per blank line, not per read.
+/// be worth parsing again: the request line just ended (a malformed one is handed to hyper at once, to
+/// answer 400), the blank line that ends a head arrived (a bare-LF one too, for hyper to refuse), or the
+/// most a head may take. So a head that trickles in is parsed a few times, not once per read.
 fn could_end_head(buf: &[u8], scanned: usize) -> bool {
     // The blank line may straddle the old and the new bytes.
     let new = &buf[scanned.saturating_sub(2)..];
     scanned == 0
         || buf.len() >= request::MAX_HEAD
+        || (!buf[..scanned].contains(&b'\n') && buf[scanned..].contains(&b'\n'))
         || new.windows(2).any(|w| w == b"\n\n")
         || new.windows(3).any(|w| w == b"\n\r\n")
 }
@@ -495,7 +507,11 @@ mod tests {
         let parses: Vec<usize> = (1..=head.len())
             .filter(|&end| could_end_head(&head[..end], end - 1))
             .collect();
-        assert_eq!(parses, [1, head.len()], "the first byte, then the blank line");
+        assert_eq!(
+            parses,
+            [1, 16, head.len()],
+            "the first byte, the request line, the blank line"
+        );
         // A blank line split across reads still counts.
         assert!(could_end_head(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n", 26));
         assert!(could_end_head(b"GET / HTTP/1.1\nHost: a\n\n", 24));

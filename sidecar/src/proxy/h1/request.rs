@@ -145,7 +145,7 @@ pub fn parse(buf: &[u8], fields: &mut Vec<Field>) -> Parsed {
         }
     }
     // A key the app never sees (named by `Connection`) does not make the request safe to repeat.
-    let idempotency_key = idempotency_key && !Fields { buf, list: fields }.dropped(b"idempotency-key");
+    let idempotency_key = idempotency_key && !Fields::new(buf, fields).dropped(b"idempotency-key");
     let (Some(host), 1) = (host, hosts) else {
         return Parsed::HandOff("not exactly one Host");
     };
