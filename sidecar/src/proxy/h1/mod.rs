@@ -199,11 +199,11 @@ impl Connection {
         mut cancelled: Pin<&mut WaitForCancellationFuture<'_>>,
         timeouts: &ClientTimeouts,
     ) -> Next {
-        // Where parsing last stopped short: a head that arrives in pieces is parsed again only once a
-        // piece could hold its end.
-        let mut scanned = 0;
+        // Where parsing last stopped short, and whether the request line had ended by then: a head that
+        // arrives in pieces is parsed again only once a piece could settle it.
+        let (mut scanned, mut line_ended) = (0, false);
         loop {
-            if !self.buf.is_empty() && could_end_head(&self.buf, scanned) {
+            if !self.buf.is_empty() && worth_parsing(&self.buf, scanned, line_ended) {
                 match request::parse(&self.buf, &mut self.fields) {
                     Parsed::Head(head) => return Next::Head(head),
                     Parsed::HandOff(why) => {
@@ -213,6 +213,7 @@ impl Connection {
                     Parsed::Partial => {}
                 }
             }
+            line_ended |= self.buf[scanned..].contains(&b'\n');
             scanned = self.buf.len();
             let was_empty = self.buf.is_empty();
             make_room(&mut self.buf, BUFFER_INITIAL);
@@ -483,16 +484,17 @@ pub(crate) fn make_room(buf: &mut BytesMut, at_least: usize) {
     }
 }
 
-/// Whether `buf`, of which the first `scanned` bytes were parsed before without a whole head, could now
-/// be worth parsing again: the request line just ended (a malformed one is handed to hyper at once, to
-/// answer 400), the blank line that ends a head arrived (a bare-LF one too, for hyper to refuse), or the
-/// most a head may take. So a head that trickles in is parsed a few times, not once per read.
-fn could_end_head(buf: &[u8], scanned: usize) -> bool {
+/// Whether `buf`, of which the first `scanned` bytes were parsed before without a whole head (the request
+/// line had ended in them when `line_ended`), is worth parsing again: the request line just ended (a
+/// malformed one is handed to hyper at once, to answer 400), the blank line that ends a head arrived (a
+/// bare-LF one too, for hyper to refuse), or the most a head may take. So a head that trickles in is
+/// parsed a few times, not once per read, and each call looks at the new bytes only.
+fn worth_parsing(buf: &[u8], scanned: usize, line_ended: bool) -> bool {
     // The blank line may straddle the old and the new bytes.
     let new = &buf[scanned.saturating_sub(2)..];
     scanned == 0
         || buf.len() >= request::MAX_HEAD
-        || (!buf[..scanned].contains(&b'\n') && buf[scanned..].contains(&b'\n'))
+        || (!line_ended && buf[scanned..].contains(&b'\n'))
         || new.windows(2).any(|w| w == b"\n\n")
         || new.windows(3).any(|w| w == b"\n\r\n")
 }
@@ -502,18 +504,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_head_arriving_in_pieces_is_parsed_again_only_once_it_could_be_whole() {
+    fn a_head_arriving_in_pieces_is_parsed_again_only_once_it_could_be_settled() {
         let head = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n";
-        let parses: Vec<usize> = (1..=head.len())
-            .filter(|&end| could_end_head(&head[..end], end - 1))
-            .collect();
+        let mut line_ended = false;
+        let mut parses = Vec::new();
+        for end in 1..=head.len() {
+            if worth_parsing(&head[..end], end - 1, line_ended) {
+                parses.push(end);
+            }
+            line_ended |= head[end - 1] == b'\n';
+        }
         assert_eq!(
             parses,
             [1, 16, head.len()],
             "the first byte, the request line, the blank line"
         );
         // A blank line split across reads still counts.
-        assert!(could_end_head(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n", 26));
-        assert!(could_end_head(b"GET / HTTP/1.1\nHost: a\n\n", 24));
+        assert!(worth_parsing(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n", 26, true));
+        assert!(worth_parsing(b"GET / HTTP/1.1\nHost: a\n\n", 24, true));
+        assert!(!worth_parsing(b"GET / HTTP/1.1\r\nHost: a\r\nX", 27, true));
     }
 }
