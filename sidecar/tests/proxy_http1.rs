@@ -758,7 +758,8 @@ async fn a_slow_head_is_held_to_its_own_timeout_however_long_the_connection_was_
 
     // A partial head pipelined behind a whole request starts its own clock as well.
     let mut p = RawClient::connect(sidecar.addr).await;
-    p.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nX-Slow: ").await;
+    p.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nX-Slow: ")
+        .await;
     assert_eq!(p.response(false).await.unwrap().status, 200);
     assert!(p.closed().await, "the pipelined head got the idle allowance");
 }
