@@ -13,7 +13,9 @@ use std::{
 
 use proxy_support::{
     Sidecar,
-    raw::{RawApp, RawClient, Reply, Seen, close_seen_at, decode_chunked, ok, raw_app},
+    raw::{
+        RawApp, RawClient, Reply, Seen, after_head, close_seen_at, decode_chunked, ok, raw_app, start_upload,
+    },
     start_sidecar, start_upstream,
 };
 use sluice_testsupport::wait_for_async;
@@ -23,6 +25,9 @@ use tokio::{
 };
 
 const NO_RULES: &str = "version: 1\n";
+
+/// Room for the large uploads some tests make.
+const LARGE_BODIES: &str = "version: 1\nlimits: {maxRequestBody: 1000000000}\n";
 
 const LIMITED: &str = r#"
 version: 1
@@ -484,41 +489,16 @@ async fn a_client_that_hangs_up_while_the_app_works_closes_the_app_connection() 
 #[tokio::test]
 async fn an_app_that_answers_an_upload_early_and_stops_reading_gets_its_answer_through() {
     // The app answers 401 as soon as it has the head and then neither reads nor closes.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let app_addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await.unwrap();
-        let mut head = Vec::new();
-        let mut byte = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            s.read_exact(&mut byte).await.unwrap();
-            head.push(byte[0]);
-        }
+    let app_addr = after_head(|mut s| async move {
         s.write_all(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 6\r\n\r\nno way")
             .await
             .unwrap();
         std::future::pending::<()>().await;
-    });
-    let sidecar = start_sidecar(
-        "version: 1\nlimits: {maxRequestBody: 1000000000}\n",
-        app_addr,
-        None,
-        None,
-    )
+    })
     .await;
-    let stream = tokio::net::TcpStream::connect(sidecar.addr).await.unwrap();
-    let (mut read, mut write) = stream.into_split();
+    let sidecar = start_sidecar(LARGE_BODIES, app_addr, None, None).await;
     // 256 MiB: far more than the socket buffers between the three of them hold.
-    let size = 256 << 20;
-    let upload = tokio::spawn(async move {
-        let head = format!("PUT /big HTTP/1.1\r\nHost: a\r\nContent-Length: {size}\r\n\r\n");
-        write.write_all(head.as_bytes()).await?;
-        let chunk = vec![b'x'; 1 << 20];
-        for _ in 0..256 {
-            write.write_all(&chunk).await?;
-        }
-        Ok::<_, std::io::Error>(())
-    });
+    let (mut read, upload) = start_upload(sidecar.addr, 256).await;
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     let answer = tokio::time::timeout(Duration::from_secs(10), async {
@@ -592,17 +572,7 @@ async fn a_credential_the_app_never_sees_does_not_pick_the_rate_limit_key() {
 #[tokio::test]
 async fn an_app_that_answers_an_upload_early_and_resets_still_gets_its_answer_through() {
     // The app refuses the upload at once and closes with the body unread (a reset), as most servers do.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let app_addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await.unwrap();
-        let mut head = Vec::new();
-        let mut byte = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            s.read_exact(&mut byte).await.unwrap();
-            head.push(byte[0]);
-        }
-        // Some body bytes are unread when the socket closes: the kernel sends a reset.
+    let app_addr = after_head(|mut s| async move {
         let mut some = [0u8; 1024];
         let _ = s.read(&mut some).await;
         s.write_all(
@@ -610,27 +580,10 @@ async fn an_app_that_answers_an_upload_early_and_resets_still_gets_its_answer_th
         )
         .await
         .unwrap();
-    });
-    let sidecar = start_sidecar(
-        "version: 1\nlimits: {maxRequestBody: 1000000000}\n",
-        app_addr,
-        None,
-        None,
-    )
+    })
     .await;
-    let stream = tokio::net::TcpStream::connect(sidecar.addr).await.unwrap();
-    let (mut read, mut write) = stream.into_split();
-    let upload = tokio::spawn(async move {
-        let size = 64 << 20;
-        write
-            .write_all(format!("PUT /big HTTP/1.1\r\nHost: a\r\nContent-Length: {size}\r\n\r\n").as_bytes())
-            .await?;
-        let chunk = vec![b'x'; 1 << 20];
-        for _ in 0..64 {
-            write.write_all(&chunk).await?;
-        }
-        Ok::<_, std::io::Error>(())
-    });
+    let sidecar = start_sidecar(LARGE_BODIES, app_addr, None, None).await;
+    let (mut read, upload) = start_upload(sidecar.addr, 64).await;
     let mut got = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(10), read.read_to_end(&mut got)).await;
     let text = String::from_utf8_lossy(&got);
@@ -642,41 +595,20 @@ async fn an_app_that_answers_an_upload_early_and_resets_still_gets_its_answer_th
 #[tokio::test]
 async fn an_interim_answer_during_an_upload_is_forwarded_and_the_upload_goes_on() {
     // 103 right after the head, the final answer only once the whole body is in.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let app_addr = listener.local_addr().unwrap();
     let size: usize = 8 << 20;
-    tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await.unwrap();
-        let mut head = Vec::new();
-        let mut byte = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            s.read_exact(&mut byte).await.unwrap();
-            head.push(byte[0]);
-        }
+    let app_addr = after_head(move |mut s| async move {
         s.write_all(b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n")
             .await
             .unwrap();
         let mut body = vec![0u8; size];
         s.read_exact(&mut body).await.unwrap();
         let reply = format!("got {}", body.len());
-        s.write_all(
-            format!(
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{reply}",
-                reply.len()
-            )
-            .as_bytes(),
-        )
-        .await
-        .unwrap();
+        let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", reply.len());
+        s.write_all(format!("{head}{reply}").as_bytes()).await.unwrap();
         std::future::pending::<()>().await;
-    });
-    let sidecar = start_sidecar(
-        "version: 1\nlimits: {maxRequestBody: 1000000000}\n",
-        app_addr,
-        None,
-        None,
-    )
+    })
     .await;
+    let sidecar = start_sidecar(LARGE_BODIES, app_addr, None, None).await;
     let mut c = RawClient::connect(sidecar.addr).await;
     let mut req = format!("PUT /up HTTP/1.1\r\nHost: a\r\nContent-Length: {size}\r\n\r\n").into_bytes();
     req.extend(std::iter::repeat_n(b'y', size));

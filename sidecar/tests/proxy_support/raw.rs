@@ -14,8 +14,9 @@ use std::{
 use sluice_sidecar::proxy::h1::chunked::Chunked;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
-    net::{TcpListener, TcpStream},
+    net::{TcpListener, TcpStream, tcp::OwnedReadHalf},
     sync::Notify,
+    task::JoinHandle,
 };
 
 /// A request as the app received it.
@@ -372,4 +373,45 @@ pub fn close_seen_at(local: SocketAddr, remote: SocketAddr) -> bool {
         .skip(1)
         .map(|l| l.split_whitespace().collect::<Vec<_>>())
         .any(|f| f.len() > 3 && f[1] == local && f[2] == remote && f[3] == "08")
+}
+
+/// An app that takes one connection, reads one request head from it (byte by byte, so nothing after the
+/// head is read), then hands the connection to `then`.
+pub async fn after_head<F, Fut>(then: F) -> SocketAddr
+where
+    F: FnOnce(TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            s.read_exact(&mut byte).await.unwrap();
+            head.push(byte[0]);
+        }
+        then(s).await;
+    });
+    addr
+}
+
+/// Starts a `PUT /big` with a body of `mib` MiB to `addr`, written by a task of its own (it may block
+/// when nobody reads); returns the connection's reading half and the writing task.
+pub async fn start_upload(addr: SocketAddr, mib: usize) -> (OwnedReadHalf, JoinHandle<std::io::Result<()>>) {
+    let (read, mut write) = TcpStream::connect(addr).await.unwrap().into_split();
+    let upload = tokio::spawn(async move {
+        let head = format!(
+            "PUT /big HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\n\r\n",
+            mib << 20
+        );
+        write.write_all(head.as_bytes()).await?;
+        let chunk = vec![b'x'; 1 << 20];
+        for _ in 0..mib {
+            write.write_all(&chunk).await?;
+        }
+        Ok(())
+    });
+    (read, upload)
 }
