@@ -473,17 +473,9 @@ async fn a_client_that_hangs_up_while_the_app_works_closes_the_app_connection() 
     let sidecar = start_sidecar(NO_RULES, app.addr, None, None).await;
     let mut c = RawClient::connect(sidecar.addr).await;
     c.send(b"GET /long-poll HTTP/1.1\r\nHost: a\r\n\r\n").await;
-    wait_for_async("the request to reach the app", Duration::from_secs(5), || async {
-        (!app.requests().is_empty()).then_some(())
-    })
-    .await;
+    app.wait_requests(1).await;
     drop(c);
-    wait_for_async(
-        "the proxy to close the app connection",
-        Duration::from_secs(5),
-        || async { (app.closed.load(Ordering::SeqCst) == 1).then_some(()) },
-    )
-    .await;
+    app.wait_closed(1).await;
 }
 
 #[tokio::test]
@@ -531,10 +523,7 @@ async fn an_exchange_in_flight_at_shutdown_finishes_with_connection_close() {
     let sidecar = start_sidecar(NO_RULES, app.addr, None, None).await;
     let mut c = RawClient::connect(sidecar.addr).await;
     c.send(b"GET /slow HTTP/1.1\r\nHost: a\r\n\r\n").await;
-    wait_for_async("the request to reach the app", Duration::from_secs(5), || async {
-        (!app.requests().is_empty()).then_some(())
-    })
-    .await;
+    app.wait_requests(1).await;
     sidecar.stop.cancel();
     release.notify_one();
     let resp = c.response(false).await.unwrap();
@@ -645,12 +634,7 @@ async fn a_client_that_hangs_up_mid_stream_closes_the_app_connection() {
         got.extend_from_slice(&buf[..n]);
     }
     drop(c);
-    wait_for_async(
-        "the proxy to close the app connection",
-        Duration::from_secs(5),
-        || async { (app.closed.load(Ordering::SeqCst) == 1).then_some(()) },
-    )
-    .await;
+    app.wait_closed(1).await;
 }
 
 #[tokio::test]

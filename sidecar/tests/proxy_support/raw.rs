@@ -12,6 +12,7 @@ use std::{
 };
 
 use sluice_sidecar::proxy::h1::chunked::Chunked;
+use sluice_testsupport::wait_for_async;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream, tcp::OwnedReadHalf},
@@ -63,6 +64,24 @@ impl RawApp {
     /// Every request the app received so far.
     pub fn requests(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
+    }
+
+    /// Waits (at most 5 s) until the app has received `n` requests.
+    pub async fn wait_requests(&self, n: usize) {
+        let what = format!("{n} requests to reach the app");
+        wait_for_async(&what, Duration::from_secs(5), || async {
+            (self.requests().len() >= n).then_some(())
+        })
+        .await;
+    }
+
+    /// Waits (at most 5 s) until `n` of the app's connections have been closed.
+    pub async fn wait_closed(&self, n: usize) {
+        let what = format!("{n} app connections to close");
+        wait_for_async(&what, Duration::from_secs(5), || async {
+            (self.closed.load(Ordering::SeqCst) >= n).then_some(())
+        })
+        .await;
     }
 }
 
