@@ -125,7 +125,8 @@ fn draft_field(b: &mut Vec<u8>, rule: &str, p1: &[u8], n1: u64, p2: &[u8], n2: u
     push_decimal(b, n2);
 }
 
-fn push_decimal(b: &mut Vec<u8>, mut n: u64) {
+/// Writes `n` in decimal onto `b`, without `fmt`.
+pub fn push_decimal(b: &mut Vec<u8>, mut n: u64) {
     let mut digits = [0u8; 20];
     let mut i = digits.len();
     loop {

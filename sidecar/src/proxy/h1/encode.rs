@@ -16,8 +16,9 @@ use super::{
     request::RequestHead,
     response::ResponseHead,
 };
-use crate::proxy::forwarded::{
-    X_FORWARDED_FOR, X_FORWARDED_PROTO, keeps_forwarded_proto, write_forwarded_for,
+use crate::proxy::{
+    forwarded::{X_FORWARDED_FOR, X_FORWARDED_PROTO, keeps_forwarded_proto, write_forwarded_for},
+    headers::push_decimal,
 };
 
 /// Who the request came from, for `X-Forwarded-For` and `-Proto`.
@@ -144,7 +145,7 @@ pub fn own_response(out: &mut Vec<u8>, resp: &Response<Bytes>, close: bool, head
         line(out, name.as_str().as_bytes(), value.as_bytes());
     }
     out.extend_from_slice(b"content-length: ");
-    out.extend_from_slice(resp.body().len().to_string().as_bytes());
+    push_decimal(out, resp.body().len() as u64);
     out.extend_from_slice(b"\r\ndate: ");
     write_date(out);
     out.extend_from_slice(b"\r\n");
