@@ -1,34 +1,61 @@
-//! Condition types and reasons shared by Sluice's custom resources.
+//! Condition types and reasons of Sluice's custom resources, for both kinds.
 //!
 //! Conditions are standard `metav1.Condition`s (`type`, `status`, `reason`, `message`,
 //! `observedGeneration`, `lastTransitionTime`). The names live here, next to the API types, so that
-//! users, the docs and the controllers agree on one spelling.
+//! users, the docs and both controllers agree on one spelling.
 
-/// The resource does what it asks for: for a `RateLimitPolicy`, its config is rendered, published
-/// and enforced by every selected pod.
+/// The resource does what it asks for: for a `RateLimitPolicy`, its config is rendered, published and
+/// enforced by every selected pod; for a `JobQueue`, its schema, settings and workers are in place.
 pub const READY: &str = "Ready";
 /// The resource works, but not fully: some pods lag behind, or a dependency is sick.
 pub const DEGRADED: &str = "Degraded";
+/// `JobQueue` only: the queue has work and workers to run it.
+pub const ACTIVE: &str = "Active";
+/// `JobQueue` only: the `sluice.dev/paused` annotation is set.
+pub const PAUSED: &str = "Paused";
 
 /// Reasons a condition may carry. Each is a short `PascalCase` word, as the API conventions ask.
 pub mod reason {
-    /// Every selected pod enforces the current generation.
-    pub const ENFORCED: &str = "Enforced";
-    /// The config is published and some selected pods do not enforce it yet.
-    pub const PROPAGATING: &str = "Propagating";
-    /// The config is published and no pod is selected yet.
-    pub const NO_PODS: &str = "NoPods";
-    /// The spec passed the CRD's validation but cannot be rendered (e.g. a regular expression the
-    /// sidecar's engine rejects).
-    pub const INVALID_SPEC: &str = "InvalidSpec";
-    /// The Secret named by `spec.redis.secretRef` does not exist.
-    pub const SECRET_NOT_FOUND: &str = "SecretNotFound";
-    /// The Secret exists but lacks the key named by `spec.redis.secretRef.key`.
-    pub const SECRET_KEY_MISSING: &str = "SecretKeyMissing";
-    /// Redis could not be reached to publish the config.
-    pub const REDIS_UNREACHABLE: &str = "RedisUnreachable";
-    /// Some selected pods report an older generation, or nothing at all, well after publication.
-    pub const PODS_LAGGING: &str = "PodsLagging";
     /// Nothing is wrong.
     pub const AS_EXPECTED: &str = "AsExpected";
+    /// The spec passed the CRD's validation but cannot be rendered (e.g. a regular expression the
+    /// sidecar's engine rejects, a pod template without containers); the message names the field.
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// The Secret named by `spec.redis.secretRef` or `spec.database.secretRef` does not exist.
+    pub const SECRET_NOT_FOUND: &str = "SecretNotFound";
+    /// The Secret exists but lacks the key its reference names (or the value is empty).
+    pub const SECRET_KEY_MISSING: &str = "SecretKeyMissing";
+    /// A Kubernetes API call failed (e.g. applying the worker Deployment).
+    pub const KUBERNETES_API_ERROR: &str = "KubernetesApiError";
+
+    /// `RateLimitPolicy`: every selected pod enforces the current generation.
+    pub const ENFORCED: &str = "Enforced";
+    /// `RateLimitPolicy`: the config is published and some selected pods do not enforce it yet.
+    pub const PROPAGATING: &str = "Propagating";
+    /// `RateLimitPolicy`: the config is published and no pod is selected yet.
+    pub const NO_PODS: &str = "NoPods";
+    /// `RateLimitPolicy`: Redis could not be reached to publish the config.
+    pub const REDIS_UNREACHABLE: &str = "RedisUnreachable";
+    /// `RateLimitPolicy`: some selected pods report an older generation, or nothing at all, well after
+    /// publication.
+    pub const PODS_LAGGING: &str = "PodsLagging";
+
+    /// `JobQueue`: the database could not be reached, or preparing the schema failed.
+    pub const DATABASE_UNREACHABLE: &str = "DatabaseUnreachable";
+    /// `JobQueue`: another provider serves `external.metrics.k8s.io`; the operator scales 1..N itself.
+    pub const EXTERNAL_METRICS_OWNED_ELSEWHERE: &str = "ExternalMetricsOwnedElsewhere";
+    /// `JobQueue`: nobody serves `external.metrics.k8s.io` for Sluice; the operator scales 1..N itself.
+    pub const EXTERNAL_METRICS_UNAVAILABLE: &str = "ExternalMetricsUnavailable";
+    /// `JobQueue`: KEDA's `ScaledObject` could not be applied (KEDA not installed?).
+    pub const KEDA_UNAVAILABLE: &str = "KedaUnavailable";
+    /// `JobQueue` `Active`: ready or running jobs, and workers.
+    pub const WORKING: &str = "Working";
+    /// `JobQueue` `Active`: no ready or running jobs.
+    pub const IDLE: &str = "Idle";
+    /// `JobQueue` `Active`: jobs wait and no worker runs yet.
+    pub const WAKING: &str = "Waking";
+    /// `JobQueue` `Paused`: paused by the annotation.
+    pub const PAUSED_BY_ANNOTATION: &str = "PausedByAnnotation";
+    /// `JobQueue` `Paused`: not paused.
+    pub const NOT_PAUSED: &str = "NotPaused";
 }

@@ -16,15 +16,12 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::{duration::Duration, sidecar_config};
+pub use crate::secret_ref::SecretKeyRef;
+use crate::{contract::annotation, duration::Duration, sidecar_config};
 
 /// Longest `JobQueue` name: the worker Deployment is called `<name>-worker` and its pods carry the name
 /// in a label, whose values are at most 63 characters.
 pub const NAME_MAX_LEN: usize = 52;
-/// Key of the Secret that holds the database URL unless `spec.database.secretRef.key` says otherwise.
-pub const DATABASE_SECRET_KEY_DEFAULT: &str = "url";
-/// Pod annotation that pauses a queue (`"true"`): workers claim nothing and scaling stops where it is.
-pub const PAUSED_ANNOTATION: &str = "sluice.dev/paused";
 /// Default handler port.
 pub const HANDLER_PORT_DEFAULT: u16 = 3000;
 /// Default handler path.
@@ -96,22 +93,7 @@ pub struct DatabaseSpec {
     /// The Secret, in the JobQueue's namespace, holding the PostgreSQL URL
     /// (`postgres://user:password@host:5432/db`). The URL never leaves the Secret: worker pods read it
     /// through `secretKeyRef`, and the operator reads it only to prepare the schema and read depth.
-    pub secret_ref: DatabaseSecretRef,
-}
-
-/// A key of a Secret in the JobQueue's namespace.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct DatabaseSecretRef {
-    /// Name of the Secret.
-    #[schemars(length(min = 1, max = 253))]
-    #[schemars(regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
-    pub name: String,
-    /// Key within the Secret whose value is the database URL.
-    #[serde(default = "default_secret_key")]
-    #[schemars(length(min = 1, max = 253))]
-    #[schemars(regex(pattern = r"^[-._a-zA-Z0-9]+$"))]
-    pub key: String,
+    pub secret_ref: SecretKeyRef,
 }
 
 /// The worker pods.
@@ -466,7 +448,7 @@ impl JobQueue {
         self.metadata
             .annotations
             .as_ref()
-            .and_then(|a| a.get(PAUSED_ANNOTATION))
+            .and_then(|a| a.get(annotation::PAUSED))
             .is_some_and(|v| v.eq_ignore_ascii_case("true"))
     }
 
@@ -538,9 +520,6 @@ fn duration_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     })
 }
 
-fn default_secret_key() -> String {
-    DATABASE_SECRET_KEY_DEFAULT.into()
-}
 fn default_concurrency() -> u32 {
     sidecar_config::WORKER_CONCURRENCY_DEFAULT
 }

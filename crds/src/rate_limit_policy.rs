@@ -14,20 +14,18 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::{duration::Duration, sidecar_config};
+pub use crate::{
+    secret_ref::SecretKeyRef,
+    sidecar_config::{Algorithm, FailureMode, KeySource},
+};
 
 /// Longest policy name: pods carry it in the `sluice.dev/policy` label, and label values are at most
 /// 63 characters.
 pub const NAME_MAX_LEN: usize = 63;
 /// Most rules one policy may hold (bounds the cost of the CEL rules, too).
 pub const RULES_MAX: usize = 64;
-/// Shortest window a rule may use.
-pub const WINDOW_MIN: &str = "1s";
-/// Longest window a rule may use.
-pub const WINDOW_MAX: &str = "24h";
 /// Largest `requests` a `slidingLog` rule may allow: the log keeps one entry per request.
 pub const SLIDING_LOG_REQUESTS_MAX: u64 = 10_000;
-/// Key of the Secret that holds the Redis URL unless `spec.redis.secretRef.key` says otherwise.
-pub const REDIS_SECRET_KEY_DEFAULT: &str = "url";
 
 /// Rate limits for the pods a policy selects, enforced by the injected `sluice-sidecar` container
 /// before requests reach the application, with counters shared through Redis so the limit holds
@@ -96,7 +94,7 @@ pub struct RateLimitPolicySpec {
     pub headers: HeadersSpec,
 
     /// The rules. Every rule whose `match` fits a request applies, and all of them must allow it.
-    #[schemars(length(min = 1, max = 64))]
+    #[schemars(length(min = 1, max = RULES_MAX))]
     #[schemars(extend("x-kubernetes-validations" = [{
         "rule": "self.all(r, self.exists_one(s, s.name == r.name))",
         "message": "rule names must be unique within a policy: each name keeps its own counters in Redis"
@@ -128,21 +126,6 @@ pub struct RedisSpec {
     #[serde(default = "default_prefetch")]
     #[schemars(range(min = 0, max = sidecar_config::PREFETCH_MAX))]
     pub prefetch: u64,
-}
-
-/// A key of a Secret in the policy's namespace.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct SecretKeyRef {
-    /// Name of the Secret.
-    #[schemars(length(min = 1, max = 253))]
-    #[schemars(regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
-    pub name: String,
-    /// Key within the Secret whose value is the Redis URL.
-    #[serde(default = "default_secret_key")]
-    #[schemars(length(min = 1, max = 253))]
-    #[schemars(regex(pattern = r"^[-._a-zA-Z0-9]+$"))]
-    pub key: String,
 }
 
 /// How the client address is found.
@@ -374,88 +357,6 @@ pub struct LimitSpec {
     pub burst: Option<u64>,
 }
 
-/// What the sidecar does while Redis cannot decide.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub enum FailureMode {
-    /// Let requests through unlimited (and say so in metrics).
-    Open,
-    /// Reject requests with 429 until Redis answers again.
-    Closed,
-    /// Limit in memory at `requests / expectedReplicas` per replica.
-    #[default]
-    Local,
-}
-
-/// The counting algorithm of a rule.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub enum Algorithm {
-    /// A counter per aligned window. Cheapest; allows up to twice the limit across a window edge.
-    #[default]
-    FixedWindow,
-    /// Exact: a log of request times over the last window. Memory grows with the limit.
-    SlidingLog,
-    /// A weighted estimate from the current and previous window's counters.
-    SlidingCounter,
-    /// Token bucket (GCRA) with `limit.burst`, like nginx `limit_req burst=N nodelay`.
-    TokenBucket,
-}
-
-/// Where a key part's value comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub enum KeySource {
-    /// The client address, grouped by `ipv4Prefix`/`ipv6Prefix`.
-    ClientIp,
-    /// The value of header `name`.
-    Header,
-    /// A SHA-256 prefix of header `name`'s value.
-    HashedHeader,
-    /// A SHA-256 prefix of header `name` (`Authorization` by default) when present, else the client IP.
-    Credential,
-    /// The request method.
-    Method,
-    /// The request path.
-    Path,
-}
-
-// === conversions into the sidecar config: the same meanings, spelled the same way ===
-
-impl From<FailureMode> for sidecar_config::FailureMode {
-    fn from(m: FailureMode) -> Self {
-        match m {
-            FailureMode::Open => Self::Open,
-            FailureMode::Closed => Self::Closed,
-            FailureMode::Local => Self::Local,
-        }
-    }
-}
-
-impl From<Algorithm> for sidecar_config::Algorithm {
-    fn from(a: Algorithm) -> Self {
-        match a {
-            Algorithm::FixedWindow => Self::FixedWindow,
-            Algorithm::SlidingLog => Self::SlidingLog,
-            Algorithm::SlidingCounter => Self::SlidingCounter,
-            Algorithm::TokenBucket => Self::TokenBucket,
-        }
-    }
-}
-
-impl From<KeySource> for sidecar_config::KeySource {
-    fn from(k: KeySource) -> Self {
-        match k {
-            KeySource::ClientIp => Self::ClientIp,
-            KeySource::Header => Self::Header,
-            KeySource::HashedHeader => Self::HashedHeader,
-            KeySource::Credential => Self::Credential,
-            KeySource::Method => Self::Method,
-            KeySource::Path => Self::Path,
-        }
-    }
-}
-
 /// What the operator last observed and how far the policy has reached the pods.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -537,9 +438,6 @@ fn default_redis_timeout() -> Duration {
 }
 fn default_prefetch() -> u64 {
     sidecar_config::PREFETCH_DEFAULT
-}
-fn default_secret_key() -> String {
-    REDIS_SECRET_KEY_DEFAULT.into()
 }
 fn default_algorithm() -> Algorithm {
     Algorithm::FixedWindow

@@ -125,9 +125,9 @@ impl KubeletConfig {
 /// What the sidecar binary is built from (workspace folders), for the staleness check: only sources a
 /// change of which makes Cargo relink the binary (not `Cargo.lock`, manifests or `migrations/`, which
 /// can change without a relink and would look stale for ever).
-const SIDECAR_SOURCES: &[&str] = &["crds/src", "sidecar/src"];
+const SIDECAR_SOURCES: &[&str] = &["crds/src", "queue/src", "sidecar/src"];
 /// What the operator binary is built from.
-const OPERATOR_SOURCES: &[&str] = &["crds/src", "sidecar/src", "operator/src"];
+const OPERATOR_SOURCES: &[&str] = &["crds/src", "queue/src", "operator/src"];
 
 /// Finds the `sluice-sidecar` binary; see [`workspace_binary`] (`$SLUICE_SIDECAR_BIN` wins).
 pub fn sidecar_binary() -> Result<PathBuf> {

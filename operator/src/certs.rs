@@ -506,7 +506,7 @@ pub struct Keeper {
     /// How often to check ([`CHECK_INTERVAL`]; tests use less).
     pub interval: Duration,
     /// The wall clock deciding rotation.
-    pub clock: crate::controller::Clock,
+    pub clock: crate::clock::Clock,
 }
 
 /// One round of [`keep`]: make the stored certificate current, make sure its CA is trusted, load it into

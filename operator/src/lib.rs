@@ -1,22 +1,28 @@
 //! `sluice-operator`: Sluice's control plane. It renders each `RateLimitPolicy` into the sidecar's config
 //! and gets it to the running sidecars within seconds, injects the `sluice-sidecar` container into pods
-//! that ask for it, and manages its own webhook certificates.
+//! that ask for it, prepares and scales each `JobQueue`'s workers, serves queue depth as an external
+//! metric, and manages its own serving certificates. It depends on `sluice-crds` (API types and the
+//! contracts it shares with the sidecar) and `sluice-queue` (all SQL), never on the sidecar's crate.
 //!
-//! Layout (dependencies point down the list):
-//! - [`render`]: pure functions from API objects to what the sidecar reads (no I/O).
-//! - [`webhook`]: the pod injection patch ([`webhook::inject`], pure), its annotations, the
-//!   `MutatingWebhookConfiguration` it needs, and the HTTPS admission server.
-//! - [`redis`]: publishing rendered config to Redis and reading back which generation pods enforce.
-//! - [`controller`]: the `RateLimitPolicy` and `JobQueue` controllers (`reconcile`/`error_policy`).
-//! - [`scaling`], [`external_metrics`]: JobQueue depth, scaling decisions, and the
-//!   `external.metrics.k8s.io` API (with its own authentication and authorization).
-//! - [`certs`]: serving certificates (generation, rotation, the `caBundle` patch).
+//! Layout (roughly bottom up: a module uses only those above it):
+//! - [`clock`], [`metrics`], [`secret`]: the injected wall clock; reconcile and admission metrics; reading
+//!   the URL from the one Secret an object names.
+//! - [`render`]: pure functions from API objects to what the cluster and the sidecar read (sidecar config,
+//!   the sidecar container, worker Deployment, HPA, `ScaledObject`).
+//! - [`webhook`]: the pod injection patch ([`webhook::inject`], pure), annotation parsing, and the HTTPS
+//!   admission server (the `MutatingWebhookConfiguration` is the chart's).
+//! - [`propagation`]: publishing rendered config to Redis and reading back which generation pods enforce.
+//! - [`scaling`]: JobQueue scaling decisions (pure) and their adapters: database pools and depth, the
+//!   LISTEN waker, JobQueue metrics.
+//! - [`external_metrics`]: the `external.metrics.k8s.io` API, with its own authentication and
+//!   authorization; [`certs`]: serving certificates (generation, rotation, the `caBundle` patch).
+//! - [`controller`]: the `RateLimitPolicy` and `JobQueue` controllers, of one shape.
 //! - [`leader`]: Lease-based leader election; every replica serves the webhook, one reconciles.
-//! - [`metrics`], [`telemetry`]: Prometheus metrics and tracing.
-//! - [`crdgen`], [`config`], [`run`]: the CRD YAML generator, the typed command line, and the wiring
-//!   the binary calls.
+//! - [`telemetry`], [`crdgen`], [`config`], [`run`]: tracing, the CRD YAML generator, the typed command
+//!   line, and the wiring the binary calls.
 
 pub mod certs;
+pub mod clock;
 pub mod config;
 pub mod controller;
 pub mod crdgen;
@@ -24,25 +30,20 @@ pub mod external_metrics;
 pub mod leader;
 pub mod metrics;
 pub mod probe;
-pub mod redis;
+pub mod propagation;
 pub mod render;
 pub mod run;
 pub mod scaling;
+pub mod secret;
 pub mod telemetry;
 pub mod webhook;
 
-/// Port of the sidecar's `/healthz`, `/readyz` and `/metrics` in injected pods; rendered into the
-/// config (`limits.adminListen`) and probed by the injected readiness probe, so both agree.
-pub const SIDECAR_ADMIN_PORT: u16 = 15021;
-/// Default port the injected sidecar listens on for application traffic (`sluice.dev/listen-port`).
-pub const SIDECAR_LISTEN_PORT_DEFAULT: u16 = 15080;
-/// Name of the injected container.
-pub const SIDECAR_CONTAINER_NAME: &str = "sluice-sidecar";
-/// Field manager of every server-side apply the operator makes.
-pub const FIELD_MANAGER: &str = "sluice-operator";
+/// Field manager of every server-side apply the operator makes (also its `managed-by` label value).
+pub const FIELD_MANAGER: &str = sluice_crds::contract::label::MANAGED_BY_VALUE;
 
-/// Everything that can go wrong in the operator. Variant names double as metric labels
-/// ([`Error::metric_label`]), so they name causes, not call sites.
+/// Everything that can go wrong in the operator, for both controllers, the webhook and the metrics API.
+/// Variant names double as metric labels ([`Error::metric_label`]) and as the `Ready` condition's reason
+/// ([`Error::condition_reason`]), so they name causes, not call sites.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A Kubernetes API call failed.
@@ -51,16 +52,21 @@ pub enum Error {
     /// The policy passed the CRD's validation but cannot be rendered.
     #[error("{0}")]
     InvalidSpec(#[from] render::sidecar_config::RenderError),
-    /// The Secret a policy names does not exist.
-    #[error("Secret {namespace}/{name} named by spec.redis.secretRef does not exist")]
+    /// A JobQueue passed the CRD's validation but cannot be rendered.
+    #[error("{0}")]
+    InvalidJobQueue(#[from] render::worker_deployment::RenderError),
+    /// The Secret an object names does not exist.
+    #[error("Secret {namespace}/{name} named by {field} does not exist")]
     SecretNotFound {
-        /// Namespace of the Secret.
+        /// Namespace of the Secret (the object's).
         namespace: String,
         /// Name of the Secret.
         name: String,
+        /// The reference's field (`spec.redis.secretRef`, `spec.database.secretRef`).
+        field: &'static str,
     },
-    /// The Secret exists but lacks the key.
-    #[error("Secret {namespace}/{name} has no key {key:?} (spec.redis.secretRef.key)")]
+    /// The Secret exists but lacks the key (or its value is empty or not UTF-8).
+    #[error("Secret {namespace}/{name} has no key {key:?} ({field}.key)")]
     SecretKeyMissing {
         /// Namespace of the Secret.
         namespace: String,
@@ -68,10 +74,15 @@ pub enum Error {
         name: String,
         /// The missing key.
         key: String,
+        /// The reference's field.
+        field: &'static str,
     },
     /// Redis could not be reached or refused a command.
     #[error("Redis: {0}")]
     Redis(String),
+    /// A JobQueue's database could not be reached or refused a statement (the URL is never part of it).
+    #[error("database: {0}")]
+    Database(#[from] sluice_queue::Error),
     /// A certificate could not be generated.
     #[error("certificate generation failed: {0}")]
     Certificate(#[from] rcgen::Error),
@@ -84,39 +95,38 @@ pub enum Error {
     /// Network I/O failed (binding a port, accepting a connection).
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
-    /// A JobQueue's database Secret is missing or lacks its key.
-    #[error("{0}")]
-    DatabaseSecret(scaling::databases::UrlError),
-    /// A JobQueue's database could not be reached or refused a statement.
-    #[error("database: {0}")]
-    Database(#[from] scaling::databases::DbError),
-    /// A JobQueue passed the CRD's validation but cannot be rendered.
-    #[error("{0}")]
-    InvalidJobQueue(#[from] render::worker_deployment::RenderError),
 }
 
 /// The operator's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    /// A short label for metrics (`errors_total{reason=…}`): stable, low-cardinality.
+    /// A short label for metrics (`reconcile_errors_total{reason=…}`): stable, low-cardinality.
     pub fn metric_label(&self) -> &'static str {
         match self {
             Error::Kube(_) => "kube",
-            Error::InvalidSpec(_) => "invalid_spec",
+            Error::InvalidSpec(_) | Error::InvalidJobQueue(_) => "invalid_spec",
             Error::SecretNotFound { .. } => "secret_not_found",
             Error::SecretKeyMissing { .. } => "secret_key_missing",
             Error::Redis(_) => "redis_unreachable",
+            Error::Database(_) => "database_unreachable",
             Error::Certificate(_) => "certificate",
             Error::Tls(_) => "tls",
             Error::Serialization(_) => "serialization",
             Error::Io(_) => "io",
-            Error::DatabaseSecret(scaling::databases::UrlError::SecretKeyMissing { .. }) => {
-                "secret_key_missing"
-            }
-            Error::DatabaseSecret(_) => "secret_not_found",
-            Error::Database(_) => "database_unreachable",
-            Error::InvalidJobQueue(_) => "invalid_spec",
+        }
+    }
+
+    /// The reason a `Ready=False` condition gives for this error.
+    pub fn condition_reason(&self) -> &'static str {
+        use sluice_crds::conditions::reason;
+        match self {
+            Error::InvalidSpec(_) | Error::InvalidJobQueue(_) => reason::INVALID_SPEC,
+            Error::SecretNotFound { .. } => reason::SECRET_NOT_FOUND,
+            Error::SecretKeyMissing { .. } => reason::SECRET_KEY_MISSING,
+            Error::Redis(_) => reason::REDIS_UNREACHABLE,
+            Error::Database(_) => reason::DATABASE_UNREACHABLE,
+            _ => reason::KUBERNETES_API_ERROR,
         }
     }
 
@@ -126,10 +136,9 @@ impl Error {
         matches!(
             self,
             Error::InvalidSpec(_)
+                | Error::InvalidJobQueue(_)
                 | Error::SecretNotFound { .. }
                 | Error::SecretKeyMissing { .. }
-                | Error::DatabaseSecret(_)
-                | Error::InvalidJobQueue(_)
         )
     }
 }
@@ -143,15 +152,6 @@ impl From<serde_json::Error> for Error {
 impl From<serde_yaml::Error> for Error {
     fn from(e: serde_yaml::Error) -> Self {
         Error::Serialization(e.to_string())
-    }
-}
-
-impl From<scaling::databases::UrlError> for Error {
-    fn from(e: scaling::databases::UrlError) -> Self {
-        match e {
-            scaling::databases::UrlError::Kube(k) => Error::Kube(k),
-            other => Error::DatabaseSecret(other),
-        }
     }
 }
 

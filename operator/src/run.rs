@@ -20,11 +20,12 @@ use tracing::{info, warn};
 
 use crate::{
     Result, certs,
+    clock::system_clock,
     config::{NativeSidecar, RunArgs},
-    controller::{self, Context, job_queue},
+    controller::{Context, job_queue, rate_limit_policy},
     external_metrics, leader,
     metrics::Metrics,
-    render::worker_deployment::WorkerRenderOptions,
+    render::sidecar_container::SidecarSettings,
     scaling::{Databases, JobQueueMetrics},
     webhook::{
         inject::InjectConfig,
@@ -205,7 +206,7 @@ pub async fn run_with(client: Client, args: RunArgs, shutdown: CancellationToken
             certs::Source::Generated
         },
         interval: certs::CHECK_INTERVAL,
-        clock: controller::system_clock(),
+        clock: system_clock(),
     };
     {
         let health = health.clone();
@@ -220,13 +221,16 @@ pub async fn run_with(client: Client, args: RunArgs, shutdown: CancellationToken
 
     // The webhook (every replica).
     let native = native_sidecars(&client, args.sidecar_native).await;
+    let sidecar = SidecarSettings {
+        image: args.sidecar_image.clone(),
+        image_pull_policy: args.sidecar_image_pull_policy.clone(),
+        resources: Some(args.sidecar_resources.clone()),
+    };
     let state = Arc::new(WebhookState {
         policies,
         job_queues,
         config: InjectConfig {
-            image: args.sidecar_image.clone(),
-            image_pull_policy: args.sidecar_image_pull_policy.clone(),
-            resources: Some(args.sidecar_resources.clone()),
+            sidecar: sidecar.clone(),
             native,
         },
         metrics: metrics.clone(),
@@ -258,7 +262,7 @@ pub async fn run_with(client: Client, args: RunArgs, shutdown: CancellationToken
                 certs::Source::Generated
             },
             interval: certs::CHECK_INTERVAL,
-            clock: controller::system_clock(),
+            clock: system_clock(),
         };
         let serving = external_metrics::server::run(
             client.clone(),
@@ -303,63 +307,47 @@ pub async fn run_with(client: Client, args: RunArgs, shutdown: CancellationToken
         ));
     }
     let controllers = Controllers {
-        rate_limit_policies: Arc::new(Context::new(
-            client.clone(),
-            metrics.clone(),
-            Some(identity.clone()),
-        )),
-        job_queues: JobQueueSetup {
-            client: client.clone(),
-            identity,
+        client: client.clone(),
+        identity,
+        metrics: metrics.clone(),
+        job_queues: job_queue::Settings {
             databases,
             metrics: job_queue_metrics,
-            render: WorkerRenderOptions {
-                sidecar_image: args.sidecar_image.clone(),
-                sidecar_resources: Some(args.sidecar_resources.clone()),
-            },
+            sidecar,
             namespace: args.namespace.clone(),
             external_metrics: args.external_metrics,
         },
     };
-    supervise_controllers(controllers, leading, metrics, shutdown.clone()).await;
+    supervise_controllers(controllers, leading, shutdown.clone()).await;
     let _ = webhook.await;
     Ok(())
 }
 
-/// What the leader runs.
+/// What the leader runs the controllers with. Their contexts are made fresh at each term of leadership,
+/// so a new leader starts with no stale memory of policies or queues.
 pub struct Controllers {
-    /// The RateLimitPolicy controller's context.
-    pub rate_limit_policies: Arc<Context>,
-    /// What a JobQueue controller is wired from (its context is made fresh at each term of leadership,
-    /// so a new leader starts with no stale memory of queues).
-    pub job_queues: JobQueueSetup,
-}
-
-/// The parts of a JobQueue controller that outlive a term of leadership.
-pub struct JobQueueSetup {
     /// The client.
     pub client: Client,
     /// This replica's identity (Events' reporter instance).
     pub identity: String,
-    /// Database pools and the depth cache, shared with the external metrics API.
-    pub databases: Arc<Databases>,
-    /// JobQueue metrics, shared with `/metrics` and the external metrics API.
-    pub metrics: Arc<JobQueueMetrics>,
-    /// Worker pod settings.
-    pub render: WorkerRenderOptions,
-    /// The operator's namespace.
-    pub namespace: String,
-    /// Whether this operator serves `external.metrics.k8s.io`.
-    pub external_metrics: bool,
+    /// Reconcile metrics (and the leader gauge), shared with `/metrics`.
+    pub metrics: Arc<Metrics>,
+    /// What the JobQueue controller is built from.
+    pub job_queues: job_queue::Settings,
 }
 
 /// Run the controllers while `leading` is true; stop them (gracefully) when it turns false.
 pub async fn supervise_controllers(
     controllers: Controllers,
     mut leading: watch::Receiver<bool>,
-    metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
+    let Controllers {
+        client,
+        identity,
+        metrics,
+        job_queues,
+    } = controllers;
     loop {
         while !*leading.borrow_and_update() {
             tokio::select! {
@@ -370,23 +358,16 @@ pub async fn supervise_controllers(
         metrics.set_leader(true);
         info!("leading: starting controllers");
         let term = CancellationToken::new();
-        let rlp = tokio::spawn(controller::rate_limit_policy::run(
-            controllers.rate_limit_policies.clone(),
+        let rlp = tokio::spawn(rate_limit_policy::run(
+            context(&client, &metrics, &identity, rate_limit_policy::State::default()),
             term.clone().cancelled_owned(),
         ));
-        let jq = &controllers.job_queues;
-        let wiring = job_queue::Context::wire(
-            jq.client.clone(),
-            Some(jq.identity.clone()),
-            jq.databases.clone(),
-            jq.metrics.clone(),
-            jq.render.clone(),
-            jq.namespace.clone(),
-            jq.external_metrics,
-            controller::system_clock(),
-            term.clone(),
-        );
-        let jobs = tokio::spawn(job_queue::run(wiring, term.clone().cancelled_owned()));
+        let (state, wakes) = job_queue::State::new(job_queues.clone(), term.clone());
+        let jobs = tokio::spawn(job_queue::run(
+            context(&client, &metrics, &identity, state),
+            wakes,
+            term.clone().cancelled_owned(),
+        ));
         loop {
             tokio::select! {
                 changed = leading.changed() => if changed.is_err() || !*leading.borrow() { break },
@@ -402,4 +383,15 @@ pub async fn supervise_controllers(
             return;
         }
     }
+}
+
+/// A controller's context for this replica, on the real clock.
+fn context<S>(client: &Client, metrics: &Arc<Metrics>, identity: &str, state: S) -> Arc<Context<S>> {
+    Arc::new(Context::new(
+        client.clone(),
+        metrics.clone(),
+        Some(identity.to_owned()),
+        system_clock(),
+        state,
+    ))
 }

@@ -25,14 +25,16 @@ use kube::{
     api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
 };
 use serde_json::json;
-use sluice_crds::job_queue::JobQueue;
+use sluice_crds::{contract::annotation::CONFIG_HASH as CONFIG_HASH_ANNOTATION, job_queue::JobQueue};
 use sluice_e2e::{Env, TestNamespace, wait_for};
 use sluice_operator::{
-    controller::{Clock, job_queue},
-    render::worker_deployment::{CONFIG_HASH_ANNOTATION, WorkerRenderOptions},
+    clock::Clock,
+    controller::{Context, job_queue},
+    metrics::Metrics,
+    render::sidecar_container::SidecarSettings,
     scaling::{Databases, JobQueueMetrics},
 };
-use sluice_sidecar::queue::{NewJob, QueueStore};
+use sluice_queue::{NewJob, QueueStore};
 use sluice_testsupport::PgServer;
 use tokio_util::sync::CancellationToken;
 
@@ -47,7 +49,7 @@ struct TestClock(Arc<AtomicI64>);
 impl TestClock {
     fn clock(&self) -> Clock {
         let offset = self.0.clone();
-        let real = sluice_operator::controller::system_clock();
+        let real = sluice_operator::clock::system_clock();
         Arc::new(move || real() + offset.load(Ordering::SeqCst))
     }
     fn advance(&self, d: Duration) {
@@ -61,7 +63,7 @@ struct Fixture {
     pg: PgServer,
     clock: TestClock,
     metrics: Arc<JobQueueMetrics>,
-    ctx: Arc<job_queue::Context>,
+    ctx: Arc<Context<job_queue::State>>,
     stop: CancellationToken,
 }
 
@@ -111,23 +113,25 @@ async fn fixture(apiservice_namespace: &str) -> Fixture {
     let clock = TestClock::default();
     let metrics = Arc::new(JobQueueMetrics::default());
     let stop = CancellationToken::new();
-    let wiring = job_queue::Context::wire(
-        env.client(),
-        Some("test".into()),
-        Arc::new(Databases::with_ttl(Duration::ZERO)),
-        metrics.clone(),
-        WorkerRenderOptions {
-            sidecar_image: "sluice-sidecar:test".into(),
-            sidecar_resources: None,
+    let settings = job_queue::Settings {
+        databases: Arc::new(Databases::with_ttl(Duration::ZERO)),
+        metrics: metrics.clone(),
+        sidecar: SidecarSettings {
+            image: "sluice-sidecar:test".into(),
+            ..SidecarSettings::default()
         },
-        OPERATOR_NS.into(),
-        true,
+        namespace: OPERATOR_NS.into(),
+        external_metrics: true,
+    };
+    let (state, wakes) = job_queue::State::new(settings, stop.clone());
+    let ctx = Arc::new(Context::new(
+        env.client(),
+        Arc::new(Metrics::default()),
+        Some("test".into()),
         clock.clock(),
-        stop.clone(),
-    );
-    let ctx = wiring.ctx.clone();
-    let s = stop.clone();
-    tokio::spawn(job_queue::run(wiring, async move { s.cancelled().await }));
+        state,
+    ));
+    tokio::spawn(job_queue::run(ctx.clone(), wakes, stop.clone().cancelled_owned()));
     Fixture {
         env,
         ns,
@@ -208,6 +212,7 @@ impl Fixture {
     /// Unix ms (test clock) when the controller last saw the queue busy.
     fn last_active_ms(&self) -> Option<i64> {
         self.ctx
+            .state
             .queues
             .lock()
             .unwrap()
@@ -216,27 +221,36 @@ impl Fixture {
             .map(|(_, m)| m.last_active_ms)
     }
 
+    /// Whether the controller remembers JobQueue `name`.
+    fn remembers(&self, name: &str) -> bool {
+        self.ctx
+            .state
+            .queues
+            .lock()
+            .unwrap()
+            .keys()
+            .any(|r| r.name == name)
+    }
+
+    /// Connections LISTENing on the database (the operator's; no worker runs in these tests).
+    async fn listeners(&self) -> Option<i64> {
+        sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%sluice_jobs%'")
+            .fetch_one(self.store().await.pool())
+            .await
+            .ok()
+    }
+
     /// Waits until the operator LISTENs on the database (an enqueue before that is found by polling only).
     async fn wait_listening(&self) {
-        let store = self.store().await;
-        wait_for("the operator to LISTEN", DEADLINE, || {
-            let store = store.clone();
-            async move {
-                let n: i64 = sqlx::query_scalar(
-                    "SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%sluice_jobs%'",
-                )
-                .fetch_one(store.pool())
-                .await
-                .ok()?;
-                (n > 0).then_some(())
-            }
+        wait_for("the operator to LISTEN", DEADLINE, || async {
+            (self.listeners().await? > 0).then_some(())
         })
         .await
         .unwrap();
     }
 
     async fn store(&self) -> QueueStore {
-        QueueStore::new(sluice_sidecar::queue::connect_lazy(&self.pg.url(), 2).unwrap())
+        QueueStore::new(sluice_queue::pool::connect_lazy(&self.pg.url(), 2).unwrap())
     }
 }
 
@@ -399,6 +413,42 @@ async fn deleting_the_job_queue_collects_its_objects() {
 }
 
 #[tokio::test]
+async fn deleting_the_last_job_queue_of_a_database_closes_its_listen_connection() {
+    let f = fixture(OPERATOR_NS).await;
+    f.apply(&job_queue_yaml(SCALING)).await;
+    f.apply(&job_queue_yaml(SCALING).replace("name: emails", "name: reports"))
+        .await;
+    f.wait_condition("Ready", "True", None).await;
+    wait_for("both queues remembered", DEADLINE, || async {
+        (f.remembers("emails") && f.remembers("reports")).then_some(())
+    })
+    .await
+    .unwrap();
+    f.wait_listening().await;
+    let api = f.ns.api::<JobQueue>();
+
+    api.delete("emails", &DeleteParams::default()).await.unwrap();
+    wait_for("the deleted queue to be forgotten", DEADLINE, || async {
+        (!f.remembers("emails")).then_some(())
+    })
+    .await
+    .unwrap();
+    assert!(
+        f.listeners().await.unwrap() > 0,
+        "the database still has a JobQueue: its LISTEN connection stays"
+    );
+
+    api.delete("reports", &DeleteParams::default()).await.unwrap();
+    wait_for(
+        "the last queue's database to lose its LISTEN connection",
+        DEADLINE,
+        || async { (!f.remembers("reports") && f.listeners().await? == 0).then_some(()) },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
 async fn a_missing_secret_sets_ready_false_with_an_event_and_recovers() {
     let f = fixture(OPERATOR_NS).await;
     f.apply(&job_queue_yaml(SCALING).replace("name: pg}", "name: nope}"))
@@ -491,10 +541,10 @@ async fn an_enqueue_wakes_an_idle_queue_from_zero_to_one_within_a_second() {
             .unwrap();
         let done: Vec<_> = claimed
             .iter()
-            .map(|c| sluice_sidecar::queue::store::Finished {
+            .map(|c| sluice_queue::store::Finished {
                 id: c.id,
                 attempt: c.attempt,
-                finish: sluice_sidecar::queue::store::Finish::Succeeded,
+                finish: sluice_queue::store::Finish::Succeeded,
             })
             .collect();
         store.finish_batch("t-00000001", &done).await.unwrap();
@@ -555,10 +605,10 @@ async fn workers_go_to_zero_only_after_the_cooldown_and_only_when_nothing_runs()
     store
         .finish_batch(
             "emails-worker-x-0000000b",
-            &[sluice_sidecar::queue::store::Finished {
+            &[sluice_queue::store::Finished {
                 id: claimed[0].id,
                 attempt: claimed[0].attempt,
-                finish: sluice_sidecar::queue::store::Finish::Succeeded,
+                finish: sluice_queue::store::Finish::Succeeded,
             }],
         )
         .await
@@ -623,10 +673,10 @@ async fn before_scaling_in_idle_workers_are_marked_cheaper_to_delete() {
         .unwrap();
     let done: Vec<_> = rest
         .iter()
-        .map(|c| sluice_sidecar::queue::store::Finished {
+        .map(|c| sluice_queue::store::Finished {
             id: c.id,
             attempt: c.attempt,
-            finish: sluice_sidecar::queue::store::Finish::Succeeded,
+            finish: sluice_queue::store::Finish::Succeeded,
         })
         .collect();
     store

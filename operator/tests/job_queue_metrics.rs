@@ -14,14 +14,13 @@ use serde_json::Value;
 use sluice_e2e::{Env, aggregator::FrontProxy};
 use sluice_operator::{
     certs::{self, Bundle, CertStore, Plan},
-    controller::system_clock,
+    clock::system_clock,
     external_metrics::{
         Access, MetricsState, Targets, authn::RequestClientCertificate, router, serve, server::Target,
     },
-    render::hpa::hpa_replicas,
-    scaling::{Databases, JobQueueMetrics},
+    scaling::{Databases, JobQueueMetrics, decision::hpa_replicas},
 };
-use sluice_sidecar::queue::{
+use sluice_queue::{
     NewJob, QueueSettings, QueueStore, schema,
     store::{Finish, Finished},
 };
@@ -31,7 +30,7 @@ const QUEUE: &str = "emails";
 
 /// A queue with 4 ready, 2 running, 1 retrying (in backoff), 1 dead and 2 scheduled jobs.
 async fn queue_with_jobs_in_every_state(url: &str) -> QueueStore {
-    let pool = sluice_sidecar::queue::connect_lazy(url, 2).unwrap();
+    let pool = sluice_queue::pool::connect_lazy(url, 2).unwrap();
     schema::migrate(&pool).await.unwrap();
     let store = QueueStore::new(pool);
     store.upsert_queue(&QueueSettings::defaults(QUEUE)).await.unwrap();

@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use sluice_e2e::{Env, wait_for};
 use sluice_operator::{
     certs::{self, CA_RENEW_BEFORE, CA_VALIDITY, Keeper, LEAF_RENEW_BEFORE, LEAF_VALIDITY},
-    controller::system_clock,
+    clock::system_clock,
     external_metrics::server::run,
     scaling::{Databases, JobQueueMetrics},
 };

@@ -13,6 +13,7 @@ use serde_json::json;
 use sluice_crds::{rate_limit_policy::RateLimitPolicy, sidecar_config::PolicyRef};
 use sluice_e2e::{Env, TestNamespace, wait_for};
 use sluice_operator::{
+    clock::system_clock,
     controller::{Context, rate_limit_policy},
     metrics::Metrics,
 };
@@ -84,7 +85,13 @@ async fn a_policy_change_is_enforced_by_a_running_sidecar_and_reported_within_tw
     .await
     .unwrap();
     let stop = CancellationToken::new();
-    let ctx = Arc::new(Context::new(env.client(), Arc::new(Metrics::default()), None));
+    let ctx = Arc::new(Context::new(
+        env.client(),
+        Arc::new(Metrics::default()),
+        None,
+        system_clock(),
+        rate_limit_policy::State::default(),
+    ));
     tokio::spawn(rate_limit_policy::run(ctx, stop.clone().cancelled_owned()));
     status_of(&ns, "generation 1 published", |p| {
         p.ready_condition().is_some_and(|c| c.reason == "NoPods")

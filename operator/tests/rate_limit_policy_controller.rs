@@ -20,7 +20,8 @@ use serde_json::{Value, json};
 use sluice_crds::rate_limit_policy::RateLimitPolicy;
 use sluice_e2e::{Env, TestNamespace, wait_for};
 use sluice_operator::{
-    controller::{Context, rate_limit_policy, system_clock},
+    clock::system_clock,
+    controller::{Context, rate_limit_policy},
     leader::{self, LeaseSettings},
     metrics::Metrics,
 };
@@ -57,7 +58,13 @@ async fn fixture() -> Fixture {
     let redis = RedisServer::start();
     secret(&ns, "redis", "url", &redis.url()).await;
     let metrics = Arc::new(Metrics::default());
-    let ctx = Arc::new(Context::new(env.client(), metrics.clone(), Some("test".into())));
+    let ctx = Arc::new(Context::new(
+        env.client(),
+        metrics.clone(),
+        Some("test".into()),
+        system_clock(),
+        rate_limit_policy::State::default(),
+    ));
     let stop = CancellationToken::new();
     tokio::spawn(rate_limit_policy::run(ctx, stop.clone().cancelled_owned()));
     Fixture {

@@ -14,6 +14,7 @@ use sluice_crds::rate_limit_policy::RateLimitPolicy;
 use sluice_operator::{
     certs::{self, Bundle, CertStore, Plan},
     metrics::Metrics,
+    render::sidecar_container::SidecarSettings,
     webhook::{
         inject::InjectConfig,
         server::{self, WebhookState},
@@ -39,7 +40,7 @@ impl Drop for Webhook {
 }
 
 fn bundle() -> Bundle {
-    let now = (sluice_operator::controller::system_clock())();
+    let now = (sluice_operator::clock::system_clock())();
     certs::execute(
         Plan::Create,
         None,
@@ -68,9 +69,10 @@ async fn start(b: &Bundle) -> Webhook {
         policies,
         job_queues: reflector::store().0,
         config: InjectConfig {
-            image: "ghcr.io/sluice-dev/sluice-sidecar:test".into(),
-            image_pull_policy: None,
-            resources: None,
+            sidecar: SidecarSettings {
+                image: "ghcr.io/sluice-dev/sluice-sidecar:test".into(),
+                ..SidecarSettings::default()
+            },
             native: true,
         },
         metrics: metrics.clone(),

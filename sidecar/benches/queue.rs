@@ -23,9 +23,8 @@ use std::{
 };
 
 use axum::{Router, routing::post};
-use sluice_sidecar::queue::{
-    ClaimedJob, Handler, NewJob, Outcome, QueueSettings, QueueStore, Worker, WorkerOptions, schema, sql,
-};
+use sluice_queue::{ClaimedJob, NewJob, QueueSettings, QueueStore, schema, sql};
+use sluice_sidecar::queue::{Handler, Outcome, Worker, WorkerOptions};
 use sluice_testsupport::PgServer;
 use sqlx::{PgPool, postgres::PgPoolOptions};
 use tokio::sync::mpsc;

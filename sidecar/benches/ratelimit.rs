@@ -13,7 +13,7 @@
 //! nginx and wrk come from Debian (`nginx-light`, `wrk`); when missing they are installed with apt-get,
 //! and the run says so. Redis is a throwaway `redis-server` (sluice_testsupport).
 
-#![allow(missing_docs)]
+#![allow(missing_docs)] // a benchmark binary: its items are not an API
 
 mod report;
 

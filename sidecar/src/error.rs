@@ -42,5 +42,23 @@ impl Error {
     }
 }
 
+impl From<sluice_queue::Error> for Error {
+    /// The queue's errors keep their meaning (and metric label) here.
+    fn from(e: sluice_queue::Error) -> Self {
+        match e {
+            sluice_queue::Error::Database(e) => Error::Database(e),
+            sluice_queue::Error::NotFound(m) => Error::NotFound(m),
+            sluice_queue::Error::Conflict(m) => Error::Conflict(m),
+            sluice_queue::Error::Invalid(m) => Error::Invalid(m),
+        }
+    }
+}
+
+impl From<sluice_crds::sidecar_config::ConfigErrors> for Error {
+    fn from(e: sluice_crds::sidecar_config::ConfigErrors) -> Self {
+        Error::Config(e.to_string())
+    }
+}
+
 /// The sidecar's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

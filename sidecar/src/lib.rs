@@ -2,16 +2,20 @@
 //!
 //! Two roles share one binary:
 //! - **proxy** (default): a reverse proxy that enforces cluster-wide rate limits kept in Redis before a
-//!   request reaches the app on localhost; health, readiness and Prometheus metrics on an admin port.
+//!   request reaches the app on localhost; health, readiness and Prometheus metrics on an admin port; and,
+//!   in pods that enqueue through the sidecar, the queue HTTP API.
 //! - **worker**: claims jobs from the PostgreSQL queue (`FOR UPDATE SKIP LOCKED`, in batches) and hands
-//!   each to the team's handler over localhost HTTP; apps enqueue through the queue HTTP API.
+//!   each to the team's handler over localhost HTTP.
 //!
-//! Layout (dependencies point down the list): [`clock`] and [`error`]; [`limiter`] (rules, keys,
-//! algorithms, Redis store, circuit breaker, local fallback); [`config`] (loading, env overrides,
-//! validation, hot reload); [`proxy`] (HTTP forwarding and the admin endpoints); [`queue`] (schema,
-//! store, worker, HTTP API, client library).
+//! It depends on `sluice-crds` (the config schema, its validation and the contracts it shares with the
+//! operator) and `sluice-queue` (the store and all SQL); it knows nothing of the Kubernetes API.
+//!
+//! Layout (roughly bottom up): [`clock`] (re-exported from `sluice-crds`) and [`error`]; [`config`]
+//! (loading, env overrides, hot reload); [`limiter`] (rules, keys, algorithms, Redis store, circuit
+//! breaker, local fallback); [`queue`] (worker engine, HTTP dispatch, queue HTTP API, client library, the
+//! roles' wiring); [`proxy`] (HTTP forwarding, the admin endpoints, the proxy role). `main.rs` parses the
+//! command line and calls one role.
 
-pub mod clock;
 pub mod config;
 pub mod error;
 pub mod limiter;
@@ -19,3 +23,4 @@ pub mod proxy;
 pub mod queue;
 
 pub use error::{Error, Result};
+pub use sluice_crds::clock;

@@ -203,7 +203,7 @@ async fn an_app_pod_sidecar_serves_the_queue_api_when_asked_to() {
         .await
         .unwrap();
     let pool = sqlx::PgPool::connect(&pg.url()).await.unwrap();
-    sluice_sidecar::queue::schema::migrate(&pool).await.unwrap();
+    sluice_queue::schema::migrate(&pool).await.unwrap();
     let app = start_upstream().await;
     let api: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let url = pg.url();

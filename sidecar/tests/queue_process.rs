@@ -185,7 +185,7 @@ async fn cancelling_a_running_job_aborts_its_http_request_and_cancels_it() {
     .await;
     assert_eq!(
         store.cancel(id).await.unwrap(),
-        sluice_sidecar::queue::job::CancelOutcome::Requested
+        sluice_queue::CancelOutcome::Requested
     );
     wait_state(&store, id, "cancelled").await;
     assert_eq!(seen.calls(id).len(), 1, "a cancelled job is not retried");
@@ -382,7 +382,7 @@ async fn the_migrate_command_prepares_the_schema_and_can_run_again() {
     }
     assert_eq!(
         pg.psql("SELECT count(*) FROM sluice._sqlx_migrations"),
-        sluice_sidecar::queue::schema::latest_version().to_string()
+        sluice_queue::schema::latest_version().to_string()
     );
     assert_eq!(pg.psql("SELECT to_regclass('sluice.jobs') IS NOT NULL"), "t");
 }

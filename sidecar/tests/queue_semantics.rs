@@ -9,15 +9,11 @@ use std::{
 };
 
 use queue_support::*;
-use sluice_sidecar::{
-    Error,
-    queue::{
-        NewJob, Outcome, QueueSettings, QueueStore, Worker,
-        job::CancelOutcome,
-        schema,
-        store::{Finish, Finished},
-    },
+use sluice_queue::{
+    CancelOutcome, Error, JobState, NewJob, QueueSettings, QueueStore, schema,
+    store::{Finish, Finished},
 };
+use sluice_sidecar::queue::{Outcome, Worker};
 use sluice_testsupport::wait_for_async;
 use tokio_util::sync::CancellationToken;
 
@@ -149,7 +145,7 @@ async fn cancellation_has_three_outcomes_waiting_running_and_finished() {
     // Finished: nothing changes.
     assert!(matches!(
         store.cancel(running).await.unwrap(),
-        CancelOutcome::AlreadyFinished(sluice_sidecar::queue::JobState::Cancelled)
+        CancelOutcome::AlreadyFinished(JobState::Cancelled)
     ));
     assert!(matches!(
         store.cancel(uuid::Uuid::now_v7()).await,

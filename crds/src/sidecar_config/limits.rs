@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 
 use ipnet::IpNet;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::duration::Duration;
@@ -74,7 +75,7 @@ pub struct LimitsConfig {
     /// How long client connections may keep the proxy waiting.
     #[serde(default)]
     pub client_timeouts: ClientTimeouts,
-    /// The rules. Empty: the seed tiers of ADR 0018 (see [`default_rules`]).
+    /// The rules. Empty: the seed tiers (see [`default_rules`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rules: Vec<Rule>,
 }
@@ -157,15 +158,15 @@ impl Default for RedisConfig {
     }
 }
 
-/// What the sidecar does while Redis cannot decide.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// What the sidecar does while Redis cannot decide (the CRD's `failureMode` and the config's).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum FailureMode {
     /// Let requests through unlimited (and say so in metrics).
     Open,
     /// Reject requests with 429 until Redis answers again.
     Closed,
-    /// Limit in-process at `limit / expectedReplicas` per replica.
+    /// Limit in memory at `requests / expectedReplicas` per replica.
     #[default]
     Local,
 }
@@ -324,8 +325,8 @@ pub struct KeyPart {
     pub ipv6_prefix: u8,
 }
 
-/// Where a key part's value comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// Where a key part's value comes from (the CRD's `key[].type` and the config's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum KeySource {
     /// The client address, masked to `ipv4Prefix`/`ipv6Prefix`.
@@ -344,19 +345,28 @@ pub enum KeySource {
     Path,
 }
 
-/// The counting algorithm of a rule.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// The counting algorithm of a rule (the CRD's `algorithm` and the config's). Each has a Lua script and
+/// an in-process twin in the sidecar's `limiter::algorithm`; adding one is a variant here, its script,
+/// its `Algorithm` impl and one line in that module's list.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum Algorithm {
-    /// Counter per aligned window (INCR, expiry set on the first hit). Cheapest; allows up to 2× at edges.
+    /// A counter per aligned window. Cheapest; allows up to twice the limit across a window edge.
     #[default]
     FixedWindow,
-    /// Exact: a sorted set of request timestamps over the last window. Memory grows with the limit.
+    /// Exact: a log of request times over the last window. Memory grows with the limit.
     SlidingLog,
-    /// Weighted estimate from the current and previous window counters (Cloudflare's).
+    /// A weighted estimate from the current and previous window's counters (Cloudflare's).
     SlidingCounter,
-    /// Token bucket with nginx `limit_req burst=N nodelay` semantics (GCRA).
+    /// Token bucket (GCRA) with `limit.burst`, like nginx `limit_req burst=N nodelay`.
     TokenBucket,
+}
+
+impl Algorithm {
+    /// Whether rules of this algorithm take `limit.burst`.
+    pub fn takes_burst(self) -> bool {
+        matches!(self, Algorithm::TokenBucket)
+    }
 }
 
 /// How many requests per window a rule allows.
@@ -372,7 +382,7 @@ pub struct Limit {
     pub burst: Option<u64>,
 }
 
-/// Paths of the native package-protocol adapters in the seed ADR's `protocol` tier.
+/// Paths of the native package-protocol adapters the seed `protocol` tier covers.
 pub const PROTOCOL_PATH_PREFIXES: [&str; 8] = [
     "/npm/",
     "/pypi/",
@@ -384,7 +394,7 @@ pub const PROTOCOL_PATH_PREFIXES: [&str; 8] = [
     "/composer/",
 ];
 
-/// Per-minute limits of the seed tiers (ADR 0018), overridable by `RATE_LIMIT__*` env vars.
+/// Per-minute limits of the seed tiers, overridable by `RATE_LIMIT__*` env vars.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TierLimits {
     /// `RATE_LIMIT__AUTH_REQUESTS_PER_MINUTE` (10): `/v1/auth/*`.
@@ -408,10 +418,10 @@ impl Default for TierLimits {
     }
 }
 
-/// The four tiers of the seed ADR 0018, used when a config names no rules. Keys follow the ADR: a
+/// The four seed tiers, the rules a sidecar runs when its config names none. Their key is a
 /// SHA-256 prefix of `Authorization` for authenticated requests, the client IP otherwise.
 ///
-/// The ADR's read tier is for control-plane reads and its protocol tier for adapter reads, so a read
+/// The read tier is for control-plane reads and the protocol tier for adapter reads, so a read
 /// under a protocol prefix counts against the protocol tier only.
 pub fn default_rules(t: TierLimits) -> Vec<Rule> {
     let per_minute = |requests| Limit {

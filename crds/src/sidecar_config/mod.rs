@@ -5,15 +5,18 @@
 //! (`SLUICE_LISTEN`, `SLUICE_UPSTREAM`, `SLUICE_REDIS_URL`, `SLUICE_DATABASE_URL`), so credentials live in
 //! Secrets, never in the rendered ConfigMap. Reference: docs/sidecar-config.md.
 //!
-//! Layout: [`limits`] (rules, keys, algorithms, failure mode), [`queue`] (worker and queue API).
+//! Layout: [`limits`] (rules, keys, algorithms, failure mode), [`queue`] (worker and queue API),
+//! [`validate`](mod@validate) (every field at fault, by path).
 
 pub mod limits;
 pub mod queue;
+pub mod validate;
 
 use serde::{Deserialize, Serialize};
 
 pub use limits::*;
 pub use queue::*;
+pub use validate::{ConfigErrors, FieldError, validate};
 
 /// The version of this format the sidecar understands; a file naming another is refused.
 pub const CONFIG_VERSION: u32 = 1;

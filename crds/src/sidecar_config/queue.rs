@@ -220,6 +220,18 @@ impl Default for BackoffSpec {
     }
 }
 
+/// Whether `name` is a queue name: 1-100 letters, digits, `.`, `_` or `-`, starting with a letter or
+/// digit. The `sluice.queues` table CHECKs the same, so config and API input fail early and clearly.
+pub fn valid_queue_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    let Some(first) = chars.next() else {
+        return false;
+    };
+    name.len() <= 100
+        && first.is_ascii_alphanumeric()
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
 fn yes() -> bool {
     true
 }
@@ -319,6 +331,16 @@ mod tests {
         assert_eq!(c.worker.concurrency, WORKER_CONCURRENCY_DEFAULT);
         assert_eq!(c.handler.permanent_failure_statuses, vec![422]);
         assert!(c.api.listen.is_none());
+    }
+
+    #[test]
+    fn queue_names_follow_the_table_check() {
+        assert!(valid_queue_name("emails"));
+        assert!(valid_queue_name("a.b_c-1"));
+        assert!(!valid_queue_name(""));
+        assert!(!valid_queue_name("-x"));
+        assert!(!valid_queue_name("a b"));
+        assert!(!valid_queue_name(&"a".repeat(101)));
     }
 
     #[test]

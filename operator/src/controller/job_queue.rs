@@ -1,9 +1,17 @@
-//! The `JobQueue` controller: prepares the queue in the team's database, applies the worker
-//! ConfigMap and Deployment and the autoscaler (HPA or KEDA `ScaledObject`), scales 0↔1 itself, marks
-//! idle workers cheaper to delete before a scale-in, and reports depth, replicas and conditions.
+//! The `JobQueue` controller: prepares the queue in the team's database, applies the worker ConfigMap and
+//! Deployment and the autoscaler (HPA or KEDA `ScaledObject`), scales 0↔1 itself, marks idle workers
+//! cheaper to delete before a scale-in, and reports depth, replicas and conditions.
 //!
-//! Shape: [`reconcile`] / [`error_policy`] like every controller here, plus a wake-up loop
-//! ([`run_wakeups`]) that turns a NOTIFY on enqueue into a 0→1 scale call at once and then a reconcile.
+//! Each reconcile, in order (see [`steps`]): render (a spec that cannot run needs no database round
+//! trip); read the database URL from the one Secret the queue names; [`prepare_database`] (schema,
+//! settings, paused flag); [`observe`] depth, replicas and when the queue was last busy;
+//! [`choose_autoscaler`]; [`decide`] (pure); [`apply_workers`] (deletion costs, ConfigMap, Deployment);
+//! [`apply_autoscaler`]; [`remember`] what the wake-up path needs; [`write_status`].
+//!
+//! The wake-up path ([`run_wakeups`]) turns a NOTIFY on enqueue into the same [`decide`] on depth read
+//! at that moment, and applies a scale-up from zero at once through the Deployment's `/scale`; the
+//! Deployment's change then triggers a reconcile. A deleted JobQueue is forgotten (memory, gauges, and
+//! the database's LISTEN connection once no other queue uses it) when the controller next finds it gone.
 //!
 //! Failure rules: a bad Secret reference or an unreachable database sets `Ready=False` with a reason and
 //! an Event, and the object is retried with per-object exponential backoff; replicas are left as they
@@ -26,120 +34,92 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 use kube::{
-    Api, Client, Resource, ResourceExt,
+    Api, Resource, ResourceExt,
     api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams},
     runtime::{
         Controller,
-        controller::Action,
-        events::{Event, EventType, Recorder, Reporter},
+        controller::{self as runtime, Action},
+        events::EventType,
         reflector::ObjectRef,
         watcher,
     },
 };
 use serde_json::json;
-use sluice_crds::job_queue::{DepthStatus, JobQueue, JobQueueStatus, ScalingProvider};
-use sluice_sidecar::queue::{Depth, QueueSettings};
+use sluice_crds::{
+    conditions::{ACTIVE, DEGRADED, PAUSED, READY, reason},
+    contract::{annotation, label::JOB_QUEUE as JOB_QUEUE_LABEL},
+    job_queue::{DepthStatus, JobQueue, JobQueueStatus, ScalingProvider},
+};
+use sluice_queue::{Depth, QueueSettings};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{Backoff, Clock, conditions};
+use super::{Context, conditions::Desired};
 use crate::{
-    FIELD_MANAGER,
+    Error, FIELD_MANAGER, Result,
     external_metrics::apiservice::{self, Owner},
     render::{
         hpa::render_hpa,
         scaled_object::{api_resource as scaled_object_resource, render_scaled_object},
-        worker_deployment::{
-            JOB_QUEUE_LABEL, WorkerRenderOptions, render_config_map, render_worker_deployment, worker_name,
-        },
+        sidecar_container::SidecarSettings,
+        worker_deployment::{render_config_map, render_worker_deployment, worker_name},
     },
     scaling::{
-        Autoscaler, Databases, JobQueueMetrics, Observation, Policy, Reason, Wake, Waker,
-        databases::{UrlError, database_key, read_database_url},
+        Autoscaler, Databases, Decision, JobQueueMetrics, Observation, Policy, Wake, Waker,
+        databases::database_key,
         decide,
         deletion_cost::{POD_DELETION_COST_ANNOTATION, deletion_costs},
     },
+    secret::{self, DATABASE_SECRET_FIELD},
 };
 
-/// The controller's name in metrics and logs.
+/// The controller's name in metrics, logs and spans.
 pub const CONTROLLER: &str = "jobqueue";
+/// Soonest requeue when a decision asks to be checked again (the end of a cooldown).
+pub const RECHECK_FLOOR: Duration = Duration::from_millis(100);
 
-/// Condition types and reasons of a `JobQueue`.
-pub mod condition {
-    /// Schema, settings and workers are in place.
-    pub const READY: &str = sluice_crds::conditions::READY;
-    /// The queue has work and workers to run it.
-    pub const ACTIVE: &str = "Active";
-    /// The `sluice.dev/paused` annotation is set.
-    pub const PAUSED: &str = "Paused";
-    /// Something the queue depends on is unavailable; replicas are kept.
-    pub const DEGRADED: &str = sluice_crds::conditions::DEGRADED;
-
-    /// Everything is in place.
-    pub const AS_EXPECTED: &str = "AsExpected";
-    /// The database Secret does not exist.
-    pub const SECRET_NOT_FOUND: &str = "SecretNotFound";
-    /// The database Secret lacks the key.
-    pub const SECRET_KEY_MISSING: &str = "SecretKeyMissing";
-    /// The database could not be reached, or preparing the schema failed.
-    pub const DATABASE_UNREACHABLE: &str = "DatabaseUnreachable";
-    /// The spec cannot be rendered (the message names the field).
-    pub const INVALID_SPEC: &str = "InvalidSpec";
-    /// Another provider serves `external.metrics.k8s.io`; the operator scales 1..N itself.
-    pub const EXTERNAL_METRICS_OWNED_ELSEWHERE: &str = "ExternalMetricsOwnedElsewhere";
-    /// Nobody serves `external.metrics.k8s.io`; the operator scales 1..N itself.
-    pub const EXTERNAL_METRICS_UNAVAILABLE: &str = "ExternalMetricsUnavailable";
-    /// KEDA's `ScaledObject` could not be applied (KEDA not installed?).
-    pub const KEDA_UNAVAILABLE: &str = "KedaUnavailable";
-    /// Ready or running jobs and workers.
-    pub const WORKING: &str = "Working";
-    /// No ready or running jobs.
-    pub const IDLE: &str = "Idle";
-    /// Jobs wait and no worker runs yet.
-    pub const WAKING: &str = "Waking";
-    /// Paused by annotation.
-    pub const PAUSED_BY_ANNOTATION: &str = "PausedByAnnotation";
-    /// Not paused.
-    pub const NOT_PAUSED: &str = "NotPaused";
-}
-
-pub use crate::Error;
-
-/// The `Ready` condition's reason for a failed reconcile.
-fn condition_reason(e: &Error) -> &'static str {
-    match e {
-        Error::DatabaseSecret(UrlError::SecretKeyMissing { .. }) => condition::SECRET_KEY_MISSING,
-        Error::DatabaseSecret(_) => condition::SECRET_NOT_FOUND,
-        Error::Database(_) => condition::DATABASE_UNREACHABLE,
-        Error::InvalidJobQueue(_) | Error::InvalidSpec(_) => condition::INVALID_SPEC,
-        _ => "KubernetesApiError",
-    }
-}
-
-/// What the JobQueue controller's reconciles share.
-pub struct Context {
-    /// The Kubernetes client.
-    pub client: Client,
-    /// Publishes Events on JobQueues.
-    pub recorder: Recorder,
-    /// Per-object error backoff.
-    pub backoff: Backoff,
-    /// Wall clock (Unix ms); injected so tests can move time.
-    pub clock: Clock,
-    /// Database connections and the depth cache (shared with the external metrics server).
+/// What a JobQueue controller is built from that outlives a term of leadership.
+#[derive(Clone)]
+pub struct Settings {
+    /// Database pools and the depth cache, shared with the external metrics API.
     pub databases: Arc<Databases>,
-    /// LISTEN/NOTIFY per database.
-    pub waker: Waker,
-    /// Sidecar image and resources.
-    pub render: WorkerRenderOptions,
-    /// JobQueue metrics.
+    /// JobQueue metrics (depth, scale decisions), shared with `/metrics` and the external metrics API.
     pub metrics: Arc<JobQueueMetrics>,
+    /// The sidecar container of worker pods.
+    pub sidecar: SidecarSettings,
     /// The operator's namespace (an APIService whose service lives here is Sluice's).
     pub namespace: String,
     /// Whether this operator serves `external.metrics.k8s.io` (`SLUICE_EXTERNAL_METRICS`).
     pub external_metrics: bool,
+}
+
+/// What only this controller keeps. Made fresh at each term of leadership, so a new leader starts with
+/// no stale memory of queues.
+pub struct State {
+    /// What outlives a term.
+    pub settings: Settings,
+    /// LISTEN/NOTIFY per database.
+    pub waker: Waker,
     /// Per-JobQueue memory: when it was last busy, and what the wake-up path needs.
     pub queues: Mutex<HashMap<ObjectRef<JobQueue>, QueueMemory>>,
+}
+
+impl State {
+    /// The state and the receiver of its NOTIFY wake-ups (for [`run`]); `stop` ends the LISTEN
+    /// connections.
+    pub fn new(settings: Settings, stop: CancellationToken) -> (Self, mpsc::UnboundedReceiver<Wake>) {
+        let (wake_tx, wakes) = mpsc::unbounded_channel();
+        let state = Self {
+            settings,
+            waker: Waker::new(wake_tx, stop),
+            queues: Mutex::default(),
+        };
+        (state, wakes)
+    }
+
+    fn queues(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<JobQueue>, QueueMemory>> {
+        self.queues.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// What the controller remembers about one JobQueue between reconciles.
@@ -151,242 +131,288 @@ pub struct QueueMemory {
     pub url: String,
     /// Its queue name.
     pub queue: String,
+    /// Its worker Deployment.
+    pub deployment: String,
     /// Unix ms when it was last seen with ready or running jobs.
     pub last_active_ms: i64,
-    /// Whether the wake-up path may scale it 0→1 (builtin provider, not paused).
-    pub wake_enabled: bool,
-    /// `activationThreshold`.
-    pub activation: i64,
-    /// Replicas at the last reconcile.
+    /// Its scaling settings, as the decision reads them.
+    pub policy: Policy,
+    /// Replicas at the last reconcile (or wake-up).
     pub replicas: i32,
 }
 
-/// The wiring of a running controller: its context and the receiver of its wake-up loop.
-pub struct Wiring {
-    /// The context.
-    pub ctx: Arc<Context>,
-    /// NOTIFY wake-ups.
-    pub wakes: mpsc::UnboundedReceiver<Wake>,
+/// Runs the controller (and its wake-up loop) until `shutdown` completes.
+pub async fn run(
+    ctx: Arc<Context<State>>,
+    wakes: mpsc::UnboundedReceiver<Wake>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let client = ctx.client.clone();
+    let owned = watcher::Config::default().labels(JOB_QUEUE_LABEL);
+    let wakeups = tokio::spawn(run_wakeups(ctx.clone(), wakes));
+    Controller::new(Api::<JobQueue>::all(client.clone()), watcher::Config::default())
+        .owns(Api::<Deployment>::all(client.clone()), owned.clone())
+        .owns(Api::<HorizontalPodAutoscaler>::all(client.clone()), owned.clone())
+        .owns(Api::<ConfigMap>::all(client.clone()), owned)
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(|r| {
+            let ctx = ctx.clone();
+            async move {
+                match r {
+                    // A request for a JobQueue no longer in the cache: it was deleted (its requeue, or
+                    // the garbage collection of its Deployment, asked for it).
+                    Err(runtime::Error::ObjectNotFound(gone)) => {
+                        let mut oref = ObjectRef::<JobQueue>::new(&gone.name);
+                        oref.namespace = gone.namespace.clone();
+                        forget(&ctx, &oref);
+                    }
+                    Err(e) => tracing::debug!(controller = CONTROLLER, error = %e, "controller event"),
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+    wakeups.abort();
 }
 
-impl Context {
-    /// A context and the receivers of its loops. `stop` ends the LISTEN connections.
-    #[allow(clippy::too_many_arguments)]
-    pub fn wire(
-        client: Client,
-        instance: Option<String>,
-        databases: Arc<Databases>,
-        metrics: Arc<JobQueueMetrics>,
-        render: WorkerRenderOptions,
-        namespace: String,
-        external_metrics: bool,
-        clock: Clock,
-        stop: CancellationToken,
-    ) -> Wiring {
-        let (wake_tx, wakes) = mpsc::unbounded_channel();
-        let reporter = Reporter {
-            controller: FIELD_MANAGER.into(),
-            instance,
-        };
-        let ctx = Arc::new(Context {
-            recorder: Recorder::new(client.clone(), reporter),
-            client,
-            backoff: Backoff::default(),
-            clock,
-            databases,
-            waker: Waker::new(wake_tx, stop),
-            render,
-            metrics,
-            namespace,
-            external_metrics,
-            queues: Mutex::default(),
-        });
-        Wiring { ctx, wakes }
-    }
-
-    fn now_ms(&self) -> i64 {
-        (self.clock)()
-    }
-
-    async fn event(&self, jq: &JobQueue, type_: EventType, reason: &str, note: String) {
-        let ev = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&ev, &jq.object_ref(&())).await {
-            tracing::debug!(error = %e, "publishing an event failed");
+/// Reconciles one JobQueue. See the module docs for the steps.
+pub async fn reconcile(jq: Arc<JobQueue>, ctx: Arc<Context<State>>) -> Result<Action> {
+    super::instrumented(CONTROLLER, &*jq, &ctx, async {
+        if jq.meta().deletion_timestamp.is_some() {
+            // Owned objects are collected by ownerReferences; the database keeps its jobs.
+            forget(&ctx, &ObjectRef::from_obj(&*jq));
+            return Ok(Action::await_change());
         }
-    }
-}
-
-fn key(jq: &JobQueue) -> String {
-    format!("{}/{}", jq.namespace().unwrap_or_default(), jq.name_any())
-}
-
-/// Reconciles one JobQueue.
-pub async fn reconcile(jq: Arc<JobQueue>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let oref = ObjectRef::from_obj(&*jq);
-    if jq.meta().deletion_timestamp.is_some() {
-        // Owned objects are collected by ownerReferences; the database keeps its jobs.
-        ctx.queues.lock().unwrap_or_else(|p| p.into_inner()).remove(&oref);
-        ctx.metrics
-            .forget(&jq.namespace().unwrap_or_default(), &jq.name_any());
-        return Ok(Action::await_change());
-    }
-    match reconcile_inner(&jq, &ctx).await {
-        Ok(action) => {
-            ctx.backoff.reset(&key(&jq));
-            Ok(action)
+        match steps(&jq, &ctx).await {
+            Ok(action) => Ok(action),
+            Err(e) => {
+                report_failure(&jq, &ctx, &e).await;
+                Err(e)
+            }
         }
-        Err(e) => {
-            report_failure(&jq, &ctx, &e).await;
-            Err(e)
-        }
-    }
+    })
+    .await
 }
 
-/// Requeues a failed JobQueue with per-object exponential backoff.
-pub fn error_policy(jq: Arc<JobQueue>, error: &Error, ctx: Arc<Context>) -> Action {
-    let delay = ctx.backoff.next(&key(&jq));
-    tracing::warn!(jobqueue = %key(&jq), error = %error, retry_in = ?delay, "reconcile failed");
-    Action::requeue(delay)
+/// Requeues a failed JobQueue with per-object exponential backoff, counting the error by reason.
+pub fn error_policy(jq: Arc<JobQueue>, error: &Error, ctx: Arc<Context<State>>) -> Action {
+    super::error_policy(CONTROLLER, &*jq, error, &ctx)
 }
 
-async fn reconcile_inner(jq: &JobQueue, ctx: &Context) -> Result<Action, Error> {
-    let ns = jq.namespace().unwrap_or_default();
-    let name = jq.name_any();
-    let queue = jq.queue_name();
-    let paused = jq.is_paused();
+/// The reconcile's steps, in order.
+async fn steps(jq: &JobQueue, ctx: &Context<State>) -> Result<Action> {
+    // One "now" for the whole reconcile, read before the depth: a queue seen busy is busy as of this
+    // moment, never of a later one (which would stretch its cooldown).
     let now = ctx.now_ms();
-
     // Render first: a spec that cannot run needs no database round trip to be reported.
-    let config_map = render_config_map(jq);
-    render_worker_deployment(jq, &ctx.render, None)?;
+    render_worker_deployment(jq, &ctx.state.settings.sidecar, None)?;
+    let ns = jq.namespace().unwrap_or_default();
+    let url = secret::read_url(
+        &ctx.client,
+        &ns,
+        &jq.spec.database.secret_ref,
+        DATABASE_SECRET_FIELD,
+    )
+    .await?;
+    prepare_database(jq, ctx, &url).await?;
+    let seen = observe(jq, ctx, &url, now).await?;
+    let (autoscaler, metrics_note) = choose_autoscaler(jq, ctx).await?;
+    let policy = policy(jq, autoscaler);
+    let decision = decide(seen.observation(now), policy);
+    let replicas = apply_workers(jq, ctx, &url, &seen, &decision).await?;
+    let keda_problem = apply_autoscaler(jq, ctx, autoscaler).await?;
+    remember(jq, ctx, &url, &seen, policy, replicas);
+    let degraded = metrics_note.or_else(|| keda_problem.map(|m| (reason::KEDA_UNAVAILABLE, m)));
+    let outcome = Outcome {
+        seen,
+        decision,
+        autoscaler,
+        replicas,
+        degraded,
+    };
+    write_status(jq, ctx, &outcome, now).await?;
+    let poll = jq.spec.scaling.polling_interval.get();
+    Ok(Action::requeue(match outcome.decision.recheck_after {
+        Some(r) => r.min(poll).max(RECHECK_FLOOR),
+        None => poll,
+    }))
+}
 
-    let url = read_database_url(&ctx.client, jq).await?;
-    let settings = QueueSettings::from(&jq.spec.queue_settings(&queue));
-    ctx.databases.prepare(&url, &settings, paused).await?;
-    let depth = ctx.databases.depth_fresh(&url, &queue).await?;
-    if let Some(d) = &depth {
-        ctx.metrics.set_depth(&ns, &name, d);
+/// The schema (once per database per process), the queue's settings and its paused flag.
+async fn prepare_database(jq: &JobQueue, ctx: &Context<State>, url: &str) -> Result<()> {
+    let settings = QueueSettings::from(&jq.spec.queue_settings(&jq.queue_name()));
+    ctx.state
+        .settings
+        .databases
+        .prepare(url, &settings, jq.is_paused())
+        .await?;
+    Ok(())
+}
+
+/// What a reconcile saw of the queue and its workers.
+struct Seen {
+    /// Depth read now; `None` when the queue is not registered yet.
+    depth: Option<Depth>,
+    /// The worker Deployment's `spec.replicas` (0 when it does not exist yet).
+    replicas: i32,
+    /// Whether the worker Deployment exists.
+    deployed: bool,
+    /// Unix ms when the queue was last busy.
+    last_active_ms: i64,
+}
+
+impl Seen {
+    fn busy(&self) -> bool {
+        self.depth.as_ref().is_some_and(|d| d.demand() > 0)
     }
 
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
-    let existing = deployments.get_opt(&worker_name(jq)).await?;
+    fn observation(&self, now_ms: i64) -> Observation {
+        Observation {
+            ready: self.depth.as_ref().map(|d| d.ready),
+            running: self.depth.as_ref().map(|d| d.running),
+            replicas: self.replicas,
+            last_active_ms: self.last_active_ms,
+            now_ms,
+        }
+    }
+}
+
+/// Reads depth and the worker Deployment's replicas, and works out when the queue was last busy: busy
+/// now (`now_ms`), or when the controller last saw it busy; a queue first seen counts as busy now, so an
+/// operator restart never cuts a cooldown short.
+async fn observe(jq: &JobQueue, ctx: &Context<State>, url: &str, now_ms: i64) -> Result<Seen> {
+    let (ns, name) = (jq.namespace().unwrap_or_default(), jq.name_any());
+    let depth = ctx
+        .state
+        .settings
+        .databases
+        .depth_fresh(url, &jq.queue_name())
+        .await?;
+    if let Some(d) = &depth {
+        ctx.state.settings.metrics.set_depth(&ns, &name, d);
+    }
+    let existing = Api::<Deployment>::namespaced(ctx.client.clone(), &ns)
+        .get_opt(&worker_name(jq))
+        .await?;
     let replicas = existing
         .as_ref()
         .and_then(|d| d.spec.as_ref())
         .and_then(|s| s.replicas)
         .unwrap_or(0);
-
-    // Who scales 1..N.
-    let (autoscaler, metrics_note) = match jq.spec.scaling.provider {
-        ScalingProvider::Keda => (Autoscaler::Keda, None),
-        ScalingProvider::Builtin => {
-            let owner = apiservice::owner(&ctx.client, &ctx.namespace).await?;
-            match owner {
-                Owner::Sluice if ctx.external_metrics => (Autoscaler::Hpa, None),
-                Owner::Sluice => (
-                    Autoscaler::Operator,
-                    Some((
-                        condition::EXTERNAL_METRICS_UNAVAILABLE,
-                        "the external metrics API is switched off in this operator (SLUICE_EXTERNAL_METRICS=false); the operator scales the workers itself".to_owned(),
-                    )),
-                ),
-                Owner::Other(who) => (
-                    Autoscaler::Operator,
-                    Some((
-                        condition::EXTERNAL_METRICS_OWNED_ELSEWHERE,
-                        format!(
-                            "{} is served by {who}, not Sluice; it is left alone and the operator scales the workers itself (or set scaling.provider: keda)",
-                            apiservice::APISERVICE_NAME
-                        ),
-                    )),
-                ),
-                Owner::Absent => (
-                    Autoscaler::Operator,
-                    Some((
-                        condition::EXTERNAL_METRICS_UNAVAILABLE,
-                        format!("no {} APIService exists; the operator scales the workers itself", apiservice::APISERVICE_NAME),
-                    )),
-                ),
-            }
-        }
+    let mut seen = Seen {
+        depth,
+        replicas,
+        deployed: existing.is_some(),
+        last_active_ms: now_ms,
     };
+    if !seen.busy()
+        && let Some(m) = ctx.state.queues().get(&ObjectRef::from_obj(jq))
+    {
+        seen.last_active_ms = m.last_active_ms;
+    }
+    Ok(seen)
+}
 
-    // Remember when the queue was last busy; a queue first seen counts as busy now, so an operator
-    // restart never cuts a cooldown short.
-    let oref = ObjectRef::from_obj(jq);
-    let busy = depth.as_ref().is_some_and(|d| d.demand() > 0);
-    let last_active_ms = {
-        let queues = ctx.queues.lock().unwrap_or_else(|p| p.into_inner());
-        match queues.get(&oref) {
-            Some(m) if !busy => m.last_active_ms,
-            _ => now,
-        }
+/// Who scales between 1 and N, and why not the HPA when it cannot be (a `Degraded` reason and message).
+async fn choose_autoscaler(
+    jq: &JobQueue,
+    ctx: &Context<State>,
+) -> Result<(Autoscaler, Option<(&'static str, String)>)> {
+    let settings = &ctx.state.settings;
+    if jq.spec.scaling.provider == ScalingProvider::Keda {
+        return Ok((Autoscaler::Keda, None));
+    }
+    let api = apiservice::APISERVICE_NAME;
+    let note = match apiservice::owner(&ctx.client, &settings.namespace).await? {
+        Owner::Sluice if settings.external_metrics => return Ok((Autoscaler::Hpa, None)),
+        Owner::Sluice => (
+            reason::EXTERNAL_METRICS_UNAVAILABLE,
+            "the external metrics API is switched off in this operator (SLUICE_EXTERNAL_METRICS=false); \
+             the operator scales the workers itself"
+                .to_owned(),
+        ),
+        Owner::Other(who) => (
+            reason::EXTERNAL_METRICS_OWNED_ELSEWHERE,
+            format!(
+                "{api} is served by {who}, not Sluice; it is left alone and the operator scales the workers \
+                 itself (or set scaling.provider: keda)"
+            ),
+        ),
+        Owner::Absent => (
+            reason::EXTERNAL_METRICS_UNAVAILABLE,
+            format!("no {api} APIService exists; the operator scales the workers itself"),
+        ),
     };
+    Ok((Autoscaler::Operator, Some(note)))
+}
+
+/// The queue's scaling settings as [`decide`] reads them.
+fn policy(jq: &JobQueue, autoscaler: Autoscaler) -> Policy {
     let scaling = &jq.spec.scaling;
-    let policy = Policy {
+    Policy {
         min: scaling.min_replica_count,
         max: scaling.max_replica_count,
         target: scaling.target(jq.spec.worker.concurrency),
         activation: i64::from(scaling.activation_threshold),
         cooldown: scaling.cooldown_period.get(),
-        paused,
+        paused: jq.is_paused(),
         autoscaler,
-    };
-    let decision = decide(
-        Observation {
-            ready: depth.as_ref().map(|d| d.ready),
-            running: depth.as_ref().map(|d| d.running),
-            replicas,
-            last_active_ms,
-            now_ms: now,
-        },
-        policy,
-    );
-    let target_replicas = decision.scale_to.unwrap_or(replicas);
+    }
+}
 
+/// Applies the worker ConfigMap and Deployment with the replicas the decision asks for (marking idle
+/// workers cheaper to delete first when replicas go down); returns those replicas.
+async fn apply_workers(
+    jq: &JobQueue,
+    ctx: &Context<State>,
+    url: &str,
+    seen: &Seen,
+    decision: &Decision,
+) -> Result<i32> {
+    let ns = jq.namespace().unwrap_or_default();
     // spec.replicas is always applied: the operator's decision, or else the value read just now (the
     // HPA's or KEDA's). Leaving it out would drop this manager's ownership and let the API server reset
     // it to the default of 1 (seen with KEDA at zero). An autoscaler write landing between the read and
     // the apply is undone once and redone on its next sync.
-    let apply_replicas = Some(target_replicas);
-
+    let replicas = decision.scale_to.unwrap_or(seen.replicas);
     // Before replicas go down (by the HPA or by us), make idle workers the cheapest to delete.
-    if decision.desired < replicas
+    if decision.desired < seen.replicas
         && decision.desired > 0
-        && let Err(e) = mark_idle_workers(jq, ctx, &url, &queue).await
+        && let Err(e) = mark_idle_workers(jq, ctx, url).await
     {
-        tracing::debug!(jobqueue = %key(jq), error = %e, "setting pod-deletion-cost failed");
+        tracing::debug!(jobqueue = %super::key(jq), error = %e, "setting pod-deletion-cost failed");
     }
-
     let pp = PatchParams::apply(FIELD_MANAGER).force();
-    let config_maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
-    config_maps
+    let config_map = render_config_map(jq);
+    Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
         .patch(&config_map.name_any(), &pp, &Patch::Apply(&config_map))
         .await?;
-    let deployment = render_worker_deployment(jq, &ctx.render, apply_replicas)?;
-    deployments
+    let deployment = render_worker_deployment(jq, &ctx.state.settings.sidecar, Some(replicas))?;
+    Api::<Deployment>::namespaced(ctx.client.clone(), &ns)
         .patch(&worker_name(jq), &pp, &Patch::Apply(&deployment))
         .await?;
-
-    let mut scale_event = None;
-    if let Some(to) = decision.scale_to.filter(|_| existing.is_some()) {
-        ctx.metrics.scaled(decision.reason.as_str());
-        scale_event = Some((decision.reason, replicas, to));
+    if decision.scale_to.is_some() && seen.deployed {
+        ctx.state.settings.metrics.scaled(decision.reason.as_str());
     }
+    Ok(replicas)
+}
 
-    // The autoscaler.
+/// Applies the HPA or the KEDA `ScaledObject` (and removes the HPA when it is not wanted). Returns why
+/// the ScaledObject could not be applied, if it could not: KEDA may not be installed.
+async fn apply_autoscaler(
+    jq: &JobQueue,
+    ctx: &Context<State>,
+    autoscaler: Autoscaler,
+) -> Result<Option<String>> {
+    let ns = jq.namespace().unwrap_or_default();
+    let pp = PatchParams::apply(FIELD_MANAGER).force();
     let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(ctx.client.clone(), &ns);
-    let mut keda_problem = None;
+    let paused = jq.is_paused();
     match autoscaler {
         Autoscaler::Hpa if !paused => {
-            let hpa = render_hpa(jq);
-            hpas.patch(&worker_name(jq), &pp, &Patch::Apply(&hpa)).await?;
+            hpas.patch(&worker_name(jq), &pp, &Patch::Apply(&render_hpa(jq)))
+                .await?;
         }
         Autoscaler::Keda if !paused => {
             delete_if_present(&hpas, &worker_name(jq)).await?;
@@ -396,105 +422,145 @@ async fn reconcile_inner(jq: &JobQueue, ctx: &Context) -> Result<Action, Error> 
                 .patch(&worker_name(jq), &pp, &Patch::Apply(&render_scaled_object(jq)))
                 .await
             {
-                keda_problem = Some(format!(
+                return Ok(Some(format!(
                     "applying the KEDA ScaledObject failed (is KEDA installed?): {e}"
-                ));
+                )));
             }
         }
         _ => delete_if_present(&hpas, &worker_name(jq)).await?,
     }
+    Ok(None)
+}
 
-    // Remember for the wake-up path.
-    ctx.waker.watch(&url);
-    ctx.queues.lock().unwrap_or_else(|p| p.into_inner()).insert(
-        oref,
+/// Records what the wake-up path needs, and LISTENs on the queue's database.
+fn remember(jq: &JobQueue, ctx: &Context<State>, url: &str, seen: &Seen, policy: Policy, replicas: i32) {
+    ctx.state.waker.watch(url);
+    ctx.state.queues().insert(
+        ObjectRef::from_obj(jq),
         QueueMemory {
-            database: database_key(&url),
-            url: url.clone(),
-            queue: queue.clone(),
-            last_active_ms,
-            wake_enabled: !paused && autoscaler != Autoscaler::Keda,
-            activation: i64::from(scaling.activation_threshold),
-            replicas: target_replicas,
+            database: database_key(url),
+            url: url.to_owned(),
+            queue: jq.queue_name(),
+            deployment: worker_name(jq),
+            last_active_ms: seen.last_active_ms,
+            policy,
+            replicas,
         },
     );
+}
 
-    // Status.
-    let degraded = metrics_note
-        .clone()
-        .or_else(|| keda_problem.clone().map(|m| (condition::KEDA_UNAVAILABLE, m)));
-    let previously_degraded_reason = jq
-        .condition(condition::DEGRADED)
-        .filter(|c| c.status == "True")
-        .map(|c| c.reason.clone());
-    let was_ready = jq.condition(condition::READY).map(|c| c.status == "True");
-    let active = busy && target_replicas > 0;
-    let desired = vec![
-        conditions::Desired {
-            type_: condition::READY,
+/// Forgets a JobQueue that is gone: its memory, its depth gauges, and its database's LISTEN connection
+/// when no other remembered queue uses that database.
+fn forget(ctx: &Context<State>, oref: &ObjectRef<JobQueue>) {
+    let mut queues = ctx.state.queues();
+    let Some(gone) = queues.remove(oref) else {
+        return;
+    };
+    ctx.state
+        .settings
+        .metrics
+        .forget(oref.namespace.as_deref().unwrap_or_default(), &oref.name);
+    if !queues.values().any(|m| m.database == gone.database) {
+        ctx.state.waker.unwatch(&gone.url);
+    }
+    tracing::debug!(jobqueue = %oref, "forgot a deleted JobQueue");
+}
+
+/// What a reconcile found and did, for its status.
+struct Outcome {
+    /// What it saw.
+    seen: Seen,
+    /// What it decided.
+    decision: Decision,
+    /// Who scales between 1 and N.
+    autoscaler: Autoscaler,
+    /// The replicas it applied.
+    replicas: i32,
+    /// Why the queue is degraded (reason, message), if it is.
+    degraded: Option<(&'static str, String)>,
+}
+
+/// Writes the status (conditions, depth, replicas, scaler) and publishes Events on transitions: a scale
+/// the operator made, becoming ready, becoming degraded for a new reason.
+async fn write_status(jq: &JobQueue, ctx: &Context<State>, outcome: &Outcome, now: i64) -> Result<()> {
+    let Outcome {
+        seen,
+        decision,
+        autoscaler,
+        replicas,
+        degraded,
+    } = outcome;
+    let replicas = *replicas;
+    let queue = jq.queue_name();
+    let paused = jq.is_paused();
+    let busy = seen.busy();
+    let active = busy && replicas > 0;
+    let ready_message = format!("queue {queue:?} is registered and its workers are deployed");
+    let desired = [
+        Desired {
+            type_: READY,
             status: true,
-            reason: condition::AS_EXPECTED,
-            message: format!("queue {queue:?} is registered and its workers are deployed"),
+            reason: reason::AS_EXPECTED,
+            message: ready_message.clone(),
         },
-        conditions::Desired {
-            type_: condition::ACTIVE,
+        Desired {
+            type_: ACTIVE,
             status: active,
             reason: if active {
-                condition::WORKING
+                reason::WORKING
             } else if busy {
-                condition::WAKING
+                reason::WAKING
             } else {
-                condition::IDLE
+                reason::IDLE
             },
-            message: match &depth {
+            message: match &seen.depth {
                 Some(d) => format!(
-                    "{} ready and {} running jobs, {target_replicas} workers",
+                    "{} ready and {} running jobs, {replicas} workers",
                     d.ready, d.running
                 ),
                 None => "the queue is not registered yet".into(),
             },
         },
-        conditions::Desired {
-            type_: condition::PAUSED,
+        Desired {
+            type_: PAUSED,
             status: paused,
             reason: if paused {
-                condition::PAUSED_BY_ANNOTATION
+                reason::PAUSED_BY_ANNOTATION
             } else {
-                condition::NOT_PAUSED
+                reason::NOT_PAUSED
             },
             message: if paused {
                 format!(
                     "{} is set: workers claim nothing and replicas are kept",
-                    sluice_crds::job_queue::PAUSED_ANNOTATION
+                    annotation::PAUSED
                 )
             } else {
                 String::new()
             },
         },
         match &degraded {
-            Some((reason, message)) => conditions::Desired {
-                type_: condition::DEGRADED,
+            Some((why, message)) => Desired {
+                type_: DEGRADED,
                 status: true,
-                reason,
+                reason: why,
                 message: message.clone(),
             },
-            None => conditions::Desired {
-                type_: condition::DEGRADED,
+            None => Desired {
+                type_: DEGRADED,
                 status: false,
-                reason: condition::AS_EXPECTED,
+                reason: reason::AS_EXPECTED,
                 message: String::new(),
             },
         },
     ];
-    let existing_conditions = jq
-        .status
-        .as_ref()
-        .map(|s| s.conditions.clone())
-        .unwrap_or_default();
-    let generation = jq.metadata.generation.unwrap_or(0);
+    let scaled = decision
+        .scale_to
+        .filter(|_| seen.deployed)
+        .map(|to| (decision.reason, seen.replicas, to));
     let previous = jq.status.clone().unwrap_or_default();
-    let (last_scale_time, last_scale_reason) = match &scale_event {
-        Some((reason, _, _)) => (Some(time(now)), Some(reason.as_str().to_owned())),
+    let generation = jq.metadata.generation.unwrap_or(0);
+    let (last_scale_time, last_scale_reason) = match &scaled {
+        Some((why, _, _)) => (Some(time(now)), Some(why.as_str().to_owned())),
         None => (
             previous.last_scale_time.clone(),
             previous.last_scale_reason.clone(),
@@ -502,15 +568,15 @@ async fn reconcile_inner(jq: &JobQueue, ctx: &Context) -> Result<Action, Error> 
     };
     let status = JobQueueStatus {
         observed_generation: Some(generation),
-        conditions: conditions::set(&existing_conditions, &desired, generation, now),
-        depth: depth.as_ref().map(depth_status),
-        oldest_ready_job_age_seconds: depth.as_ref().map(|d| d.oldest_ready_age_ms / 1000),
-        current_replicas: Some(target_replicas),
+        conditions: super::conditions::set(&previous.conditions, &desired, generation, now),
+        depth: seen.depth.as_ref().map(depth_status),
+        oldest_ready_job_age_seconds: seen.depth.as_ref().map(|d| d.oldest_ready_age_ms / 1000),
+        current_replicas: Some(replicas),
         desired_replicas: Some(decision.desired),
         last_scale_time,
         last_scale_reason,
         scaler: Some(
-            match autoscaler {
+            match *autoscaler {
                 Autoscaler::Hpa => "builtin",
                 Autoscaler::Keda => "keda",
                 Autoscaler::Operator => "operator",
@@ -518,55 +584,49 @@ async fn reconcile_inner(jq: &JobQueue, ctx: &Context) -> Result<Action, Error> 
             .to_owned(),
         ),
     };
-    patch_status(ctx, jq, &status).await?;
+    ctx.patch_status(jq, &status).await?;
 
-    // Events on transitions only.
-    if let Some((reason, from, to)) = scale_event {
+    if let Some((why, from, to)) = scaled {
         ctx.event(
             jq,
             EventType::Normal,
-            reason.as_str(),
-            format!("scaled workers from {from} to {to}"),
+            why.as_str(),
+            &format!("scaled workers from {from} to {to}"),
         )
         .await;
     }
-    if was_ready != Some(true) {
-        ctx.event(
-            jq,
-            EventType::Normal,
-            "Ready",
-            format!("queue {queue:?} is registered and its workers are deployed"),
-        )
-        .await;
+    if jq.condition(READY).map(|c| c.status == "True") != Some(true) {
+        ctx.event(jq, EventType::Normal, READY, &ready_message).await;
     }
-    if let Some((reason, message)) = &degraded
-        && previously_degraded_reason.as_deref() != Some(*reason)
+    let previously_degraded = jq
+        .condition(DEGRADED)
+        .filter(|c| c.status == "True")
+        .map(|c| c.reason.clone());
+    if let Some((why, message)) = degraded
+        && previously_degraded.as_deref() != Some(*why)
     {
-        ctx.event(jq, EventType::Warning, reason, message.clone()).await;
+        ctx.event(jq, EventType::Warning, why, message).await;
     }
-
-    let poll = scaling.polling_interval.get();
-    Ok(Action::requeue(match decision.recheck_after {
-        Some(r) => r.min(poll).max(Duration::from_millis(100)),
-        None => poll,
-    }))
+    Ok(())
 }
 
-async fn report_failure(jq: &JobQueue, ctx: &Context, e: &Error) {
+/// A failed reconcile: `Ready=False` with the error's reason (and `Degraded` when the depth cannot be
+/// read), and a Warning Event when the reason changes. Replicas are left as they are.
+async fn report_failure(jq: &JobQueue, ctx: &Context<State>, e: &Error) {
     let now = ctx.now_ms();
     let generation = jq.metadata.generation.unwrap_or(0);
-    let reason = condition_reason(e);
-    let mut desired = vec![conditions::Desired {
-        type_: condition::READY,
+    let why = e.condition_reason();
+    let mut desired = vec![Desired {
+        type_: READY,
         status: false,
-        reason,
+        reason: why,
         message: e.to_string(),
     }];
     if matches!(e, Error::Database(_)) {
-        desired.push(conditions::Desired {
-            type_: condition::DEGRADED,
+        desired.push(Desired {
+            type_: DEGRADED,
             status: true,
-            reason,
+            reason: why,
             message: "the depth cannot be read: replicas are kept as they are until the database answers"
                 .into(),
         });
@@ -574,35 +634,18 @@ async fn report_failure(jq: &JobQueue, ctx: &Context, e: &Error) {
     let previous = jq.status.clone().unwrap_or_default();
     let status = JobQueueStatus {
         observed_generation: Some(generation),
-        conditions: conditions::set(&previous.conditions, &desired, generation, now),
-        ..previous.clone()
+        conditions: super::conditions::set(&previous.conditions, &desired, generation, now),
+        ..previous
     };
     let changed = jq
-        .condition(condition::READY)
-        .is_none_or(|c| c.status != "False" || c.reason != reason);
-    if let Err(err) = patch_status(ctx, jq, &status).await {
+        .condition(READY)
+        .is_none_or(|c| c.status != "False" || c.reason != why);
+    if let Err(err) = ctx.patch_status(jq, &status).await {
         tracing::debug!(error = %err, "writing the failure status failed");
     }
     if changed {
-        ctx.event(jq, EventType::Warning, reason, e.to_string()).await;
+        ctx.event(jq, EventType::Warning, why, &e.to_string()).await;
     }
-}
-
-async fn patch_status(ctx: &Context, jq: &JobQueue, status: &JobQueueStatus) -> Result<(), Error> {
-    let api: Api<JobQueue> = Api::namespaced(ctx.client.clone(), &jq.namespace().unwrap_or_default());
-    let body = json!({
-        "apiVersion": "sluice.dev/v1alpha1",
-        "kind": "JobQueue",
-        "metadata": {"name": jq.name_any()},
-        "status": status,
-    });
-    api.patch_status(
-        &jq.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&body),
-    )
-    .await?;
-    Ok(())
 }
 
 fn depth_status(d: &Depth) -> DepthStatus {
@@ -619,7 +662,7 @@ fn time(ms: i64) -> Time {
     Time(Timestamp::from_millisecond(ms).unwrap_or(Timestamp::UNIX_EPOCH))
 }
 
-async fn delete_if_present<K>(api: &Api<K>, name: &str) -> Result<(), Error>
+async fn delete_if_present<K>(api: &Api<K>, name: &str) -> Result<()>
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -631,13 +674,13 @@ where
 }
 
 /// Sets `controller.kubernetes.io/pod-deletion-cost` on the workers from the leases they hold.
-async fn mark_idle_workers(jq: &JobQueue, ctx: &Context, url: &str, queue: &str) -> Result<(), Error> {
+async fn mark_idle_workers(jq: &JobQueue, ctx: &Context<State>, url: &str) -> Result<()> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &jq.namespace().unwrap_or_default());
     let list = pods
         .list(&ListParams::default().labels(&format!("{JOB_QUEUE_LABEL}={}", jq.name_any())))
         .await?;
     let names: Vec<String> = list.items.iter().map(|p| p.name_any()).collect();
-    let leases = ctx.databases.leases(url, queue).await?;
+    let leases = ctx.state.settings.databases.leases(url, &jq.queue_name()).await?;
     let costs = deletion_costs(&names, &leases);
     for pod in &list.items {
         let Some(cost) = costs.get(&pod.name_any()) else {
@@ -657,83 +700,74 @@ async fn mark_idle_workers(jq: &JobQueue, ctx: &Context, url: &str, queue: &str)
     Ok(())
 }
 
-/// Handles NOTIFY wake-ups: a queue at zero replicas whose depth exceeds its activation threshold is
-/// scaled to one at once (through the Deployment's `/scale`); the Deployment's change then triggers a
-/// reconcile through the controller's watch. Runs until `wakes` closes.
-pub async fn run_wakeups(ctx: Arc<Context>, mut wakes: mpsc::UnboundedReceiver<Wake>) {
+/// Handles NOTIFY wake-ups: each remembered queue at zero replicas on the notified database and queue is
+/// decided again at once ([`wake_up`]). Runs until `wakes` closes.
+pub async fn run_wakeups(ctx: Arc<Context<State>>, mut wakes: mpsc::UnboundedReceiver<Wake>) {
     while let Some(wake) = wakes.recv().await {
-        let sleeping: Vec<(ObjectRef<JobQueue>, QueueMemory)> = ctx
-            .queues
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let asleep: Vec<(ObjectRef<JobQueue>, QueueMemory)> = ctx
+            .state
+            .queues()
             .iter()
-            .filter(|(_, m)| m.database == wake.database && m.queue == wake.queue)
+            .filter(|(_, m)| m.database == wake.database && m.queue == wake.queue && m.replicas == 0)
             .map(|(r, m)| (r.clone(), m.clone()))
             .collect();
-        for (oref, memory) in sleeping {
-            if memory.wake_enabled
-                && memory.replicas == 0
-                && let Err(e) = activate(&ctx, &oref, &memory, wake.at).await
-            {
+        for (oref, memory) in asleep {
+            if let Err(e) = wake_up(&ctx, &oref, &memory, wake.at).await {
                 tracing::debug!(jobqueue = %oref, error = %e, "wake-up scale failed; the next poll retries");
             }
         }
     }
 }
 
-async fn activate(
-    ctx: &Context,
+/// The wake-up path's decision: the reconcile's own [`decide`], on the depth read now and the settings
+/// of the last reconcile. A scale-up from zero is applied at once through the Deployment's `/scale`
+/// (unless something else woke the workers meanwhile); anything else waits for the next reconcile.
+async fn wake_up(
+    ctx: &Context<State>,
     oref: &ObjectRef<JobQueue>,
     memory: &QueueMemory,
     at: Instant,
-) -> Result<(), Error> {
-    let Some(depth) = ctx.databases.depth_fresh(&memory.url, &memory.queue).await? else {
+) -> Result<()> {
+    let depth = ctx
+        .state
+        .settings
+        .databases
+        .depth_fresh(&memory.url, &memory.queue)
+        .await?;
+    let now = ctx.now_ms();
+    let decision = decide(
+        Observation {
+            ready: depth.as_ref().map(|d| d.ready),
+            running: depth.as_ref().map(|d| d.running),
+            replicas: memory.replicas,
+            last_active_ms: memory.last_active_ms,
+            now_ms: now,
+        },
+        memory.policy,
+    );
+    let Some(to) = decision.scale_to.filter(|to| *to > memory.replicas) else {
         return Ok(());
     };
-    if depth.demand() <= memory.activation {
-        return Ok(());
-    }
-    let ns = oref.namespace.clone().unwrap_or_default();
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
-    let name = format!("{}-worker", oref.name);
-    let scale = deployments.get_scale(&name).await?;
+    let deployments: Api<Deployment> =
+        Api::namespaced(ctx.client.clone(), oref.namespace.as_deref().unwrap_or_default());
+    let scale = deployments.get_scale(&memory.deployment).await?;
     if scale.spec.and_then(|s| s.replicas).unwrap_or(0) > 0 {
         return Ok(());
     }
     deployments
         .patch_scale(
-            &name,
+            &memory.deployment,
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"replicas": 1}})),
+            &Patch::Merge(json!({"spec": {"replicas": to}})),
         )
         .await?;
-    ctx.metrics.activation(at.elapsed().as_secs_f64());
-    ctx.metrics.scaled(Reason::Activated.as_str());
-    if let Some(m) = ctx.queues.lock().unwrap_or_else(|p| p.into_inner()).get_mut(oref) {
-        m.replicas = 1;
-        m.last_active_ms = ctx.now_ms();
+    let metrics = &ctx.state.settings.metrics;
+    metrics.activation(at.elapsed().as_secs_f64());
+    metrics.scaled(decision.reason.as_str());
+    if let Some(m) = ctx.state.queues().get_mut(oref) {
+        m.replicas = to;
+        m.last_active_ms = now;
     }
-    tracing::info!(jobqueue = %oref, latency = ?at.elapsed(), "woke workers 0 -> 1 on enqueue");
+    tracing::info!(jobqueue = %oref, to, reason = decision.reason.as_str(), latency = ?at.elapsed(), "woke workers on enqueue");
     Ok(())
-}
-
-/// Runs the controller (and its wake-up loop) until `shutdown` completes.
-pub async fn run(wiring: Wiring, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
-    let Wiring { ctx, wakes } = wiring;
-    let client = ctx.client.clone();
-    let owned = watcher::Config::default().labels(JOB_QUEUE_LABEL);
-    let wakeups = tokio::spawn(run_wakeups(ctx.clone(), wakes));
-    Controller::new(Api::<JobQueue>::all(client.clone()), watcher::Config::default())
-        .owns(Api::<Deployment>::all(client.clone()), owned.clone())
-        .owns(Api::<HorizontalPodAutoscaler>::all(client.clone()), owned.clone())
-        .owns(Api::<ConfigMap>::all(client.clone()), owned)
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|r| async move {
-            if let Err(e) = r {
-                tracing::debug!(error = %e, "jobqueue controller event");
-            }
-        })
-        .await;
-    wakeups.abort();
 }

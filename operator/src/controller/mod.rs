@@ -1,8 +1,19 @@
-//! Controllers. Each has the same shape: `reconcile(object, ctx) -> Result<Action>` and
-//! `error_policy(object, error, ctx) -> Action`, plus a `run` that wires the watches.
+//! The two controllers, `RateLimitPolicy` and `JobQueue`, and what they share. Both have one shape:
 //!
-//! Shared here: the [`Context`] handed to every reconcile, per-object exponential [`Backoff`] (kube-rs
-//! has none built in, kube-rs/kube#1916), and setting [`conditions`].
+//! - one [`Context`]: the client, the Event recorder, the metrics, per-object backoff, the clock, and the
+//!   controller's own `state`;
+//! - `reconcile(object, ctx)`: a short list of named steps run inside [`instrumented`], which opens the
+//!   `reconcile` span (`controller`, `object`, `generation`, `outcome`), counts and times it
+//!   (`sluice_operator_reconcile_total`, `_time_seconds`) and resets the object's backoff on success;
+//! - `error_policy(object, error, ctx)`: [`error_policy`], which counts the failure by
+//!   [`Error::metric_label`] (`sluice_operator_reconcile_errors_total`) and requeues after the object's
+//!   next backoff delay;
+//! - a failed reconcile sets `Ready=False` with [`Error::condition_reason`] and publishes a Warning Event
+//!   when the reason changes;
+//! - `run(ctx, shutdown)`: the watches.
+//!
+//! Also here: per-object exponential [`Backoff`] (kube-rs has none built in, kube-rs/kube#1916), status
+//! and Event helpers, and setting [`conditions`].
 
 pub mod conditions;
 pub mod job_queue;
@@ -10,76 +21,170 @@ pub mod rate_limit_policy;
 
 use std::{
     collections::HashMap,
+    fmt::Debug,
     sync::{Arc, Mutex},
     time::Duration,
 };
 
 use kube::{
-    Client,
-    runtime::events::{Recorder, Reporter},
+    Api, Client, Resource, ResourceExt,
+    api::{Patch, PatchParams},
+    runtime::{
+        controller::Action,
+        events::{Event, EventType, Recorder, Reporter},
+    },
 };
+use serde::{Serialize, de::DeserializeOwned};
+use tracing::{Instrument, field, info_span};
 
-use crate::{metrics::Metrics, redis::Publisher};
+use crate::{Error, FIELD_MANAGER, Result, clock::Clock, metrics::Metrics};
 
-/// The wall clock in Unix milliseconds; injected so tests can move time.
-pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
+/// Longest Event note: the API server refuses notes over 1 kB.
+pub const EVENT_NOTE_MAX_CHARS: usize = 1000;
 
-/// The real wall clock.
-pub fn system_clock() -> Clock {
-    Arc::new(|| {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        i64::try_from(now.as_millis()).unwrap_or(i64::MAX)
-    })
-}
-
-/// What every reconcile needs.
-pub struct Context {
+/// What every reconcile of a controller needs: the same for both controllers, plus the controller's own
+/// `state`.
+pub struct Context<S> {
     /// The Kubernetes client.
     pub client: Client,
-    /// Redis clients for publishing config and reading reports.
-    pub publisher: Publisher,
-    /// Metrics.
-    pub metrics: Arc<Metrics>,
     /// Publishes Events on the objects reconciled.
     pub recorder: Recorder,
+    /// Reconcile counts, durations and errors.
+    pub metrics: Arc<Metrics>,
     /// Per-object error backoff.
     pub backoff: Backoff,
-    /// Wall clock (Unix ms), for report freshness and condition times.
+    /// Wall clock (Unix ms), for condition times and everything timed against the objects.
     pub clock: Clock,
-    /// When each policy generation was first published, to tell "still propagating" from "lagging".
-    pub published: Mutex<HashMap<(String, String), Published>>,
+    /// What only this controller keeps.
+    pub state: S,
 }
 
-/// A generation the controller published, and when.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Published {
-    /// The policy generation.
-    pub generation: i64,
-    /// First published at (Unix ms).
-    pub first_ms: i64,
-    /// Last published at (Unix ms); republished now and then in case Redis lost the key.
-    pub last_ms: i64,
-}
-
-impl Context {
-    /// A context for the real cluster.
-    pub fn new(client: Client, metrics: Arc<Metrics>, instance: Option<String>) -> Self {
+impl<S> Context<S> {
+    /// A context on `client`; Events name `instance` (this replica) as their reporter.
+    pub fn new(
+        client: Client,
+        metrics: Arc<Metrics>,
+        instance: Option<String>,
+        clock: Clock,
+        state: S,
+    ) -> Self {
         let reporter = Reporter {
-            controller: crate::FIELD_MANAGER.into(),
+            controller: FIELD_MANAGER.into(),
             instance,
         };
         Self {
             recorder: Recorder::new(client.clone(), reporter),
             client,
-            publisher: Publisher::default(),
             metrics,
             backoff: Backoff::default(),
-            clock: system_clock(),
-            published: Mutex::default(),
+            clock,
+            state,
         }
     }
+
+    /// Now, in Unix milliseconds.
+    pub fn now_ms(&self) -> i64 {
+        (self.clock)()
+    }
+
+    /// Publishes an Event on `obj` (its note cut to [`EVENT_NOTE_MAX_CHARS`]). An Event is a courtesy:
+    /// failing to record one is logged, never an error.
+    pub async fn event<K>(&self, obj: &K, type_: EventType, reason: &str, note: &str)
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note.chars().take(EVENT_NOTE_MAX_CHARS).collect()),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
+            tracing::warn!(error = %e, "could not publish an event");
+        }
+    }
+
+    /// Server-side applies `status` as `obj`'s status, owning every field of it.
+    pub async fn patch_status<K>(&self, obj: &K, status: &impl Serialize) -> Result<()>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + DeserializeOwned
+            + Debug,
+    {
+        let api: Api<K> = Api::namespaced(self.client.clone(), &obj.namespace().unwrap_or_default());
+        let body = serde_json::json!({
+            "apiVersion": K::api_version(&()),
+            "kind": K::kind(&()),
+            "metadata": {"name": obj.name_any()},
+            "status": status,
+        });
+        api.patch_status(
+            &obj.name_any(),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+/// `namespace/name` of `obj`: its key in logs and in the backoff.
+pub fn key<K: Resource>(obj: &K) -> String {
+    format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
+}
+
+/// Runs the reconcile `steps` of `obj` for `controller` inside the `reconcile` span, counted and timed;
+/// records the outcome (`ok` or the error's metric label) on the span and resets the object's backoff
+/// on success.
+pub async fn instrumented<K, S>(
+    controller: &'static str,
+    obj: &K,
+    ctx: &Context<S>,
+    steps: impl Future<Output = Result<Action>>,
+) -> Result<Action>
+where
+    K: Resource,
+{
+    let span = info_span!(
+        "reconcile",
+        controller,
+        object = %key(obj),
+        generation = obj.meta().generation.unwrap_or_default(),
+        outcome = field::Empty,
+    );
+    let result = {
+        let _timer = ctx.metrics.reconcile(controller);
+        steps.instrument(span.clone()).await
+    };
+    span.record(
+        "outcome",
+        match &result {
+            Ok(_) => "ok",
+            Err(e) => e.metric_label(),
+        },
+    );
+    if result.is_ok() {
+        ctx.backoff.reset(&key(obj));
+    }
+    result
+}
+
+/// The `error_policy` of both controllers: counts the failure by its metric label and requeues after
+/// the object's next backoff delay. User errors (a bad spec or Secret) log at info, the rest at warn.
+pub fn error_policy<K, S>(controller: &'static str, obj: &K, error: &Error, ctx: &Context<S>) -> Action
+where
+    K: Resource,
+{
+    ctx.metrics.reconcile_error(controller, error.metric_label());
+    let delay = ctx.backoff.next(&key(obj));
+    if error.is_user_error() {
+        tracing::info!(controller, object = %key(obj), %error, ?delay, "not ready");
+    } else {
+        tracing::warn!(controller, object = %key(obj), %error, ?delay, "reconcile failed");
+    }
+    Action::requeue(delay)
 }
 
 /// Per-object exponential backoff: 1 s, 2 s, 4 s … up to [`Backoff::MAX`], reset by a success.

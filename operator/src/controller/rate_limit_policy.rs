@@ -1,54 +1,50 @@
 //! The `RateLimitPolicy` controller.
 //!
-//! Each reconcile: render the policy into the sidecar config; server-side apply it to a ConfigMap the
-//! policy owns (deleting the policy collects it; new pods mount it); read the Redis URL from the
-//! policy's Secret (that Secret only, by its explicit reference); publish the config to Redis, where
-//! running sidecars pick it up within a second; count the selected pods that report enforcing the
-//! current generation; write status. While pods lag it requeues every [`PROPAGATION_POLL`], so status
-//! shows the change reaching every pod; afterwards every [`RESYNC`].
+//! Each reconcile, in order: [`render_yaml`] the policy into the sidecar config; [`apply_config_map`]
+//! (server-side apply to a ConfigMap the policy owns: deleting the policy collects it; new pods mount it);
+//! read the Redis URL from the policy's Secret (that Secret only, by its explicit reference); [`publish`]
+//! the config to Redis, where running sidecars pick it up within a second, and read back their reports;
+//! count the [`selected_pods`] that report enforcing the current generation ([`enforcement`]);
+//! [`write_status`]. While pods lag it requeues every [`PROPAGATION_POLL`], so status shows the change
+//! reaching every pod; afterwards every [`RESYNC`].
 //!
-//! User errors (invalid spec, missing Secret or key, unreachable Redis) set `Ready=False` with a
-//! reason, publish a Warning Event on the transition, and back off per object; nothing here panics
-//! on user input.
+//! User errors (invalid spec, missing Secret or key) and an unreachable Redis set `Ready=False` with a
+//! reason, publish a Warning Event on the transition, and back off per object; nothing here panics on
+//! user input.
 
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::Arc,
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::{
     Api, Resource, ResourceExt,
     api::{ListParams, Patch, PatchParams},
-    runtime::{
-        Controller,
-        controller::Action,
-        events::{Event, EventType},
-        reflector::ObjectRef,
-        watcher,
-    },
+    runtime::{Controller, controller::Action, events::EventType, reflector::ObjectRef, watcher},
 };
 use serde_json::json;
 use sluice_crds::{
     conditions::{DEGRADED, READY, reason},
+    contract::{
+        label::{MANAGED_BY, MANAGED_BY_VALUE, POLICY as POLICY_LABEL},
+        path::POLICY_CONFIG_FILE as CONFIG_KEY,
+        redis::Report,
+    },
     rate_limit_policy::{GenerationCount, RateLimitPolicy, RateLimitPolicyStatus},
 };
-use tracing::{Instrument, field, info_span, warn};
 
-use super::{
-    Context, Published,
-    conditions::{self, Desired},
-};
+use super::{Context, conditions::Desired};
 use crate::{
     Error, FIELD_MANAGER, Result,
-    redis::Report,
-    render::sidecar_config::{CONFIG_KEY, config_map_name, render_yaml},
-    webhook::annotations::POLICY_LABEL,
+    propagation::Publisher,
+    render::sidecar_config::{config_map_name, render_yaml},
+    secret::{self, REDIS_SECRET_FIELD},
 };
 
-/// Controller name in metrics and logs.
+/// Controller name in metrics, logs and spans.
 pub const CONTROLLER: &str = "ratelimitpolicy";
 /// Requeue interval while some selected pods do not enforce the current generation yet.
 pub const PROPAGATION_POLL: Duration = Duration::from_millis(500);
@@ -60,11 +56,31 @@ pub const REPORT_FRESH_MS: i64 = 15_000;
 pub const LAG_GRACE_MS: i64 = 10_000;
 /// How often an unchanged generation is republished, in case Redis lost the key.
 pub const REPUBLISH_MS: i64 = 60_000;
-/// Label on the ConfigMaps the operator writes, which its ConfigMap watch selects.
-pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "sluice-operator");
+/// Most lagging pods a `Degraded` message names.
+pub const LAGGING_PODS_SHOWN: usize = 5;
+
+/// What only this controller keeps between reconciles.
+#[derive(Debug, Default)]
+pub struct State {
+    /// Redis clients for publishing config and reading reports.
+    pub publisher: Publisher,
+    /// When each policy generation was first published, to tell "still propagating" from "lagging".
+    pub published: Mutex<HashMap<(String, String), Published>>,
+}
+
+/// A generation the controller published, and when.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Published {
+    /// The policy generation.
+    pub generation: i64,
+    /// First published at (Unix ms).
+    pub first_ms: i64,
+    /// Last published at (Unix ms); republished now and then in case Redis lost the key.
+    pub last_ms: i64,
+}
 
 /// Run the controller until `shutdown` resolves.
-pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
+pub async fn run(ctx: Arc<Context<State>>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
     let client = ctx.client.clone();
     Controller::new(
         Api::<RateLimitPolicy>::all(client.clone()),
@@ -72,7 +88,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
     )
     .owns(
         Api::<ConfigMap>::all(client.clone()),
-        watcher::Config::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1)),
+        watcher::Config::default().labels(&format!("{MANAGED_BY}={MANAGED_BY_VALUE}")),
     )
     .watches(
         Api::<Pod>::all(client),
@@ -86,157 +102,138 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
     .run(reconcile, error_policy, ctx)
     .for_each(|result| async move {
         if let Err(e) = result {
-            tracing::debug!(error = %e, "reconcile failed");
+            tracing::debug!(controller = CONTROLLER, error = %e, "controller event");
         }
     })
     .await;
 }
 
-fn key(policy: &RateLimitPolicy) -> String {
-    format!("{}/{}", policy.namespace().unwrap_or_default(), policy.name_any())
-}
-
 /// Reconcile one policy. See the module docs for the steps.
-pub async fn reconcile(policy: Arc<RateLimitPolicy>, ctx: Arc<Context>) -> Result<Action> {
-    let span = info_span!(
-        "reconcile",
-        controller = CONTROLLER,
-        object = %key(&policy),
-        generation = policy.metadata.generation.unwrap_or_default(),
-        outcome = field::Empty,
-    );
-    let result = reconcile_inner(&policy, &ctx).instrument(span.clone()).await;
-    span.record(
-        "outcome",
-        match &result {
-            Ok(_) => "ok",
-            Err(e) => e.metric_label(),
-        },
-    );
-    if result.is_ok() {
-        ctx.backoff.reset(&key(&policy));
-    }
-    result
+pub async fn reconcile(policy: Arc<RateLimitPolicy>, ctx: Arc<Context<State>>) -> Result<Action> {
+    super::instrumented(CONTROLLER, &*policy, &ctx, async {
+        match steps(&policy, &ctx).await {
+            // What the user must fix, or Redis being down, shows in status; other errors are retried.
+            Err(error) if reported_in_status(&error) => {
+                fail(&policy, &ctx, &error).await?;
+                Err(error)
+            }
+            result => result,
+        }
+    })
+    .await
 }
 
 /// Requeue with this object's next backoff delay, counting the error by reason.
-pub fn error_policy(policy: Arc<RateLimitPolicy>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.metrics.reconcile_error(CONTROLLER, error.metric_label());
-    let delay = ctx.backoff.next(&key(&policy));
-    if error.is_user_error() {
-        tracing::info!(object = %key(&policy), %error, ?delay, "policy not ready");
-    } else {
-        warn!(object = %key(&policy), %error, ?delay, "reconcile failed");
-    }
-    Action::requeue(delay)
+pub fn error_policy(policy: Arc<RateLimitPolicy>, error: &Error, ctx: Arc<Context<State>>) -> Action {
+    super::error_policy(CONTROLLER, &*policy, error, &ctx)
 }
 
-async fn reconcile_inner(policy: &RateLimitPolicy, ctx: &Context) -> Result<Action> {
-    let _timer = ctx.metrics.reconcile(CONTROLLER);
+async fn steps(policy: &RateLimitPolicy, ctx: &Context<State>) -> Result<Action> {
+    let yaml = render_yaml(policy)?;
+    apply_config_map(policy, ctx, &yaml).await?;
     let ns = policy.namespace().unwrap_or_default();
-    let name = policy.name_any();
+    let url = secret::read_url(
+        &ctx.client,
+        &ns,
+        &policy.spec.redis.secret_ref,
+        REDIS_SECRET_FIELD,
+    )
+    .await?;
+    let (reports, published_ms) = publish(policy, ctx, &url, &yaml).await?;
+    let selected = selected_pods(policy, ctx).await?;
     let generation = policy.metadata.generation.unwrap_or_default();
-    let policies: Api<RateLimitPolicy> = Api::namespaced(ctx.client.clone(), &ns);
-
-    // 1. Render. A spec the sidecar cannot use waits for the user to change it.
-    let yaml = match render_yaml(policy) {
-        Ok(yaml) => yaml,
-        Err(e) => {
-            let error = Error::InvalidSpec(e);
-            fail(policy, ctx, &policies, reason::INVALID_SPEC, &error).await?;
-            return Err(error);
-        }
-    };
-
-    // 2. The ConfigMap new pods mount.
-    apply_config_map(policy, ctx, &ns, &name, &yaml).await?;
-
-    // 3. The Redis URL, from the one Secret the policy names.
-    let url = match redis_url(policy, ctx, &ns).await {
-        Ok(url) => url,
-        Err(error) => {
-            let why = match &error {
-                Error::SecretNotFound { .. } => reason::SECRET_NOT_FOUND,
-                Error::SecretKeyMissing { .. } => reason::SECRET_KEY_MISSING,
-                _ => return Err(error),
-            };
-            fail(policy, ctx, &policies, why, &error).await?;
-            return Err(error);
-        }
-    };
-
-    // 4. Publish to running sidecars (only when the generation is new, or now and then).
-    let now = (ctx.clock)();
-    let previous = ctx
-        .published
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&(ns.clone(), name.clone()))
-        .copied();
-    let due = previous.is_none_or(|p| p.generation != generation || now - p.last_ms >= REPUBLISH_MS);
-    let reports = async {
-        if due {
-            ctx.publisher.publish(&url, &ns, &name, &yaml, generation).await?;
-        }
-        ctx.publisher.reports(&url, &ns, &name).await
-    }
-    .await;
-    let reports = match reports {
-        Ok(r) => r,
-        Err(error) => {
-            fail(policy, ctx, &policies, reason::REDIS_UNREACHABLE, &error).await?;
-            return Err(error);
-        }
-    };
-    let first_ms = match previous {
-        Some(p) if p.generation == generation => p.first_ms,
-        _ => now,
-    };
-    if due {
-        ctx.published.lock().unwrap_or_else(|e| e.into_inner()).insert(
-            (ns.clone(), name.clone()),
-            Published {
-                generation,
-                first_ms,
-                last_ms: now,
-            },
-        );
-    }
-
-    // 5. Who enforces what.
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let selected: Vec<String> = pods
-        .list(&ListParams::default().labels(&format!("{POLICY_LABEL}={name}")))
-        .await?
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-        .map(|p| p.name_any())
-        .collect();
-    let e = enforcement(generation, &selected, &reports, now, first_ms);
-
-    // 6. Status.
-    let mut status = base_status(policy, generation);
-    status.selected_pods = e.selected;
-    status.enforcing_pods = e.enforcing;
-    status.enforcing = Some(format!("{}/{}", e.enforcing, e.selected));
-    status.generations = e.generations.clone();
-    let previous_ready = policy.ready_condition().map(|c| c.reason.clone());
-    status.conditions = conditions::set(
-        &existing_conditions(policy),
-        &[e.ready.clone(), e.degraded.clone()],
-        generation,
-        now,
-    );
-    apply_status(&policies, &name, &status).await?;
-    if previous_ready.as_deref() != Some(e.ready.reason) && e.ready.reason != reason::PROPAGATING {
-        event(policy, ctx, EventType::Normal, e.ready.reason, &e.ready.message).await;
-    }
+    let e = enforcement(generation, &selected, &reports, ctx.now_ms(), published_ms);
+    write_status(policy, ctx, &e).await?;
     Ok(Action::requeue(if e.enforcing < e.selected {
         PROPAGATION_POLL
     } else {
         RESYNC
     }))
+}
+
+fn reported_in_status(error: &Error) -> bool {
+    error.is_user_error() || matches!(error, Error::Redis(_))
+}
+
+/// Publishes the config to running sidecars when its generation is new (or now and then, in case Redis
+/// lost it), and reads their reports. Returns the reports and when this generation was first published.
+async fn publish(
+    policy: &RateLimitPolicy,
+    ctx: &Context<State>,
+    url: &str,
+    yaml: &str,
+) -> Result<(HashMap<String, Report>, i64)> {
+    let key = (policy.namespace().unwrap_or_default(), policy.name_any());
+    let generation = policy.metadata.generation.unwrap_or_default();
+    let now = ctx.now_ms();
+    let previous = ctx
+        .state
+        .published
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&key)
+        .copied();
+    let due = previous.is_none_or(|p| p.generation != generation || now - p.last_ms >= REPUBLISH_MS);
+    let publisher = &ctx.state.publisher;
+    if due {
+        publisher.publish(url, &key.0, &key.1, yaml, generation).await?;
+    }
+    let reports = publisher.reports(url, &key.0, &key.1).await?;
+    let first_ms = match previous {
+        Some(p) if p.generation == generation => p.first_ms,
+        _ => now,
+    };
+    if due {
+        ctx.state
+            .published
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                key,
+                Published {
+                    generation,
+                    first_ms,
+                    last_ms: now,
+                },
+            );
+    }
+    Ok((reports, first_ms))
+}
+
+/// The running pods the policy governs (those the webhook labelled with its name), by name.
+async fn selected_pods(policy: &RateLimitPolicy, ctx: &Context<State>) -> Result<Vec<String>> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &policy.namespace().unwrap_or_default());
+    Ok(pods
+        .list(&ListParams::default().labels(&format!("{POLICY_LABEL}={}", policy.name_any())))
+        .await?
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .map(|p| p.name_any())
+        .collect())
+}
+
+/// Writes the status from `e`, with a Normal Event when `Ready`'s reason changes to a settled one.
+async fn write_status(policy: &RateLimitPolicy, ctx: &Context<State>, e: &Enforcement) -> Result<()> {
+    let generation = policy.metadata.generation.unwrap_or_default();
+    let mut status = base_status(policy, generation);
+    status.selected_pods = e.selected;
+    status.enforcing_pods = e.enforcing;
+    status.enforcing = Some(format!("{}/{}", e.enforcing, e.selected));
+    status.generations = e.generations.clone();
+    status.conditions = super::conditions::set(
+        &existing_conditions(policy),
+        &[e.ready.clone(), e.degraded.clone()],
+        generation,
+        ctx.now_ms(),
+    );
+    let previous_ready = policy.ready_condition().map(|c| c.reason.clone());
+    ctx.patch_status(policy, &status).await?;
+    if previous_ready.as_deref() != Some(e.ready.reason) && e.ready.reason != reason::PROPAGATING {
+        ctx.event(policy, EventType::Normal, e.ready.reason, &e.ready.message)
+            .await;
+    }
+    Ok(())
 }
 
 /// Counts of who enforces what, and the conditions they imply. Pure, so it is unit-tested.
@@ -313,7 +310,7 @@ pub fn enforcement(
     let overdue = now_ms - published_ms > LAG_GRACE_MS;
     let degraded = if !lagging.is_empty() && overdue {
         lagging.sort();
-        let shown: Vec<_> = lagging.iter().take(5).cloned().collect();
+        let shown: Vec<_> = lagging.iter().take(LAGGING_PODS_SHOWN).cloned().collect();
         let more = lagging.len().saturating_sub(shown.len());
         Desired {
             type_: DEGRADED,
@@ -372,16 +369,12 @@ fn base_status(policy: &RateLimitPolicy, generation: i64) -> RateLimitPolicyStat
     }
 }
 
-/// Record a user-facing failure: `Ready=False` with `why`, an Event on the transition. `Degraded`
-/// says whether already-running sidecars are affected (Redis down) or merely not updated.
-async fn fail(
-    policy: &RateLimitPolicy,
-    ctx: &Context,
-    api: &Api<RateLimitPolicy>,
-    why: &'static str,
-    error: &Error,
-) -> Result<()> {
+/// Records a failure the user should see: `Ready=False` with the error's reason, an Event on the
+/// transition. `Degraded` says whether already-running sidecars are affected (Redis down) or merely not
+/// updated.
+async fn fail(policy: &RateLimitPolicy, ctx: &Context<State>, error: &Error) -> Result<()> {
     let generation = policy.metadata.generation.unwrap_or_default();
+    let why = error.condition_reason();
     let message = error.to_string();
     let ready = Desired {
         type_: READY,
@@ -405,57 +398,24 @@ async fn fail(
         }
     };
     let mut status = base_status(policy, generation);
-    status.conditions = conditions::set(
+    status.conditions = super::conditions::set(
         &existing_conditions(policy),
         &[ready, degraded],
         generation,
-        (ctx.clock)(),
+        ctx.now_ms(),
     );
     let changed = policy.ready_condition().map(|c| c.reason.as_str()) != Some(why);
-    apply_status(api, &policy.name_any(), &status).await?;
+    ctx.patch_status(policy, &status).await?;
     if changed {
-        event(policy, ctx, EventType::Warning, why, &message).await;
+        ctx.event(policy, EventType::Warning, why, &message).await;
     }
     Ok(())
 }
 
-async fn event(policy: &RateLimitPolicy, ctx: &Context, type_: EventType, reason: &str, note: &str) {
-    let ev = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note.chars().take(1000).collect()),
-        action: "Reconcile".into(),
-        secondary: None,
-    };
-    if let Err(e) = ctx.recorder.publish(&ev, &policy.object_ref(&())).await {
-        // An Event is a courtesy; failing to record one must not fail the reconcile.
-        warn!(error = %e, "could not publish event");
-    }
-}
-
-async fn apply_status(api: &Api<RateLimitPolicy>, name: &str, status: &RateLimitPolicyStatus) -> Result<()> {
-    let patch = json!({
-        "apiVersion": "sluice.dev/v1alpha1",
-        "kind": "RateLimitPolicy",
-        "metadata": {"name": name},
-        "status": status,
-    });
-    api.patch_status(
-        name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
-    Ok(())
-}
-
-async fn apply_config_map(
-    policy: &RateLimitPolicy,
-    ctx: &Context,
-    ns: &str,
-    name: &str,
-    yaml: &str,
-) -> Result<()> {
+/// Server-side applies the ConfigMap holding the rendered config, owned by the policy.
+async fn apply_config_map(policy: &RateLimitPolicy, ctx: &Context<State>, yaml: &str) -> Result<()> {
+    let ns = policy.namespace().unwrap_or_default();
+    let name = policy.name_any();
     let owner = policy
         .controller_owner_ref(&())
         .ok_or_else(|| Error::Serialization("policy without uid".into()))?;
@@ -463,52 +423,21 @@ async fn apply_config_map(
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
-            "name": config_map_name(name),
+            "name": config_map_name(&name),
             "namespace": ns,
-            "labels": {MANAGED_BY.0: MANAGED_BY.1, POLICY_LABEL: name},
+            "labels": {MANAGED_BY: MANAGED_BY_VALUE, POLICY_LABEL: name},
             "ownerReferences": [owner],
         },
         "data": {CONFIG_KEY: yaml},
     });
-    Api::<ConfigMap>::namespaced(ctx.client.clone(), ns)
+    Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
         .patch(
-            &config_map_name(name),
+            &config_map_name(&name),
             &PatchParams::apply(FIELD_MANAGER).force(),
             &Patch::Apply(&cm),
         )
         .await?;
     Ok(())
-}
-
-async fn redis_url(policy: &RateLimitPolicy, ctx: &Context, ns: &str) -> Result<String> {
-    let r = &policy.spec.redis.secret_ref;
-    let secret = Api::<Secret>::namespaced(ctx.client.clone(), ns)
-        .get_opt(&r.name)
-        .await?
-        .ok_or_else(|| Error::SecretNotFound {
-            namespace: ns.into(),
-            name: r.name.clone(),
-        })?;
-    let missing = || Error::SecretKeyMissing {
-        namespace: ns.into(),
-        name: r.name.clone(),
-        key: r.key.clone(),
-    };
-    let bytes = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(&r.key))
-        .map(|b| b.0.clone())
-        .or_else(|| {
-            secret
-                .string_data
-                .as_ref()
-                .and_then(|d| d.get(&r.key))
-                .map(|s| s.clone().into_bytes())
-        })
-        .ok_or_else(missing)?;
-    let url = String::from_utf8(bytes).map_err(|_| missing())?;
-    Ok(url.trim().to_owned())
 }
 
 #[cfg(test)]

@@ -38,10 +38,13 @@ use super::{
     access::{Access, Gate, require_access},
     authn::PeerCertificates,
 };
+use sluice_crds::contract::label::JOB_QUEUE as JOB_QUEUE_LABEL;
+
 use crate::{
-    controller::Clock,
-    render::{hpa::EXTERNAL_METRIC_NAME, worker_deployment::JOB_QUEUE_LABEL},
-    scaling::{Databases, JobQueueMetrics, databases::read_database_url},
+    clock::Clock,
+    render::hpa::EXTERNAL_METRIC_NAME,
+    scaling::{Databases, JobQueueMetrics},
+    secret::{self, DATABASE_SECRET_FIELD},
 };
 
 /// The API group/version served.
@@ -95,7 +98,14 @@ impl Targets {
                 let Some(jq) = api.get_opt(name).await.map_err(|e| e.to_string())? else {
                     return Ok(None);
                 };
-                let url = read_database_url(client, &jq).await.map_err(|e| e.to_string())?;
+                let url = secret::read_url(
+                    client,
+                    namespace,
+                    &jq.spec.database.secret_ref,
+                    DATABASE_SECRET_FIELD,
+                )
+                .await
+                .map_err(|e| e.to_string())?;
                 let t = Target {
                     url,
                     queue: jq.queue_name(),
@@ -312,7 +322,7 @@ pub async fn run(
         databases,
         targets: Targets::kube(client),
         metrics,
-        clock: crate::controller::system_clock(),
+        clock: crate::clock::system_clock(),
         access,
     });
     tracing::info!(addr = ?listener.local_addr().ok(), "external metrics API listening");

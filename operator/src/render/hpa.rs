@@ -17,7 +17,9 @@ use k8s_openapi::{
 use kube::ResourceExt;
 use sluice_crds::job_queue::JobQueue;
 
-use super::worker_deployment::{JOB_QUEUE_LABEL, owned_meta, worker_name};
+use sluice_crds::contract::label::JOB_QUEUE as JOB_QUEUE_LABEL;
+
+use super::worker_deployment::{owned_meta, worker_name};
 
 /// Name of the external metric the HPA asks for; the JobQueue is chosen by the label selector
 /// `sluice.dev/jobqueue=<name>` in the HPA's namespace.
@@ -69,14 +71,6 @@ pub fn selector(jq: &JobQueue) -> LabelSelector {
         match_labels: Some(BTreeMap::from([(JOB_QUEUE_LABEL.to_owned(), jq.name_any())])),
         ..LabelSelector::default()
     }
-}
-
-/// The replicas an HPA with this target settles on for `depth` (its formula for `AverageValue`,
-/// ignoring the 10 % tolerance): `ceil(depth / target)`, clamped to `[min, max]`.
-pub fn hpa_replicas(depth: i64, target: u32, min: i32, max: i32) -> i32 {
-    let target = i64::from(target.max(1));
-    let want = (depth.max(0) + target - 1) / target;
-    i32::try_from(want).unwrap_or(i32::MAX).clamp(min, max.max(min))
 }
 
 #[cfg(test)]
@@ -133,14 +127,5 @@ mod tests {
         let down = behavior.scale_down.unwrap();
         assert_eq!(down.stabilization_window_seconds, Some(60));
         assert_eq!(down.policies.unwrap()[0].value, 1);
-    }
-
-    #[test]
-    fn hpa_formula_rounds_up_and_clamps() {
-        assert_eq!(hpa_replicas(0, 10, 1, 5), 1);
-        assert_eq!(hpa_replicas(1, 10, 1, 5), 1);
-        assert_eq!(hpa_replicas(10, 10, 1, 5), 1);
-        assert_eq!(hpa_replicas(11, 10, 1, 5), 2);
-        assert_eq!(hpa_replicas(1000, 10, 1, 5), 5);
     }
 }

@@ -1,6 +1,10 @@
-//! Pure functions from API objects to what the sidecar reads. No I/O: unit tests call them directly.
+//! Pure functions from API objects to what the cluster and the sidecar read: the sidecar config of a
+//! policy ([`sidecar_config`]), the sidecar container both the webhook and the worker Deployment use
+//! ([`sidecar_container`]), a JobQueue's worker ConfigMap and Deployment ([`worker_deployment`]), its HPA
+//! ([`hpa`]) and KEDA `ScaledObject` ([`scaled_object`]). No I/O: unit tests call them directly.
 
 pub mod hpa;
 pub mod scaled_object;
 pub mod sidecar_config;
+pub mod sidecar_container;
 pub mod worker_deployment;

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use sluice_crds::job_queue::JobQueue;
 
 use super::worker_deployment::{labels, worker_name};
-use crate::SIDECAR_CONTAINER_NAME;
+use sluice_crds::contract::SIDECAR_CONTAINER as SIDECAR_CONTAINER_NAME;
 
 /// KEDA's API group/version.
 pub const KEDA_API_VERSION: &str = "keda.sh/v1alpha1";
@@ -25,16 +25,6 @@ pub fn api_resource() -> ApiResource {
         kind: "ScaledObject".into(),
         plural: "scaledobjects".into(),
     }
-}
-
-/// The depth query KEDA runs: ready + running jobs of the queue (the same number the built-in metric
-/// serves). Queue names are `[A-Za-z0-9._-]` (a CHECK in the schema and the CRD's pattern), so the
-/// literal needs no escaping; quotes are doubled anyway.
-pub fn depth_query(queue: &str) -> String {
-    let q = queue.replace('\'', "''");
-    format!(
-        "SELECT count(*) FROM sluice.jobs WHERE queue = '{q}' AND (state = 'running' OR (state IN ('pending', 'retrying') AND run_at <= now()))"
-    )
 }
 
 /// The ScaledObject of `jq`'s workers, as JSON ready for server-side apply.
@@ -61,7 +51,7 @@ pub fn render_scaled_object(jq: &JobQueue) -> Value {
             "type": "postgresql",
             "metadata": {
                 "connectionFromEnv": "SLUICE_DATABASE_URL",
-                "query": depth_query(&jq.queue_name()),
+                "query": sluice_queue::sql::queue_demand_statement(&jq.queue_name()),
                 "targetQueryValue": s.target(jq.spec.worker.concurrency).to_string(),
                 "activationTargetQueryValue": s.activation_threshold.to_string(),
             },

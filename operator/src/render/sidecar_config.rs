@@ -18,12 +18,7 @@ use sluice_crds::{
     },
 };
 
-use crate::SIDECAR_ADMIN_PORT;
-
-/// Key of the rendered file in the policy's ConfigMap, and the file name in the sidecar.
-pub const CONFIG_KEY: &str = "config.yaml";
-/// Where the injected sidecar finds the file (`--config`).
-pub const CONFIG_MOUNT_DIR: &str = "/etc/sluice";
+use sluice_crds::contract::port::ADMIN as SIDECAR_ADMIN_PORT;
 
 /// Name of the ConfigMap holding a policy's rendered config. Deterministic, so the webhook can mount
 /// it before the controller has written it (the pod then waits for it).
@@ -76,7 +71,7 @@ pub fn render(policy: &RateLimitPolicy) -> Result<SidecarConfig, RenderError> {
             prefetch: spec.redis.prefetch,
             ..RedisConfig::default()
         },
-        failure_mode: spec.failure_mode.into(),
+        failure_mode: spec.failure_mode,
         expected_replicas: spec.expected_replicas,
         client_ip: ClientIpConfig {
             trusted_proxies: cidrs("spec.clientIp.trustedProxies", &spec.client_ip.trusted_proxies)?,
@@ -100,7 +95,7 @@ pub fn render(policy: &RateLimitPolicy) -> Result<SidecarConfig, RenderError> {
     };
     // The sidecar validates every config it loads; checking here turns a config that every pod would
     // refuse into a status condition on the policy instead.
-    sluice_sidecar::config::validate(&config).map_err(|e| RenderError::SidecarRejects(e.to_string()))?;
+    sluice_crds::sidecar_config::validate(&config).map_err(|e| RenderError::SidecarRejects(e.to_string()))?;
     Ok(config)
 }
 
@@ -142,7 +137,7 @@ fn render_rule(index: usize, rule: &RateLimitRule) -> Result<Rule, RenderError> 
             header_present: m.header_present.clone(),
         },
         key: rule.key.iter().map(render_key_part).collect(),
-        algorithm: rule.algorithm.into(),
+        algorithm: rule.algorithm,
         limit: Limit {
             requests: rule.limit.requests,
             window: rule.limit.window,
@@ -154,7 +149,7 @@ fn render_rule(index: usize, rule: &RateLimitRule) -> Result<Rule, RenderError> 
 
 fn render_key_part(k: &KeyPartSpec) -> KeyPart {
     KeyPart {
-        source: k.source.into(),
+        source: k.source,
         name: k.name.clone(),
         ipv4_prefix: k.ipv4_prefix,
         ipv6_prefix: k.ipv6_prefix,

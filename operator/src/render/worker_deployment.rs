@@ -15,13 +15,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::{
     api::{
         apps::v1::{Deployment, DeploymentSpec},
-        core::v1::{
-            Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
-            HTTPGetAction, ObjectFieldSelector, PodSpec, Probe, ResourceRequirements, SeccompProfile,
-            SecretKeySelector, SecurityContext, Volume, VolumeMount,
-        },
+        core::v1::{ConfigMap, ConfigMapVolumeSource, Container, EnvVar, Volume},
     },
-    apimachinery::pkg::{apis::meta::v1::LabelSelector, util::intstr::IntOrString},
+    apimachinery::pkg::apis::meta::v1::LabelSelector,
 };
 use kube::{Resource, ResourceExt, api::ObjectMeta};
 use sha2::{Digest, Sha256};
@@ -32,37 +28,25 @@ use sluice_crds::{
     },
 };
 
-use crate::SIDECAR_CONTAINER_NAME;
+use sluice_crds::contract::{
+    SIDECAR_CONTAINER as SIDECAR_CONTAINER_NAME,
+    annotation::CONFIG_HASH as CONFIG_HASH_ANNOTATION,
+    env,
+    label::{JOB_QUEUE as JOB_QUEUE_LABEL, MANAGED_BY},
+    path::{CONFIG_DIR as WORKER_CONFIG_DIR, WORKER_CONFIG_FILE as WORKER_CONFIG_KEY},
+    port::{QUEUE_API, WORKER_METRICS as WORKER_METRICS_PORT},
+};
 
-/// Label every object rendered for a JobQueue carries, valued with its name; also the worker
-/// Deployment's selector.
-pub const JOB_QUEUE_LABEL: &str = "sluice.dev/jobqueue";
-/// Key of the worker config in its ConfigMap, and the file name the sidecar reads.
-pub const WORKER_CONFIG_KEY: &str = "worker.yaml";
-/// Where the worker config is mounted in the sidecar.
-pub const WORKER_CONFIG_DIR: &str = "/etc/sluice";
+use super::sidecar_container::{SidecarContainer, SidecarSettings, env_from_secret, http_probe};
+
 /// Name of the config volume added to worker pods.
 pub const WORKER_CONFIG_VOLUME: &str = "sluice-worker-config";
-/// Pod-template annotation holding a hash of the worker config, so a config change rolls the workers.
-pub const CONFIG_HASH_ANNOTATION: &str = "sluice.dev/config-hash";
-/// Port of the worker sidecar's `/metrics` and `/healthz`.
-pub const WORKER_METRICS_PORT: u16 = 9902;
-/// Address the queue API listens on in pods that enqueue through the sidecar.
-pub const QUEUE_API_LISTEN_DEFAULT: &str = "127.0.0.1:7070";
+/// Address the queue API listens on in pods that enqueue through the sidecar: localhost only.
+pub const QUEUE_API_LISTEN_DEFAULT: std::net::SocketAddr =
+    std::net::SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), QUEUE_API);
 /// Time added to the job timeout in `terminationGracePeriodSeconds`: the worker's own shutdown steps
 /// (handing back unstarted jobs, the last completion batch) happen after in-flight jobs end.
 pub const TERMINATION_MARGIN_SECS: i64 = 30;
-/// UID the sidecar runs as (the distroless `nonroot` user).
-pub const SIDECAR_UID: i64 = 65532;
-
-/// What the operator's command line decides about worker pods.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct WorkerRenderOptions {
-    /// The `sluice-sidecar` image (`SLUICE_SIDECAR_IMAGE`).
-    pub sidecar_image: String,
-    /// Requests and limits of the sidecar container (`SLUICE_SIDECAR_RESOURCES`).
-    pub sidecar_resources: Option<ResourceRequirements>,
-}
 
 /// Why a JobQueue that passed the CRD's validation cannot be rendered. The message names the field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -97,10 +81,7 @@ pub fn labels(jq: &JobQueue) -> BTreeMap<String, String> {
         (JOB_QUEUE_LABEL.to_owned(), jq.name_any()),
         ("app.kubernetes.io/name".to_owned(), "sluice-worker".to_owned()),
         ("app.kubernetes.io/instance".to_owned(), jq.name_any()),
-        (
-            "app.kubernetes.io/managed-by".to_owned(),
-            crate::FIELD_MANAGER.to_owned(),
-        ),
+        (MANAGED_BY.to_owned(), crate::FIELD_MANAGER.to_owned()),
     ])
 }
 
@@ -164,11 +145,11 @@ pub fn render_config_map(jq: &JobQueue) -> ConfigMap {
     }
 }
 
-/// The worker Deployment. `replicas` is set only when the operator decides the count (at 0, while
-/// paused, or with no autoscaler); `None` leaves `spec.replicas` to the HPA or KEDA.
+/// The worker Deployment with `spec.replicas` set to `replicas`; `None` leaves it out (the controller
+/// renders with `None` to check a spec before anything else, and applies with the replicas it decided).
 pub fn render_worker_deployment(
     jq: &JobQueue,
-    opts: &WorkerRenderOptions,
+    sidecar: &SidecarSettings,
     replicas: Option<i32>,
 ) -> Result<Deployment, RenderError> {
     let w = &jq.spec.worker;
@@ -189,7 +170,7 @@ pub fn render_worker_deployment(
         return Err(RenderError::PortInUse(w.handler.port));
     }
 
-    pod.containers.push(sidecar_container(jq, opts));
+    pod.containers.push(sidecar_container(jq, sidecar));
     pod.volumes.get_or_insert_with(Vec::new).push(Volume {
         name: WORKER_CONFIG_VOLUME.into(),
         config_map: Some(ConfigMapVolumeSource {
@@ -238,19 +219,7 @@ pub fn config_hash(jq: &JobQueue) -> String {
 
 /// `SLUICE_DATABASE_URL` from the JobQueue's Secret, by reference.
 pub fn database_url_env(jq: &JobQueue) -> EnvVar {
-    let r = &jq.spec.database.secret_ref;
-    EnvVar {
-        name: "SLUICE_DATABASE_URL".into(),
-        value_from: Some(EnvVarSource {
-            secret_key_ref: Some(SecretKeySelector {
-                name: r.name.clone(),
-                key: r.key.clone(),
-                optional: Some(false),
-            }),
-            ..EnvVarSource::default()
-        }),
-        ..EnvVar::default()
-    }
+    env_from_secret(env::DATABASE_URL, &jq.spec.database.secret_ref)
 }
 
 /// Env vars that give an app pod the sidecar's queue HTTP API for `jq` (for the pod webhook, when a pod
@@ -263,105 +232,39 @@ pub fn queue_api_env(jq: &JobQueue) -> Vec<EnvVar> {
     vec![
         database_url_env(jq),
         EnvVar {
-            name: "SLUICE_QUEUES".into(),
+            name: env::QUEUES.into(),
             value: Some(jq.queue_name()),
             ..EnvVar::default()
         },
         EnvVar {
-            name: "SLUICE_API_LISTEN".into(),
-            value: Some(QUEUE_API_LISTEN_DEFAULT.into()),
+            name: env::API_LISTEN.into(),
+            value: Some(QUEUE_API_LISTEN_DEFAULT.to_string()),
             ..EnvVar::default()
         },
     ]
 }
 
-fn sidecar_container(jq: &JobQueue, opts: &WorkerRenderOptions) -> Container {
-    Container {
-        name: SIDECAR_CONTAINER_NAME.into(),
-        image: Some(opts.sidecar_image.clone()),
-        args: Some(vec![
-            "worker".into(),
-            "--config".into(),
+/// The worker sidecar: `worker --config /etc/sluice/worker.yaml`, the database URL by reference, its
+/// metrics port and a readiness probe on it.
+fn sidecar_container(jq: &JobQueue, settings: &SidecarSettings) -> Container {
+    SidecarContainer::new(settings)
+        .args([
+            "worker".to_owned(),
+            "--config".to_owned(),
             format!("{WORKER_CONFIG_DIR}/{WORKER_CONFIG_KEY}"),
-        ]),
-        env: Some(vec![
-            database_url_env(jq),
-            EnvVar {
-                name: "SLUICE_POD_NAME".into(),
-                value_from: Some(EnvVarSource {
-                    field_ref: Some(ObjectFieldSelector {
-                        field_path: "metadata.name".into(),
-                        ..ObjectFieldSelector::default()
-                    }),
-                    ..EnvVarSource::default()
-                }),
-                ..EnvVar::default()
-            },
-        ]),
-        ports: Some(vec![ContainerPort {
-            name: Some("sluice-metrics".into()),
-            container_port: i32::from(WORKER_METRICS_PORT),
-            protocol: Some("TCP".into()),
-            ..ContainerPort::default()
-        }]),
-        readiness_probe: Some(Probe {
-            http_get: Some(HTTPGetAction {
-                path: Some("/healthz".into()),
-                port: IntOrString::Int(i32::from(WORKER_METRICS_PORT)),
-                ..HTTPGetAction::default()
-            }),
-            period_seconds: Some(5),
-            ..Probe::default()
-        }),
-        resources: opts.sidecar_resources.clone(),
-        security_context: Some(strict_security_context()),
-        volume_mounts: Some(vec![VolumeMount {
-            name: WORKER_CONFIG_VOLUME.into(),
-            mount_path: WORKER_CONFIG_DIR.into(),
-            read_only: Some(true),
-            ..VolumeMount::default()
-        }]),
-        ..Container::default()
-    }
-}
-
-/// Non-root, read-only root filesystem, no privilege escalation, every capability dropped, the runtime's
-/// seccomp profile: what the `restricted` Pod Security Standard asks.
-pub fn strict_security_context() -> SecurityContext {
-    SecurityContext {
-        run_as_non_root: Some(true),
-        run_as_user: Some(SIDECAR_UID),
-        run_as_group: Some(SIDECAR_UID),
-        read_only_root_filesystem: Some(true),
-        allow_privilege_escalation: Some(false),
-        privileged: Some(false),
-        capabilities: Some(Capabilities {
-            drop: Some(vec!["ALL".into()]),
-            ..Capabilities::default()
-        }),
-        seccomp_profile: Some(SeccompProfile {
-            type_: "RuntimeDefault".into(),
-            ..SeccompProfile::default()
-        }),
-        ..SecurityContext::default()
-    }
-}
-
-/// The handler container's name: `handler.container`, else the template's first container.
-pub fn handler_container(jq: &JobQueue) -> Option<String> {
-    jq.spec.worker.handler.container.clone().or_else(|| {
-        jq.spec
-            .worker
-            .template
-            .spec
-            .as_ref()
-            .and_then(|s: &PodSpec| s.containers.first())
-            .map(|c| c.name.clone())
-    })
+        ])
+        .env_var(database_url_env(jq))
+        .pod_name_env()
+        .port("sluice-metrics", WORKER_METRICS_PORT)
+        .readiness(http_probe("/healthz", WORKER_METRICS_PORT, 5, None))
+        .config_mount(WORKER_CONFIG_VOLUME)
+        .build()
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use k8s_openapi::api::core::v1::PodSpec;
+
     use super::*;
     use sluice_crds::job_queue::JobQueueSpec;
 
@@ -390,10 +293,11 @@ worker:
   jobTimeout: 2m
 "#;
 
-    fn opts() -> WorkerRenderOptions {
-        WorkerRenderOptions {
-            sidecar_image: "ghcr.io/sluice-dev/sluice-sidecar:0.1.0".into(),
-            sidecar_resources: None,
+    fn opts() -> SidecarSettings {
+        SidecarSettings {
+            image: "ghcr.io/sluice-dev/sluice-sidecar:0.1.0".into(),
+            image_pull_policy: None,
+            resources: None,
         }
     }
 

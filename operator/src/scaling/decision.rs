@@ -11,7 +11,13 @@
 
 use std::time::Duration;
 
-use crate::render::hpa::hpa_replicas;
+/// The replicas an HPA with this target settles on for `depth` (its formula for `AverageValue`,
+/// ignoring the 10 % tolerance): `ceil(depth / target)`, clamped to `[min, max]`.
+pub fn hpa_replicas(depth: i64, target: u32, min: i32, max: i32) -> i32 {
+    let target = i64::from(target.max(1));
+    let want = (depth.max(0) + target - 1) / target;
+    i32::try_from(want).unwrap_or(i32::MAX).clamp(min, max.max(min))
+}
 
 /// What the decision knows about the queue and its workers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -277,6 +283,15 @@ mod tests {
                 "{name}"
             );
         }
+    }
+
+    #[test]
+    fn hpa_formula_rounds_up_and_clamps() {
+        assert_eq!(hpa_replicas(0, 10, 1, 5), 1);
+        assert_eq!(hpa_replicas(1, 10, 1, 5), 1);
+        assert_eq!(hpa_replicas(10, 10, 1, 5), 1);
+        assert_eq!(hpa_replicas(11, 10, 1, 5), 2);
+        assert_eq!(hpa_replicas(1000, 10, 1, 5), 5);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
-use sluice_sidecar::queue::Depth;
+use sluice_queue::Depth;
 
 type Labels = Vec<(&'static str, String)>;
 

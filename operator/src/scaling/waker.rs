@@ -4,15 +4,9 @@
 //! instead of waiting for a poll. NOTIFY is a hint: `pollingInterval` still re-reads depth without it
 //! (PgBouncer in transaction mode and replicas cannot LISTEN).
 
-use std::{
-    collections::HashMap,
-    ops::ControlFlow,
-    sync::Mutex,
-    time::{Duration, Instant},
-};
+use std::{collections::HashMap, ops::ControlFlow, sync::Mutex, time::Instant};
 
-use sluice_sidecar::queue::listen::Event;
-use sqlx::postgres::PgPoolOptions;
+use sluice_queue::listen::Event;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -74,18 +68,14 @@ impl Waker {
 
 async fn listen(url: String, key: String, tx: mpsc::UnboundedSender<Wake>, stop: CancellationToken) {
     // Its own connection: LISTEN holds it for as long as the listener lives.
-    let pool = match PgPoolOptions::new()
-        .max_connections(1)
-        .acquire_timeout(Duration::from_secs(3))
-        .connect_lazy(&url)
-    {
+    let pool = match sluice_queue::pool::options(1).connect_lazy(&url) {
         Ok(pool) => pool,
         Err(e) => {
             tracing::warn!(database = %key, error = %e, "no LISTEN for this database; polling only");
             return;
         }
     };
-    sluice_sidecar::queue::listen::listen(&pool, &key, &stop, |event| match event {
+    sluice_queue::listen::listen(&pool, &key, &stop, |event| match event {
         Event::Enqueued(queue) => {
             let wake = Wake {
                 database: key.clone(),

@@ -1,29 +1,17 @@
 //! The `sluice.dev/*` pod annotations that ask for injection and tune it, parsed strictly: a bad value
 //! is an error naming the annotation, so a pod is rejected rather than injected half-way.
+//!
+//! The names are the contract's (`sluice_crds::contract::annotation`): `sluice.dev/inject`, `policy`,
+//! `app-port` (absent: the port named `http`, else the pod's only container port), `listen-port`,
+//! `native-sidecar` (absent: the operator's `--sidecar-native`) and `job-queues` (asks for injection by
+//! itself unless `sluice.dev/inject: "false"`; with no RateLimitPolicy for the pod, the sidecar only
+//! serves the queue API).
 
 use std::collections::BTreeMap;
 
-/// `"true"` asks for the sidecar; `"false"` (or absence) leaves the pod alone.
-pub const INJECT: &str = "sluice.dev/inject";
-/// Name of the `RateLimitPolicy` (in the pod's namespace) that governs the pod. Absent: the one policy
-/// whose `selector` matches the pod's labels.
-pub const POLICY: &str = "sluice.dev/policy";
-/// The application's port the sidecar fronts: a container port name (`http`) or number (`8080`).
-/// Absent: the port named `http`, else the pod's only container port.
-pub const APP_PORT: &str = "sluice.dev/app-port";
-/// Port the sidecar listens on (default [`crate::SIDECAR_LISTEN_PORT_DEFAULT`]).
-pub const LISTEN_PORT: &str = "sluice.dev/listen-port";
-/// `"true"`: inject a native sidecar (init container with `restartPolicy: Always`); `"false"`: a plain
-/// container. Absent: the operator's default (`--sidecar-native`).
-pub const NATIVE_SIDECAR: &str = "sluice.dev/native-sidecar";
-
-/// Comma-separated names of `JobQueue`s (in the pod's namespace) the app enqueues to: the sidecar serves
-/// the queue HTTP API for them on `127.0.0.1:7070`. Asks for injection by itself (unless
-/// `sluice.dev/inject: "false"`); with no RateLimitPolicy for the pod, the sidecar only serves that API.
-pub const JOB_QUEUES: &str = "sluice.dev/job-queues";
-
-/// Label the webhook puts on injected pods, naming their policy, so the controller can find them.
-pub const POLICY_LABEL: &str = "sluice.dev/policy";
+pub use sluice_crds::contract::annotation::{
+    APP_PORT, INJECT, JOB_QUEUES, LISTEN_PORT, NATIVE_SIDECAR, POLICY,
+};
 
 /// A port as an annotation names it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -25,27 +25,28 @@ mod tests;
 use std::{collections::BTreeMap, sync::Arc};
 
 use k8s_openapi::{
-    api::core::v1::{Container, ContainerPort, EnvVar, Pod, Probe, ResourceRequirements},
+    api::core::v1::{ConfigMapVolumeSource, Container, ContainerPort, EnvVar, Pod, PodSpec, Probe, Volume},
     apimachinery::pkg::util::intstr::IntOrString,
 };
 use kube::core::{Selector, SelectorExt};
-use serde_json::json;
 use sluice_crds::{
+    contract::{
+        SIDECAR_CONTAINER as SIDECAR_CONTAINER_NAME,
+        env::{self, QUEUE_API as QUEUE_API_ENV},
+        label::POLICY as POLICY_LABEL,
+        path::{CONFIG_DIR as CONFIG_MOUNT_DIR, POLICY_CONFIG_FILE as CONFIG_KEY},
+        port::{ADMIN as SIDECAR_ADMIN_PORT, LISTEN_DEFAULT as SIDECAR_LISTEN_PORT_DEFAULT, QUEUE_API},
+    },
     job_queue::JobQueue,
     rate_limit_policy::{RateLimitPolicy, SecretKeyRef},
 };
 
 use super::annotations::{self, AnnotationError, InjectAnnotations, PortRef};
-use crate::{
-    SIDECAR_ADMIN_PORT, SIDECAR_CONTAINER_NAME, SIDECAR_LISTEN_PORT_DEFAULT,
-    render::{
-        sidecar_config::{CONFIG_KEY, CONFIG_MOUNT_DIR, config_map_name},
-        worker_deployment::{QUEUE_API_LISTEN_DEFAULT, queue_api_env},
-    },
+use crate::render::{
+    sidecar_config::config_map_name,
+    sidecar_container::{SidecarContainer, SidecarSettings, http_probe},
+    worker_deployment::{QUEUE_API_LISTEN_DEFAULT, queue_api_env},
 };
-
-/// Env var telling app containers where the queue API is (`http://127.0.0.1:7070`).
-pub const QUEUE_API_ENV: &str = "SLUICE_QUEUE_API";
 
 /// Name of the config volume added to injected pods.
 pub const CONFIG_VOLUME: &str = "sluice-config";
@@ -55,18 +56,12 @@ pub const LISTEN_PORT_NAME: &str = "sluice";
 pub const ADMIN_PORT_NAME: &str = "sluice-admin";
 /// The port name fronted when no `sluice.dev/app-port` annotation says otherwise.
 pub const APP_PORT_NAME_DEFAULT: &str = "http";
-/// User the sidecar runs as (the image's non-root user).
-pub const SIDECAR_UID: i64 = 65532;
 
 /// The operator's injection settings (flags `--sidecar-*`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct InjectConfig {
-    /// The sidecar image, e.g. `ghcr.io/sluice-dev/sluice-sidecar:0.1.0`.
-    pub image: String,
-    /// `imagePullPolicy` of the sidecar; absent: the cluster's default for the tag.
-    pub image_pull_policy: Option<String>,
-    /// Requests and limits of the sidecar.
-    pub resources: Option<ResourceRequirements>,
+    /// Image, pull policy and resources of the sidecar container.
+    pub sidecar: SidecarSettings,
     /// Inject a native sidecar (init container with `restartPolicy: Always`) unless the pod says
     /// otherwise; `false` for clusters older than 1.29.
     pub native: bool,
@@ -202,7 +197,7 @@ pub fn resolve_job_queues(
     let mut env = queue_api_env(first);
     let names: Vec<String> = found.iter().map(|q| q.queue_name()).collect();
     for var in &mut env {
-        if var.name == "SLUICE_QUEUES" {
+        if var.name == env::QUEUES {
             var.value = Some(names.join(","));
         }
     }
@@ -290,11 +285,7 @@ pub fn inject(
     let listen = ann.listen_port.unwrap_or(SIDECAR_LISTEN_PORT_DEFAULT);
 
     if let Some(q) = queues {
-        let api_port: i32 = QUEUE_API_LISTEN_DEFAULT
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(7070);
+        let api_port = i32::from(QUEUE_API);
         let taken = spec
             .containers
             .iter()
@@ -373,26 +364,24 @@ pub fn inject(
         rewrite_named_probes(container, name, app.number);
     }
 
-    let mut sidecar = sidecar_container(target, config, listen, &listen_name, app.number);
+    let mut sidecar = proxy_container(target, config, listen, &listen_name, app.number);
     if let Some(q) = queues {
-        sidecar
-            .env
-            .get_or_insert_with(Vec::new)
-            .extend(q.env.iter().cloned());
+        sidecar = q.env.iter().cloned().fold(sidecar, SidecarContainer::env_var);
         tell_apps_where_the_queue_api_is(&mut spec.containers);
     }
     add_sidecar(spec, sidecar, ann.native_sidecar.unwrap_or(config.native));
-    spec.volumes.get_or_insert_with(Vec::new).push(
-        serde_json::from_value(json!({
-            "name": CONFIG_VOLUME,
-            "configMap": {"name": config_map_name(&target.name)},
-        }))
-        .expect("static volume shape"),
-    );
+    spec.volumes.get_or_insert_with(Vec::new).push(Volume {
+        name: CONFIG_VOLUME.into(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: config_map_name(&target.name),
+            ..ConfigMapVolumeSource::default()
+        }),
+        ..Volume::default()
+    });
     pod.metadata
         .labels
         .get_or_insert_with(BTreeMap::new)
-        .insert(annotations::POLICY_LABEL.into(), target.name.clone());
+        .insert(POLICY_LABEL.into(), target.name.clone());
     Ok(pod)
 }
 
@@ -406,21 +395,16 @@ fn inject_queue_only(
 ) -> Pod {
     let spec = pod.spec.get_or_insert_with(Default::default);
     let listen = ann.listen_port.unwrap_or(SIDECAR_LISTEN_PORT_DEFAULT);
-    let mut sidecar = base_container(config);
-    let mut env: Vec<EnvVar> = serde_json::from_value(json!([
-        {"name": "SLUICE_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "SLUICE_LISTEN", "value": format!("127.0.0.1:{listen}")},
-        {"name": "RATE_LIMIT__ENABLED", "value": "false"},
-    ]))
-    .expect("static env shape");
-    env.extend(queues.env.iter().cloned());
-    sidecar.env = Some(env);
-    sidecar.ports = Some(vec![ContainerPort {
-        name: Some(ADMIN_PORT_NAME.into()),
-        container_port: i32::from(SIDECAR_ADMIN_PORT),
-        protocol: Some("TCP".into()),
-        ..ContainerPort::default()
-    }]);
+    let sidecar = injected(config)
+        .pod_name_env()
+        .env(env::LISTEN, format!("127.0.0.1:{listen}"))
+        .env(env::RATE_LIMIT_ENABLED, "false");
+    let sidecar = queues
+        .env
+        .iter()
+        .cloned()
+        .fold(sidecar, SidecarContainer::env_var)
+        .port(ADMIN_PORT_NAME, SIDECAR_ADMIN_PORT);
     tell_apps_where_the_queue_api_is(&mut spec.containers);
     add_sidecar(spec, sidecar, ann.native_sidecar.unwrap_or(config.native));
     pod
@@ -441,7 +425,8 @@ fn tell_apps_where_the_queue_api_is(containers: &mut [Container]) {
 }
 
 /// Adds the sidecar: a native sidecar (init container, `restartPolicy: Always`) or a plain container.
-fn add_sidecar(spec: &mut k8s_openapi::api::core::v1::PodSpec, mut sidecar: Container, native: bool) {
+fn add_sidecar(spec: &mut PodSpec, sidecar: SidecarContainer, native: bool) {
+    let mut sidecar = sidecar.build();
     if native {
         sidecar.restart_policy = Some("Always".into());
         // A native sidecar's startup probe holds back the app containers until the config is loaded.
@@ -561,68 +546,36 @@ fn rewrite_named_probes(container: &mut Container, name: &str, number: u16) {
     }
 }
 
+/// A probe of the sidecar's admin port, with a one-second timeout.
 fn admin_probe(path: &str, period: i32, failure_threshold: i32) -> Probe {
-    serde_json::from_value(json!({
-        "httpGet": {"path": path, "port": SIDECAR_ADMIN_PORT},
-        "periodSeconds": period,
-        "failureThreshold": failure_threshold,
-        "timeoutSeconds": 1,
-    }))
-    .expect("static probe shape")
+    http_probe(path, SIDECAR_ADMIN_PORT, period, Some(failure_threshold))
 }
 
-fn sidecar_container(
+/// What every injected sidecar has beyond the common container: readiness and liveness on its admin
+/// port.
+fn injected(config: &InjectConfig) -> SidecarContainer {
+    SidecarContainer::new(&config.sidecar)
+        .readiness(admin_probe("/readyz", 2, 3))
+        .liveness(admin_probe("/healthz", 10, 3))
+}
+
+/// The proxy role: reads the policy's rendered config from the mounted ConfigMap, listens on `listen`
+/// (taking the app port's name), forwards to the app on `app_port`, and reaches Redis with the URL from
+/// the policy's Secret.
+fn proxy_container(
     target: &PolicyTarget,
     config: &InjectConfig,
     listen: u16,
     listen_name: &str,
     app_port: u16,
-) -> Container {
-    let mut c = base_container(config);
-    let specifics: Container = serde_json::from_value(json!({
-        "name": SIDECAR_CONTAINER_NAME,
-        "args": ["--config", format!("{CONFIG_MOUNT_DIR}/{CONFIG_KEY}")],
-        "env": [
-            {"name": "SLUICE_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-            {"name": "SLUICE_LISTEN", "value": format!("0.0.0.0:{listen}")},
-            {"name": "SLUICE_UPSTREAM", "value": format!("http://127.0.0.1:{app_port}")},
-            {"name": "SLUICE_REDIS_URL", "valueFrom": {"secretKeyRef": {
-                "name": target.redis_secret.name, "key": target.redis_secret.key}}},
-        ],
-        "ports": [
-            {"name": listen_name, "containerPort": listen, "protocol": "TCP"},
-            {"name": ADMIN_PORT_NAME, "containerPort": SIDECAR_ADMIN_PORT, "protocol": "TCP"},
-        ],
-        "volumeMounts": [{"name": CONFIG_VOLUME, "mountPath": CONFIG_MOUNT_DIR, "readOnly": true}],
-    }))
-    .expect("static container shape");
-    c.args = specifics.args;
-    c.env = specifics.env;
-    c.ports = specifics.ports;
-    c.volume_mounts = specifics.volume_mounts;
-    c
-}
-
-/// What every injected sidecar has: image, security context, resources, probes.
-fn base_container(config: &InjectConfig) -> Container {
-    let mut c: Container = serde_json::from_value(json!({
-        "name": SIDECAR_CONTAINER_NAME,
-        "image": config.image,
-        "securityContext": {
-            "runAsNonRoot": true,
-            "runAsUser": SIDECAR_UID,
-            "runAsGroup": SIDECAR_UID,
-            "allowPrivilegeEscalation": false,
-            "readOnlyRootFilesystem": true,
-            "privileged": false,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-    }))
-    .expect("static container shape");
-    c.image_pull_policy = config.image_pull_policy.clone();
-    c.resources = config.resources.clone();
-    c.readiness_probe = Some(admin_probe("/readyz", 2, 3));
-    c.liveness_probe = Some(admin_probe("/healthz", 10, 3));
-    c
+) -> SidecarContainer {
+    injected(config)
+        .args(["--config".to_owned(), format!("{CONFIG_MOUNT_DIR}/{CONFIG_KEY}")])
+        .pod_name_env()
+        .env(env::LISTEN, format!("0.0.0.0:{listen}"))
+        .env(env::UPSTREAM, format!("http://127.0.0.1:{app_port}"))
+        .env_from_secret(env::REDIS_URL, &target.redis_secret)
+        .port(listen_name, listen)
+        .port(ADMIN_PORT_NAME, SIDECAR_ADMIN_PORT)
+        .config_mount(CONFIG_VOLUME)
 }

@@ -1,31 +1,15 @@
-//! Environment overrides: connection settings (`SLUICE_LISTEN`, `SLUICE_UPSTREAM`, `SLUICE_REDIS_URL`)
-//! that come from the pod spec and Secrets rather than the rendered ConfigMap, and the seed ADR's
-//! `RATE_LIMIT__*` variables for running on env vars alone.
+//! Environment overrides, one mechanism for both roles: connection settings (`SLUICE_LISTEN`,
+//! `SLUICE_UPSTREAM`, `SLUICE_REDIS_URL`, `SLUICE_DATABASE_URL`, ...) that come from the pod spec and
+//! Secrets rather than the rendered ConfigMap, and the seed tiers' `RATE_LIMIT__*` variables for running on
+//! env vars alone. The names are the contract's ([`sluice_crds::contract::env`]); every variable at fault
+//! is named, not only the first.
 
 use std::collections::HashMap;
 
-use sluice_crds::sidecar_config::{SidecarConfig, TierLimits};
-
-use super::validate::{ConfigErrors, check_upstream_url};
-
-/// Overrides `limits.listen`.
-pub const LISTEN_VAR: &str = "SLUICE_LISTEN";
-/// Overrides `limits.upstream`.
-pub const UPSTREAM_VAR: &str = "SLUICE_UPSTREAM";
-/// Overrides `limits.redis.url`.
-pub const REDIS_URL_VAR: &str = "SLUICE_REDIS_URL";
-/// Overrides `limits.adminListen`.
-pub const ADMIN_LISTEN_VAR: &str = "SLUICE_ADMIN_LISTEN";
-/// `false` turns rate limiting off (the proxy still forwards, reports and logs).
-pub const ENABLED_VAR: &str = "RATE_LIMIT__ENABLED";
-/// Per-minute limit of the seed `auth` tier.
-pub const AUTH_VAR: &str = "RATE_LIMIT__AUTH_REQUESTS_PER_MINUTE";
-/// Per-minute limit of the seed `write` tier.
-pub const WRITE_VAR: &str = "RATE_LIMIT__WRITE_REQUESTS_PER_MINUTE";
-/// Per-minute limit of the seed `read` tier.
-pub const READ_VAR: &str = "RATE_LIMIT__READ_REQUESTS_PER_MINUTE";
-/// Per-minute limit of the seed `protocol` tier.
-pub const PROTOCOL_VAR: &str = "RATE_LIMIT__PROTOCOL_REQUESTS_PER_MINUTE";
+use sluice_crds::{
+    contract::env::*,
+    sidecar_config::{ConfigErrors, QueueConfig, SidecarConfig, TierLimits, validate::check_upstream_url},
+};
 
 /// Where overrides are read from: the process environment in the binary, a map in tests.
 pub trait Env: Send + Sync {
@@ -71,36 +55,33 @@ pub struct EnvSettings {
 /// variable at fault.
 pub fn apply(config: &mut SidecarConfig, env: &dyn Env) -> Result<EnvSettings, ConfigErrors> {
     let mut errs = ConfigErrors::default();
-    if let Some(v) = env.var(LISTEN_VAR) {
+    if let Some(v) = env.var(LISTEN) {
         match v.trim().parse() {
             Ok(addr) => config.limits.listen = addr,
-            Err(_) => errs.push(LISTEN_VAR, format!("{v:?} is not an address like 0.0.0.0:8080")),
+            Err(_) => errs.push(LISTEN, format!("{v:?} is not an address like 0.0.0.0:8080")),
         }
     }
-    if let Some(v) = env.var(ADMIN_LISTEN_VAR) {
+    if let Some(v) = env.var(ADMIN_LISTEN) {
         match v.trim().parse() {
             Ok(addr) => config.limits.admin_listen = addr,
-            Err(_) => errs.push(
-                ADMIN_LISTEN_VAR,
-                format!("{v:?} is not an address like 0.0.0.0:9901"),
-            ),
+            Err(_) => errs.push(ADMIN_LISTEN, format!("{v:?} is not an address like 0.0.0.0:9901")),
         }
     }
-    if let Some(v) = env.var(UPSTREAM_VAR) {
+    if let Some(v) = env.var(UPSTREAM) {
         match check_upstream_url(v.trim()) {
             Ok(_) => config.limits.upstream = v.trim().to_owned(),
-            Err(msg) => errs.push(UPSTREAM_VAR, msg),
+            Err(msg) => errs.push(UPSTREAM, msg),
         }
     }
-    if let Some(v) = env.var(REDIS_URL_VAR) {
+    if let Some(v) = env.var(REDIS_URL) {
         config.limits.redis.url = Some(v.trim().to_owned());
     }
-    let enabled = match env.var(ENABLED_VAR).as_deref().map(str::trim) {
+    let enabled = match env.var(RATE_LIMIT_ENABLED).as_deref().map(str::trim) {
         None => true,
         Some("true" | "1" | "yes" | "on") => true,
         Some("false" | "0" | "no" | "off") => false,
         Some(other) => {
-            errs.push(ENABLED_VAR, format!("{other:?} is not true or false"));
+            errs.push(RATE_LIMIT_ENABLED, format!("{other:?} is not true or false"));
             true
         }
     };
@@ -116,16 +97,73 @@ pub fn apply(config: &mut SidecarConfig, env: &dyn Env) -> Result<EnvSettings, C
         },
     };
     let tiers = TierLimits {
-        auth: tier(AUTH_VAR, defaults.auth),
-        write: tier(WRITE_VAR, defaults.write),
-        read: tier(READ_VAR, defaults.read),
-        protocol: tier(PROTOCOL_VAR, defaults.protocol),
+        auth: tier(RATE_LIMIT_AUTH, defaults.auth),
+        write: tier(RATE_LIMIT_WRITE, defaults.write),
+        read: tier(RATE_LIMIT_READ, defaults.read),
+        protocol: tier(RATE_LIMIT_PROTOCOL, defaults.protocol),
     };
     if errs.is_empty() {
         Ok(EnvSettings { enabled, tiers })
     } else {
         Err(errs)
     }
+}
+
+/// Applies the queue overrides (`SLUICE_DATABASE_URL`, `SLUICE_QUEUES`, `SLUICE_HANDLER_URL`,
+/// `SLUICE_WORKER_CONCURRENCY`, `SLUICE_API_LISTEN`, `SLUICE_METRICS_LISTEN`) to the `queue:` section:
+/// the worker role's whole config when it runs without a file, and the proxy role's queue API.
+pub fn apply_queue(cfg: &mut QueueConfig, env: &dyn Env) -> Result<(), ConfigErrors> {
+    let mut errs = ConfigErrors::default();
+    if let Some(v) = env.var(DATABASE_URL) {
+        cfg.database_url = Some(v);
+    }
+    if let Some(v) = env.var(QUEUES) {
+        cfg.queues = v
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect();
+    }
+    if let Some(v) = env.var(HANDLER_URL) {
+        cfg.handler.url = v;
+    }
+    if let Some(v) = env.var(WORKER_CONCURRENCY) {
+        match v.trim().parse() {
+            Ok(n) => cfg.worker.concurrency = n,
+            Err(_) => errs.push(WORKER_CONCURRENCY, format!("{v:?} is not a number")),
+        }
+    }
+    if let Some(v) = env.var(API_LISTEN) {
+        match v.trim().parse() {
+            Ok(addr) => cfg.api.listen = Some(addr),
+            Err(_) => errs.push(API_LISTEN, format!("{v:?} is not an address like 127.0.0.1:7070")),
+        }
+    }
+    if let Some(v) = env.var(METRICS_LISTEN) {
+        match v.trim().parse() {
+            Ok(addr) => cfg.worker.metrics_listen = addr,
+            Err(_) => errs.push(
+                METRICS_LISTEN,
+                format!("{v:?} is not an address like 0.0.0.0:9902"),
+            ),
+        }
+    }
+    errs.into_result()
+}
+
+/// This pod's name: `SLUICE_POD_NAME` (the downward API), else `HOSTNAME`, else `/etc/hostname`, else
+/// `unknown`. Names the pod's `enforced` report and starts its workers' lease owner.
+pub fn pod_name(env: &dyn Env) -> String {
+    env.var(POD_NAME)
+        .or_else(|| env.var("HOSTNAME"))
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+        })
+        .unwrap_or_else(|| "unknown".into())
 }
 
 #[cfg(test)]
@@ -136,9 +174,9 @@ mod tests {
     fn connection_overrides_replace_file_values() {
         let mut c = SidecarConfig::default();
         let env = &[
-            (LISTEN_VAR, "127.0.0.1:1234"),
-            (UPSTREAM_VAR, "http://127.0.0.1:9"),
-            (REDIS_URL_VAR, "redis://r:6380"),
+            (LISTEN, "127.0.0.1:1234"),
+            (UPSTREAM, "http://127.0.0.1:9"),
+            (REDIS_URL, "redis://r:6380"),
         ];
         apply(&mut c, env).unwrap();
         assert_eq!(c.limits.listen.to_string(), "127.0.0.1:1234");
@@ -147,8 +185,8 @@ mod tests {
     }
 
     #[test]
-    fn the_adr_tier_variables_set_the_seed_limits() {
-        let env = &[(AUTH_VAR, "3"), (ENABLED_VAR, "false")];
+    fn the_tier_variables_set_the_seed_limits() {
+        let env = &[(RATE_LIMIT_AUTH, "3"), (RATE_LIMIT_ENABLED, "false")];
         let s = apply(&mut SidecarConfig::default(), env).unwrap();
         assert!(!s.enabled);
         assert_eq!(s.tiers.auth, 3);
@@ -157,8 +195,37 @@ mod tests {
 
     #[test]
     fn a_bad_variable_is_named() {
-        let env = &[(WRITE_VAR, "lots"), (LISTEN_VAR, "8080")];
+        let env = &[(RATE_LIMIT_WRITE, "lots"), (LISTEN, "8080")];
         let err = apply(&mut SidecarConfig::default(), env).unwrap_err().to_string();
-        assert!(err.contains(LISTEN_VAR) && err.contains(WRITE_VAR), "{err}");
+        assert!(err.contains(LISTEN) && err.contains(RATE_LIMIT_WRITE), "{err}");
+    }
+
+    #[test]
+    fn queue_variables_alone_configure_a_worker() {
+        let mut cfg = QueueConfig::default();
+        let env = &[
+            (DATABASE_URL, "postgres://x/y"),
+            (QUEUES, "emails, reports"),
+            (HANDLER_URL, "http://127.0.0.1:9/jobs"),
+            (WORKER_CONCURRENCY, "4"),
+            (API_LISTEN, "127.0.0.1:7070"),
+        ];
+        apply_queue(&mut cfg, env).unwrap();
+        assert_eq!(cfg.queues, vec!["emails", "reports"]);
+        assert_eq!(cfg.worker.concurrency, 4);
+        assert_eq!(cfg.handler.url, "http://127.0.0.1:9/jobs");
+        assert_eq!(cfg.api.listen, Some("127.0.0.1:7070".parse().unwrap()));
+    }
+
+    #[test]
+    fn every_bad_queue_variable_is_named() {
+        let env = &[(WORKER_CONCURRENCY, "many"), (API_LISTEN, "7070")];
+        let err = apply_queue(&mut QueueConfig::default(), env)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(WORKER_CONCURRENCY) && err.contains(API_LISTEN),
+            "{err}"
+        );
     }
 }

@@ -9,9 +9,9 @@ use std::{
 use sluice_crds::sidecar_config::{SidecarConfig, default_rules};
 
 use super::{
-    Effective,
+    ConfigErrors, Effective,
     env::{self, Env},
-    validate::{ConfigErrors, validate},
+    validate,
 };
 
 /// Parses YAML into the schema. A serde error (unknown field, wrong type, bad duration) names the field
@@ -134,7 +134,7 @@ mod tests {
 
     #[test]
     fn running_on_env_vars_alone_honours_the_adr_variables() {
-        let env = &[(env::READ_VAR, "7")];
+        let env = &[(sluice_crds::contract::env::RATE_LIMIT_READ, "7")];
         let e = from_env(env).unwrap();
         let read = e.config.limits.rules.iter().find(|r| r.name == "read").unwrap();
         assert_eq!(read.limit.requests, 7);

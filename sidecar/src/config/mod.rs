@@ -1,19 +1,18 @@
 //! Loading the sidecar config: the YAML file, env overrides, validation naming the field at fault, and
 //! hot reload (file polling and the Redis channel).
 //!
-//! Layout: [`load`] (parse, env, seed tiers, validate), [`env`] (overrides), [`validate`](mod@validate)
-//! (every field at fault by path), [`reload`] (file watch by content hash), [`remote`] (Redis channel and
-//! the `enforced` report).
+//! Layout: [`load`] (parse, env, seed tiers, validate), [`env`] (overrides), [`reload`] (file watch by
+//! content hash), [`remote`] (Redis channel and the `enforced` report). The validation itself is the
+//! config schema's, in `sluice_crds::sidecar_config::validate`, shared with the operator.
 
 pub mod env;
 pub mod load;
 pub mod reload;
 pub mod remote;
-pub mod validate;
 
 use sluice_crds::sidecar_config::SidecarConfig;
 
-pub use validate::{ConfigErrors, FieldError, validate};
+pub use sluice_crds::sidecar_config::{ConfigErrors, FieldError, validate};
 
 /// A config ready to run: env overrides applied, seed tiers filled in, validated.
 #[derive(Debug, Clone, PartialEq)]

@@ -5,12 +5,15 @@
 //! [`REPORT_INTERVAL`] GETs the key; a config with a higher policy generation than the running one is
 //! validated and applied exactly like a file reload. Each sidecar reports what it enforces with
 //! `HSET sluice:{<ns>/<name>}:enforced <pod> "<generation> <unix_ms>"` every [`REPORT_INTERVAL`] and
-//! after each apply. The braces are a Redis Cluster hash tag: both keys live in one slot.
+//! after each apply. The keys and the report are the contract's ([`sluice_crds::contract::redis`]).
 
 use std::{sync::Arc, time::Duration};
 
 use fred::prelude::*;
-use sluice_crds::sidecar_config::PolicyRef;
+use sluice_crds::{
+    contract::redis::{Report, config_key, enforced_key},
+    sidecar_config::PolicyRef,
+};
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -22,33 +25,8 @@ use crate::clock::SharedClock;
 
 /// How often the enforced generation is reported (and the config key re-read).
 pub const REPORT_INTERVAL: Duration = Duration::from_secs(5);
-/// Env var naming this pod in the `enforced` hash (the downward API's `metadata.name`).
-pub const POD_NAME_VAR: &str = "SLUICE_POD_NAME";
 /// Deadline of each config-channel Redis command (off the request path, so longer than the limiter's).
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// `sluice:{<ns>/<name>}:config`: the key holding the rendered YAML, and the channel announcing it.
-pub fn config_key(policy: &PolicyRef) -> String {
-    format!("sluice:{{{}/{}}}:config", policy.namespace, policy.name)
-}
-
-/// `sluice:{<ns>/<name>}:enforced`: hash of pod → `"<generation> <unix_ms>"`.
-pub fn enforced_key(policy: &PolicyRef) -> String {
-    format!("sluice:{{{}/{}}}:enforced", policy.namespace, policy.name)
-}
-
-/// This pod's name: `SLUICE_POD_NAME`, else `HOSTNAME`, else `/etc/hostname`.
-pub fn pod_name(env: &dyn Env) -> String {
-    env.var(POD_NAME_VAR)
-        .or_else(|| env.var("HOSTNAME"))
-        .or_else(|| {
-            std::fs::read_to_string("/etc/hostname")
-                .ok()
-                .map(|s| s.trim().to_owned())
-                .filter(|s| !s.is_empty())
-        })
-        .unwrap_or_else(|| "unknown".into())
-}
 
 /// What the remote config task needs.
 pub struct Remote {
@@ -85,8 +63,8 @@ pub async fn run(
     subscriber.connect();
     let _resubscribe = subscriber.manage_subscriptions();
     let mut messages = subscriber.message_rx();
-    let key = config_key(&remote.policy);
-    let enforced = enforced_key(&remote.policy);
+    let key = config_key(&remote.policy.namespace, &remote.policy.name);
+    let enforced = enforced_key(&remote.policy.namespace, &remote.policy.name);
 
     let subscribe = {
         let subscriber = subscriber.clone();
@@ -165,7 +143,11 @@ async fn fetch(client: &Client, key: &str, remote: &Remote, sink: &dyn ConfigSin
 }
 
 async fn report(client: &Client, enforced: &str, remote: &Remote, generation: i64) {
-    let value = format!("{generation} {}", remote.clock.now_millis());
+    let value = Report {
+        generation,
+        at_ms: i64::try_from(remote.clock.now_millis()).unwrap_or(i64::MAX),
+    }
+    .encode();
     if let Err(e) = client
         .hset::<(), _, _>(enforced, (remote.pod.as_str(), value))
         .await

@@ -53,7 +53,7 @@ impl KeySpec {
             scope.extend_from_slice(&(s.len() as u64).to_be_bytes());
             scope.extend_from_slice(s.as_bytes());
         }
-        let redis_prefix = format!("sluice:{{{}/{}/{}/", escape(ns), escape(name), escape(rule));
+        let redis_prefix = sluice_crds::contract::redis::rule_key_prefix(ns, name, rule);
         let parts = if parts.is_empty() {
             vec![Part::ClientIp { v4: 32, v6: 64 }]
         } else {
@@ -178,20 +178,6 @@ fn feed_ip(h: &mut Sha256, tag: u8, (ip, prefix): (IpAddr, u8)) {
         }
     }
     h.update([prefix]);
-}
-
-/// Keeps `{`, `}` and `%` out of the readable part of keys (they would break the hash tag).
-fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '{' => out.push_str("%7B"),
-            '}' => out.push_str("%7D"),
-            '%' => out.push_str("%25"),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 #[cfg(test)]

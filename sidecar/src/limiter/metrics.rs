@@ -28,7 +28,7 @@ use prometheus_client::{
 
 /// How a rule decided one request.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
-#[allow(non_camel_case_types)]
+#[allow(non_camel_case_types)] // variant names are the metric label values, snake_case as Prometheus has them
 pub enum DecisionOutcome {
     /// Within the limit.
     allowed,
@@ -46,7 +46,7 @@ struct DecisionLabels {
 
 /// Why a Redis call did not decide.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
-#[allow(non_camel_case_types)]
+#[allow(non_camel_case_types)] // variant names are the metric label values, snake_case as Prometheus has them
 pub enum RedisErrorKind {
     /// No answer within the deadline.
     timeout,
@@ -63,7 +63,7 @@ struct ErrorLabels {
 
 /// Which failure mode made a decision.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
-#[allow(non_camel_case_types)]
+#[allow(non_camel_case_types)] // variant names are the metric label values, snake_case as Prometheus has them
 pub enum FallbackMode {
     /// Let through.
     open,

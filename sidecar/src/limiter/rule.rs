@@ -134,9 +134,10 @@ impl CompiledRule {
                 "{field}.limit.requests: must be at least 1"
             )));
         }
-        let burst = match rule.algorithm {
-            AlgorithmKind::TokenBucket => rule.limit.burst.unwrap_or(0),
-            _ => 0,
+        let burst = if rule.algorithm.takes_burst() {
+            rule.limit.burst.unwrap_or(0)
+        } else {
+            0
         };
         let biggest = u128::from(rule.limit.requests.max(burst.saturating_add(1))) * u128::from(window_ms);
         if biggest >= EXACT_LIMIT {

@@ -69,20 +69,19 @@ pub async fn serve_demo_app(listener: TcpListener, shutdown: CancellationToken) 
     }
 }
 
-/// Runs the demo and prints its lines to stdout.
-pub async fn run(args: DemoArgs, env: &dyn Env) -> anyhow::Result<()> {
-    let shutdown = CancellationToken::new();
+/// Runs the demo and prints its lines to stdout; stops early when `shutdown` fires.
+pub async fn run(args: DemoArgs, env: &dyn Env, shutdown: CancellationToken) -> crate::Result<()> {
     let app = TcpListener::bind("127.0.0.1:0").await?;
     let app_addr = app.local_addr()?;
     tokio::spawn(serve_demo_app(app, shutdown.clone()));
 
-    let mut config: SidecarConfig = serde_yaml::from_str(DEMO_CONFIG)?;
+    let mut config: SidecarConfig = serde_yaml::from_str(DEMO_CONFIG).expect("the demo config parses");
     config.limits.upstream = format!("http://{app_addr}");
-    config.limits.listen = "127.0.0.1:0".parse()?;
-    config.limits.admin_listen = "127.0.0.1:1".parse()?;
+    config.limits.listen = ([127, 0, 0, 1], 0).into();
+    config.limits.admin_listen = ([127, 0, 0, 1], 1).into();
     config.limits.rejection_log.per_second = 1;
     config.limits.shutdown_grace = std::time::Duration::from_secs(2).into();
-    let mut effective = load::resolve(config, env).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut effective = load::resolve(config, env)?;
     // The demo picks its own free ports whatever SLUICE_LISTEN says.
     let proxy = TcpListener::bind("127.0.0.1:0").await?;
     let admin = TcpListener::bind("127.0.0.1:0").await?;
@@ -124,13 +123,15 @@ pub async fn run(args: DemoArgs, env: &dyn Env) -> anyhow::Result<()> {
     let allowed = Arc::new(AtomicU64::new(0));
     let limited = Arc::new(AtomicU64::new(0));
     let other = Arc::new(AtomicU64::new(0));
-    let uri: hyper::Uri = format!("http://{proxy_addr}/").parse()?;
+    let uri: hyper::Uri = format!("http://{proxy_addr}/")
+        .parse()
+        .expect("a socket address makes a URI");
     let start = Instant::now();
     let gap = Duration::from_secs_f64(1.0 / f64::from(args.rate.max(1)));
     let mut next_line = 1u64;
     let (mut last_allowed, mut last_limited) = (0, 0);
     let mut sent = 0u64;
-    while start.elapsed() < Duration::from_secs(args.seconds) {
+    while start.elapsed() < Duration::from_secs(args.seconds) && !shutdown.is_cancelled() {
         let (client, uri) = (client.clone(), uri.clone());
         let (a, l, o) = (allowed.clone(), limited.clone(), other.clone());
         tokio::spawn(async move {
@@ -173,4 +174,15 @@ pub async fn run(args: DemoArgs, env: &dyn Env) -> anyhow::Result<()> {
     shutdown.cancel();
     let _ = server.await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_demo_config_is_valid() {
+        let config: SidecarConfig = serde_yaml::from_str(DEMO_CONFIG).unwrap();
+        sluice_crds::sidecar_config::validate(&config).unwrap();
+    }
 }

@@ -117,7 +117,7 @@ fn own(resp: Response<Bytes>) -> Response<ProxyBody> {
 /// needs (origin form over the app connection, absolute at the upstream for the pooled clients),
 /// hop-by-hop fields removed (the upgrade pair re-added for a WebSocket), forwarding fields set, and the
 /// body capped at `maxRequestBody` (a chunked body that grows past it fails the request with 413).
-#[allow(clippy::result_large_err)]
+#[allow(clippy::result_large_err)] // the error is the response to send; boxing it would allocate on every refusal
 fn rewrite_request(
     req: Request<Incoming>,
     snap: &Snapshot,

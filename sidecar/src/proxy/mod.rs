@@ -28,7 +28,6 @@ pub mod upgrade;
 
 use std::{path::PathBuf, sync::Arc};
 
-use anyhow::Context;
 use bytes::Bytes;
 use http_body_util::{Either, Full, Limited};
 use hyper::body::Incoming;
@@ -38,11 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     clock::{SharedClock, SystemClock},
-    config::{
-        ConfigErrors, Effective,
-        env::{Env, ProcessEnv},
-        load, reload, remote,
-    },
+    config::{ConfigErrors, Effective, env::Env, load, reload, remote},
 };
 use metrics::ProxyMetrics;
 use state::ProxyState;
@@ -56,13 +51,13 @@ pub type ProxyBody = Either<Incoming, Full<Bytes>>;
 #[derive(clap::Args, Debug, Default)]
 pub struct ProxyArgs {
     /// The config file (YAML). Without it the sidecar runs on env vars alone, with the seed tiers as rules.
-    #[arg(long, env = "SLUICE_CONFIG")]
+    #[arg(long, env = sluice_crds::contract::env::CONFIG)]
     pub config: Option<PathBuf>,
     /// Validate FILE (with the env overrides) and exit: 0 when valid, 1 naming every field at fault.
     #[arg(long, value_name = "FILE")]
     pub check_config: Option<PathBuf>,
     /// How often the config file is re-read for hot reload.
-    #[arg(long, env = "SLUICE_CONFIG_POLL", default_value = "1s")]
+    #[arg(long, env = sluice_crds::contract::env::CONFIG_POLL, default_value = "1s")]
     pub config_poll: sluice_crds::Duration,
 }
 
@@ -124,7 +119,7 @@ pub fn spawn_config_sources(
         let remote = remote::Remote {
             redis_url: url.clone(),
             policy: policy.clone(),
-            pod: remote::pod_name(&*env),
+            pod: crate::config::env::pod_name(&*env),
             env,
             clock: state.clock.clone(),
         };
@@ -139,44 +134,29 @@ pub fn spawn_config_sources(
     }
 }
 
-/// Cancels `shutdown` on SIGTERM or SIGINT.
-pub fn cancel_on_signal(shutdown: CancellationToken) -> std::io::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM received"),
-            _ = int.recv() => tracing::info!("SIGINT received"),
-        }
-        shutdown.cancel();
-    });
-    Ok(())
-}
-
-/// Runs the proxy role until SIGTERM: load and validate the config (before binding any port), bind,
-/// serve, hot-reload, drain.
-pub async fn main(args: ProxyArgs) -> anyhow::Result<()> {
-    let env: Arc<dyn Env> = Arc::new(ProcessEnv);
+/// Runs the proxy role until `shutdown` fires: load and validate the config (before binding any port),
+/// bind, serve (with the queue HTTP API beside it when `queue.api.listen` or `SLUICE_API_LISTEN` asks),
+/// hot-reload, drain.
+pub async fn run(args: &ProxyArgs, env: Arc<dyn Env>, shutdown: CancellationToken) -> crate::Result<()> {
     let (effective, file) = match &args.config {
         Some(path) => {
-            let (text, hash) = load::read(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let (text, hash) = load::read(path)?;
             let effective = load::from_yaml(&text, &*env)
-                .map_err(|e| anyhow::anyhow!("invalid config {}:\n{e}", path.display()))?;
+                .map_err(|e| crate::Error::Config(format!("invalid config {}:\n{e}", path.display())))?;
             (effective, Some((path.clone(), hash)))
         }
         None => (
-            load::from_env(&*env).map_err(|e| anyhow::anyhow!("invalid environment:\n{e}"))?,
+            load::from_env(&*env).map_err(|e| crate::Error::Config(format!("invalid environment:\n{e}")))?,
             None,
         ),
     };
+    // Pods that enqueue through the sidecar get the queue HTTP API beside the proxy; without
+    // `queue.api.listen` (or SLUICE_API_LISTEN) it is off.
+    let mut queue = effective.config.queue.clone().unwrap_or_default();
+    crate::config::env::apply_queue(&mut queue, &*env)?;
     let limits = &effective.config.limits;
-    let listener = TcpListener::bind(limits.listen)
-        .await
-        .with_context(|| format!("bind limits.listen {}", limits.listen))?;
-    let admin = TcpListener::bind(limits.admin_listen)
-        .await
-        .with_context(|| format!("bind limits.adminListen {}", limits.admin_listen))?;
+    let listener = bind("limits.listen", limits.listen).await?;
+    let admin = bind("limits.adminListen", limits.admin_listen).await?;
     tracing::info!(
         listen = %limits.listen,
         admin = %limits.admin_listen,
@@ -187,21 +167,27 @@ pub async fn main(args: ProxyArgs) -> anyhow::Result<()> {
         limiting = effective.limiting_enabled,
         "sluice-sidecar proxy starting"
     );
-    // Pods that enqueue through the sidecar (`queue.api.listen` or SLUICE_API_LISTEN) get the queue HTTP
-    // API beside the proxy; without either it is off.
-    let mut queue = effective.config.queue.clone().unwrap_or_default();
-    crate::queue::apply_env(&mut queue, |name| env.var(name)).map_err(|e| anyhow::anyhow!("{e}"))?;
     let clock: SharedClock = Arc::new(SystemClock);
     let state = build_state(effective, clock).await?;
-    let shutdown = CancellationToken::new();
-    cancel_on_signal(shutdown.clone())?;
     let queue_api = tokio::spawn({
         let shutdown = shutdown.clone();
-        async move { crate::queue::serve_api_role(&queue, shutdown).await }
+        async move { crate::queue::role::serve_api(&queue, shutdown).await }
     });
     spawn_config_sources(&state, file, args.config_poll.get(), env, &shutdown);
     server::run(listener, admin, state, shutdown).await?;
-    queue_api.await.context("queue API task")??;
+    queue_api
+        .await
+        .map_err(|e| crate::Error::Io(std::io::Error::other(format!("queue API task: {e}"))))??;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Binds `addr`, naming the config field it came from when that fails.
+async fn bind(field: &str, addr: std::net::SocketAddr) -> crate::Result<TcpListener> {
+    TcpListener::bind(addr).await.map_err(|e| {
+        crate::Error::Io(std::io::Error::new(
+            e.kind(),
+            format!("binding {field} {addr}: {e}"),
+        ))
+    })
 }

@@ -9,7 +9,7 @@
 //! only those: a queue outside it is 403 naming the queues it serves, a job in another queue reads as
 //! unknown (404), and the queue list shows only its own. Without a list it serves the whole database.
 
-use std::{collections::BTreeSet, future::Future, net::SocketAddr, sync::Arc};
+use std::{collections::BTreeSet, future::Future, sync::Arc};
 
 use axum::{
     Json, Router,
@@ -23,10 +23,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use super::{
-    job::{CancelOutcome, JobState, MAX_PAYLOAD_BYTES, NewJob, QueueSettings},
-    store::{QueueStore, check_new_job},
+use sluice_queue::{
+    CancelOutcome, Job, JobState, MAX_PAYLOAD_BYTES, NewJob, QueueSettings, QueueStore, store::check_new_job,
 };
+
 use crate::error::Error;
 
 /// Default most jobs in one batch request.
@@ -83,7 +83,7 @@ impl ApiState {
     }
 
     /// The job `id`, if it exists in a queue this API serves.
-    async fn served_job(&self, id: Uuid) -> ApiResult<super::job::Job> {
+    async fn served_job(&self, id: Uuid) -> ApiResult<Job> {
         self.store
             .get(id)
             .await?
@@ -135,6 +135,12 @@ impl From<Error> for ApiError {
     }
 }
 
+impl From<sluice_queue::Error> for ApiError {
+    fn from(e: sluice_queue::Error) -> Self {
+        Error::from(e).into()
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (
@@ -175,15 +181,6 @@ pub async fn serve(
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
         .await
-}
-
-/// Binds `addr` and serves the API until `shutdown` completes.
-pub async fn bind_and_serve(
-    addr: SocketAddr,
-    state: ApiState,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    serve(tokio::net::TcpListener::bind(addr).await?, state, shutdown).await
 }
 
 async fn read_body(body: Body, limit: usize) -> ApiResult<bytes::Bytes> {

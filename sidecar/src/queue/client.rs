@@ -25,9 +25,10 @@
 //! # Ok(()) }
 //! ```
 
-pub use super::{
-    job::{ClaimedJob, Enqueued, Job, JobState, NewJob, QueueSettings},
+pub use sluice_queue::{
+    ClaimedJob, Enqueued, Job, JobState, NewJob, QueueSettings, QueueStore,
     schema::migrate,
-    store::{QueueStore, enqueue, enqueue_many},
-    worker::{Handler, Outcome, Worker, WorkerOptions},
+    store::{enqueue, enqueue_many},
 };
+
+pub use super::worker::{Handler, Outcome, Worker, WorkerOptions};

@@ -18,10 +18,9 @@ use hyper_util::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::{
-    job::ClaimedJob,
-    worker::{Handler, Outcome},
-};
+use sluice_queue::ClaimedJob;
+
+use super::worker::{Handler, Outcome};
 use crate::{
     clock::SharedClock,
     error::{Error, Result},

@@ -147,7 +147,7 @@ impl QueueMetrics {
     }
 
     /// Sets the depth gauges of a queue.
-    pub fn set_depth(&self, d: &super::job::Depth) {
+    pub fn set_depth(&self, d: &sluice_queue::Depth) {
         for (state, v) in [
             ("ready", d.ready),
             ("scheduled", d.scheduled),

@@ -35,16 +35,18 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::{
-    job::{ClaimedJob, QueueSettings},
-    listen::Event,
-    metrics::QueueMetrics,
-    store::{Finish, Finished, QueueStore},
+use sluice_crds::sidecar_config::{
+    CLAIM_BATCH_DEFAULT, JOB_TIMEOUT_DEFAULT, MAX_POLL_INTERVAL_DEFAULT, POLL_INTERVAL_DEFAULT,
+    SHUTDOWN_GRACE_DEFAULT, WORKER_CONCURRENCY_DEFAULT,
 };
-use crate::error::Result;
+use sluice_queue::{
+    ClaimedJob, QueueSettings, QueueStore,
+    listen::Event,
+    store::{Finish, Finished},
+};
 
-/// The channel the SQL API notifies on, with the queue name as payload.
-pub const NOTIFY_CHANNEL: &str = "sluice_jobs";
+use super::metrics::QueueMetrics;
+use crate::error::Result;
 /// Most finished attempts written by one completer statement.
 const COMPLETER_BATCH: usize = 1000;
 /// Completer batches written at once (measured: 2 keeps both of a 2-core database's cores busy next to
@@ -107,39 +109,34 @@ pub struct WorkerOptions {
     pub owner: String,
 }
 
+/// Claim loops a worker runs at once: two keep claims flowing while one waits for its query.
+pub const CLAIMERS_DEFAULT: usize = 2;
+
 impl WorkerOptions {
-    /// Defaults for serving `queues`.
+    /// Defaults for serving `queues` (those of the config's `queue.worker` and `queue.handler`).
     pub fn new(queues: impl IntoIterator<Item = impl Into<String>>) -> Self {
         Self {
             queues: queues.into_iter().map(Into::into).collect(),
-            concurrency: 16,
-            claim_batch: 100,
-            claimers: 2,
-            poll_interval: Duration::from_millis(50),
-            max_poll_interval: Duration::from_secs(2),
+            concurrency: WORKER_CONCURRENCY_DEFAULT as usize,
+            claim_batch: CLAIM_BATCH_DEFAULT,
+            claimers: CLAIMERS_DEFAULT,
+            poll_interval: POLL_INTERVAL_DEFAULT.get(),
+            max_poll_interval: MAX_POLL_INTERVAL_DEFAULT.get(),
             listen: true,
-            job_timeout: Duration::from_secs(300),
-            shutdown_grace: Duration::from_secs(25),
+            job_timeout: JOB_TIMEOUT_DEFAULT.get(),
+            shutdown_grace: SHUTDOWN_GRACE_DEFAULT.get(),
             heartbeat_interval: None,
             owner: default_owner(),
         }
     }
 }
 
-/// The lease owner of this process: `SLUICE_POD_NAME` (or the hostname) plus a process-unique suffix, so
-/// the operator can tell which pod holds a lease and two processes in one pod never share one.
+/// The lease owner of this process: the pod's name (`SLUICE_POD_NAME`, else the hostname) plus a
+/// process-unique suffix, so the operator can tell which pod holds a lease and two processes in one pod
+/// never share one.
 pub fn default_owner() -> String {
-    let host = std::env::var("SLUICE_POD_NAME")
-        .ok()
-        .filter(|s| !s.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
-        .or_else(|| {
-            std::fs::read_to_string("/etc/hostname")
-                .ok()
-                .map(|s| s.trim().to_owned())
-        })
-        .unwrap_or_else(|| "sluice".into());
-    format!("{host}-{:08x}", rand::random::<u32>())
+    let pod = crate::config::env::pod_name(&crate::config::env::ProcessEnv);
+    format!("{pod}-{:08x}", rand::random::<u32>())
 }
 
 /// Why a running job's handler was stopped.
@@ -644,7 +641,7 @@ async fn heartbeat<H>(shared: Arc<Shared<H>>, stop: CancellationToken) {
 }
 
 async fn listen<H>(shared: Arc<Shared<H>>, stop: CancellationToken) {
-    super::listen::listen(shared.store.pool(), "worker", &stop, |event| {
+    sluice_queue::listen::listen(shared.store.pool(), "worker", &stop, |event| {
         match event {
             Event::Enqueued(queue) if !shared.opts.queues.iter().any(|q| q == queue) => {}
             // A job for us, or listening (again) after missing notifications: claim now.

@@ -1,6 +1,6 @@
 //! Fixtures shared by the limiter's integration tests: rules, configs, requests, limiters on real Redis.
 
-#![allow(dead_code)]
+#![allow(dead_code)] // each test binary includes this module and uses part of it
 
 use std::{net::IpAddr, sync::Arc, time::Duration};
 

@@ -1,5 +1,5 @@
 //! Test fixtures for the proxy: a small real upstream app, an in-process sidecar, an HTTP client.
-#![allow(dead_code, missing_docs)]
+#![allow(dead_code, missing_docs)] // each test binary includes this module and uses part of it; the test items are not an API
 
 use std::{
     convert::Infallible,

@@ -1,10 +1,11 @@
 //! Shared fixtures of the queue integration tests: a throwaway PostgreSQL with the schema, queues with
 //! short leases, and handlers built from closures.
-#![allow(dead_code)]
+#![allow(dead_code)] // each test binary includes this module and uses part of it
 
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
-use sluice_sidecar::queue::{ClaimedJob, Handler, Outcome, QueueSettings, QueueStore, WorkerOptions, schema};
+use sluice_queue::{ClaimedJob, QueueSettings, QueueStore, schema};
+use sluice_sidecar::queue::{Handler, Outcome, WorkerOptions};
 use sluice_testsupport::PgServer;
 use sqlx::{PgPool, postgres::PgPoolOptions};
 use tokio_util::sync::CancellationToken;

@@ -6,14 +6,16 @@ use super::*;
 
 fn config() -> InjectConfig {
     InjectConfig {
-        image: "ghcr.io/sluice-dev/sluice-sidecar:0.1.0".into(),
-        image_pull_policy: Some("IfNotPresent".into()),
-        resources: Some(
-            serde_json::from_value(
-                json!({"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}}),
-            )
-            .unwrap(),
-        ),
+        sidecar: SidecarSettings {
+            image: "ghcr.io/sluice-dev/sluice-sidecar:0.1.0".into(),
+            image_pull_policy: Some("IfNotPresent".into()),
+            resources: Some(
+                serde_json::from_value(
+                    json!({"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}}),
+                )
+                .unwrap(),
+            ),
+        },
         native: true,
     }
 }
@@ -112,7 +114,7 @@ fn single_container_pod_gets_a_native_sidecar_that_takes_over_the_named_port() {
     assert_eq!(env(s, "SLUICE_UPSTREAM")["value"], "http://127.0.0.1:8080");
     assert_eq!(
         env(s, "SLUICE_REDIS_URL")["valueFrom"]["secretKeyRef"],
-        json!({"name": "redis-creds", "key": "url"})
+        json!({"name": "redis-creds", "key": "url", "optional": false})
     );
     assert_eq!(
         env(s, "SLUICE_POD_NAME")["valueFrom"]["fieldRef"]["fieldPath"],

@@ -3,9 +3,7 @@
 //! Window `w` covers `[w·W, (w+1)·W)` ms. Cheapest algorithm; a client may get up to 2× the limit across
 //! a window edge (the limit at the end of one window and again at the start of the next).
 
-use super::{
-    Algorithm, Call, EXPIRY_GRACE_MS, FIXED_WINDOW_SCRIPT, Hits, Outcome, Params, Script, Unique, count,
-};
+use super::{Algorithm, Call, EXPIRY_GRACE_MS, Hits, Outcome, Params, Unique, count};
 
 /// Fixed-window counting.
 #[derive(Debug)]
@@ -21,15 +19,15 @@ pub struct FixedWindowState {
 impl Algorithm for FixedWindow {
     type State = FixedWindowState;
 
-    fn script() -> &'static Script {
-        &FIXED_WINDOW_SCRIPT
-    }
+    const NAME: &'static str = "fixed_window";
+    const KEY_TAG: &'static str = "fw";
+    const LUA: &'static str = include_str!("../scripts/fixed_window.lua");
 
     fn call(base: &str, p: &Params, now: u64, _: Unique, hits: Hits) -> Call {
         let w = now / p.window_ms;
         let end = (w + 1) * p.window_ms;
         Call {
-            keys: vec![format!("{base}:fw:{}:{w}", p.window_ms)],
+            keys: vec![format!("{base}:{}:{}:{w}", Self::KEY_TAG, p.window_ms)],
             args: vec![
                 p.requests.to_string(),
                 (end - now + EXPIRY_GRACE_MS).to_string(),
@@ -69,6 +67,12 @@ impl Algorithm for FixedWindow {
         }
         state.count += 1;
         vec![1, state.count as i64]
+    }
+
+    /// A hit counted early in its aligned window is counted no later than when it is spent, so every
+    /// check sees at least the true count; the end of that window ends it.
+    fn prefetch_until(p: &Params, now: u64) -> Option<u64> {
+        Some((now / p.window_ms + 1) * p.window_ms)
     }
 
     fn is_idle(state: &Self::State, p: &Params, now: u64) -> bool {

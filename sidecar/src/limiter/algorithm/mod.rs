@@ -6,6 +6,10 @@
 //! Time is always the caller's clock, passed to the scripts as an argument: windows align across sidecars
 //! (wall-clock time) and tests drive Redis-side algorithms with a manual clock. Redis expiries only collect
 //! garbage; no decision depends on them.
+//!
+//! Adding an algorithm: a variant of the config's `Algorithm` enum (in `sluice_crds`), a script in
+//! `scripts/`, a file here implementing [`Algorithm`], and one line in the `algorithms!` list below,
+//! which writes the dispatch.
 
 pub mod fixed_window;
 pub mod sliding_counter;
@@ -72,7 +76,7 @@ pub struct Unique {
 }
 
 /// The hits one call decides, in this order: requests waiting for the answer, then hits taken ahead for
-/// later requests (see [`prefetch_until`]). Only the token bucket treats the two differently.
+/// later requests (see [`Algorithm::prefetch_until`]). Only the token bucket treats the two differently.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Hits {
     /// Requests decided now.
@@ -123,26 +127,23 @@ impl Script {
     }
 }
 
-pub(crate) static FIXED_WINDOW_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new("fixed_window", include_str!("../scripts/fixed_window.lua")));
-pub(crate) static SLIDING_LOG_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new("sliding_log", include_str!("../scripts/sliding_log.lua")));
-pub(crate) static SLIDING_COUNTER_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new("sliding_counter", include_str!("../scripts/sliding_counter.lua")));
-pub(crate) static TOKEN_BUCKET_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new("token_bucket", include_str!("../scripts/token_bucket.lua")));
-
 /// The shape every algorithm shares.
 pub trait Algorithm {
     /// Per-key state kept in process.
     type State: Default + Send + 'static;
 
-    /// The Lua script.
-    fn script() -> &'static Script;
+    /// Short name, for logs (the script's file name).
+    const NAME: &'static str;
+    /// Tag of the algorithm in its Redis keys (`fw`, `sl`, `sc`, `tb`): the data types differ, so a rule
+    /// that changes algorithm starts fresh instead of hitting `WRONGTYPE`.
+    const KEY_TAG: &'static str;
+    /// The Lua script's source.
+    const LUA: &'static str;
 
     /// The Redis call deciding `hits` (at least 1) for one key, in arrival order, as if they had come one
     /// after another at `now`. `base` is the key prefix with the hash tag
-    /// (`sluice:{ns/policy/rule/keyhash}`); every key starts with it, so a script touches one cluster slot.
+    /// (`sluice:{ns/policy/rule/keyhash}`); every key starts with it and [`Self::KEY_TAG`], so a script
+    /// touches one cluster slot.
     fn call(base: &str, p: &Params, now: u64, unique: Unique, hits: Hits) -> Call;
 
     /// From the reply to a call with several hits, the reply the script would have given the `i`-th of
@@ -163,141 +164,122 @@ pub trait Algorithm {
         Self::outcome(p, now, &raw).expect("local replies have the script's shape")
     }
 
+    /// Until when hits counted ahead at `now` may be spent (limiter clock, ms), or `None` when the
+    /// algorithm cannot take hits ahead without letting a key over its limit.
+    fn prefetch_until(p: &Params, now: u64) -> Option<u64>;
+
     /// Whether `state` holds nothing a fresh state would not: such a bucket may be evicted without letting a
     /// client back in early.
     fn is_idle(state: &Self::State, p: &Params, now: u64) -> bool;
 }
 
-/// In-process state of any algorithm (one entry of the local store).
-#[derive(Debug)]
-pub enum LocalState {
-    /// [`FixedWindow`].
-    FixedWindow(<FixedWindow as Algorithm>::State),
-    /// [`SlidingLog`].
-    SlidingLog(<SlidingLog as Algorithm>::State),
-    /// [`SlidingCounter`].
-    SlidingCounter(<SlidingCounter as Algorithm>::State),
-    /// [`TokenBucket`].
-    TokenBucket(<TokenBucket as Algorithm>::State),
+/// Lists every algorithm once, as `variant of AlgorithmKind => type implementing Algorithm`, and writes the
+/// dispatch from the rule's [`AlgorithmKind`] to the type: [`LocalState`] and the free functions below.
+/// Dispatch stays static (a `match` per call, no `dyn`, no allocation), since the limiter runs it on every
+/// request. The `match`es are exhaustive, so a new `AlgorithmKind` variant without a line here does not
+/// compile.
+macro_rules! algorithms {
+    ($($kind:ident => $ty:ident),+ $(,)?) => {
+        /// In-process state of any algorithm (one entry of the local store).
+        #[derive(Debug)]
+        pub enum LocalState {
+            $(
+                #[doc = concat!("[`", stringify!($ty), "`].")]
+                $kind(<$ty as Algorithm>::State),
+            )+
+        }
+
+        impl LocalState {
+            /// A fresh state for `kind`.
+            pub fn new(kind: AlgorithmKind) -> Self {
+                match kind {
+                    $(AlgorithmKind::$kind => Self::$kind(Default::default()),)+
+                }
+            }
+
+            /// Which algorithm this state belongs to.
+            pub fn kind(&self) -> AlgorithmKind {
+                match self {
+                    $(Self::$kind(_) => AlgorithmKind::$kind,)+
+                }
+            }
+
+            /// Decides one request in process, restarting the state when the rule changed algorithm.
+            pub fn decide(&mut self, kind: AlgorithmKind, p: &Params, now: u64) -> Outcome {
+                if self.kind() != kind {
+                    *self = Self::new(kind);
+                }
+                match self {
+                    $(Self::$kind(s) => $ty::decide(s, p, now),)+
+                }
+            }
+
+            /// See [`Algorithm::is_idle`].
+            pub fn is_idle(&self, p: &Params, now: u64) -> bool {
+                match self {
+                    $(Self::$kind(s) => $ty::is_idle(s, p, now),)+
+                }
+            }
+        }
+
+        /// The script of `kind`, its SHA-1 computed once.
+        pub fn script(kind: AlgorithmKind) -> &'static Script {
+            match kind {
+                $(AlgorithmKind::$kind => {
+                    static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new($ty::NAME, $ty::LUA));
+                    &SCRIPT
+                })+
+            }
+        }
+
+        /// The Redis call of `kind` deciding `hits` requests for one key (see [`Algorithm::call`]).
+        pub fn call(kind: AlgorithmKind, base: &str, p: &Params, now: u64, unique: Unique, hits: Hits) -> Call {
+            match kind {
+                $(AlgorithmKind::$kind => $ty::call(base, p, now, unique, hits),)+
+            }
+        }
+
+        /// The one-hit reply of the `i`-th request of a several-hit reply of `kind` (see [`Algorithm::nth`]).
+        pub fn nth(kind: AlgorithmKind, p: &Params, reply: &[i64], i: u64) -> Option<Vec<i64>> {
+            match kind {
+                $(AlgorithmKind::$kind => $ty::nth(p, reply, i),)+
+            }
+        }
+
+        /// The outcome of `kind` from a script reply (see [`Algorithm::outcome`]).
+        pub fn outcome(kind: AlgorithmKind, p: &Params, now: u64, reply: &[i64]) -> Option<Outcome> {
+            match kind {
+                $(AlgorithmKind::$kind => $ty::outcome(p, now, reply),)+
+            }
+        }
+
+        /// Until when hits of `kind` counted ahead at `now` may be spent (see
+        /// [`Algorithm::prefetch_until`]).
+        pub fn prefetch_until(kind: AlgorithmKind, p: &Params, now: u64) -> Option<u64> {
+            match kind {
+                $(AlgorithmKind::$kind => $ty::prefetch_until(p, now),)+
+            }
+        }
+
+        /// Tag of `kind` in Redis keys (see [`Algorithm::KEY_TAG`]).
+        pub fn key_tag(kind: AlgorithmKind) -> &'static str {
+            match kind {
+                $(AlgorithmKind::$kind => $ty::KEY_TAG,)+
+            }
+        }
+    };
 }
 
-impl LocalState {
-    /// A fresh state for `kind`.
-    pub fn new(kind: AlgorithmKind) -> Self {
-        match kind {
-            AlgorithmKind::FixedWindow => Self::FixedWindow(Default::default()),
-            AlgorithmKind::SlidingLog => Self::SlidingLog(Default::default()),
-            AlgorithmKind::SlidingCounter => Self::SlidingCounter(Default::default()),
-            AlgorithmKind::TokenBucket => Self::TokenBucket(Default::default()),
-        }
-    }
-
-    /// Which algorithm this state belongs to.
-    pub fn kind(&self) -> AlgorithmKind {
-        match self {
-            Self::FixedWindow(_) => AlgorithmKind::FixedWindow,
-            Self::SlidingLog(_) => AlgorithmKind::SlidingLog,
-            Self::SlidingCounter(_) => AlgorithmKind::SlidingCounter,
-            Self::TokenBucket(_) => AlgorithmKind::TokenBucket,
-        }
-    }
-
-    /// Decides one request in process, restarting the state when the rule changed algorithm.
-    pub fn decide(&mut self, kind: AlgorithmKind, p: &Params, now: u64) -> Outcome {
-        if self.kind() != kind {
-            *self = Self::new(kind);
-        }
-        match self {
-            Self::FixedWindow(s) => FixedWindow::decide(s, p, now),
-            Self::SlidingLog(s) => SlidingLog::decide(s, p, now),
-            Self::SlidingCounter(s) => SlidingCounter::decide(s, p, now),
-            Self::TokenBucket(s) => TokenBucket::decide(s, p, now),
-        }
-    }
-
-    /// See [`Algorithm::is_idle`].
-    pub fn is_idle(&self, p: &Params, now: u64) -> bool {
-        match self {
-            Self::FixedWindow(s) => FixedWindow::is_idle(s, p, now),
-            Self::SlidingLog(s) => SlidingLog::is_idle(s, p, now),
-            Self::SlidingCounter(s) => SlidingCounter::is_idle(s, p, now),
-            Self::TokenBucket(s) => TokenBucket::is_idle(s, p, now),
-        }
-    }
-}
-
-/// The script of `kind`.
-pub fn script(kind: AlgorithmKind) -> &'static Script {
-    match kind {
-        AlgorithmKind::FixedWindow => FixedWindow::script(),
-        AlgorithmKind::SlidingLog => SlidingLog::script(),
-        AlgorithmKind::SlidingCounter => SlidingCounter::script(),
-        AlgorithmKind::TokenBucket => TokenBucket::script(),
-    }
-}
-
-/// The Redis call of `kind` deciding `hits` requests for one key (see [`Algorithm::call`]).
-pub fn call(kind: AlgorithmKind, base: &str, p: &Params, now: u64, unique: Unique, hits: Hits) -> Call {
-    match kind {
-        AlgorithmKind::FixedWindow => FixedWindow::call(base, p, now, unique, hits),
-        AlgorithmKind::SlidingLog => SlidingLog::call(base, p, now, unique, hits),
-        AlgorithmKind::SlidingCounter => SlidingCounter::call(base, p, now, unique, hits),
-        AlgorithmKind::TokenBucket => TokenBucket::call(base, p, now, unique, hits),
-    }
-}
-
-/// The one-hit reply of the `i`-th request of a several-hit reply of `kind` (see [`Algorithm::nth`]).
-pub fn nth(kind: AlgorithmKind, p: &Params, reply: &[i64], i: u64) -> Option<Vec<i64>> {
-    match kind {
-        AlgorithmKind::FixedWindow => FixedWindow::nth(p, reply, i),
-        AlgorithmKind::SlidingLog => SlidingLog::nth(p, reply, i),
-        AlgorithmKind::SlidingCounter => SlidingCounter::nth(p, reply, i),
-        AlgorithmKind::TokenBucket => TokenBucket::nth(p, reply, i),
-    }
-}
-
-/// The outcome of `kind` from a script reply.
-pub fn outcome(kind: AlgorithmKind, p: &Params, now: u64, reply: &[i64]) -> Option<Outcome> {
-    match kind {
-        AlgorithmKind::FixedWindow => FixedWindow::outcome(p, now, reply),
-        AlgorithmKind::SlidingLog => SlidingLog::outcome(p, now, reply),
-        AlgorithmKind::SlidingCounter => SlidingCounter::outcome(p, now, reply),
-        AlgorithmKind::TokenBucket => TokenBucket::outcome(p, now, reply),
-    }
-}
-
-/// Until when hits counted ahead at `now` may be spent (limiter clock, ms), or `None` for algorithms that
-/// cannot take hits ahead without letting a key over its limit.
-/// - Fixed window and sliding-window counter: a hit counted early in its aligned window is counted no
-///   later than when it is spent, so every check sees at least the true count; the end of that window
-///   ends it.
-/// - Token bucket: a full bucket would lose the refill the early hits made room for, so the script holds
-///   them (the bucket drains no lower than what is held) until [`token_bucket::hold_until`].
-/// - Sliding log: an entry written early would expire early and let requests over the limit.
-pub fn prefetch_until(kind: AlgorithmKind, p: &Params, now: u64) -> Option<u64> {
-    match kind {
-        AlgorithmKind::FixedWindow | AlgorithmKind::SlidingCounter => {
-            Some((now / p.window_ms + 1) * p.window_ms)
-        }
-        AlgorithmKind::TokenBucket => Some(token_bucket::hold_until(now)),
-        AlgorithmKind::SlidingLog => None,
-    }
+algorithms! {
+    FixedWindow => FixedWindow,
+    SlidingLog => SlidingLog,
+    SlidingCounter => SlidingCounter,
+    TokenBucket => TokenBucket,
 }
 
 /// How many of the hits of a script reply were allowed (every script's first value).
 pub fn allowed_hits(reply: &[i64]) -> u64 {
     reply.first().copied().map_or(0, count)
-}
-
-/// Short tag of `kind` in Redis keys (`fw`, `sl`, `sc`, `tb`): the data types differ, so a rule that
-/// changes algorithm starts fresh instead of hitting `WRONGTYPE`.
-pub fn key_tag(kind: AlgorithmKind) -> &'static str {
-    match kind {
-        AlgorithmKind::FixedWindow => "fw",
-        AlgorithmKind::SlidingLog => "sl",
-        AlgorithmKind::SlidingCounter => "sc",
-        AlgorithmKind::TokenBucket => "tb",
-    }
 }
 
 /// A reply value as a count (negative values never come from the scripts; they read as 0).

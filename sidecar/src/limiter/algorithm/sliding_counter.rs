@@ -5,9 +5,7 @@
 //! The comparison is done in integers scaled by `W` (`prev·(W − e) + (cur + 1)·W ≤ limit·W`), exact in
 //! Lua's doubles while `limit·W < 2^53` (checked when rules are compiled).
 
-use super::{
-    Algorithm, Call, EXPIRY_GRACE_MS, Hits, Outcome, Params, SLIDING_COUNTER_SCRIPT, Script, Unique, count,
-};
+use super::{Algorithm, Call, EXPIRY_GRACE_MS, Hits, Outcome, Params, Unique, count};
 
 /// Sliding-counter counting.
 #[derive(Debug)]
@@ -24,9 +22,9 @@ pub struct SlidingCounterState {
 impl Algorithm for SlidingCounter {
     type State = SlidingCounterState;
 
-    fn script() -> &'static Script {
-        &SLIDING_COUNTER_SCRIPT
-    }
+    const NAME: &'static str = "sliding_counter";
+    const KEY_TAG: &'static str = "sc";
+    const LUA: &'static str = include_str!("../scripts/sliding_counter.lua");
 
     fn call(base: &str, p: &Params, now: u64, _: Unique, hits: Hits) -> Call {
         let w = now / p.window_ms;
@@ -34,8 +32,8 @@ impl Algorithm for SlidingCounter {
         let prev = w as i64 - 1;
         Call {
             keys: vec![
-                format!("{base}:sc:{}:{w}", p.window_ms),
-                format!("{base}:sc:{}:{prev}", p.window_ms),
+                format!("{base}:{}:{}:{w}", Self::KEY_TAG, p.window_ms),
+                format!("{base}:{}:{}:{prev}", Self::KEY_TAG, p.window_ms),
             ],
             args: vec![
                 p.requests.to_string(),
@@ -96,6 +94,12 @@ impl Algorithm for SlidingCounter {
         }
         state.cur += 1;
         vec![1, state.prev as i64, state.cur as i64]
+    }
+
+    /// As for the fixed window: a hit counted early in its aligned window is counted no later than when
+    /// it is spent; the end of that window ends it.
+    fn prefetch_until(p: &Params, now: u64) -> Option<u64> {
+        Some((now / p.window_ms + 1) * p.window_ms)
     }
 
     fn is_idle(state: &Self::State, p: &Params, now: u64) -> bool {

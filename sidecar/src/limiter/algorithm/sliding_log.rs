@@ -5,9 +5,7 @@
 
 use std::collections::VecDeque;
 
-use super::{
-    Algorithm, Call, EXPIRY_GRACE_MS, Hits, Outcome, Params, SLIDING_LOG_SCRIPT, Script, Unique, count,
-};
+use super::{Algorithm, Call, EXPIRY_GRACE_MS, Hits, Outcome, Params, Unique, count};
 
 /// Sliding-log counting.
 #[derive(Debug)]
@@ -22,13 +20,13 @@ pub struct SlidingLogState {
 impl Algorithm for SlidingLog {
     type State = SlidingLogState;
 
-    fn script() -> &'static Script {
-        &SLIDING_LOG_SCRIPT
-    }
+    const NAME: &'static str = "sliding_log";
+    const KEY_TAG: &'static str = "sl";
+    const LUA: &'static str = include_str!("../scripts/sliding_log.lua");
 
     fn call(base: &str, p: &Params, now: u64, unique: Unique, hits: Hits) -> Call {
         Call {
-            keys: vec![format!("{base}:sl:{}", p.window_ms)],
+            keys: vec![format!("{base}:{}:{}", Self::KEY_TAG, p.window_ms)],
             args: vec![
                 now.to_string(),
                 p.window_ms.to_string(),
@@ -84,6 +82,11 @@ impl Algorithm for SlidingLog {
         let freeing = state.times[(used - p.requests) as usize];
         let newest = *state.times.back().expect("log is full");
         vec![0, used as i64, freeing as i64, newest as i64]
+    }
+
+    /// Never: an entry written early would expire early and let requests over the limit.
+    fn prefetch_until(_: &Params, _: u64) -> Option<u64> {
+        None
     }
 
     fn is_idle(state: &Self::State, p: &Params, now: u64) -> bool {

@@ -6,16 +6,13 @@
 //! one every `W/requests` ms; rejections change nothing (as in nginx). nginx's `excess` is `e/W − 1`.
 //! Integers throughout, exact in Lua's doubles while `(burst + 1)·W < 2^53`.
 //!
-//! Hits taken ahead (see [`super::prefetch_until`]) are *held*: until they may no longer be spent, `e`
+//! Hits taken ahead (see [`Algorithm::prefetch_until`](super::Algorithm::prefetch_until)) are *held*: until they may no longer be spent, `e`
 //! drains no lower than `held·W`, as if they were still in the bucket, so a full bucket cannot refill the
 //! room they made. Held hits live in [`HOLD_SLOT_MS`] slots: those taken in slot `s` may be spent until
 //! slot `s + 2` begins (minus [`HOLD_MARGIN_MS`] for clock skew between sidecars). The in-process math
 //! below never takes hits ahead, so it needs none of this.
 
-use super::{
-    Algorithm, Call, EXPIRY_GRACE_MS, Hits, Outcome, Params, Script, TOKEN_BUCKET_SCRIPT, Unique, count,
-    div_ceil,
-};
+use super::{Algorithm, Call, EXPIRY_GRACE_MS, Hits, Outcome, Params, Unique, count, div_ceil};
 
 /// Length of the time slots hits taken ahead are held in (ms).
 pub const HOLD_SLOT_MS: u64 = 1_000;
@@ -51,13 +48,13 @@ impl TokenBucketState {
 impl Algorithm for TokenBucket {
     type State = TokenBucketState;
 
-    fn script() -> &'static Script {
-        &TOKEN_BUCKET_SCRIPT
-    }
+    const NAME: &'static str = "token_bucket";
+    const KEY_TAG: &'static str = "tb";
+    const LUA: &'static str = include_str!("../scripts/token_bucket.lua");
 
     fn call(base: &str, p: &Params, now: u64, _: Unique, hits: Hits) -> Call {
         Call {
-            keys: vec![format!("{base}:tb:{}", p.window_ms)],
+            keys: vec![format!("{base}:{}:{}", Self::KEY_TAG, p.window_ms)],
             args: vec![
                 p.requests.to_string(),
                 p.window_ms.to_string(),
@@ -121,6 +118,12 @@ impl Algorithm for TokenBucket {
             last: Some(last),
         };
         vec![1, after as i64]
+    }
+
+    /// A full bucket would lose the refill the early hits made room for, so the script holds them (the
+    /// bucket drains no lower than what is held) until [`hold_until`].
+    fn prefetch_until(_: &Params, now: u64) -> Option<u64> {
+        Some(hold_until(now))
     }
 
     fn is_idle(state: &Self::State, p: &Params, now: u64) -> bool {

@@ -90,18 +90,17 @@ enum Sent {
 pub async fn send(
     slot: &mut Option<App>,
     authority: &Authority,
-    client: Client<'_>,
+    mut client: Client<'_>,
     body: &mut Body,
     max_body: u64,
     retryable: bool,
     head_request: bool,
 ) -> Result<Answer, Failure> {
-    let Client { io, buf, fields, out } = client;
     let mut retried = false;
     loop {
         let app = app_for(slot, authority).await?;
         let retry = app.reused && retryable && !retried;
-        let sent = upload(app, io, buf, out, fields, body, max_body, head_request).await?;
+        let sent = upload(app, &mut client, body, max_body, head_request).await?;
         let sent_all = match sent {
             Sent::Answered(head) => {
                 return Ok(Answer {
@@ -112,6 +111,7 @@ pub async fn send(
             Sent::All => true,
             Sent::Cut => false,
         };
+        let Client { io, buf, fields, .. } = &mut client;
         let (mut client_in, mut client_out) = io.split();
         let head = tokio::select! {
             biased;
@@ -147,17 +147,19 @@ async fn app_for<'a>(slot: &'a mut Option<App>, authority: &Authority) -> Result
 /// listening to the app: interim responses are forwarded to the client as they come, a final one ends
 /// the upload ([`Sent::Answered`]). Nearly always `out` is the whole request and the socket takes it at
 /// once, without waiting on anything.
-#[allow(clippy::too_many_arguments)]
 async fn upload(
     app: &mut App,
-    client: &mut TcpStream,
-    buf: &mut BytesMut,
-    out: &mut Vec<u8>,
-    fields: &mut Vec<Field>,
+    client: &mut Client<'_>,
     body: &mut Body,
     max_body: u64,
     head_request: bool,
 ) -> Result<Sent, Failure> {
+    let Client {
+        io: client,
+        buf,
+        fields,
+        out,
+    } = client;
     let mut written = 0;
     loop {
         while written < out.len() {

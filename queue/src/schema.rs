@@ -10,7 +10,7 @@ use sqlx::{
     migrate::{Migration, MigrationType, Migrator},
 };
 
-use crate::error::{Error, Result};
+use crate::{Error, Result};
 
 /// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
 /// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
@@ -19,17 +19,17 @@ const MIGRATIONS: [(i64, &str, &str); 3] = [
     (
         1,
         "queue tables",
-        include_str!("../../../migrations/0001_queue_tables.sql"),
+        include_str!("../../migrations/0001_queue_tables.sql"),
     ),
     (
         2,
         "queue sql api",
-        include_str!("../../../migrations/0002_queue_sql_api.sql"),
+        include_str!("../../migrations/0002_queue_sql_api.sql"),
     ),
     (
         3,
         "dead jobs index",
-        include_str!("../../../migrations/0003_dead_jobs_index.sql"),
+        include_str!("../../migrations/0003_dead_jobs_index.sql"),
     ),
 ];
 

@@ -1,6 +1,7 @@
 //! Publishing rendered config through Redis, and reading back which generation each pod enforces.
 //!
-//! The sidecar's side of this contract is `sluice_sidecar::config::remote`: sidecars subscribe to
+//! The keys and the report format are the contract's (`sluice_crds::contract::redis`); the sidecar's
+//! side is its `config::remote` module. Sidecars subscribe to
 //! channel `sluice:{<ns>/<name>}:config`, GET the key of the same name when a message arrives, apply a
 //! higher generation like a file reload, and report `HSET sluice:{<ns>/<name>}:enforced <pod>
 //! "<generation> <unix_ms>"` every 5 s and after each apply. A ConfigMap volume alone takes about a
@@ -9,51 +10,14 @@
 use std::{collections::HashMap, time::Duration};
 
 use fred::prelude::*;
-use sluice_crds::sidecar_config::PolicyRef;
-use sluice_sidecar::config::remote;
+pub use sluice_crds::contract::redis::Report;
+use sluice_crds::contract::redis::{config_key, enforced_key};
 use tokio::sync::Mutex;
 
 use crate::{Error, Result};
 
 /// Deadline of connecting and of each command the operator sends.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
-
-fn policy_ref(namespace: &str, name: &str) -> PolicyRef {
-    PolicyRef {
-        namespace: namespace.into(),
-        name: name.into(),
-        generation: 0,
-    }
-}
-
-/// `sluice:{<ns>/<name>}:config`: the key holding the rendered YAML, and the channel announcing it.
-/// The sidecar's own function, so both ends of the contract spell it the same.
-pub fn config_key(namespace: &str, name: &str) -> String {
-    remote::config_key(&policy_ref(namespace, name))
-}
-
-/// `sluice:{<ns>/<name>}:enforced`: hash of pod name → `"<generation> <unix_ms>"`.
-pub fn enforced_key(namespace: &str, name: &str) -> String {
-    remote::enforced_key(&policy_ref(namespace, name))
-}
-
-/// One pod's report: the generation it enforces and when it said so.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Report {
-    /// Policy generation the sidecar enforces.
-    pub generation: i64,
-    /// When it reported, in Unix milliseconds.
-    pub at_ms: i64,
-}
-
-/// Parse one `enforced` hash value (`"<generation> <unix_ms>"`); `None` for anything else.
-pub fn parse_report(value: &str) -> Option<Report> {
-    let (generation, at) = value.trim().split_once(' ')?;
-    Some(Report {
-        generation: generation.parse().ok()?,
-        at_ms: at.trim().parse().ok()?,
-    })
-}
 
 /// Redis clients by URL, connected on first use and reused across reconciles. A client whose command
 /// fails is dropped, so the next reconcile connects afresh.
@@ -135,7 +99,7 @@ impl Publisher {
         match result {
             Ok(raw) => Ok(raw
                 .into_iter()
-                .filter_map(|(pod, v)| parse_report(&v).map(|r| (pod, r)))
+                .filter_map(|(pod, v)| Report::parse(&v).map(|r| (pod, r)))
                 .collect()),
             Err(e) => {
                 self.forget(url).await;
@@ -151,30 +115,5 @@ impl Publisher {
             .del(vec![config_key(namespace, name), enforced_key(namespace, name)])
             .await?;
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_share_one_cluster_slot_per_policy() {
-        assert_eq!(config_key("shop", "api"), "sluice:{shop/api}:config");
-        assert_eq!(enforced_key("shop", "api"), "sluice:{shop/api}:enforced");
-    }
-
-    #[test]
-    fn reports_parse_and_garbage_is_skipped() {
-        assert_eq!(
-            parse_report("7 1700000000000"),
-            Some(Report {
-                generation: 7,
-                at_ms: 1_700_000_000_000
-            })
-        );
-        for bad in ["", "7", "x 1", "7 y", "7 1 2"] {
-            assert_eq!(parse_report(bad), None, "{bad}");
-        }
     }
 }

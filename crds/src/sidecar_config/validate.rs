@@ -1,17 +1,16 @@
 //! Checks a parsed config and names every field at fault by its path (`limits.rules[1].limit.burst`).
 //!
-//! Used by `--check-config`, by every reload (file or Redis) before the config is applied, and by the
-//! operator before it publishes a rendered config, so a config that passes here is one the sidecar runs.
+//! Used by the sidecar's `--check-config`, by every reload (file or Redis) before the config is applied,
+//! and by the operator before it publishes a rendered config, so a config that passes here is one the
+//! sidecar runs. Pure: no I/O.
 
 use std::{collections::HashSet, fmt};
 
-use sluice_crds::{
-    Duration,
-    sidecar_config::{
-        Algorithm, CONFIG_VERSION, KeyPart, KeySource, LimitsConfig, PolicyRef, QueueConfig, Rule, RuleMatch,
-        SidecarConfig,
-    },
+use super::{
+    CONFIG_VERSION, KeyPart, KeySource, LimitsConfig, PREFETCH_MAX, PolicyRef, QueueConfig, Rule, RuleMatch,
+    SidecarConfig, valid_queue_name,
 };
+use crate::Duration;
 
 /// Shortest window a rule may have.
 pub const WINDOW_MIN: Duration = Duration::from_secs(1);
@@ -23,7 +22,6 @@ pub const SHUTDOWN_GRACE_MAX: Duration = Duration::from_secs(600);
 pub const CLIENT_TIMEOUT_MAX: Duration = Duration::from_secs(24 * 3600);
 /// Longest Redis deadline accepted: a longer one defeats the point of a per-call deadline.
 pub const REDIS_TIMEOUT_MAX: Duration = Duration::from_secs(5);
-pub use sluice_crds::sidecar_config::PREFETCH_MAX;
 /// Methods a rule may match.
 pub const KNOWN_METHODS: [&str; 9] = [
     "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE",
@@ -93,12 +91,6 @@ impl fmt::Display for ConfigErrors {
 
 impl std::error::Error for ConfigErrors {}
 
-impl From<ConfigErrors> for crate::Error {
-    fn from(e: ConfigErrors) -> Self {
-        crate::Error::Config(e.to_string())
-    }
-}
-
 /// Checks everything a type cannot say: ranges, names, regexes, combinations. Lists every field at fault.
 pub fn validate(config: &SidecarConfig) -> Result<(), ConfigErrors> {
     let mut errs = ConfigErrors::default();
@@ -125,7 +117,7 @@ pub fn validate(config: &SidecarConfig) -> Result<(), ConfigErrors> {
 /// the worker role starts, since the environment may supply them (`SLUICE_DATABASE_URL`, `SLUICE_QUEUES`).
 pub fn check_queue(q: &QueueConfig, errs: &mut ConfigErrors) {
     for (i, name) in q.queues.iter().enumerate() {
-        if !crate::queue::job::valid_queue_name(name) {
+        if !valid_queue_name(name) {
             errs.push(
                 format!("queue.queues[{i}]"),
                 format!("{name:?} is not a queue name: letters, digits, '.', '_', '-', at most 100"),
@@ -133,7 +125,7 @@ pub fn check_queue(q: &QueueConfig, errs: &mut ConfigErrors) {
         }
     }
     for (i, s) in q.queue_settings.iter().enumerate() {
-        if !crate::queue::job::valid_queue_name(&s.name) {
+        if !valid_queue_name(&s.name) {
             errs.push(
                 format!("queue.queueSettings[{i}].name"),
                 format!("{:?} is not a queue name", s.name),
@@ -302,12 +294,10 @@ fn check_rule(rule: &Rule, at: &str, errs: &mut ConfigErrors) {
             ),
         );
     }
-    match (rule.algorithm, limit.burst) {
-        (Algorithm::TokenBucket, Some(0)) => {
-            errs.push(format!("{at}.limit.burst"), "must be at least 1 when given")
-        }
-        (Algorithm::TokenBucket, _) | (_, None) => {}
-        (_, Some(_)) => errs.push(format!("{at}.limit.burst"), "only tokenBucket rules take a burst"),
+    match (rule.algorithm.takes_burst(), limit.burst) {
+        (true, Some(0)) => errs.push(format!("{at}.limit.burst"), "must be at least 1 when given"),
+        (true, _) | (_, None) => {}
+        (false, Some(_)) => errs.push(format!("{at}.limit.burst"), "only tokenBucket rules take a burst"),
     }
 }
 
@@ -409,7 +399,7 @@ fn check_key_part(p: &KeyPart, at: &str, errs: &mut ConfigErrors) {
 }
 
 /// The app's base URL: `http://host:port`, no path beyond `/`, no query.
-pub(crate) fn check_upstream_url(url: &str) -> Result<http::Uri, String> {
+pub fn check_upstream_url(url: &str) -> Result<http::Uri, String> {
     let uri: http::Uri = url.parse().map_err(|e| format!("{url:?} is not a URL: {e}"))?;
     if uri.scheme_str() != Some("http") {
         return Err(format!(
@@ -462,7 +452,7 @@ fn is_dns_subdomain(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_crds::sidecar_config::{Limit, TierLimits, default_rules};
+    use crate::sidecar_config::{Algorithm, Limit, TierLimits, default_rules};
 
     fn config_with(rule: Rule) -> SidecarConfig {
         let mut c = SidecarConfig::default();

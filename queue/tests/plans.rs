@@ -7,15 +7,37 @@
 //! from statistics gathered while nothing was running, which is what a worker meets after a bulk
 //! enqueue. The by-id batch statements must look ids up by primary key in their generic plan, and the
 //! store must run them with it (their custom plans scan the table below a few hundred thousand rows:
-//! see `queue::sql`); the claim must do so in both plans. EXPLAIN only: nothing is timed.
+//! see `sluice_queue::sql`); the claim must do so in both plans. EXPLAIN only: nothing is timed.
 
-mod queue_support;
-
-use queue_support::*;
-use sluice_sidecar::queue::{QueueStore, sql};
+use sluice_queue::{
+    NewJob, QueueSettings, QueueStore, schema, sql,
+    store::{Finish, Finished},
+};
+use sluice_testsupport::PgServer;
 // Statements are built from the crate's own SQL constants and numbers and ids the test made: no input
 // from outside reaches them.
-use sqlx::{AssertSqlSafe, PgConnection, Row};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
+
+/// A server with the queue schema and a pool on it.
+async fn pg() -> (PgServer, PgPool) {
+    let server = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+    let pool = connect(&server.url(), 20).await;
+    schema::migrate(&pool).await.expect("migrate");
+    (server, pool)
+}
+
+/// A pool of `size` connections, connected now.
+async fn connect(url: &str, size: u32) -> PgPool {
+    sluice_queue::pool::options(size)
+        .connect(url)
+        .await
+        .expect("connect")
+}
+
+/// Creates queue `name` with default settings.
+async fn queue(store: &QueueStore, name: &str) {
+    store.upsert_queue(&QueueSettings::defaults(name)).await.unwrap();
+}
 
 /// Jobs waiting in the queue, and as many finished ones beside them.
 const BACKLOG: usize = 100_000;
@@ -228,21 +250,21 @@ async fn depth_counts_dead_jobs_without_reading_the_finished_ones() {
 async fn the_store_runs_the_batch_statements_with_their_generic_plan() {
     let (pg, pool) = pg().await;
     // One connection, so the statements the store prepares are visible to the checking query.
-    let one = queue_support::pool(&pg.url(), 1).await;
+    let one = connect(&pg.url(), 1).await;
     let store = QueueStore::new(one.clone());
     queue(&store, "generic").await;
     let jobs: Vec<_> = (0..3)
-        .map(|i| sluice_sidecar::queue::NewJob::new("k", serde_json::json!({ "i": i })))
+        .map(|i| NewJob::new("k", serde_json::json!({ "i": i })))
         .collect();
     store.enqueue_many("generic", &jobs).await.unwrap();
     let lease = std::time::Duration::from_secs(30);
     let claimed = store.claim_batch("generic", "w", 3, lease).await.unwrap();
     let held: Vec<(uuid::Uuid, i32)> = claimed.iter().map(|j| (j.id, j.attempt)).collect();
     assert_eq!(store.heartbeat("w", &held, lease).await.unwrap().len(), 3);
-    let done = [sluice_sidecar::queue::store::Finished {
+    let done = [Finished {
         id: held[0].0,
         attempt: held[0].1,
-        finish: sluice_sidecar::queue::store::Finish::Succeeded,
+        finish: Finish::Succeeded,
     }];
     assert_eq!(store.finish_batch("w", &done).await.unwrap().len(), 1);
     assert_eq!(store.release("w", &held[1..]).await.unwrap().len(), 2);

@@ -1,5 +1,5 @@
 //! The queue's data: jobs, their states, queue settings and depth. Plain types; SQL lives in
-//! [`super::sql`] and I/O in [`super::store`].
+//! [`crate::sql`] and I/O in [`crate::store`].
 
 use std::time::Duration;
 
@@ -8,7 +8,9 @@ use serde::{Deserialize, Serialize};
 use sluice_crds::sidecar_config::QueueSettingsSpec;
 use uuid::Uuid;
 
-use super::backoff::Backoff;
+pub use sluice_crds::sidecar_config::valid_queue_name;
+
+use crate::backoff::Backoff;
 
 /// Largest payload accepted, in bytes of JSON (1 MiB).
 pub const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
@@ -325,30 +327,9 @@ pub enum CancelOutcome {
     AlreadyFinished(JobState),
 }
 
-/// Whether a queue name is acceptable (the `sluice.queues` CHECK, mirrored to give a clear error early).
-pub fn valid_queue_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    let Some(first) = chars.next() else {
-        return false;
-    };
-    name.len() <= 100
-        && first.is_ascii_alphanumeric()
-        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn queue_names_follow_the_table_check() {
-        assert!(valid_queue_name("emails"));
-        assert!(valid_queue_name("a.b_c-1"));
-        assert!(!valid_queue_name(""));
-        assert!(!valid_queue_name("-x"));
-        assert!(!valid_queue_name("a b"));
-        assert!(!valid_queue_name(&"a".repeat(101)));
-    }
 
     #[test]
     fn states_round_trip_through_their_column_names() {

@@ -11,7 +11,7 @@
 //! running index instead of looking the ids up. Statistics usually say almost no job is running (they are
 //! taken between bursts), so both custom and generic plans then chose that index and filtered every
 //! running job against the whole id array: O(running × batch) per statement. Found by the 100k-job
-//! benchmark, where completing 1,000 jobs took 0.3-1.4 s; `tests/queue_plans.rs` keeps it fixed.
+//! benchmark, where completing 1,000 jobs took 0.3-1.4 s; `tests/plans.rs` keeps it fixed.
 //!
 //! The store runs those three under [`PLAN_GENERIC`]. Their generic plan (the planner expects ~10 ids)
 //! is always a nested loop from the ids into the primary key. A custom plan sees the 1,000 ids, prices
@@ -218,6 +218,14 @@ DELETE FROM sluice.jobs j
    AND j.state IN ('succeeded', 'cancelled', 'dead')
 "#;
 
+/// Running jobs of queue `$1` per lease owner: which worker process holds how many leases.
+pub const JOB_COUNT_RUNNING_BY_OWNER: &str = r#"
+SELECT lease_owner, count(*) AS running
+  FROM sluice.jobs
+ WHERE queue = $1 AND state = 'running'
+ GROUP BY lease_owner
+"#;
+
 /// Depth of queues (`$1` one queue, or NULL for all), from the partial indexes: ready = waiting and due
 /// now; scheduled = pending, due later; retrying = waiting out a backoff; running; dead; age in ms of
 /// the oldest ready job. Autoscaling reads ready + running.
@@ -268,3 +276,14 @@ pub const QUEUE_GET: &str = "SELECT * FROM sluice.queues WHERE name = $1";
 /// Pauses or resumes a queue. No row when it does not exist.
 pub const QUEUE_SET_PAUSED: &str =
     "UPDATE sluice.queues SET paused = $2, updated_at = now() WHERE name = $1 RETURNING name";
+
+/// Ready + running jobs of `queue` (what autoscaling reads, [`crate::Depth::demand`]) as one
+/// self-contained statement, for KEDA's `postgresql` trigger, which runs a query without parameters. Queue
+/// names are `[A-Za-z0-9._-]` (a CHECK in the schema and the CRD's pattern), so the literal needs no
+/// escaping; quotes are doubled anyway.
+pub fn queue_demand_statement(queue: &str) -> String {
+    let q = queue.replace('\'', "''");
+    format!(
+        "SELECT count(*) FROM sluice.jobs WHERE queue = '{q}' AND (state = 'running' OR (state IN ('pending', 'retrying') AND run_at <= now()))"
+    )
+}

@@ -1,4 +1,4 @@
-//! The queue's PostgreSQL adapter: every statement of [`super::sql`] behind a typed function.
+//! The queue's PostgreSQL adapter: every statement of [`crate::sql`] behind a typed function.
 //!
 //! [`QueueStore`] wraps a pool for the worker, the HTTP API and the operator. The enqueue functions are
 //! also free functions over any executor ([`enqueue`], [`enqueue_many`]), so an app can enqueue inside
@@ -10,16 +10,15 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgExecutor, PgPool, Row, postgres::PgRow};
 use uuid::Uuid;
 
-use super::{
+use sluice_crds::clock::{SharedClock, SystemClock};
+
+use crate::{
+    Error, Result,
     job::{
         CancelOutcome, ClaimedJob, Depth, Enqueued, Job, JobState, MAX_PAYLOAD_BYTES, NewJob, QueueSettings,
         valid_queue_name,
     },
     sql,
-};
-use crate::{
-    clock::{SharedClock, SystemClock},
-    error::{Error, Result},
 };
 
 /// How a finished attempt ends, as the completer writes it.
@@ -342,6 +341,21 @@ impl QueueStore {
             .fetch_all(&self.pool)
             .await?;
         Ok(rows.len() as u64)
+    }
+
+    /// Running jobs of `queue` per lease owner (the worker process holding them): which pod holds how
+    /// many leases, for the operator's pod-deletion-cost.
+    pub async fn running_by_owner(&self, queue: &str) -> Result<Vec<(String, i64)>> {
+        let rows = sqlx::query(sql::JOB_COUNT_RUNNING_BY_OWNER)
+            .bind(queue)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let owner: Option<String> = r.try_get("lease_owner")?;
+                Ok((owner.unwrap_or_default(), r.try_get("running")?))
+            })
+            .collect()
     }
 
     /// Deletes up to `limit` finished jobs of `queue` past their retention. Returns how many.

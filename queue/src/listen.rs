@@ -8,7 +8,8 @@ use std::{ops::ControlFlow, time::Duration};
 use sqlx::{PgPool, postgres::PgListener};
 use tokio_util::sync::CancellationToken;
 
-use super::worker::NOTIFY_CHANNEL;
+/// The channel `sluice.enqueue` notifies on, with the queue name as payload (migration 0002).
+pub const NOTIFY_CHANNEL: &str = "sluice_jobs";
 
 /// First pause before reconnecting; it doubles after each failure.
 const RETRY_FIRST: Duration = Duration::from_millis(100);

@@ -1,0 +1,50 @@
+//! The environment variables the sidecar reads. The operator sets them in the containers it renders
+//! (connection settings and credentials by `secretKeyRef`, so they never land in a ConfigMap); people
+//! running the sidecar by hand set them too. Each overrides the config file's field named beside it.
+
+/// The config file (`--config`).
+pub const CONFIG: &str = "SLUICE_CONFIG";
+/// How often the config file is re-read for hot reload (`--config-poll`, default `1s`).
+pub const CONFIG_POLL: &str = "SLUICE_CONFIG_POLL";
+/// `json` switches the sidecar's logs to JSON lines.
+pub const LOG_FORMAT: &str = "SLUICE_LOG_FORMAT";
+/// This pod's name (the downward API's `metadata.name`): the key of its `enforced` report and the
+/// start of its workers' lease owner.
+pub const POD_NAME: &str = "SLUICE_POD_NAME";
+
+/// `limits.listen`: where the proxy listens.
+pub const LISTEN: &str = "SLUICE_LISTEN";
+/// `limits.upstream`: the app's base URL.
+pub const UPSTREAM: &str = "SLUICE_UPSTREAM";
+/// `limits.redis.url`.
+pub const REDIS_URL: &str = "SLUICE_REDIS_URL";
+/// `limits.adminListen`: `/healthz`, `/readyz` and `/metrics`.
+pub const ADMIN_LISTEN: &str = "SLUICE_ADMIN_LISTEN";
+
+/// `false` turns rate limiting off (the proxy still forwards, reports and logs).
+pub const RATE_LIMIT_ENABLED: &str = "RATE_LIMIT__ENABLED";
+/// Per-minute limit of the seed `auth` tier.
+pub const RATE_LIMIT_AUTH: &str = "RATE_LIMIT__AUTH_REQUESTS_PER_MINUTE";
+/// Per-minute limit of the seed `write` tier.
+pub const RATE_LIMIT_WRITE: &str = "RATE_LIMIT__WRITE_REQUESTS_PER_MINUTE";
+/// Per-minute limit of the seed `read` tier.
+pub const RATE_LIMIT_READ: &str = "RATE_LIMIT__READ_REQUESTS_PER_MINUTE";
+/// Per-minute limit of the seed `protocol` tier.
+pub const RATE_LIMIT_PROTOCOL: &str = "RATE_LIMIT__PROTOCOL_REQUESTS_PER_MINUTE";
+
+/// `queue.databaseUrl`: the PostgreSQL URL (from the JobQueue's Secret).
+pub const DATABASE_URL: &str = "SLUICE_DATABASE_URL";
+/// `queue.queues`: the queues served, comma-separated.
+pub const QUEUES: &str = "SLUICE_QUEUES";
+/// `queue.handler.url`: where the worker POSTs jobs.
+pub const HANDLER_URL: &str = "SLUICE_HANDLER_URL";
+/// `queue.worker.concurrency`.
+pub const WORKER_CONCURRENCY: &str = "SLUICE_WORKER_CONCURRENCY";
+/// `queue.api.listen`: where the queue HTTP API is served (unset: not served).
+pub const API_LISTEN: &str = "SLUICE_API_LISTEN";
+/// `queue.worker.metricsListen`.
+pub const METRICS_LISTEN: &str = "SLUICE_METRICS_LISTEN";
+
+/// Set by the webhook in app containers of pods that enqueue through the sidecar: the queue API's base
+/// URL (`http://127.0.0.1:7070`). Read by the app, not by Sluice.
+pub const QUEUE_API: &str = "SLUICE_QUEUE_API";

@@ -1,0 +1,103 @@
+//! How Sluice lays out its data in Redis. Every key starts with [`KEY_PREFIX`] and a Redis Cluster hash
+//! tag in braces, so all keys of one policy (config and reports) or of one counter share a slot.
+//!
+//! - `sluice:{<ns>/<policy>}:config`: the rendered config YAML, written by the operator; also the
+//!   channel it announces a new generation on ([`config_key`]).
+//! - `sluice:{<ns>/<policy>}:enforced`: hash of pod name → [`Report`] (`"<generation> <unix_ms>"`),
+//!   written by each sidecar every few seconds and after each apply ([`enforced_key`]).
+//! - `sluice:{<ns>/<policy>/<rule>/<32 hex digits>}:<algorithm tag>:<window ms>[:<window index>]`: a
+//!   rule's counters, one hash per key value ([`rule_key_prefix`] is the part before the hex digits).
+//!   Keys never contain limit values or rule order, so changing a limit keeps the counters.
+
+/// The start of every key.
+pub const KEY_PREFIX: &str = "sluice:";
+
+/// `sluice:{<ns>/<name>}:config`: the key holding a policy's rendered YAML, and the channel announcing
+/// a new generation of it.
+pub fn config_key(namespace: &str, policy: &str) -> String {
+    format!("{KEY_PREFIX}{{{namespace}/{policy}}}:config")
+}
+
+/// `sluice:{<ns>/<name>}:enforced`: hash of pod name → [`Report`].
+pub fn enforced_key(namespace: &str, policy: &str) -> String {
+    format!("{KEY_PREFIX}{{{namespace}/{policy}}}:enforced")
+}
+
+/// `sluice:{<ns>/<policy>/<rule>/`: the readable start of every counter key of a rule. Braces and `%` in
+/// the names are percent-encoded, so a name cannot close the hash tag early.
+pub fn rule_key_prefix(namespace: &str, policy: &str, rule: &str) -> String {
+    format!(
+        "{KEY_PREFIX}{{{}/{}/{}/",
+        escape(namespace),
+        escape(policy),
+        escape(rule)
+    )
+}
+
+fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            '%' => out.push_str("%25"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// One pod's entry in the `enforced` hash: the policy generation its sidecar enforces, and when it said
+/// so. Written as `"<generation> <unix_ms>"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Report {
+    /// Policy generation the sidecar enforces.
+    pub generation: i64,
+    /// When it reported, in Unix milliseconds.
+    pub at_ms: i64,
+}
+
+impl Report {
+    /// The hash value: `"<generation> <unix_ms>"`.
+    pub fn encode(&self) -> String {
+        format!("{} {}", self.generation, self.at_ms)
+    }
+
+    /// Reads a hash value; `None` for anything but `"<generation> <unix_ms>"`.
+    pub fn parse(value: &str) -> Option<Self> {
+        let (generation, at) = value.trim().split_once(' ')?;
+        Some(Self {
+            generation: generation.parse().ok()?,
+            at_ms: at.trim().parse().ok()?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_policys_keys_share_one_cluster_slot() {
+        assert_eq!(config_key("shop", "api"), "sluice:{shop/api}:config");
+        assert_eq!(enforced_key("shop", "api"), "sluice:{shop/api}:enforced");
+    }
+
+    #[test]
+    fn names_cannot_close_the_hash_tag() {
+        assert_eq!(rule_key_prefix("a", "b}", "c%"), "sluice:{a/b%7D/c%25/");
+    }
+
+    #[test]
+    fn reports_round_trip_and_garbage_is_refused() {
+        let r = Report {
+            generation: 7,
+            at_ms: 1_700_000_000_000,
+        };
+        assert_eq!(r.encode(), "7 1700000000000");
+        assert_eq!(Report::parse(&r.encode()), Some(r));
+        for bad in ["", "7", "x 1", "7 y", "7 1 2"] {
+            assert_eq!(Report::parse(bad), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! Reading a connection URL from the one Secret an object names (`spec.redis.secretRef`,
+//! `spec.database.secretRef`), in the object's own namespace. These are the only Secrets the operator
+//! reads for users; the URL goes to Redis or PostgreSQL clients and nowhere else (never a log or status).
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::{Api, Client};
+use sluice_crds::secret_ref::SecretKeyRef;
+
+use crate::{Error, Result};
+
+/// `RateLimitPolicy`'s reference to the Secret holding the Redis URL.
+pub const REDIS_SECRET_FIELD: &str = "spec.redis.secretRef";
+/// `JobQueue`'s reference to the Secret holding the PostgreSQL URL.
+pub const DATABASE_SECRET_FIELD: &str = "spec.database.secretRef";
+
+/// The value of `reference` in namespace `namespace`: `data` (UTF-8) or else `stringData`, trimmed.
+/// `field` names the reference in errors (`spec.redis.secretRef`). A missing Secret is
+/// [`Error::SecretNotFound`]; a missing, empty or non-UTF-8 key is [`Error::SecretKeyMissing`].
+pub async fn read_url(
+    client: &Client,
+    namespace: &str,
+    reference: &SecretKeyRef,
+    field: &'static str,
+) -> Result<String> {
+    let secret = Api::<Secret>::namespaced(client.clone(), namespace)
+        .get_opt(&reference.name)
+        .await?
+        .ok_or_else(|| Error::SecretNotFound {
+            namespace: namespace.into(),
+            name: reference.name.clone(),
+            field,
+        })?;
+    url_in(&secret, &reference.key).ok_or_else(|| Error::SecretKeyMissing {
+        namespace: namespace.into(),
+        name: reference.name.clone(),
+        key: reference.key.clone(),
+        field,
+    })
+}
+
+fn url_in(secret: &Secret, key: &str) -> Option<String> {
+    let from_data = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .and_then(|v| String::from_utf8(v.0.clone()).ok());
+    let from_string = || secret.string_data.as_ref().and_then(|d| d.get(key)).cloned();
+    from_data
+        .or_else(from_string)
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::ByteString;
+
+    use super::*;
+
+    fn secret(data: &[(&str, &[u8])], string_data: &[(&str, &str)]) -> Secret {
+        Secret {
+            data: Some(
+                data.iter()
+                    .map(|(k, v)| (k.to_string(), ByteString(v.to_vec())))
+                    .collect::<BTreeMap<_, _>>(),
+            ),
+            string_data: Some(
+                string_data
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..Secret::default()
+        }
+    }
+
+    #[test]
+    fn the_url_is_read_from_data_then_string_data_and_trimmed() {
+        assert_eq!(
+            url_in(&secret(&[("url", b"redis://r:6379\n")], &[]), "url").as_deref(),
+            Some("redis://r:6379")
+        );
+        assert_eq!(
+            url_in(&secret(&[], &[("url", "postgres://db/app")]), "url").as_deref(),
+            Some("postgres://db/app")
+        );
+        assert_eq!(
+            url_in(&secret(&[("url", &[0xff])], &[("url", "redis://s")]), "url").as_deref(),
+            Some("redis://s"),
+            "bytes that are not UTF-8 fall back to stringData"
+        );
+    }
+
+    #[test]
+    fn a_missing_or_empty_key_reads_as_missing() {
+        assert_eq!(url_in(&secret(&[("uri", b"redis://r")], &[]), "url"), None);
+        assert_eq!(url_in(&secret(&[("url", b"  ")], &[]), "url"), None);
+    }
+}

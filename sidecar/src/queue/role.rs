@@ -1,0 +1,229 @@
+//! The sidecar's queue roles as library functions the binary wires: the `worker` subcommand
+//! ([`load_worker_config`], [`run_worker`]), `migrate` ([`migrate`]), and the queue HTTP API beside the
+//! proxy in app pods that enqueue through the sidecar ([`serve_api`]). Each runs until its `shutdown`
+//! token fires; signals, tracing and exit codes are the binary's.
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use sluice_crds::{
+    contract::env as var,
+    sidecar_config::{ConfigErrors, POOL_SIZE_DEFAULT, QueueConfig, SidecarConfig, validate::check_queue},
+};
+use sluice_queue::{QueueSettings, QueueStore, schema};
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    api,
+    dispatch::HttpHandler,
+    metrics::QueueMetrics,
+    worker::{CLAIMERS_DEFAULT, Worker, WorkerOptions, default_owner},
+};
+use crate::{
+    Error, Result,
+    clock::SystemClock,
+    config::env::{self, Env},
+};
+
+/// The worker's `queue:` config: the file's section (or defaults when there is no file), then the env
+/// overrides, validated. Errors name every field at fault.
+pub fn load_worker_config(file: Option<&str>, env: &dyn Env) -> Result<QueueConfig> {
+    let mut cfg = match file {
+        Some(text) => {
+            let whole: SidecarConfig =
+                serde_yaml::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
+            whole.queue.unwrap_or_default()
+        }
+        None => QueueConfig::default(),
+    };
+    env::apply_queue(&mut cfg, env)?;
+    validate_worker_config(&cfg)?;
+    Ok(cfg)
+}
+
+/// Checks what the worker role needs, naming every field at fault: the section as written (the same
+/// checks `--check-config` runs) and, since the environment may supply them, a database and queues.
+pub fn validate_worker_config(cfg: &QueueConfig) -> Result<(), ConfigErrors> {
+    let mut errs = ConfigErrors::default();
+    if cfg.database_url.is_none() {
+        errs.push(
+            "queue.databaseUrl",
+            format!("not set (set {})", var::DATABASE_URL),
+        );
+    }
+    if cfg.queues.is_empty() {
+        errs.push(
+            "queue.queues",
+            format!("no queues to serve (set {}=a,b)", var::QUEUES),
+        );
+    }
+    check_queue(cfg, &mut errs);
+    errs.into_result()
+}
+
+/// Serves the queue HTTP API alone until `shutdown`: for the proxy role in app pods that enqueue
+/// through the sidecar. Returns at once when `cfg.api.listen` is unset. The schema is not migrated here
+/// (the operator or the workers do that); an unprepared database answers 503 until it is.
+pub async fn serve_api(cfg: &QueueConfig, shutdown: CancellationToken) -> Result<()> {
+    let Some(addr) = cfg.api.listen else {
+        return Ok(());
+    };
+    let url = cfg.database_url.as_deref().ok_or_else(|| {
+        Error::Config(format!(
+            "queue.databaseUrl: not set (set {}) but queue.api.listen is",
+            var::DATABASE_URL
+        ))
+    })?;
+    let store = QueueStore::new(pool(url, cfg)?);
+    let listener = bind("queue.api.listen", addr).await?;
+    api::serve(listener, api_state(cfg, store), shutdown.cancelled_owned()).await?;
+    Ok(())
+}
+
+/// Runs the worker role until `shutdown`: migrates (a no-op when the operator did it already), applies
+/// `queue.queueSettings`, serves `/metrics` and `/healthz` (and the queue API when configured), and
+/// runs the engine with the HTTP dispatcher.
+pub async fn run_worker(cfg: QueueConfig, shutdown: CancellationToken) -> Result<()> {
+    let url = cfg
+        .database_url
+        .as_deref()
+        .ok_or_else(|| Error::Config("queue.databaseUrl: not set".into()))?;
+    let pool = pool(url, &cfg)?;
+    if !migrate_until_done(&pool, &shutdown).await {
+        return Ok(());
+    }
+    let store = QueueStore::new(pool);
+    for s in &cfg.queue_settings {
+        store
+            .upsert_queue(&QueueSettings::from(s))
+            .await
+            .map_err(|e| Error::Config(format!("applying queue.queueSettings for {}: {e}", s.name)))?;
+    }
+    let metrics = Arc::new(QueueMetrics::new());
+    serve_admin(&cfg, metrics.clone(), &shutdown).await?;
+    if let Some(addr) = cfg.api.listen {
+        let listener = bind("queue.api.listen", addr).await?;
+        tokio::spawn(api::serve(
+            listener,
+            api_state(&cfg, store.clone()),
+            shutdown.clone().cancelled_owned(),
+        ));
+    }
+    let handler = HttpHandler::new(
+        &cfg.handler.url,
+        cfg.handler.timeout.get(),
+        cfg.handler.permanent_failure_statuses.clone(),
+        Arc::new(SystemClock),
+    )?;
+    let opts = WorkerOptions {
+        queues: cfg.queues.clone(),
+        concurrency: cfg.worker.concurrency as usize,
+        claim_batch: cfg.worker.claim_batch,
+        claimers: CLAIMERS_DEFAULT,
+        poll_interval: cfg.worker.poll_interval.get(),
+        max_poll_interval: cfg.worker.max_poll_interval.get(),
+        listen: cfg.worker.listen,
+        job_timeout: cfg.handler.timeout.get(),
+        shutdown_grace: cfg.worker.shutdown_grace.get(),
+        heartbeat_interval: cfg.worker.heartbeat_interval.map(|d| d.get()),
+        owner: default_owner(),
+    };
+    tracing::info!(owner = %opts.owner, queues = ?opts.queues, handler = %cfg.handler.url, "worker starting");
+    Worker::new(store, handler, opts)
+        .with_metrics(metrics)
+        .run(shutdown)
+        .await?;
+    tracing::info!("worker stopped");
+    Ok(())
+}
+
+/// Applies the queue migrations to the database at `url`; returns the schema version it is at.
+pub async fn migrate(url: &str) -> Result<i64> {
+    let pool = sluice_queue::pool::connect_lazy(url, 2)?;
+    schema::migrate(&pool).await?;
+    Ok(schema::latest_version())
+}
+
+/// The schema normally exists (the operator prepares it); migrating again is a cheap no-op under an
+/// advisory lock, and makes the env-only mode work on an empty database. Retries with backoff while the
+/// database is unreachable; false when `shutdown` came first.
+async fn migrate_until_done(pool: &sqlx::PgPool, shutdown: &CancellationToken) -> bool {
+    let mut wait = Duration::from_millis(100);
+    loop {
+        match schema::migrate(pool).await {
+            Ok(()) => return true,
+            Err(e) => tracing::warn!(error = %e, "migrating the queue schema failed; retrying"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.cancelled() => return false,
+        }
+        wait = (wait * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// `/metrics` and `/healthz` on `queue.worker.metricsListen`, until `shutdown`.
+async fn serve_admin(
+    cfg: &QueueConfig,
+    metrics: Arc<QueueMetrics>,
+    shutdown: &CancellationToken,
+) -> Result<()> {
+    let listener = bind("queue.worker.metricsListen", cfg.worker.metrics_listen).await?;
+    let admin = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || async move { metrics.render() }),
+        )
+        .route("/healthz", axum::routing::get(|| async { "ok" }));
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, admin)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await;
+    });
+    Ok(())
+}
+
+fn pool(url: &str, cfg: &QueueConfig) -> Result<sqlx::PgPool> {
+    Ok(sluice_queue::pool::connect_lazy(
+        url,
+        cfg.pool_size.unwrap_or(POOL_SIZE_DEFAULT),
+    )?)
+}
+
+fn api_state(cfg: &QueueConfig, store: QueueStore) -> api::ApiState {
+    api::ApiState {
+        max_batch: cfg.api.max_batch as usize,
+        ..api::ApiState::new(store)
+    }
+    .serving(&cfg.queues)
+}
+
+/// Binds `addr`, naming the config field it came from when that fails.
+async fn bind(field: &str, addr: SocketAddr) -> Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        Error::Io(std::io::Error::new(
+            e.kind(),
+            format!("binding {field} {addr}: {e}"),
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_without_queues_is_refused_naming_the_field() {
+        let err = load_worker_config(None, &[(var::DATABASE_URL, "postgres://x/y")]).unwrap_err();
+        assert!(err.to_string().contains("queue.queues"), "{err}");
+    }
+
+    #[test]
+    fn env_overrides_the_file() {
+        let file = "queue:\n  databaseUrl: postgres://file/db\n  queues: [a]\n  worker: {concurrency: 2}\n";
+        let cfg = load_worker_config(Some(file), &[(var::QUEUES, "b")]).unwrap();
+        assert_eq!(cfg.queues, vec!["b"]);
+        assert_eq!(cfg.worker.concurrency, 2);
+        assert_eq!(cfg.database_url.as_deref(), Some("postgres://file/db"));
+    }
+}
