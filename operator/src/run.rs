@@ -94,6 +94,36 @@ pub fn metrics_router(metrics: AllMetrics, health: Arc<Health>) -> Router {
         .with_state((metrics, health))
 }
 
+/// A cache of every `K` in the cluster, kept by a watch for as long as the process runs; `synced` runs
+/// once it has listed them all.
+fn cache<K>(client: &Client, synced: impl FnOnce() + Send + 'static) -> reflector::Store<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store::<K>();
+    let stream = reflector::reflector(
+        writer,
+        watcher(Api::<K>::all(client.clone()), watcher::Config::default()),
+    )
+    .default_backoff()
+    .touched_objects()
+    .for_each(|_| async {});
+    tokio::spawn(stream);
+    let ready = store.clone();
+    tokio::spawn(async move {
+        if ready.wait_until_ready().await.is_ok() {
+            synced();
+        }
+    });
+    store
+}
+
 /// Whether to inject native sidecars, deciding `auto` from the API server's version (1.29+).
 pub async fn native_sidecars(client: &Client, choice: NativeSidecar) -> bool {
     match choice {
@@ -149,46 +179,15 @@ pub async fn run_with(client: Client, args: RunArgs, shutdown: CancellationToken
     let databases = Arc::new(Databases::default());
     let health = Arc::new(Health::default());
 
-    // Policy cache for the webhook (every replica).
-    let (policies, writer) = reflector::store::<RateLimitPolicy>();
-    let policy_stream = reflector::reflector(
-        writer,
-        watcher(
-            Api::<RateLimitPolicy>::all(client.clone()),
-            watcher::Config::default(),
-        ),
-    )
-    .default_backoff()
-    .touched_objects()
-    .for_each(|_| async {});
-    tokio::spawn(policy_stream);
-    {
-        let (policies, health) = (policies.clone(), health.clone());
-        tokio::spawn(async move {
-            if policies.wait_until_ready().await.is_ok() {
-                health.policies_synced.store(true, Ordering::Relaxed);
-            }
-        });
-    }
-
-    // JobQueue cache for the webhook (`sluice.dev/job-queues`).
-    let (job_queues, writer) = reflector::store::<JobQueue>();
-    let job_queue_stream = reflector::reflector(
-        writer,
-        watcher(Api::<JobQueue>::all(client.clone()), watcher::Config::default()),
-    )
-    .default_backoff()
-    .touched_objects()
-    .for_each(|_| async {});
-    tokio::spawn(job_queue_stream);
-    {
-        let (job_queues, health) = (job_queues.clone(), health.clone());
-        tokio::spawn(async move {
-            if job_queues.wait_until_ready().await.is_ok() {
-                health.job_queues_synced.store(true, Ordering::Relaxed);
-            }
-        });
-    }
+    // Policy and JobQueue caches for the webhook (every replica); `/readyz` waits for both.
+    let policies = cache::<RateLimitPolicy>(&client, {
+        let health = health.clone();
+        move || health.policies_synced.store(true, Ordering::Relaxed)
+    });
+    let job_queues = cache::<JobQueue>(&client, {
+        let health = health.clone();
+        move || health.job_queues_synced.store(true, Ordering::Relaxed)
+    });
 
     // Serving certificate, rotated and trusted.
     let cert_store = Arc::new(certs::CertStore::default());

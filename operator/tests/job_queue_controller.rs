@@ -1,6 +1,8 @@
 //! The JobQueue controller against the in-memory test API server and a real PostgreSQL: create, update,
-//! pause, delete, a bad Secret, an external metrics API owned by someone else, 0→1 on enqueue (timed)
-//! and 1→0 only after the cooldown and only when nothing runs.
+//! pause, delete (and the database's LISTEN connection closed after the last queue on it), a bad Secret
+//! (counted by reason like every controller's errors), an external metrics API owned by someone else, 0→1
+//! on enqueue (timed, and deciding as a reconcile does) and 1→0 only after the cooldown and only when
+//! nothing runs.
 
 use std::{
     collections::BTreeMap,
@@ -63,6 +65,7 @@ struct Fixture {
     pg: PgServer,
     clock: TestClock,
     metrics: Arc<JobQueueMetrics>,
+    reconciles: Arc<Metrics>,
     ctx: Arc<Context<job_queue::State>>,
     stop: CancellationToken,
 }
@@ -124,9 +127,10 @@ async fn fixture(apiservice_namespace: &str) -> Fixture {
         external_metrics: true,
     };
     let (state, wakes) = job_queue::State::new(settings, stop.clone());
+    let reconciles = Arc::new(Metrics::default());
     let ctx = Arc::new(Context::new(
         env.client(),
-        Arc::new(Metrics::default()),
+        reconciles.clone(),
         Some("test".into()),
         clock.clock(),
         state,
@@ -138,6 +142,7 @@ async fn fixture(apiservice_namespace: &str) -> Fixture {
         pg,
         clock,
         metrics,
+        reconciles,
         ctx,
         stop,
     }
@@ -473,9 +478,18 @@ async fn a_missing_secret_sets_ready_false_with_an_event_and_recovers() {
     })
     .await
     .unwrap();
+    assert!(
+        f.reconciles.reconcile_errors("jobqueue", "secret_not_found") >= 1,
+        "the failure is counted by reason, like every controller's"
+    );
     // Fixing the reference recovers (the retry backs off from 1 s).
     f.apply(&job_queue_yaml(SCALING)).await;
     f.wait_condition("Ready", "True", None).await;
+    let text = f.reconciles.encode();
+    assert!(
+        text.contains(r#"sluice_operator_reconcile_total{controller="jobqueue"}"#),
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -566,6 +580,27 @@ async fn an_enqueue_wakes_an_idle_queue_from_zero_to_one_within_a_second() {
         "0→1 took {worst:?}; target under 1 s"
     );
     assert!(f.metrics.scale_decisions("Activated") >= 1);
+}
+
+#[tokio::test]
+async fn an_enqueue_wakes_a_queue_without_an_hpa_straight_to_the_workers_its_depth_needs() {
+    // KEDA owns the metrics API, so the operator scales 1..N itself; polling is off (1h), so only the
+    // NOTIFY path can wake the queue, and it decides as a reconcile does: depth 12 at 4 per worker is 3.
+    let f = fixture("keda").await;
+    f.apply(&job_queue_yaml("pollingInterval: 1h, cooldownPeriod: 1m"))
+        .await;
+    let jq = f.wait_condition("Ready", "True", None).await;
+    assert_eq!(jq.status.unwrap().current_replicas, Some(0));
+    f.wait_listening().await;
+    let jobs: Vec<NewJob> = (0..12).map(|_| NewJob::new("send", json!({}))).collect();
+    f.store().await.enqueue_many("emails", &jobs).await.unwrap();
+    f.wait_replicas(3, DEADLINE).await;
+    assert_eq!(f.metrics.scale_decisions("Activated"), 1);
+    assert_eq!(
+        f.metrics.scale_decisions("DepthChanged"),
+        0,
+        "the wake-up went straight to 3, not to 1 and then on by a reconcile"
+    );
 }
 
 #[tokio::test]
