@@ -27,8 +27,9 @@ fn workspace() -> &'static Path {
         .expect("crds/ is in the workspace")
 }
 
-/// The packages `package` links (normal and build dependencies, transitively), by name.
-fn linked(package: &str) -> BTreeSet<String> {
+/// The packages `package` links through `edges` (`normal,build`; with `dev`, its tests' dependencies
+/// too), transitively, by name.
+fn linked(package: &str, edges: &str) -> BTreeSet<String> {
     cargo(&[
         "tree",
         "--locked",
@@ -36,7 +37,7 @@ fn linked(package: &str) -> BTreeSet<String> {
         "-p",
         package,
         "-e",
-        "normal,build",
+        edges,
         "--prefix",
         "none",
         "--format",
@@ -48,8 +49,8 @@ fn linked(package: &str) -> BTreeSet<String> {
     .collect()
 }
 
-fn assert_links_none(package: &str, forbidden: &[&str]) {
-    let linked = linked(package);
+fn assert_links_none(package: &str, edges: &str, forbidden: &[&str]) {
+    let linked = linked(package, edges);
     let found: Vec<_> = forbidden.iter().filter(|f| linked.contains(**f)).collect();
     assert!(found.is_empty(), "{package} must not depend on {found:?}");
 }
@@ -58,6 +59,7 @@ fn assert_links_none(package: &str, forbidden: &[&str]) {
 fn the_api_types_link_no_runtime_or_client() {
     assert_links_none(
         "sluice-crds",
+        "normal,build",
         &[
             "tokio",
             "mio",
@@ -81,13 +83,14 @@ fn the_api_types_link_no_runtime_or_client() {
 fn the_queue_crate_knows_neither_binary() {
     assert_links_none(
         "sluice-queue",
+        "normal,build",
         &["sluice-sidecar", "sluice-operator", "fred", "hyper", "axum"],
     );
 }
 
 #[test]
-fn the_operator_does_not_link_the_sidecar() {
-    assert_links_none("sluice-operator", &["sluice-sidecar"]);
+fn the_operator_does_not_link_the_sidecar_not_even_in_its_tests() {
+    assert_links_none("sluice-operator", "normal,build,dev", &["sluice-sidecar"]);
 }
 
 #[test]

@@ -1,53 +1,29 @@
-//! The propagation target, end to end with the sidecar's real Redis config loop
-//! (`sluice_sidecar::config::remote`): a policy change is enforced by the running sidecar, and the
-//! policy's status says so, within 2 seconds — no ConfigMap volume involved.
+//! The propagation target, end to end with a real `sluice-sidecar` process: a policy change is enforced
+//! by the running sidecar, and the policy's status says so, within 2 seconds — no ConfigMap volume
+//! involved. The operator and the sidecar meet only through Redis and the contract both spell from
+//! `sluice_crds::contract` (the keys, the `enforced` report); this test links neither across.
 
 use std::{
-    sync::{Arc, Mutex},
+    process::Stdio,
     time::{Duration, Instant},
 };
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
-use sluice_crds::{rate_limit_policy::RateLimitPolicy, sidecar_config::PolicyRef};
-use sluice_e2e::{Env, TestNamespace, wait_for};
+use sluice_crds::{
+    contract::{env, path::POLICY_CONFIG_FILE},
+    rate_limit_policy::RateLimitPolicy,
+};
+use sluice_e2e::{Env, TestNamespace, kubelet::sidecar_binary, wait_for};
 use sluice_operator::{
     clock::system_clock,
     controller::{Context, rate_limit_policy},
     metrics::Metrics,
 };
-use sluice_sidecar::{
-    clock::SystemClock,
-    config::{
-        ConfigErrors, Effective,
-        env::ProcessEnv,
-        reload::{ConfigSink, ReloadOutcome, ReloadSource},
-        remote::{self, Remote},
-    },
-};
-use sluice_testsupport::RedisServer;
-use tokio::sync::watch;
+use sluice_testsupport::{RedisServer, free_port};
+use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
-
-/// Stands in for the proxy: remembers the config it was given and announces the generation.
-struct Sink {
-    running: Mutex<Effective>,
-    applied: watch::Sender<i64>,
-}
-
-impl ConfigSink for Sink {
-    fn apply(&self, config: Effective, _: ReloadSource) -> Result<ReloadOutcome, ConfigErrors> {
-        let generation = config.generation();
-        *self.running.lock().unwrap() = config;
-        self.applied.send_replace(generation);
-        Ok(ReloadOutcome::Applied)
-    }
-    fn rejected(&self, _: ReloadSource) {}
-    fn running_generation(&self) -> i64 {
-        self.running.lock().unwrap().generation()
-    }
-}
 
 async fn status_of(
     ns: &TestNamespace,
@@ -67,6 +43,34 @@ async fn status_of(
     .unwrap()
 }
 
+/// A `sluice-sidecar` started from `config` as the webhook would start it in pod `pod` (Redis URL and
+/// pod name from the environment), on free local ports; it is killed when dropped. Returns it and the
+/// port it proxies on, once it is ready.
+async fn sidecar(config: &std::path::Path, redis: &str, pod: &str) -> (tokio::process::Child, u16) {
+    let (listen, admin) = (free_port(), free_port());
+    let child = tokio::process::Command::new(sidecar_binary().unwrap())
+        .arg("--config")
+        .arg(config)
+        .env(env::REDIS_URL, redis)
+        .env(env::POD_NAME, pod)
+        .env(env::LISTEN, format!("127.0.0.1:{listen}"))
+        .env(env::ADMIN_LISTEN, format!("127.0.0.1:{admin}"))
+        // Nothing listens there: allowed requests get a 502, refused ones the sidecar's own 429.
+        .env(env::UPSTREAM, format!("http://127.0.0.1:{}", free_port()))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    wait_for("the sidecar to be ready", Duration::from_secs(15), || async {
+        let r = sluice_e2e::http::get(admin, "/readyz").await.ok()?;
+        (r.status == 200).then_some(())
+    })
+    .await
+    .unwrap();
+    (child, listen)
+}
+
 #[tokio::test]
 async fn a_policy_change_is_enforced_by_a_running_sidecar_and_reported_within_two_seconds() {
     let env = Env::start().await.unwrap();
@@ -79,7 +83,7 @@ async fn a_policy_change_is_enforced_by_a_running_sidecar_and_reported_within_tw
         "apiVersion: v1\nkind: Secret\nmetadata: {{name: redis}}\nstringData: {{url: \"{}\"}}\n---\n\
          apiVersion: sluice.dev/v1alpha1\nkind: RateLimitPolicy\nmetadata: {{name: api}}\n\
          spec:\n  redis: {{secretRef: {{name: redis}}}}\n  \
-         rules: [{{name: all, limit: {{requests: 100, window: 1m}}}}]\n",
+         rules: [{{name: all, limit: {{requests: 100, window: 1h}}}}]\n",
         redis.url()
     ))
     .await
@@ -117,35 +121,11 @@ async fn a_policy_change_is_enforced_by_a_running_sidecar_and_reported_within_tw
         )
         .await
         .unwrap();
-    let cm = ns
-        .api::<k8s_openapi::api::core::v1::ConfigMap>()
-        .get("sluice-policy-api")
-        .await
-        .unwrap();
-    let initial =
-        sluice_sidecar::config::load::from_yaml(&cm.data.unwrap()["config.yaml"], &ProcessEnv).unwrap();
-    assert_eq!(initial.generation(), 1);
-    let (applied_tx, applied_rx) = watch::channel(1);
-    let sink = Arc::new(Sink {
-        running: Mutex::new(initial),
-        applied: applied_tx,
-    });
-    tokio::spawn(remote::run(
-        Remote {
-            redis_url: redis.url(),
-            policy: PolicyRef {
-                namespace: ns.name().into(),
-                name: "api".into(),
-                generation: 1,
-            },
-            pod: "web-1".into(),
-            env: Arc::new(ProcessEnv),
-            clock: Arc::new(SystemClock),
-        },
-        sink.clone(),
-        applied_rx,
-        stop.clone(),
-    ));
+    let cm = ns.api::<ConfigMap>().get("sluice-policy-api").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join(POLICY_CONFIG_FILE);
+    std::fs::write(&config, &cm.data.unwrap()[POLICY_CONFIG_FILE]).unwrap();
+    let (_sidecar, port) = sidecar(&config, &redis.url(), "web-1").await;
     status_of(&ns, "the sidecar enforcing generation 1", |p| {
         p.ready_condition().is_some_and(|c| c.reason == "Enforced")
     })
@@ -157,7 +137,7 @@ async fn a_policy_change_is_enforced_by_a_running_sidecar_and_reported_within_tw
             "api",
             &PatchParams::default(),
             &Patch::Merge(
-                json!({"spec": {"rules": [{"name": "all", "limit": {"requests": 3, "window": "1m"}}]}}),
+                json!({"spec": {"rules": [{"name": "all", "limit": {"requests": 3, "window": "1h"}}]}}),
             ),
         )
         .await
@@ -174,11 +154,13 @@ async fn a_policy_change_is_enforced_by_a_running_sidecar_and_reported_within_tw
         took < Duration::from_secs(2),
         "policy change to enforced-and-reported took {took:?}"
     );
-    assert_eq!(sink.running_generation(), 2);
-    assert_eq!(
-        sink.running.lock().unwrap().config.limits.rules[0].limit.requests,
-        3
-    );
     assert_eq!(p.status.unwrap().generations[0].generation, 2);
+
+    // The sidecar enforces the new limit (3 an hour), not the old one (100): the fourth request is refused.
+    let mut statuses = vec![];
+    for _ in 0..4 {
+        statuses.push(sluice_e2e::http::get(port, "/").await.unwrap().status);
+    }
+    assert_eq!(statuses, [502, 502, 502, 429]);
     stop.cancel();
 }
