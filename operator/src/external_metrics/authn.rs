@@ -9,6 +9,12 @@
 //!    [`Authenticator::watch_config`] follows, so a rotated front-proxy CA is picked up without a restart.
 //! 2. **Bearer token**, checked with a `TokenReview` against the main API server (cached briefly).
 //!
+//! Every authenticated user is in the group `system:authenticated`, added when the front proxy did not
+//! name it (as k8s.io/apiserver's `AuthenticatedGroupAdder` does): the aggregator's own discovery
+//! requests come as `system:kube-aggregator` with no group, and RBAC allows discovery to
+//! `system:authenticated` — without it the APIService's discovery fails, the aggregator marks the group
+//! stale, and the namespace controller cannot finish deleting any namespace.
+//!
 //! Anything else is unauthenticated (401). As in k8s.io/apiserver, the TLS layer only *requests* a
 //! client certificate and checks that the client holds its key ([`RequestClientCertificate`]); the chain
 //! is verified here, per request, against the CA loaded now — so a wrong certificate is a 401 naming
@@ -68,6 +74,19 @@ pub struct User {
     pub groups: Vec<String>,
     /// Extra attributes (scopes and the like), passed on to the SubjectAccessReview.
     pub extra: BTreeMap<String, Vec<String>>,
+}
+
+/// The group every authenticated user belongs to.
+pub const AUTHENTICATED_GROUP: &str = "system:authenticated";
+
+impl User {
+    /// The user with [`AUTHENTICATED_GROUP`] among its groups (added once, at the end).
+    pub fn authenticated(mut self) -> Self {
+        if !self.groups.iter().any(|g| g == AUTHENTICATED_GROUP) {
+            self.groups.push(AUTHENTICATED_GROUP.to_owned());
+        }
+        self
+    }
 }
 
 /// The certificate chain the client presented in the TLS handshake (end entity first); set by
@@ -379,7 +398,7 @@ impl Authenticator {
                     "a client certificate was presented but no front proxy is trusted ({AUTHENTICATION_CONFIGMAP_NAMESPACE}/{AUTHENTICATION_CONFIGMAP} not loaded or without requestheader-client-ca-file)"
                 )),
                 Some(fp) => match fp.authenticate(chain, headers, UnixTime::since_unix_epoch(now())) {
-                    Ok(Some(user)) => return Ok(user),
+                    Ok(Some(user)) => return Ok(user.authenticated()),
                     Ok(None) => why.push(format!(
                         "the front proxy named no user (headers {:?})",
                         fp.username_headers
@@ -390,7 +409,7 @@ impl Authenticator {
         }
         if let Some(token) = bearer_token(headers) {
             match self.review_token(token).await {
-                Ok(user) => return Ok(user),
+                Ok(user) => return Ok(user.authenticated()),
                 Err(e) => why.push(e.0),
             }
         }
@@ -527,6 +546,29 @@ mod tests {
         );
         assert_eq!(user.groups, ["system:serviceaccounts", "system:authenticated"]);
         assert_eq!(user.extra["scopes/a"], ["one"]);
+    }
+
+    #[test]
+    fn a_user_named_without_groups_is_still_in_system_authenticated() {
+        // The aggregator's discovery requests: `system:kube-aggregator`, no X-Remote-Group.
+        let user = User {
+            name: "system:kube-aggregator".into(),
+            uid: String::new(),
+            groups: vec![],
+            extra: BTreeMap::new(),
+        };
+        assert_eq!(user.authenticated().groups, [AUTHENTICATED_GROUP]);
+        let user = User {
+            name: "system:serviceaccount:kube-system:horizontal-pod-autoscaler".into(),
+            uid: String::new(),
+            groups: vec!["system:serviceaccounts".into(), AUTHENTICATED_GROUP.into()],
+            extra: BTreeMap::new(),
+        };
+        assert_eq!(
+            user.authenticated().groups,
+            ["system:serviceaccounts", AUTHENTICATED_GROUP],
+            "not added twice"
+        );
     }
 
     #[test]
