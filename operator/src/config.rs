@@ -39,7 +39,8 @@ pub enum Command {
         #[arg(long, default_value = "crds")]
         dir: PathBuf,
     },
-    /// GET a URL and exit 0 on a 2xx answer (the chart's `helm test` hook uses it).
+    /// GET a URL and exit 0 on a 2xx answer, trying again for up to 30 s (the chart's `helm test` hook
+    /// uses it).
     Probe {
         /// `http://host:port/path`, e.g. the operator's `/readyz`.
         url: String,

@@ -24,7 +24,12 @@ async fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Probe { url } => match sluice_operator::probe::probe(&url).await {
+        Command::Probe { url } => match sluice_operator::probe::probe_until(
+            &url,
+            sluice_operator::probe::PROBE_PATIENCE,
+        )
+        .await
+        {
             Ok(status) => {
                 println!("{url}: {status}");
                 ExitCode::SUCCESS

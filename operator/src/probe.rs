@@ -1,5 +1,8 @@
-//! `sluice-operator probe URL`: one HTTP GET that succeeds on a 2xx answer. The chart's `helm test` hook
-//! runs it from the operator image (which has no shell or curl) against the operator's `/readyz`.
+//! `sluice-operator probe URL`: an HTTP GET that succeeds on a 2xx answer, tried again for a while when it
+//! fails. The chart's `helm test` hook runs it from the operator image (which has no shell or curl)
+//! against the operator's `/readyz` through its Service — right after `helm install --wait`, before the
+//! Service's endpoints (or kube-proxy, or cluster DNS) may have caught up with the Pod turning Ready, so
+//! one refused connection is not yet a failure.
 
 use std::time::Duration;
 
@@ -8,8 +11,12 @@ use tokio::{
     net::TcpStream,
 };
 
-/// How long the whole probe may take.
+/// How long one attempt may take.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long [`probe_until`] keeps trying by default (the `probe` command's patience).
+pub const PROBE_PATIENCE: Duration = Duration::from_secs(30);
+/// The pause between attempts.
+pub const PROBE_RETRY_PAUSE: Duration = Duration::from_millis(500);
 
 /// Why a probe failed.
 #[derive(Debug, thiserror::Error)]
@@ -35,7 +42,21 @@ pub enum ProbeError {
     },
 }
 
-/// GETs `url` and returns its status when it is 2xx.
+/// [`probe`]s `url` until it answers 2xx or `patience` has passed, pausing [`PROBE_RETRY_PAUSE`]
+/// between attempts; the error is the last attempt's. A malformed URL fails at once.
+pub async fn probe_until(url: &str, patience: Duration) -> Result<u16, ProbeError> {
+    let started = tokio::time::Instant::now();
+    loop {
+        match probe(url).await {
+            Ok(status) => return Ok(status),
+            Err(e @ ProbeError::BadUrl(_)) => return Err(e),
+            Err(e) if started.elapsed() + PROBE_RETRY_PAUSE >= patience => return Err(e),
+            Err(_) => tokio::time::sleep(PROBE_RETRY_PAUSE).await,
+        }
+    }
+}
+
+/// GETs `url` once and returns its status when it is 2xx.
 pub async fn probe(url: &str) -> Result<u16, ProbeError> {
     let rest = url
         .strip_prefix("http://")
@@ -113,6 +134,42 @@ mod tests {
     #[tokio::test]
     async fn a_2xx_answer_passes() {
         assert_eq!(probe(&server("200 OK").await).await.unwrap(), 200);
+    }
+
+    /// Answers each connection with the next status of `statuses`.
+    async fn server_answering(statuses: &'static [&'static str]) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            for status in statuses {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut buf = [0u8; 1024];
+                let _ = s.read(&mut buf).await;
+                let _ = s
+                    .write_all(format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\n\r\n").as_bytes())
+                    .await;
+            }
+        });
+        format!("http://{addr}/readyz")
+    }
+
+    #[tokio::test]
+    async fn probe_until_tries_again_until_the_answer_is_2xx() {
+        let url = server_answering(&["503 Service Unavailable", "503 Service Unavailable", "200 OK"]).await;
+        assert_eq!(probe_until(&url, PROBE_PATIENCE).await.unwrap(), 200);
+    }
+
+    #[tokio::test]
+    async fn probe_until_gives_up_after_its_patience_with_the_last_error() {
+        let url = server_answering(&["503 Service Unavailable"; 16]).await;
+        let started = std::time::Instant::now();
+        let err = probe_until(&url, Duration::from_secs(1)).await.unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(2), "gave up in time");
+        assert!(err.to_string().ends_with("answered 503"), "{err}");
+        assert!(matches!(
+            probe_until("ftp://x/", PROBE_PATIENCE).await,
+            Err(ProbeError::BadUrl(_))
+        ));
     }
 
     #[tokio::test]
