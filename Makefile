@@ -1,6 +1,6 @@
 # Sluice's two commands: `make sandbox` runs it locally, `make test` runs every test.
 # (Other targets are steps of those two.)
-.PHONY: sandbox test deps lint unit chart crds
+.PHONY: sandbox test deps lint unit chart crds e2e-tools e2e-real
 
 CARGO ?= cargo
 NEXTEST_PROFILE ?= default
@@ -11,19 +11,31 @@ sandbox:
 	$(CARGO) build -p sluice-operator -p sluice-sidecar -p sluice-e2e --bins
 	$(CARGO) run -q -p sluice-e2e --bin sluice-sandbox -- $(SANDBOX_ARGS)
 
-## Run every test: installs/starts what the tests need, then formatting, lints and all test suites.
-test: deps lint unit chart
+## Run every test: installs/builds what the tests need, then formatting, lints and all test suites,
+## the whole system on a real Kubernetes control plane included.
+test: deps e2e-tools lint unit e2e-real chart
 
 deps:
 	./.ci/deps.sh
+
+## Build (or find, when built) the pinned kube-apiserver, kube-controller-manager, kubectl, etcd and helm
+## from Go modules into ~/.cache/sluice (e2e/kube/build.sh; 10-20 minutes cold, a second when built).
+e2e-tools:
+	./e2e/kube/build.sh
 
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
 unit:
-	$(CARGO) nextest run --workspace --locked --profile $(NEXTEST_PROFILE)
+	$(CARGO) nextest run --workspace --locked --profile $(NEXTEST_PROFILE) -E 'not binary(real_control_plane)'
 	$(CARGO) test --workspace --locked --doc
+
+## Sluice on a real control plane (etcd, kube-apiserver, kube-controller-manager; real helm): prints the
+## versions, then each whole-system scenario's result (e2e/README.md).
+e2e-real: e2e-tools
+	$(CARGO) build --locked -p sluice-operator -p sluice-sidecar --bins
+	$(CARGO) nextest run -p sluice-e2e --locked --profile $(NEXTEST_PROFILE) --test real_control_plane --no-capture
 
 chart:
 	python3 charts/test_chart.py

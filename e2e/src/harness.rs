@@ -28,6 +28,7 @@ use kube::api::{Api, DynamicObject, GroupVersionKind, Patch, PatchParams, PostPa
 use kube::discovery::Scope;
 use serde_json::{Value, json};
 
+use crate::control_plane::{ControlPlane, ControlPlaneOptions};
 use crate::error::{Error, Result};
 use crate::server::{Options, State, TestApiServer};
 
@@ -60,11 +61,14 @@ where
     }
 }
 
-/// Where tests run: the in-memory server, or a real cluster.
+/// Where tests run: the in-memory server, a real control plane started for the test, or a real cluster.
 pub struct Env {
     server: Option<TestApiServer>,
+    control_plane: Option<ControlPlane>,
     client: kube::Client,
     kubeconfig: PathBuf,
+    /// The kubectl to run (the control plane's own version for a started control plane).
+    kubectl: Option<PathBuf>,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -86,9 +90,25 @@ impl Env {
         let client = server.client("default").await?;
         Ok(Env {
             server: Some(server),
+            control_plane: None,
             client,
             kubeconfig,
+            kubectl: None,
             _dir: Some(dir),
+        })
+    }
+
+    /// A real control plane (etcd, kube-apiserver, kube-controller-manager) started for this test; see
+    /// [`crate::control_plane`]. kubectl is the control plane's own version.
+    pub async fn real(options: ControlPlaneOptions) -> Result<Self> {
+        let plane = ControlPlane::start(options).await?;
+        Ok(Env {
+            client: plane.client(),
+            kubeconfig: plane.kubeconfig_path().to_path_buf(),
+            kubectl: Some(plane.binaries().kubectl.clone()),
+            server: None,
+            control_plane: Some(plane),
+            _dir: None,
         })
     }
 
@@ -101,8 +121,10 @@ impl Env {
             .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
         Ok(Env {
             server: None,
+            control_plane: None,
             client: kube::Client::try_from(config)?,
             kubeconfig: path.to_path_buf(),
+            kubectl: None,
             _dir: None,
         })
     }
@@ -117,14 +139,28 @@ impl Env {
         self.server.as_ref()
     }
 
+    /// The real control plane, when this environment started one.
+    pub fn control_plane(&self) -> Option<&ControlPlane> {
+        self.control_plane.as_ref()
+    }
+
     /// The kubeconfig file clients (kubectl, the operator binary) should use.
     pub fn kubeconfig_path(&self) -> &Path {
         &self.kubeconfig
     }
 
+    /// The kubectl binary for this environment: the control plane's own version for a started control
+    /// plane, else [`kubectl_path`].
+    pub fn kubectl_binary(&self) -> Result<PathBuf> {
+        match &self.kubectl {
+            Some(path) => Ok(path.clone()),
+            None => kubectl_path(),
+        }
+    }
+
     /// A `kubectl` command aimed at this environment.
     pub fn kubectl(&self) -> Result<Command> {
-        let mut cmd = Command::new(kubectl_path()?);
+        let mut cmd = Command::new(self.kubectl_binary()?);
         cmd.arg("--kubeconfig").arg(&self.kubeconfig);
         Ok(cmd)
     }
@@ -139,11 +175,24 @@ impl Env {
         }))
         .map_err(|e| Error::Decode(e.to_string()))?;
         ns = api.create(&PostParams::default(), &ns).await?;
+        let name = ns.metadata.name.clone().unwrap_or_default();
+        if self.server.is_none() {
+            // A real cluster's ServiceAccount controller makes `default` a moment later; Pods are refused
+            // until it exists.
+            let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+                Api::namespaced(self.client.clone(), &name);
+            wait_for(&format!("ServiceAccount default in {name}"), CRD_DEADLINE, || {
+                let accounts = accounts.clone();
+                async move { accounts.get_opt("default").await.ok().flatten() }
+            })
+            .await?;
+        }
         Ok(TestNamespace {
-            name: ns.metadata.name.clone().unwrap_or_default(),
+            name,
             client: self.client.clone(),
             state: self.server.as_ref().map(|s| s.state().clone()),
             kubeconfig: self.kubeconfig.clone(),
+            kubectl: self.kubectl.clone(),
         })
     }
 
@@ -249,6 +298,7 @@ pub struct TestNamespace {
     client: kube::Client,
     state: Option<Arc<State>>,
     kubeconfig: PathBuf,
+    kubectl: Option<PathBuf>,
 }
 
 impl TestNamespace {
@@ -282,6 +332,13 @@ impl TestNamespace {
         self.apply_yaml(&yaml).await
     }
 
+    fn kubectl_binary(&self) -> Result<PathBuf> {
+        match &self.kubectl {
+            Some(path) => Ok(path.clone()),
+            None => kubectl_path(),
+        }
+    }
+
     /// Every object in the namespace as YAML: read in-process from the in-memory server, or with
     /// `kubectl get` from a real cluster.
     pub fn dump(&self) -> String {
@@ -298,7 +355,7 @@ impl TestNamespace {
                 .collect::<Vec<_>>()
                 .join("---\n");
         }
-        let Ok(kubectl) = kubectl_path() else {
+        let Ok(kubectl) = self.kubectl_binary() else {
             return "(kubectl missing: cannot dump)".into();
         };
         let kinds = Command::new(&kubectl)
@@ -351,7 +408,7 @@ impl Drop for TestNamespace {
                     .delete(&key, "", &self.name, crate::store::Propagation::Background);
             }
             None => {
-                if let Ok(kubectl) = kubectl_path() {
+                if let Ok(kubectl) = self.kubectl_binary() {
                     let _ = Command::new(kubectl)
                         .arg("--kubeconfig")
                         .arg(&self.kubeconfig)

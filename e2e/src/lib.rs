@@ -13,8 +13,11 @@
 //! - [`admission`]: mutating webhooks; [`aggregator`]: APIService proxying.
 //! - [`tls`], [`kubeconfig`]: certificates and the kubeconfig clients use.
 //! - [`harness`]: what e2e tests call.
+//! - [`control_plane`]: a real etcd, kube-apiserver and kube-controller-manager built from Go modules;
+//!   [`pod_network`]: how that API server reaches the processes standing in for Pods.
 //! - [`kubelet`], [`deployments`], [`hpa`], [`services`]: stand-ins for the cluster's controllers.
 //! - [`chart`], [`system`]: the real chart rendered and Sluice installed with it, stand-ins included.
+//! - [`scenarios`]: the whole-system scenarios, run on either control plane.
 //! - [`sandbox`]: `make sandbox`; [`http`]: a minimal client for scenarios and the sandbox.
 
 pub mod admission;
@@ -22,6 +25,7 @@ pub mod aggregator;
 pub mod api;
 pub mod builtins;
 pub mod chart;
+pub mod control_plane;
 pub mod crd;
 pub mod deployments;
 pub mod discovery;
@@ -34,8 +38,10 @@ pub mod kubeconfig;
 pub mod kubelet;
 pub mod merge;
 pub mod openapi;
+pub mod pod_network;
 pub mod registry;
 pub mod sandbox;
+pub mod scenarios;
 pub mod scale;
 pub mod selectors;
 pub mod server;

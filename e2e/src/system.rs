@@ -1,13 +1,22 @@
-//! Sluice installed the way a user installs it, on the in-memory API server: the chart's CRDs and its
-//! rendered manifests ([`crate::chart`]) applied with real `kubectl`, and the stand-ins a cluster would
-//! provide — [`Kubelet`] (which runs the chart's operator Deployment as the real `sluice-operator`
-//! binary, plus Sluice's sidecar and the demo app), [`DeploymentController`], [`HpaController`] and
-//! [`ServiceRouter`] (so the API server reaches the operator's webhook and external metrics API through
-//! the chart's Services). The e2e scenarios and the sandbox both start Sluice through [`SluiceSystem`].
+//! Sluice installed the way a user installs it, on one of two control planes ([`ControlPlaneKind`]):
 //!
-//! What differs from a cluster: the operator reaches the API server through a kubeconfig
-//! (`KUBECONFIG`, in place of the service account token), RBAC objects are stored but not enforced
-//! (the server has one all-powerful token), and all processes share 127.0.0.1 (see [`crate::kubelet`]).
+//! - **In memory** (fast tests, the sandbox): the chart's CRDs and its rendered manifests
+//!   ([`crate::chart`], the Helm SDK) applied with real `kubectl` to the in-memory API server, with the
+//!   stand-ins a cluster would provide — [`Kubelet`] (which runs the chart's operator Deployment as the
+//!   real `sluice-operator` binary, plus Sluice's sidecar and the demo app), [`DeploymentController`],
+//!   [`HpaController`] and [`ServiceRouter`] (so the API server reaches the operator's webhook and
+//!   external metrics API through the chart's Services). The operator reaches the API server through
+//!   the harness's kubeconfig; RBAC objects are stored but not enforced.
+//! - **Real** ([`crate::control_plane`]): etcd, kube-apiserver and kube-controller-manager; the chart
+//!   installed with the real `helm install --wait`, then `helm test`. The real controllers (Deployment,
+//!   ReplicaSet, HPA, EndpointSlice, garbage collector) act; only the kubelet is a stand-in, joined to the
+//!   cluster as one Node ([`crate::kubelet::RealCluster`]): it hands each Pod's processes a
+//!   TokenRequest token of the Pod's ServiceAccount, so the real RBAC authorizer judges the operator by
+//!   the chart's roles, and the API server reaches the operator's webhook and metrics API through the
+//!   chart's Services and their EndpointSlices ([`crate::pod_network`]).
+//!
+//! The e2e scenarios ([`crate::scenarios`]) run on both; the sandbox starts Sluice through [`SluiceSystem`]
+//! too. In both, all processes share 127.0.0.1 (see [`crate::kubelet`]).
 
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
@@ -17,16 +26,17 @@ use std::time::Duration;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 
+use crate::control_plane::ControlPlaneOptions;
 use crate::deployments::DeploymentController;
 use crate::error::{Error, Result};
-use crate::harness::{Env, kubectl_path, wait_for};
+use crate::harness::{Env, wait_for};
 use crate::hpa::{HpaController, SystemClock};
-use crate::kubelet::{Kubelet, KubeletConfig, operator_binary, sidecar_binary};
+use crate::kubelet::{Kubelet, KubeletConfig, RealCluster, operator_binary, sidecar_binary};
 use crate::registry::ResourceType;
 use crate::server::Options;
 use crate::services::ServiceRouter;
@@ -49,6 +59,10 @@ const HPA_GROUPS: &[&str] = &[
 const HPA_TOKEN: &str = "sluice-e2e-horizontal-pod-autoscaler";
 /// How long installing may take (rendering, applying, the operator turning ready).
 pub const INSTALL_DEADLINE: Duration = Duration::from_secs(90);
+/// The Node the kubelet stand-in registers on a real control plane.
+pub const NODE_NAME: &str = "sluice-e2e-node";
+/// The APIService the chart registers for the operator's external metrics API.
+pub const METRICS_APISERVICE: &str = "v1beta1.external.metrics.k8s.io";
 
 /// Kinds the chart installs that the in-memory server stores without acting on them (no RBAC
 /// enforcement, no disruption budgets): `(group, version, kind, plural, namespaced)`.
@@ -106,9 +120,30 @@ pub fn secret_yaml(name: &str, key: &str, value: &str) -> String {
     format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}}}\ndata: {{{key}: {encoded}}}\n")
 }
 
+/// Which control plane Sluice is installed on.
+#[derive(Clone, Debug)]
+pub enum ControlPlaneKind {
+    /// The in-memory API server with stand-ins for the controllers.
+    InMemory,
+    /// A real etcd, kube-apiserver and kube-controller-manager.
+    Real(ControlPlaneOptions),
+}
+
+impl ControlPlaneKind {
+    /// A short name for reports: `in-memory` or `real`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ControlPlaneKind::InMemory => "in-memory",
+            ControlPlaneKind::Real(_) => "real",
+        }
+    }
+}
+
 /// How to install.
 #[derive(Clone, Debug)]
 pub struct SystemOptions {
+    /// Which control plane.
+    pub control_plane: ControlPlaneKind,
     /// Helm values over the chart's defaults.
     pub values: Value,
     /// The demo app binary the kubelet stand-in runs for `sluice-demo-app` images.
@@ -124,11 +159,20 @@ impl SystemOptions {
     /// with text logs, the HPA stand-in syncing every second.
     pub fn new(demo_app: &Path) -> Self {
         SystemOptions {
+            control_plane: ControlPlaneKind::InMemory,
             values: json!({"replicaCount": 1, "logFormat": "text"}),
             demo_app: demo_app.to_path_buf(),
             hpa_period: Duration::from_secs(1),
             max_grace: Duration::from_secs(10),
         }
+    }
+
+    /// The same on a real control plane (the HPA controller syncing every `hpa_period`).
+    pub fn real(mut self) -> Self {
+        self.control_plane = ControlPlaneKind::Real(ControlPlaneOptions {
+            hpa_sync_period: self.hpa_period,
+        });
+        self
     }
 }
 
@@ -141,13 +185,26 @@ pub struct SluiceSystem {
     stop: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     manifests: String,
+    /// The Helm CLI's own directories (cache, config, data), on a real control plane.
+    helm_home: Option<tempfile::TempDir>,
+    /// The values installed (changed by [`SluiceSystem::grant_secret_access`]).
+    values: std::sync::Mutex<Value>,
 }
 
 impl SluiceSystem {
-    /// Starts a fresh in-memory server (never a real cluster, whatever `SLUICE_E2E_KUBECONFIG` says) and the
-    /// stand-ins, applies the chart's CRDs and manifests with kubectl, and waits
-    /// until the operator is Ready and the API server trusts its webhook and metrics API.
+    /// Starts a fresh control plane of the kind `options` names (never a cluster named by
+    /// `SLUICE_E2E_KUBECONFIG`), installs the chart and waits until the operator is Ready and the API
+    /// server trusts its webhook and metrics API.
     pub async fn install(options: SystemOptions) -> Result<Self> {
+        match options.control_plane.clone() {
+            ControlPlaneKind::InMemory => Self::install_in_memory(options).await,
+            ControlPlaneKind::Real(plane) => Self::install_real(options, plane).await,
+        }
+    }
+
+    /// The in-memory server and its stand-ins; the chart rendered with the Helm SDK and applied with
+    /// kubectl.
+    async fn install_in_memory(options: SystemOptions) -> Result<Self> {
         let sidecar = sidecar_binary()?;
         let operator = operator_binary()?;
         let env = Env::in_memory(Options::default()).await?;
@@ -201,6 +258,8 @@ impl SluiceSystem {
             stop,
             tasks,
             manifests,
+            helm_home: None,
+            values: std::sync::Mutex::new(options.values.clone()),
         };
         system
             .kubectl_ok(
@@ -221,14 +280,201 @@ impl SluiceSystem {
         Ok(system)
     }
 
+    /// A real control plane; the kubelet stand-in joined to it as a Node; the chart installed with
+    /// `helm install --wait`, then `helm test`.
+    async fn install_real(options: SystemOptions, plane: ControlPlaneOptions) -> Result<Self> {
+        let sidecar = sidecar_binary()?;
+        let operator = operator_binary()?;
+        let env = Env::real(plane).await?;
+        let control_plane = env.control_plane().expect("a real control plane");
+        let (stop, _) = watch::channel(false);
+        let mut rx = stop.subscribe();
+        let stopped = async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        let config = KubeletConfig {
+            max_grace: options.max_grace,
+            ..KubeletConfig::new(&sidecar, &options.demo_app)
+        }
+        .image(OPERATOR_IMAGE_PATTERN, &[operator.display().to_string()])
+        .real_cluster(RealCluster {
+            node: NODE_NAME.into(),
+            network: control_plane.network().clone(),
+            api_url: control_plane.url().to_string(),
+            ca_pem: control_plane.ca_pem().to_string(),
+        });
+        let (kubelet, kubelet_task) = Kubelet::start(env.client(), config, stopped);
+        let helm_home = tempfile::Builder::new().prefix("sluice-helm-").tempdir()?;
+        let mut system = SluiceSystem {
+            env,
+            kubelet,
+            stop,
+            tasks: vec![kubelet_task],
+            manifests: String::new(),
+            helm_home: Some(helm_home),
+            values: std::sync::Mutex::new(options.values.clone()),
+        };
+        let values = system.helm_home.as_ref().expect("set").path().join("values.json");
+        std::fs::write(&values, options.values.to_string())?;
+        let chart = crate::chart::chart_dir().display().to_string();
+        let timeout = format!("{}s", INSTALL_DEADLINE.as_secs());
+        let installed = system
+            .helm_ok(&[
+                "install",
+                RELEASE,
+                &chart,
+                "--namespace",
+                RELEASE_NAMESPACE,
+                "--create-namespace",
+                "--values",
+                &values.display().to_string(),
+                "--wait",
+                "--timeout",
+                &timeout,
+            ])
+            .await;
+        if let Err(e) = installed {
+            eprintln!("{}", system.operator_logs().await);
+            return Err(e);
+        }
+        system.wait_operator_ready(INSTALL_DEADLINE).await?;
+        let tested = system
+            .helm_ok(&["test", RELEASE, "--namespace", RELEASE_NAMESPACE, "--timeout", "60s"])
+            .await;
+        if let Err(e) = tested {
+            let test_pod = format!("{OPERATOR_DEPLOYMENT}-test-ready");
+            return Err(Error::Config(format!(
+                "{e}\n---- {test_pod} output ----\n{}",
+                system.container_log(RELEASE_NAMESPACE, &test_pod, "check")
+            )));
+        }
+        system.manifests = system
+            .helm_ok(&["get", "manifest", RELEASE, "--namespace", RELEASE_NAMESPACE])
+            .await?;
+        Ok(system)
+    }
+
+    /// Lets the operator read Secrets in `namespace` (where a RateLimitPolicy or JobQueue names its
+    /// Redis or database Secret), as a user does: `rbac.secretNamespaces` gains it and the release is
+    /// upgraded (`helm upgrade --wait` on a real control plane; rendered and applied on the in-memory one).
+    pub async fn grant_secret_access(&self, namespace: &str) -> Result<()> {
+        let granted: Vec<String> = {
+            let values = self.values.lock().unwrap_or_else(|p| p.into_inner());
+            values["rbac"]["secretNamespaces"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|n| n.as_str().map(String::from))
+                .collect()
+        };
+        if granted.iter().any(|n| n == namespace) {
+            return Ok(());
+        }
+        // Namespaces of earlier scenarios that are being deleted would make the upgrade fail (nothing may
+        // be created there); they leave the list once gone, so the operator keeps its access while it
+        // still sees their objects.
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.env.client());
+        let mut keep = vec![];
+        for ns in granted {
+            let Some(found) = namespaces.get_opt(&ns).await? else {
+                continue;
+            };
+            if found.metadata.deletion_timestamp.is_none() {
+                keep.push(ns);
+                continue;
+            }
+            let gone = wait_for(&format!("namespace {ns} deleted"), INSTALL_DEADLINE, || {
+                let (namespaces, ns) = (namespaces.clone(), ns.clone());
+                async move { namespaces.get_opt(&ns).await.ok()?.is_none().then_some(()) }
+            })
+            .await;
+            if let Err(e) = gone {
+                // The namespace controller says what holds it up.
+                let conditions = namespaces
+                    .get_opt(&ns)
+                    .await?
+                    .and_then(|n| n.status?.conditions)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|c| c.message)
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                return Err(Error::Config(format!("{e}: {conditions}")));
+            }
+        }
+        keep.push(namespace.to_string());
+        let values = {
+            let mut values = self.values.lock().unwrap_or_else(|p| p.into_inner());
+            values["rbac"]["secretNamespaces"] = json!(keep);
+            values.clone()
+        };
+        match &self.helm_home {
+            Some(home) => {
+                let file = home.path().join("values.json");
+                std::fs::write(&file, values.to_string())?;
+                let chart = crate::chart::chart_dir().display().to_string();
+                let timeout = format!("{}s", INSTALL_DEADLINE.as_secs());
+                let file = file.display().to_string();
+                self.helm_ok(&[
+                    "upgrade", RELEASE, &chart, "--namespace", RELEASE_NAMESPACE, "--values", &file, "--wait",
+                    "--timeout", &timeout,
+                ])
+                .await?;
+            }
+            None => {
+                let manifests = crate::chart::render(&values, RELEASE, RELEASE_NAMESPACE).await?;
+                self.kubectl_ok(&["apply", "-f", "-"], Some(&manifests)).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the Helm CLI of the control plane's pins against this system (real control plane only),
+    /// failing with its output unless it exits 0; returns stdout.
+    pub async fn helm_ok(&self, args: &[&str]) -> Result<String> {
+        let (Some(plane), Some(home)) = (self.env.control_plane(), &self.helm_home) else {
+            return Err(Error::Config("helm runs against a real control plane only".into()));
+        };
+        let out = tokio::process::Command::new(&plane.binaries().helm)
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(self.env.kubeconfig_path())
+            .env("HELM_CACHE_HOME", home.path().join("cache"))
+            .env("HELM_CONFIG_HOME", home.path().join("config"))
+            .env("HELM_DATA_HOME", home.path().join("data"))
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output()
+            .await?;
+        if !out.status.success() {
+            return Err(Error::Config(format!(
+                "helm {}: {}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     /// Waits until an operator pod is Ready (its `/readyz`: serving certificate trusted, policy cache
-    /// synced), the webhook's `caBundle` is set and the webhook Service routes to it.
+    /// synced), the webhook's `caBundle` is set and the API server reaches the operator: on the in-memory
+    /// server the webhook Service routes to it; on a real one the aggregator reports the metrics
+    /// APIService `Available` (it reached the operator through the Service's endpoints).
     pub async fn wait_operator_ready(&self, deadline: Duration) -> Result<()> {
         let deployments: Api<Deployment> = Api::namespaced(self.env.client(), RELEASE_NAMESPACE);
         let hooks: Api<MutatingWebhookConfiguration> = Api::all(self.env.client());
-        let state = self.env.server().expect("in-memory").state().clone();
+        let apiservices: Api<DynamicObject> = Api::all_with(
+            self.env.client(),
+            &ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("apiregistration.k8s.io", "v1", "APIService"),
+                "apiservices",
+            ),
+        );
+        let state = self.env.server().map(|s| s.state().clone());
         let outcome = wait_for("the operator Ready and its webhook trusted", deadline, || {
-            let (deployments, hooks, state) = (deployments.clone(), hooks.clone(), state.clone());
+            let (deployments, hooks, state, apiservices) =
+                (deployments.clone(), hooks.clone(), state.clone(), apiservices.clone());
             async move {
                 let d = deployments.get(OPERATOR_DEPLOYMENT).await.ok()?;
                 let ready = d.status?.ready_replicas.unwrap_or(0);
@@ -239,12 +485,21 @@ impl SluiceSystem {
                         .as_ref()
                         .is_some_and(|b| !b.0.is_empty())
                 });
-                let routed = state
-                    .services
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .keys()
-                    .any(|(ns, _, _)| ns == RELEASE_NAMESPACE);
+                let routed = match &state {
+                    Some(state) => state
+                        .services
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .keys()
+                        .any(|(ns, _, _)| ns == RELEASE_NAMESPACE),
+                    None => {
+                        let service = apiservices.get(METRICS_APISERVICE).await.ok()?;
+                        service.data["status"]["conditions"]
+                            .as_array()?
+                            .iter()
+                            .any(|c| c["type"] == "Available" && c["status"] == "True")
+                    }
+                };
                 (ready >= 1 && trusted && !hook.is_empty() && routed).then_some(())
             }
         })
@@ -277,7 +532,7 @@ impl SluiceSystem {
 
     /// Runs `kubectl --kubeconfig … ARGS`, feeding `stdin` when given.
     pub async fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<Output> {
-        let mut cmd = tokio::process::Command::new(kubectl_path()?);
+        let mut cmd = tokio::process::Command::new(self.env.kubectl_binary()?);
         cmd.arg("--kubeconfig")
             .arg(self.env.kubeconfig_path())
             .args(args)

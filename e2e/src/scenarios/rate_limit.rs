@@ -1,0 +1,227 @@
+//! Scenario 1 of issue #7, the whole system: `kubectl apply` a RateLimitPolicy and an annotated
+//! Deployment → the operator's webhook injects the sidecar → the kubelet stand-in runs the sidecar and
+//! the demo app → traffic through the sidecar gets 429 after the limit with the quota headers; a limit
+//! changed with kubectl is enforced and visible in status; with Redis stopped traffic follows the
+//! failure mode (`local`: limit ÷ expectedReplicas per pod); with Redis back the limits return.
+//!
+//! The real `sluice-operator` and `sluice-sidecar` binaries run as processes; Redis is a real
+//! `redis-server` the scenario starts.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
+use sluice_crds::rate_limit_policy::RateLimitPolicy;
+use crate::http::{self, Response};
+use crate::system::SluiceSystem;
+use crate::{TestNamespace, wait_for};
+use sluice_testsupport::RedisServer;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn policy(redis_url: &str, requests: u32) -> String {
+    let secret = crate::system::secret_yaml("redis", "url", redis_url);
+    format!(
+        r#"
+{secret}
+---
+apiVersion: sluice.dev/v1alpha1
+kind: RateLimitPolicy
+metadata: {{name: web}}
+spec:
+  selector: {{matchLabels: {{app: web}}}}
+  redis: {{secretRef: {{name: redis}}}}
+  failureMode: local
+  expectedReplicas: 2
+  rules:
+    - name: per-client
+      algorithm: slidingLog
+      limit: {{requests: {requests}, window: 1h}}
+"#
+    )
+}
+
+const DEPLOYMENT: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata:
+      labels: {app: web}
+      annotations:
+        sluice.dev/inject: "true"
+        sluice.dev/app-port: http
+    spec:
+      terminationGracePeriodSeconds: 2
+      containers:
+        - name: app
+          image: example/sluice-demo-app:1
+          ports: [{name: http, containerPort: 8080}]
+"#;
+
+/// Sends `n` requests one after the other; returns them all.
+async fn burst(port: u16, n: usize) -> Vec<Response> {
+    let mut out = vec![];
+    for _ in 0..n {
+        out.push(http::get(port, "/").await.expect("the sidecar answers"));
+    }
+    out
+}
+
+fn statuses(responses: &[Response]) -> Vec<u16> {
+    responses.iter().map(|r| r.status).collect()
+}
+
+/// The only pod of Deployment `web`, once Ready, and the local ports of its sidecar (`http`) and the
+/// sidecar's admin port.
+async fn ready_pod(system: &SluiceSystem, ns: &TestNamespace) -> (Pod, u16, u16) {
+    let pods = ns.api::<Pod>();
+    let kubelet = system.kubelet().clone();
+    let n = ns.name().to_string();
+    wait_for("the web pod injected, running and Ready", DEADLINE, || {
+        let (pods, kubelet, n) = (pods.clone(), kubelet.clone(), n.clone());
+        async move {
+            let pod = pods
+                .list(&ListParams::default().labels("app=web"))
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(crate::deployments::is_ready)?;
+            let name = pod.metadata.name.clone()?;
+            let http = kubelet.port(&n, &name, "http")?;
+            let admin = kubelet.port(&n, &name, "sluice-admin")?;
+            Some((pod, http, admin))
+        }
+    })
+    .await
+    .unwrap()
+}
+
+/// Waits until the sidecar's circuit breaker is closed (it reaches Redis): decisions are Redis's.
+async fn redis_reached(admin: u16) {
+    wait_for(
+        "the sidecar reaches Redis (breaker closed)",
+        DEADLINE,
+        || async move {
+            let metrics = http::get(admin, "/metrics").await.ok()?;
+            metrics
+                .body
+                .lines()
+                .any(|l| l.starts_with("sluice_limiter_breaker_open") && l.trim_end().ends_with(" 0"))
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap();
+}
+
+async fn enforced(ns: &TestNamespace, generation: i64) -> RateLimitPolicy {
+    let policies = ns.api::<RateLimitPolicy>();
+    wait_for(
+        &format!("generation {generation} enforced by the pod and shown in status"),
+        DEADLINE,
+        || {
+            let policies = policies.clone();
+            async move {
+                let p = policies.get("web").await.ok()?;
+                let status = p.status.as_ref()?;
+                (status.observed_generation == Some(generation)
+                    && status.enforcing_pods == 1
+                    && status
+                        .generations
+                        .iter()
+                        .any(|g| g.generation == generation && g.pods == 1))
+                .then_some(p)
+            }
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// Runs the scenario on an installed system (either control plane); panics naming what failed.
+pub async fn run(system: &SluiceSystem) {
+    let mut redis = RedisServer::start();
+    let ns = system.env().namespace("rate-limit").await.unwrap();
+    // Its Redis/database Secret lives here: the operator may read Secrets only where the chart says.
+    system.grant_secret_access(ns.name()).await.unwrap();
+    let n = ns.name();
+    system
+        .kubectl_ok(&["apply", "-n", n, "-f", "-"], Some(&policy(&redis.url(), 5)))
+        .await
+        .unwrap();
+    system
+        .kubectl_ok(&["apply", "-n", n, "-f", "-"], Some(DEPLOYMENT))
+        .await
+        .unwrap();
+
+    // Injected by the webhook, run by the kubelet stand-in.
+    let (pod, port, admin) = ready_pod(&system, &ns).await;
+    let spec = pod.spec.clone().unwrap();
+    let sidecar = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .find(|c| c.name == "sluice-sidecar")
+        .expect("the webhook injected a native sidecar");
+    assert!(sidecar.image.as_deref().unwrap().contains("sluice-sidecar"));
+    redis_reached(admin).await;
+    let status = enforced(&ns, 1).await.status.unwrap();
+    assert_eq!(status.enforcing.as_deref(), Some("1/1"), "{status:?}");
+
+    // Five pass, the sixth gets 429 with the quota headers.
+    let got = burst(port, 6).await;
+    assert_eq!(statuses(&got), [200, 200, 200, 200, 200, 429]);
+    assert!(
+        got[0].body.starts_with("ok "),
+        "the demo app answered: {:?}",
+        got[0].body
+    );
+    assert_eq!(got[4].header("x-ratelimit-remaining"), Some("0"));
+    let limited = &got[5];
+    assert_eq!(limited.header("x-ratelimit-limit"), Some("5"));
+    assert_eq!(limited.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(
+        limited.header("ratelimit-policy"),
+        Some(r#""per-client";q=5;w=3600"#)
+    );
+    let retry: u64 = limited.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=3600).contains(&retry), "retry-after {retry}");
+
+    // The limit raised to 8 with kubectl: enforced (counters kept: 3 more pass) and in status.
+    system
+        .kubectl_ok(&["apply", "-n", n, "-f", "-"], Some(&policy(&redis.url(), 8)))
+        .await
+        .unwrap();
+    enforced(&ns, 2).await;
+    let got = burst(port, 4).await;
+    assert_eq!(statuses(&got), [200, 200, 200, 429]);
+    assert_eq!(got[3].header("x-ratelimit-limit"), Some("8"));
+    let table = system
+        .kubectl_ok(&["get", "ratelimitpolicies.sluice.dev", "-n", n], None)
+        .await
+        .unwrap();
+    assert!(table.contains("1/1"), "kubectl get shows who enforces: {table}");
+
+    // Redis gone: failureMode local, 8 ÷ expectedReplicas 2 = 4 per pod, decided in process.
+    redis.kill();
+    let got = burst(port, 6).await;
+    assert_eq!(statuses(&got), [200, 200, 200, 200, 429, 429]);
+
+    // Redis back (empty): the limit of 8 applies again through Redis.
+    redis.restart();
+    let first = wait_for("a request allowed through Redis again", DEADLINE, || async move {
+        http::get(port, "/").await.ok().filter(|r| r.status == 200)
+    })
+    .await
+    .unwrap();
+    assert_eq!(first.header("x-ratelimit-limit"), Some("8"));
+    let got = burst(port, 8).await;
+    assert_eq!(statuses(&got), [200, 200, 200, 200, 200, 200, 200, 429]);
+
+    drop(ns);
+}
