@@ -77,8 +77,8 @@ impl PodNetwork {
             // .0.1 is left out, as a node's bridge would hold it.
             table.last = table.last % hosts + 1;
             let ip = Ipv4Addr::from(u32::from(base) + table.last + 1);
-            if !table.pods.contains_key(&ip) {
-                table.pods.insert(ip, ports);
+            if let std::collections::hash_map::Entry::Vacant(free) = table.pods.entry(ip) {
+                free.insert(ports);
                 return ip;
             }
         }
@@ -260,8 +260,14 @@ mod tests {
 
     #[test]
     fn service_dns_names_are_split_into_name_and_namespace() {
-        assert_eq!(service_dns_name("sluice-metrics.sluice-system.svc"), Some(("sluice-metrics", "sluice-system")));
-        assert_eq!(service_dns_name("web.shop.svc.cluster.local"), Some(("web", "shop")));
+        assert_eq!(
+            service_dns_name("sluice-metrics.sluice-system.svc"),
+            Some(("sluice-metrics", "sluice-system"))
+        );
+        assert_eq!(
+            service_dns_name("web.shop.svc.cluster.local"),
+            Some(("web", "shop"))
+        );
         assert_eq!(service_dns_name("web.svc"), None);
         assert_eq!(service_dns_name("example.com"), None);
         assert_eq!(service_dns_name("a.b.c.svc"), None);

@@ -339,7 +339,14 @@ impl SluiceSystem {
         }
         system.wait_operator_ready(INSTALL_DEADLINE).await?;
         let tested = system
-            .helm_ok(&["test", RELEASE, "--namespace", RELEASE_NAMESPACE, "--timeout", "60s"])
+            .helm_ok(&[
+                "test",
+                RELEASE,
+                "--namespace",
+                RELEASE_NAMESPACE,
+                "--timeout",
+                "60s",
+            ])
             .await;
         if let Err(e) = tested {
             let test_pod = format!("{OPERATOR_DEPLOYMENT}-test-ready");
@@ -416,8 +423,16 @@ impl SluiceSystem {
                 let timeout = format!("{}s", INSTALL_DEADLINE.as_secs());
                 let file = file.display().to_string();
                 self.helm_ok(&[
-                    "upgrade", RELEASE, &chart, "--namespace", RELEASE_NAMESPACE, "--values", &file, "--wait",
-                    "--timeout", &timeout,
+                    "upgrade",
+                    RELEASE,
+                    &chart,
+                    "--namespace",
+                    RELEASE_NAMESPACE,
+                    "--values",
+                    &file,
+                    "--wait",
+                    "--timeout",
+                    &timeout,
                 ])
                 .await?;
             }
@@ -433,7 +448,9 @@ impl SluiceSystem {
     /// failing with its output unless it exits 0; returns stdout.
     pub async fn helm_ok(&self, args: &[&str]) -> Result<String> {
         let (Some(plane), Some(home)) = (self.env.control_plane(), &self.helm_home) else {
-            return Err(Error::Config("helm runs against a real control plane only".into()));
+            return Err(Error::Config(
+                "helm runs against a real control plane only".into(),
+            ));
         };
         let out = tokio::process::Command::new(&plane.binaries().helm)
             .args(args)
@@ -473,8 +490,12 @@ impl SluiceSystem {
         );
         let state = self.env.server().map(|s| s.state().clone());
         let outcome = wait_for("the operator Ready and its webhook trusted", deadline, || {
-            let (deployments, hooks, state, apiservices) =
-                (deployments.clone(), hooks.clone(), state.clone(), apiservices.clone());
+            let (deployments, hooks, state, apiservices) = (
+                deployments.clone(),
+                hooks.clone(),
+                state.clone(),
+                apiservices.clone(),
+            );
             async move {
                 let d = deployments.get(OPERATOR_DEPLOYMENT).await.ok()?;
                 let ready = d.status?.ready_replicas.unwrap_or(0);

@@ -22,7 +22,9 @@ async fn the_control_plane_starts_with_rbac_enforced_and_its_own_kubectl_talks_t
     let versions = plane.versions().await.unwrap();
     let kube = sluice_e2e::control_plane::binaries::pinned("KUBERNETES_VERSION").unwrap();
     assert!(
-        versions.starts_with(&format!("kube-apiserver {kube}, kube-controller-manager {kube}, etcd 3.")),
+        versions.starts_with(&format!(
+            "kube-apiserver {kube}, kube-controller-manager {kube}, etcd 3."
+        )),
         "{versions}"
     );
 
@@ -89,10 +91,7 @@ async fn sluice_installed_with_helm_passes_every_scenario_on_a_real_control_plan
     // Every call the operator made was allowed by the chart's RBAC: a missing permission shows up as a
     // refusal in its log even when a scenario happens not to depend on the call.
     let logs = system.operator_logs().await;
-    let refused: Vec<&str> = logs
-        .lines()
-        .filter(|l| l.contains(RBAC_REFUSAL))
-        .collect();
+    let refused: Vec<&str> = logs.lines().filter(|l| l.contains(RBAC_REFUSAL)).collect();
     let pods: Api<k8s_openapi::api::core::v1::Pod> =
         Api::namespaced(system.env().client(), RELEASE_NAMESPACE);
     let operator_pods = pods.list(&ListParams::default()).await.unwrap().items.len();

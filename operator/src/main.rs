@@ -24,21 +24,18 @@ async fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Probe { url } => match sluice_operator::probe::probe_until(
-            &url,
-            sluice_operator::probe::PROBE_PATIENCE,
-        )
-        .await
-        {
-            Ok(status) => {
-                println!("{url}: {status}");
-                ExitCode::SUCCESS
+        Command::Probe { url } => {
+            match sluice_operator::probe::probe_until(&url, sluice_operator::probe::PROBE_PATIENCE).await {
+                Ok(status) => {
+                    println!("{url}: {status}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("probe: {e}");
+                    ExitCode::FAILURE
+                }
             }
-            Err(e) => {
-                eprintln!("probe: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        }
         Command::Run(args) => {
             telemetry::init(args.log_format);
             match run::run(*args).await {

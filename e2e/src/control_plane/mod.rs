@@ -101,7 +101,9 @@ impl ControlPlane {
     /// returns once the API server is ready and the controllers run.
     pub async fn start(options: ControlPlaneOptions) -> Result<Self> {
         let binaries = Binaries::find_or_build()?;
-        let dir = tempfile::Builder::new().prefix("sluice-control-plane-").tempdir()?;
+        let dir = tempfile::Builder::new()
+            .prefix("sluice-control-plane-")
+            .tempdir()?;
         let pki = ControlPlanePki::generate(&dir.path().join("pki"), KUBERNETES_SERVICE_IP)?;
         let mut components = vec![];
 
@@ -134,10 +136,14 @@ impl ControlPlane {
         plane.components.push(kcm);
         // The ServiceAccount controller made `default` in `default`: the controllers run.
         let accounts: Api<ServiceAccount> = Api::namespaced(plane.client.clone(), "default");
-        let ready = wait_for("kube-controller-manager running its controllers", START_DEADLINE, || {
-            let accounts = accounts.clone();
-            async move { accounts.get_opt("default").await.ok().flatten() }
-        })
+        let ready = wait_for(
+            "kube-controller-manager running its controllers",
+            START_DEADLINE,
+            || {
+                let accounts = accounts.clone();
+                async move { accounts.get_opt("default").await.ok().flatten() }
+            },
+        )
         .await;
         if let Err(e) = ready {
             return Err(plane.failed("kube-controller-manager", e));
@@ -237,7 +243,12 @@ impl ControlPlane {
             format!("--horizontal-pod-autoscaler-sync-period={sync}"),
             "--v=1".into(),
         ];
-        spawn("kube-controller-manager", &self.binaries.kube_controller_manager, &args, dir)
+        spawn(
+            "kube-controller-manager",
+            &self.binaries.kube_controller_manager,
+            &args,
+            dir,
+        )
     }
 }
 
@@ -249,7 +260,10 @@ impl Drop for ControlPlane {
         }
         if std::env::var_os(KEEP_ENV).is_some_and(|v| !v.is_empty()) {
             let dir = std::mem::replace(&mut self.dir, tempfile::TempDir::new().expect("a temp dir"));
-            eprintln!("{KEEP_ENV}: the control plane's files stay in {}", dir.keep().display());
+            eprintln!(
+                "{KEEP_ENV}: the control plane's files stay in {}",
+                dir.keep().display()
+            );
         }
     }
 }
@@ -384,8 +398,14 @@ async fn start_apiserver(
             "--authorization-mode=Node,RBAC".into(),
             "--enable-admission-plugins=NodeRestriction".into(),
             format!("--service-account-issuer={SERVICE_ACCOUNT_ISSUER}"),
-            format!("--service-account-key-file={}", p(&pki.service_account_public_key)),
-            format!("--service-account-signing-key-file={}", p(&pki.service_account_key)),
+            format!(
+                "--service-account-key-file={}",
+                p(&pki.service_account_public_key)
+            ),
+            format!(
+                "--service-account-signing-key-file={}",
+                p(&pki.service_account_key)
+            ),
             // Aggregation: the aggregator's client certificate and the headers it names callers in.
             format!("--requestheader-client-ca-file={}", p(&pki.front_proxy_ca.cert)),
             format!("--requestheader-allowed-names={}", pki::FRONT_PROXY_CLIENT),

@@ -86,7 +86,13 @@ fn authority(name: &str) -> Result<Authority> {
 }
 
 /// A leaf certificate signed by `ca`: `names` as SANs (IPs detected), `cn`/`org` as subject.
-fn leaf(ca: &Authority, names: &[&str], cn: &str, org: Option<&str>, usage: ExtendedKeyUsagePurpose) -> Result<(String, String)> {
+fn leaf(
+    ca: &Authority,
+    names: &[&str],
+    cn: &str,
+    org: Option<&str>,
+    usage: ExtendedKeyUsagePurpose,
+) -> Result<(String, String)> {
     let key = KeyPair::generate().map_err(tls_err)?;
     let mut params =
         CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).map_err(tls_err)?;
@@ -94,7 +100,10 @@ fn leaf(ca: &Authority, names: &[&str], cn: &str, org: Option<&str>, usage: Exte
     if let Some(org) = org {
         params.distinguished_name.push(DnType::OrganizationName, org);
     }
-    params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
     params.extended_key_usages = vec![usage];
     let cert = params.signed_by(&key, &ca.issuer).map_err(tls_err)?;
     Ok((cert.pem(), key.serialize_pem()))
@@ -119,8 +128,20 @@ impl ControlPlanePki {
         let front_proxy = authority("sluice-e2e-front-proxy-ca")?;
         let mut serving_names = SERVING_NAMES.to_vec();
         serving_names.push(service_ip);
-        let serving = leaf(&ca, &serving_names, "kube-apiserver", None, ExtendedKeyUsagePurpose::ServerAuth)?;
-        let admin = leaf(&ca, &[], ADMIN_USER, Some("system:masters"), ExtendedKeyUsagePurpose::ClientAuth)?;
+        let serving = leaf(
+            &ca,
+            &serving_names,
+            "kube-apiserver",
+            None,
+            ExtendedKeyUsagePurpose::ServerAuth,
+        )?;
+        let admin = leaf(
+            &ca,
+            &[],
+            ADMIN_USER,
+            Some("system:masters"),
+            ExtendedKeyUsagePurpose::ClientAuth,
+        )?;
         let kcm = leaf(
             &ca,
             &[],

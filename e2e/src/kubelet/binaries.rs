@@ -152,5 +152,4 @@ mod tests {
         assert_eq!(newest_mtime(&dir.path().join("src/lib.rs")), Some(old));
         assert_eq!(newest_mtime(&dir.path().join("missing")), None);
     }
-
 }

@@ -20,8 +20,8 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use serde_json::{Value, json};
 
@@ -68,7 +68,11 @@ impl RealCluster {
             "metadata": {"name": self.node, "labels": labels},
         });
         nodes
-            .patch(&self.node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&node))
+            .patch(
+                &self.node,
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(&node),
+            )
             .await?;
         let capacity = json!({"cpu": "8", "memory": "32Gi", "pods": "250"});
         let status = json!({"status": {
@@ -104,7 +108,11 @@ impl RealCluster {
             "spec": {"holderIdentity": self.node, "leaseDurationSeconds": 40, "renewTime": now()},
         });
         leases
-            .patch(&self.node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&lease))
+            .patch(
+                &self.node,
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(&lease),
+            )
             .await?;
         Ok(())
     }
@@ -155,12 +163,10 @@ impl RealCluster {
                 },
             },
         });
-        let request = http::Request::post(format!(
-            "/api/v1/namespaces/{ns}/serviceaccounts/{account}/token"
-        ))
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(serde_json::to_vec(&request).map_err(|e| Error::Decode(e.to_string()))?)
-        .map_err(|e| Error::Config(e.to_string()))?;
+        let request = http::Request::post(format!("/api/v1/namespaces/{ns}/serviceaccounts/{account}/token"))
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(serde_json::to_vec(&request).map_err(|e| Error::Decode(e.to_string()))?)
+            .map_err(|e| Error::Config(e.to_string()))?;
         let answer: Value = client.request(request).await?;
         let token = answer["status"]["token"]
             .as_str()

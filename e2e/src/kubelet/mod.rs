@@ -40,7 +40,6 @@
 //!
 //! Process output goes to `<pod dir>/<container>.log` ([`Kubelet::log_path`]).
 
-
 mod binaries;
 mod cluster;
 mod process;
@@ -59,8 +58,8 @@ use serde_json::json;
 
 pub use binaries::{operator_binary, sidecar_binary, workspace_binary};
 pub use cluster::{NODE_IP, RealCluster};
-pub use process::{localhost_ports, rewrite_mounts, rewrite_ports, service_references};
 use process::{http_ok, runnable, start_pod};
+pub use process::{localhost_ports, rewrite_mounts, rewrite_ports, service_references};
 
 /// The sidecar's admin port (`/healthz`, `/readyz`, `/metrics`), mapped even when undeclared.
 pub const SIDECAR_ADMIN_PORT: u16 = 15021;
@@ -373,11 +372,17 @@ impl Kubelet {
         if let Some(cluster) = &config.cluster {
             for (k, pod) in known {
                 let uid = pod.metadata.uid.clone().unwrap_or_default();
-                let ours = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(cluster.node.as_str());
-                if ours && pod.metadata.deletion_timestamp.is_some() && !self.lock().running.contains_key(k) {
-                    if self.lock().finalized.insert(uid.clone()) {
-                        RealCluster::finish_deletion(client, &k.0, &k.1, &uid).await;
-                    }
+                let ours =
+                    pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(cluster.node.as_str());
+                if !ours || pod.metadata.deletion_timestamp.is_none() {
+                    continue;
+                }
+                let first = {
+                    let mut pods = self.lock();
+                    !pods.running.contains_key(k) && pods.finalized.insert(uid.clone())
+                };
+                if first {
+                    RealCluster::finish_deletion(client, &k.0, &k.1, &uid).await;
                 }
             }
         }
@@ -407,7 +412,9 @@ impl Kubelet {
             match start_pod(client, config, pod).await {
                 Ok(Some(running)) => {
                     let pods: Api<Pod> = Api::namespaced(client.clone(), &k.0);
-                    let pod_ip = running.ip.map_or_else(|| "127.0.0.1".to_string(), |ip| ip.to_string());
+                    let pod_ip = running
+                        .ip
+                        .map_or_else(|| "127.0.0.1".to_string(), |ip| ip.to_string());
                     let host_ip = match &config.cluster {
                         Some(_) => NODE_IP.to_string(),
                         None => "127.0.0.1".to_string(),

@@ -29,7 +29,11 @@ pub(super) fn runnable<'a>(config: &'a KubeletConfig, pod: &'a Pod) -> Vec<(&'a 
         .collect()
 }
 
-pub(super) async fn start_pod(client: &kube::Client, config: &KubeletConfig, pod: &Pod) -> Result<Option<RunningPod>> {
+pub(super) async fn start_pod(
+    client: &kube::Client,
+    config: &KubeletConfig,
+    pod: &Pod,
+) -> Result<Option<RunningPod>> {
     let containers = runnable(config, pod);
     if containers.is_empty() {
         return Ok(None);
@@ -180,7 +184,10 @@ pub(super) async fn start_pod(client: &kube::Client, config: &KubeletConfig, pod
             let local = cluster.network.service_address(namespace, service, port).await?;
             services.insert(format!("{host}:{port}"), local);
         }
-        if let Some(kubeconfig) = cluster.service_account_kubeconfig(client, pod, dir.path()).await? {
+        if let Some(kubeconfig) = cluster
+            .service_account_kubeconfig(client, pod, dir.path())
+            .await?
+        {
             own_env.retain(|(k, _)| k != "KUBECONFIG");
             own_env.push(("KUBECONFIG".into(), kubeconfig.display().to_string()));
         }
@@ -205,8 +212,12 @@ pub(super) async fn start_pod(client: &kube::Client, config: &KubeletConfig, pod
             .flatten()
             .filter_map(|m| Some((m.mount_path.clone(), volume_dirs.get(&m.name)?.clone())))
             .collect();
-        let rewrite =
-            |s: &str| rewrite_mounts(&rewrite_services(&rewrite_ports(s, &running.ports), &services), &mounts);
+        let rewrite = |s: &str| {
+            rewrite_mounts(
+                &rewrite_services(&rewrite_ports(s, &running.ports), &services),
+                &mounts,
+            )
+        };
         let mut env: BTreeMap<String, String> = raw.into_iter().map(|(k, (v, _))| (k, rewrite(&v))).collect();
         if is_sidecar(c) {
             let admin = running.ports[&SIDECAR_ADMIN_PORT];

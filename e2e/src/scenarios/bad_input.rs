@@ -7,14 +7,14 @@
 
 use std::time::Duration;
 
+use crate::system::SluiceSystem;
+use crate::wait_for;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::ListParams;
 use sluice_crds::job_queue::JobQueue;
 use sluice_crds::rate_limit_policy::RateLimitPolicy;
-use crate::system::SluiceSystem;
-use crate::wait_for;
 
 const DEADLINE: Duration = Duration::from_secs(20);
 

@@ -12,13 +12,13 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::http;
+use crate::system::SluiceSystem;
+use crate::wait_for;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use serde_json::json;
-use crate::http;
-use crate::system::SluiceSystem;
-use crate::wait_for;
 use sluice_testsupport::PgServer;
 
 const JOBS: usize = 5_000;

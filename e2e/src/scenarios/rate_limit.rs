@@ -9,12 +9,12 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::ListParams;
-use sluice_crds::rate_limit_policy::RateLimitPolicy;
 use crate::http::{self, Response};
 use crate::system::SluiceSystem;
 use crate::{TestNamespace, wait_for};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
+use sluice_crds::rate_limit_policy::RateLimitPolicy;
 use sluice_testsupport::RedisServer;
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -160,7 +160,7 @@ pub async fn run(system: &SluiceSystem) {
         .unwrap();
 
     // Injected by the webhook, run by the kubelet stand-in.
-    let (pod, port, admin) = ready_pod(&system, &ns).await;
+    let (pod, port, admin) = ready_pod(system, &ns).await;
     let spec = pod.spec.clone().unwrap();
     let sidecar = spec
         .init_containers
