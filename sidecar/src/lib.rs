@@ -12,7 +12,7 @@
 //!
 //! Layout (roughly bottom up): [`clock`] (re-exported from `sluice-crds`) and [`error`]; [`config`]
 //! (loading, env overrides, hot reload); [`limiter`] (rules, keys, algorithms, Redis store, circuit
-//! breaker, local fallback); [`queue`] (worker engine, HTTP dispatch, queue HTTP API, client library, the
+//! breaker, local fallback); [`redis`] (connecting, TLS, why a connection fails); [`queue`] (worker engine, HTTP dispatch, queue HTTP API, client library, the
 //! roles' wiring); [`proxy`] (HTTP forwarding, the admin endpoints, the proxy role). `main.rs` parses the
 //! command line and calls one role.
 
@@ -21,6 +21,7 @@ pub mod error;
 pub mod limiter;
 pub mod proxy;
 pub mod queue;
+pub mod redis;
 
 pub use error::{Error, Result};
 pub use sluice_crds::clock;

@@ -492,7 +492,14 @@ mod limiter {
 
     /// A store on `redis` for running scripts directly, once Redis answers.
     async fn script_store(redis: &RedisServer) -> RedisStore {
-        let store = RedisStore::connect(&redis.url(), 1, Duration::from_secs(2)).unwrap();
+        let store = RedisStore::connect(
+            &redis.url(),
+            None,
+            1,
+            Duration::from_secs(2),
+            &sluice_sidecar::limiter::metrics::Metrics::unregistered(),
+        )
+        .unwrap();
         wait_for_async("redis to answer", Duration::from_secs(10), || async {
             store.ping(Duration::from_millis(200)).await.then_some(())
         })

@@ -18,6 +18,8 @@ pub const LISTEN: &str = "SLUICE_LISTEN";
 pub const UPSTREAM: &str = "SLUICE_UPSTREAM";
 /// `limits.redis.url`.
 pub const REDIS_URL: &str = "SLUICE_REDIS_URL";
+/// `limits.redis.caFile`: CA certificates (PEM) trusted for a TLS Redis besides the system's.
+pub const REDIS_CA_FILE: &str = "SLUICE_REDIS_CA_FILE";
 /// `limits.adminListen`: `/healthz`, `/readyz` and `/metrics`.
 pub const ADMIN_LISTEN: &str = "SLUICE_ADMIN_LISTEN";
 

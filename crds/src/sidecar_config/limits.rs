@@ -118,14 +118,20 @@ pub enum UpstreamProtocol {
 
 /// Redis connection. The URL normally comes from `SLUICE_REDIS_URL` (a Secret), not from the file.
 ///
-/// URL schemes pick the topology: `redis://` or `rediss://` (single node), `redis-sentinel://` (Sentinel),
-/// `redis-cluster://` (Cluster).
+/// URL schemes pick the topology: `redis://` (single node), `redis-sentinel://` (Sentinel),
+/// `redis-cluster://` (Cluster); the same with `rediss` (`rediss://`, `rediss-sentinel://`,
+/// `rediss-cluster://`) speak TLS, verifying the server against the system's CA certificates and
+/// `caFile`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RedisConfig {
     /// Redis URL; `SLUICE_REDIS_URL` overrides it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
+    /// A PEM file of CA certificates trusted for a TLS Redis (`rediss` URLs), besides the system's
+    /// (for a Redis whose certificate a private CA signed); `SLUICE_REDIS_CA_FILE` overrides it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
     /// Deadline of each Redis call.
     #[serde(default = "default_redis_timeout")]
     pub timeout: Duration,
@@ -149,6 +155,7 @@ impl Default for RedisConfig {
     fn default() -> Self {
         Self {
             url: None,
+            ca_file: None,
             timeout: REDIS_TIMEOUT_DEFAULT,
             breaker_failures: default_breaker_failures(),
             breaker_cooldown: default_breaker_cooldown(),

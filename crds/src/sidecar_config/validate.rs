@@ -26,8 +26,15 @@ pub const REDIS_TIMEOUT_MAX: Duration = Duration::from_secs(5);
 pub const KNOWN_METHODS: [&str; 9] = [
     "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE",
 ];
-/// URL schemes of the Redis topologies the limiter speaks.
-pub const REDIS_SCHEMES: [&str; 4] = ["redis", "rediss", "redis-sentinel", "redis-cluster"];
+/// URL schemes of the Redis topologies the limiter speaks; those starting `rediss` speak TLS.
+pub const REDIS_SCHEMES: [&str; 6] = [
+    "redis",
+    "rediss",
+    "redis-sentinel",
+    "rediss-sentinel",
+    "redis-cluster",
+    "rediss-cluster",
+];
 
 /// One field at fault.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -192,6 +199,17 @@ fn check_limits(l: &LimitsConfig, errs: &mut ConfigErrors) {
         && let Err(msg) = check_redis_url(url)
     {
         errs.push("limits.redis.url", msg);
+    }
+    if let Some(ca) = &l.redis.ca_file {
+        if !ca.starts_with('/') {
+            errs.push("limits.redis.caFile", format!("{ca:?} must be an absolute path"));
+        } else if l.redis.url.as_deref().is_some_and(|u| !redis_url_uses_tls(u)) {
+            errs.push(
+                "limits.redis.caFile",
+                "is only read for a TLS Redis: the URL must start with rediss (rediss://, \
+                 rediss-sentinel://, rediss-cluster://)",
+            );
+        }
     }
     if l.redis.timeout.as_millis() == 0 || l.redis.timeout > REDIS_TIMEOUT_MAX {
         errs.push(
@@ -431,6 +449,12 @@ fn check_redis_url(url: &str) -> Result<(), String> {
         return Err("names no host".into());
     }
     Ok(())
+}
+
+/// Whether a Redis URL asks for TLS (its scheme starts with `rediss`).
+pub fn redis_url_uses_tls(url: &str) -> bool {
+    url.split_once("://")
+        .is_some_and(|(scheme, _)| scheme.starts_with("rediss"))
 }
 
 /// RFC 1123 label: what a rule name must be (it is part of Redis keys and metric labels).

@@ -76,6 +76,9 @@ pub fn apply(config: &mut SidecarConfig, env: &dyn Env) -> Result<EnvSettings, C
     if let Some(v) = env.var(REDIS_URL) {
         config.limits.redis.url = Some(v.trim().to_owned());
     }
+    if let Some(v) = env.var(REDIS_CA_FILE) {
+        config.limits.redis.ca_file = Some(v.trim().to_owned());
+    }
     let enabled = match env.var(RATE_LIMIT_ENABLED).as_deref().map(str::trim) {
         None => true,
         Some("true" | "1" | "yes" | "on") => true,

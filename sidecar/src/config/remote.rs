@@ -32,6 +32,8 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct Remote {
     /// Redis URL (the limiter's).
     pub redis_url: String,
+    /// CA certificates trusted for a TLS Redis besides the system's (the limiter's `caFile`).
+    pub ca_file: Option<String>,
     /// The policy whose keys are watched (from the config the sidecar started with).
     pub policy: PolicyRef,
     /// Name reported in the `enforced` hash.
@@ -49,7 +51,7 @@ pub async fn run(
     mut applied: tokio::sync::watch::Receiver<i64>,
     shutdown: CancellationToken,
 ) -> crate::Result<()> {
-    let config = Config::from_url(&remote.redis_url).map_err(|e| crate::Error::Redis(e.to_string()))?;
+    let config = crate::redis::config(&remote.redis_url, remote.ca_file.as_deref())?;
     let mut builder = Builder::from_config(config);
     builder
         .with_connection_config(|c| c.connection_timeout = COMMAND_TIMEOUT)

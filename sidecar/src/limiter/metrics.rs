@@ -6,6 +6,7 @@
 //! | `sluice_limiter_redis_latency_seconds` | | every Redis call, answered or not |
 //! | `sluice_limiter_redis_batch_size` | | requests decided by one Redis call (more than 1 when requests for one key arrived while a call for it was in flight) |
 //! | `sluice_limiter_redis_errors_total` | `kind` (`timeout`/`error`/`reply`) | calls that did not decide |
+//! | `sluice_limiter_redis_connection_errors_total` | `cause` (`tls`/`auth`/`refused`/`dns`/`timeout`/`protocol`/`error`) | failed connection attempts and connections lost, by why |
 //! | `sluice_limiter_breaker_open` | | 1 while the circuit breaker keeps calls away from Redis |
 //! | `sluice_limiter_fallback_decisions_total` | `mode` (`open`/`closed`/`local`), `outcome` | decisions made without Redis while Redis was configured |
 //! | `sluice_limiter_local_buckets` | | in-process buckets held |
@@ -61,6 +62,11 @@ struct ErrorLabels {
     kind: RedisErrorKind,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CauseLabels {
+    cause: crate::redis::Cause,
+}
+
 /// Which failure mode made a decision.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)] // variant names are the metric label values, snake_case as Prometheus has them
@@ -107,6 +113,7 @@ pub struct Metrics {
     /// Requests decided per Redis call.
     pub redis_batch_size: Histogram,
     redis_errors: Family<ErrorLabels, Counter>,
+    redis_connection_errors: Family<CauseLabels, Counter>,
     /// 1 while the breaker is open.
     pub breaker_open: Gauge,
     fallback: Family<FallbackLabels, Counter>,
@@ -151,6 +158,11 @@ impl Metrics {
             m.redis_errors.clone(),
         );
         r.register(
+            "redis_connection_errors",
+            "Failed connection attempts to Redis and connections lost, by cause",
+            m.redis_connection_errors.clone(),
+        );
+        r.register(
             "breaker_open",
             "1 while the circuit breaker keeps rate-limit calls away from Redis",
             m.breaker_open.clone(),
@@ -185,6 +197,7 @@ impl Metrics {
             redis_latency: Histogram::new(exponential_buckets(0.000_1, 2.0, 14)),
             redis_batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 9)),
             redis_errors: Family::default(),
+            redis_connection_errors: Family::default(),
             breaker_open: Gauge::default(),
             fallback: Family::default(),
             local_buckets: Gauge::default(),
@@ -212,6 +225,20 @@ impl Metrics {
     /// Counts a Redis call that did not decide.
     pub fn redis_error(&self, kind: RedisErrorKind) {
         self.redis_errors.get_or_create(&ErrorLabels { kind }).inc();
+    }
+
+    /// Counts a failed connection to Redis.
+    pub fn redis_connection_error(&self, cause: crate::redis::Cause) {
+        self.redis_connection_errors
+            .get_or_create(&CauseLabels { cause })
+            .inc();
+    }
+
+    /// Connection errors counted so far for `cause`.
+    pub fn redis_connection_errors(&self, cause: crate::redis::Cause) -> u64 {
+        self.redis_connection_errors
+            .get_or_create(&CauseLabels { cause })
+            .get()
     }
 
     /// Counts a decision made by a failure mode.

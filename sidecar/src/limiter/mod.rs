@@ -238,7 +238,15 @@ impl Limiter {
     ) -> crate::Result<Self> {
         let settings = Settings::compile(config, policy, &metrics)?;
         let redis = redis_url
-            .map(|url| RedisStore::connect(url, config.redis.pool_size, settings.timeout))
+            .map(|url| {
+                RedisStore::connect(
+                    url,
+                    config.redis.ca_file.as_deref(),
+                    config.redis.pool_size,
+                    settings.timeout,
+                    &metrics,
+                )
+            })
             .transpose()?;
         let shared = Arc::new(Shared {
             settings: ArcSwap::from_pointee(settings),
@@ -274,6 +282,11 @@ impl Limiter {
     /// Whether Redis is configured and its circuit breaker is closed (calls go to Redis).
     pub fn redis_healthy(&self) -> bool {
         self.shared.redis.is_some() && !self.shared.breaker.is_open()
+    }
+
+    /// Why Redis cannot be reached, when a connection or the last probe failed.
+    pub fn redis_problem(&self) -> Option<crate::redis::Problem> {
+        self.shared.redis.as_ref().and_then(RedisStore::problem)
     }
 
     /// Whether a Redis URL was given (otherwise the limiter is purely in process).

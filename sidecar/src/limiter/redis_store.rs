@@ -1,16 +1,28 @@
 //! Redis through `fred`: a pool of auto-pipelining connections (single node, Sentinel or Cluster, chosen by
-//! the URL scheme), scripts run by SHA with `EVAL` when a server answers `NOSCRIPT` (after a restart or
-//! failover; `EVAL` also caches the script on that node), and a deadline on every call.
+//! the URL scheme; TLS for `rediss` URLs, see [`crate::redis`]), scripts run by SHA with `EVAL` when a
+//! server answers `NOSCRIPT` (after a restart or failover; `EVAL` also caches the script on that node),
+//! and a deadline on every call. Why connections fail is kept ([`Reachability`]), counted by cause and
+//! logged when the cause changes.
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use fred::{
-    prelude::{Builder, ClientLike, Config, LuaInterface, Pool, ReconnectPolicy},
+    interfaces::EventInterface,
+    prelude::{Builder, ClientLike, LuaInterface, Pool, ReconnectPolicy},
     types::config::PerformanceConfig,
 };
 
-use super::algorithm::{Call, Script};
-use crate::{Error, Result};
+use super::{
+    algorithm::{Call, Script},
+    metrics::Metrics,
+};
+use crate::{
+    Error, Result,
+    redis::{Problem, Reachability},
+};
 
 /// How long fred waits between reconnect attempts (ms).
 const RECONNECT_DELAY_MS: u32 = 100;
@@ -33,6 +45,7 @@ pub enum CallError {
 #[derive(Clone)]
 pub struct RedisStore {
     pool: Pool,
+    reach: Arc<Reachability>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -45,10 +58,17 @@ impl std::fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
-    /// Builds the pool and starts connecting in the background; fails only on an unusable URL.
-    pub fn connect(url: &str, pool_size: usize, timeout: Duration) -> Result<Self> {
-        let mut config =
-            Config::from_url(url).map_err(|e| Error::Config(format!("limits.redis.url: {}", e.details())))?;
+    /// Builds the pool and starts connecting in the background (trusting `ca_file`'s CA certificates for
+    /// a TLS Redis besides the system's); fails only on an unusable URL or CA file. Connection errors are
+    /// counted in `metrics` by cause.
+    pub fn connect(
+        url: &str,
+        ca_file: Option<&str>,
+        pool_size: usize,
+        timeout: Duration,
+        metrics: &Metrics,
+    ) -> Result<Self> {
+        let mut config = crate::redis::config(url, ca_file)?;
         // Keep retrying the first connection like any later one: Redis may come up after the sidecar.
         config.fail_fast = false;
         let mut builder = Builder::from_config(config);
@@ -66,9 +86,29 @@ impl RedisStore {
         let pool = builder
             .build_pool(pool_size.max(1))
             .map_err(|e| Error::Config(format!("limits.redis: {}", e.details())))?;
+        let reach = Arc::new(Reachability::default());
+        for client in pool.clients() {
+            let (reach, metrics) = (Arc::clone(&reach), metrics.clone());
+            // The listener tasks end with the client's event channels.
+            drop(client.on_error(move |(e, _server)| {
+                metrics.redis_connection_error(crate::redis::Cause::of(&e));
+                if reach.failed(&e) {
+                    tracing::warn!(
+                        problem = %reach.problem().map(|p| p.to_string()).unwrap_or_default(),
+                        "cannot reach Redis; the failure mode decides meanwhile"
+                    );
+                }
+                async { Ok(()) }
+            }));
+        }
         // The connection tasks run for the life of the pool; their handle is not needed.
         drop(pool.connect());
-        Ok(Self { pool })
+        Ok(Self { pool, reach })
+    }
+
+    /// Why Redis cannot be reached, while a connection attempt or the last probe failed.
+    pub fn problem(&self) -> Option<Problem> {
+        self.reach.problem()
     }
 
     /// Applies a new call deadline to fred's own command timeout.
@@ -111,11 +151,29 @@ impl RedisStore {
         (result, start.elapsed())
     }
 
-    /// Whether Redis answers PING within `timeout`.
+    /// Whether Redis answers PING within `timeout`. An answer clears the recorded problem (logged); an
+    /// error other than a timeout (`NOAUTH`, a refused ACL) is recorded as one.
     pub async fn ping(&self, timeout: Duration) -> bool {
-        matches!(
-            tokio::time::timeout(timeout, self.pool.next_connected().ping::<String>(None)).await,
-            Ok(Ok(_))
-        )
+        match tokio::time::timeout(timeout, self.pool.next_connected().ping::<String>(None)).await {
+            Ok(Ok(_)) => {
+                if self.reach.connected() {
+                    tracing::info!("Redis can be reached again");
+                }
+                true
+            }
+            // A PING waits for a connection and times out while there is none: the connection's own
+            // error says why, and is not overwritten.
+            Ok(Err(e)) if crate::redis::Cause::of(&e) == crate::redis::Cause::timeout => false,
+            Ok(Err(e)) => {
+                if self.reach.failed(&e) {
+                    tracing::warn!(
+                        problem = %self.reach.problem().map(|p| p.to_string()).unwrap_or_default(),
+                        "Redis does not answer PING"
+                    );
+                }
+                false
+            }
+            Err(_) => false,
+        }
     }
 }

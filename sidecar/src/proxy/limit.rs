@@ -18,6 +18,10 @@ pub trait RateLimit: Send + Sync + 'static {
     fn reconfigure(&self, config: &LimitsConfig, policy: Option<&PolicyRef>) -> crate::Result<()>;
     /// Whether Redis answers (reported on `/readyz`); true when no Redis is configured.
     fn redis_healthy(&self) -> bool;
+    /// Why Redis cannot be reached, if a connection failed (reported on `/readyz`).
+    fn redis_problem(&self) -> Option<crate::redis::Problem> {
+        None
+    }
 }
 
 impl RateLimit for Limiter {
@@ -31,6 +35,10 @@ impl RateLimit for Limiter {
 
     fn redis_healthy(&self) -> bool {
         !self.uses_redis() || Limiter::redis_healthy(self)
+    }
+
+    fn redis_problem(&self) -> Option<crate::redis::Problem> {
+        Limiter::redis_problem(self)
     }
 }
 

@@ -64,6 +64,7 @@ pub struct ProxyArgs {
 /// Validates a config file as `--check-config` does; returns a one-line summary when it is valid.
 pub fn check_config(path: &std::path::Path, env: &dyn Env) -> Result<String, ConfigErrors> {
     let e = load::from_file(path, env)?;
+    crate::redis::check(&e.config.limits.redis)?;
     Ok(format!(
         "{}: valid ({} rules{}, generation {})",
         path.display(),
@@ -118,6 +119,7 @@ pub fn spawn_config_sources(
     if let (Some(policy), Some(url)) = (&cfg.policy, &cfg.limits.redis.url) {
         let remote = remote::Remote {
             redis_url: url.clone(),
+            ca_file: cfg.limits.redis.ca_file.clone(),
             policy: policy.clone(),
             pod: crate::config::env::pod_name(&*env),
             env,
@@ -152,6 +154,7 @@ pub async fn run(args: &ProxyArgs, env: Arc<dyn Env>, shutdown: CancellationToke
     };
     // Pods that enqueue through the sidecar get the queue HTTP API beside the proxy; without
     // `queue.api.listen` (or SLUICE_API_LISTEN) it is off.
+    crate::redis::check(&effective.config.limits.redis)?;
     let mut queue = effective.config.queue.clone().unwrap_or_default();
     crate::config::env::apply_queue(&mut queue, &*env)?;
     let limits = &effective.config.limits;
