@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what Sluice's tests need when it is missing, or stops naming what is missing.
 # The tests start their own redis-server and PostgreSQL processes (never the machine's own servers), drive
-# the real kubectl, and run under cargo-nextest. As root, missing Debian packages are installed with
+# the real kubectl, and run under cargo-nextest. The images are built and run with Podman (runc as its
+# runtime); their SBOMs are written by cargo-cyclonedx. As root, missing Debian packages are installed with
 # apt-get; otherwise this script says which package to install and exits non-zero.
 set -euo pipefail
 
@@ -15,6 +16,9 @@ need psql postgresql-client
 need kubectl kubectl
 need setpriv util-linux
 need pgrep procps
+need podman podman
+need runc runc
+need buildah buildah
 
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -35,6 +39,13 @@ fi
 if ! cargo nextest --version >/dev/null 2>&1; then
   echo "deps: installing cargo-nextest from crates.io (takes a few minutes)"
   cargo install --locked cargo-nextest
+fi
+
+# One SBOM per image (make images); pinned so the SBOMs' format does not drift.
+CYCLONEDX_VERSION=0.5.9
+if [ "$(cargo cyclonedx --version 2>/dev/null | awk '{print $2}')" != "$CYCLONEDX_VERSION" ]; then
+  echo "deps: installing cargo-cyclonedx $CYCLONEDX_VERSION from crates.io"
+  cargo install --locked --quiet cargo-cyclonedx --version "$CYCLONEDX_VERSION"
 fi
 
 # The chart is checked with the real Helm SDK and the Kubernetes schemas (charts/test_chart.py).

@@ -28,6 +28,9 @@ pub enum Error {
     /// The harness was configured wrongly.
     #[error("config: {0}")]
     Config(String),
+    /// A container could not be run with Podman.
+    #[error("container: {0}")]
+    Container(String),
 }
 
 /// The crate's result type.

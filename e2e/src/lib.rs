@@ -15,7 +15,8 @@
 //! - [`harness`]: what e2e tests call.
 //! - [`control_plane`]: a real etcd, kube-apiserver and kube-controller-manager built from Go modules;
 //!   [`pod_network`]: how that API server reaches the processes standing in for Pods.
-//! - [`kubelet`], [`deployments`], [`hpa`], [`services`]: stand-ins for the cluster's controllers.
+//! - [`kubelet`], [`deployments`], [`hpa`], [`services`]: stand-ins for the cluster's controllers;
+//!   [`podman`]: containers from Sluice's images, for the kubelet stand-in.
 //! - [`chart`], [`system`]: the real chart rendered and Sluice installed with it, stand-ins included.
 //! - [`scenarios`]: the whole-system scenarios, run on either control plane.
 //! - [`sandbox`]: `make sandbox`; [`http`]: a minimal client for scenarios and the sandbox.
@@ -39,6 +40,7 @@ pub mod kubelet;
 pub mod merge;
 pub mod openapi;
 pub mod pod_network;
+pub mod podman;
 pub mod registry;
 pub mod sandbox;
 pub mod scale;
