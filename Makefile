@@ -19,8 +19,11 @@ sandbox:
 	$(CARGO) run -q -p sluice-e2e --bin sluice-sandbox -- $(SANDBOX_ARGS)
 
 ## Run every test: installs/builds what the tests need, then formatting, lints and all test suites,
-## the whole system on a real Kubernetes control plane included, and the container images built and run.
-test: deps e2e-tools lint unit e2e-real chart image-test
+## the whole system on a real Kubernetes control plane included, and the container images built and run
+## (built before the test suites: the rate-limit scenario runs them with Podman).
+test: export SLUICE_E2E_OPERATOR_IMAGE = $(OPERATOR_IMAGE)
+test: export SLUICE_E2E_SIDECAR_IMAGE = $(SIDECAR_IMAGE)
+test: deps e2e-tools lint images unit e2e-real chart image-test
 
 deps:
 	./.ci/deps.sh

@@ -152,6 +152,22 @@ pub struct SystemOptions {
     pub hpa_period: Duration,
     /// Cap on the grace period between SIGTERM and SIGKILL of pod processes.
     pub max_grace: Duration,
+    /// `(operator image, sidecar image)`: on the in-memory control plane, the chart is installed with
+    /// these images and the kubelet stand-in runs them with Podman; `None`: binaries as processes.
+    pub images: Option<(String, String)>,
+}
+
+/// The operator image the e2e runs with Podman (`make test` sets it to what `make images` built).
+pub const OPERATOR_IMAGE_ENV: &str = "SLUICE_E2E_OPERATOR_IMAGE";
+/// The sidecar image the e2e runs with Podman.
+pub const SIDECAR_IMAGE_ENV: &str = "SLUICE_E2E_SIDECAR_IMAGE";
+
+/// `repository:tag` split at the tag's colon (a registry port's colon stays in the repository).
+fn split_image(image: &str) -> (&str, &str) {
+    match image.rsplit_once(':') {
+        Some((repo, tag)) if !tag.contains('/') => (repo, tag),
+        _ => (image, "latest"),
+    }
 }
 
 impl SystemOptions {
@@ -164,7 +180,25 @@ impl SystemOptions {
             demo_app: demo_app.to_path_buf(),
             hpa_period: Duration::from_secs(1),
             max_grace: Duration::from_secs(10),
+            images: None,
         }
+    }
+
+    /// Runs Sluice's images with Podman when `SLUICE_E2E_OPERATOR_IMAGE` and `SLUICE_E2E_SIDECAR_IMAGE`
+    /// name them (as `make test` does), saying on stderr which way it runs.
+    pub fn images_from_env(mut self, test: &str) -> Self {
+        let var = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
+        match (var(OPERATOR_IMAGE_ENV), var(SIDECAR_IMAGE_ENV)) {
+            (Some(operator), Some(sidecar)) => {
+                eprintln!("{test}: running the images {operator} and {sidecar} with Podman");
+                self.images = Some((operator, sidecar));
+            }
+            _ => eprintln!(
+                "{test}: running the binaries as processes ({OPERATOR_IMAGE_ENV} and {SIDECAR_IMAGE_ENV} \
+                 name images to run with Podman; `make images` builds them)"
+            ),
+        }
+        self
     }
 
     /// The same on a real control plane (the HPA controller syncing every `hpa_period`).
@@ -189,6 +223,8 @@ pub struct SluiceSystem {
     helm_home: Option<tempfile::TempDir>,
     /// The values installed (changed by [`SluiceSystem::grant_secret_access`]).
     values: std::sync::Mutex<Value>,
+    /// Whether Sluice's images run with Podman ([`SystemOptions::images`]).
+    images: bool,
 }
 
 impl SluiceSystem {
@@ -204,7 +240,7 @@ impl SluiceSystem {
 
     /// The in-memory server and its stand-ins; the chart rendered with the Helm SDK and applied with
     /// kubectl.
-    async fn install_in_memory(options: SystemOptions) -> Result<Self> {
+    async fn install_in_memory(mut options: SystemOptions) -> Result<Self> {
         let sidecar = sidecar_binary()?;
         let operator = operator_binary()?;
         let env = Env::in_memory(Options::default()).await?;
@@ -225,12 +261,33 @@ impl SluiceSystem {
             }
         };
 
-        let config = KubeletConfig {
+        let mut config = KubeletConfig {
             max_grace: options.max_grace,
             ..KubeletConfig::new(&sidecar, &options.demo_app)
         }
         .image(OPERATOR_IMAGE_PATTERN, &[operator.display().to_string()])
         .env("KUBECONFIG", &env.kubeconfig_path().display().to_string());
+        if let Some((operator_image, sidecar_image)) = &options.images {
+            let podman = crate::podman::Podman::new();
+            podman.remove_orphans().await?;
+            for image in [operator_image, sidecar_image] {
+                if !podman.image_exists(image).await? {
+                    return Err(Error::Config(format!(
+                        "image {image} not found: build it with `make images`"
+                    )));
+                }
+            }
+            // The chart names the images, as a user's values would; the operator injects the sidecar's.
+            let (repo, tag) = split_image(operator_image);
+            options.values["image"] = json!({"repository": repo, "tag": tag, "pullPolicy": "Never"});
+            let (repo, tag) = split_image(sidecar_image);
+            options.values["sidecar"]["image"] =
+                json!({"repository": repo, "tag": tag, "pullPolicy": "Never"});
+            config = config
+                .podman(OPERATOR_IMAGE_PATTERN)
+                .podman(crate::kubelet::SIDECAR_IMAGE_PATTERN)
+                .podman_mount(env.kubeconfig_path());
+        }
         let (kubelet, kubelet_task) = Kubelet::start(env.client(), config, stopped(&stop));
         let mut tasks = vec![kubelet_task];
         tasks.push(tokio::spawn(
@@ -260,6 +317,7 @@ impl SluiceSystem {
             manifests,
             helm_home: None,
             values: std::sync::Mutex::new(options.values.clone()),
+            images: options.images.is_some(),
         };
         system
             .kubectl_ok(
@@ -313,6 +371,8 @@ impl SluiceSystem {
             manifests: String::new(),
             helm_home: Some(helm_home),
             values: std::sync::Mutex::new(options.values.clone()),
+            // Podman runs the images on the in-memory control plane only; here the binaries run.
+            images: false,
         };
         let values = system.helm_home.as_ref().expect("set").path().join("values.json");
         std::fs::write(&values, options.values.to_string())?;
@@ -534,6 +594,12 @@ impl SluiceSystem {
     /// The environment (client, kubeconfig, the in-memory server).
     pub fn env(&self) -> &Env {
         &self.env
+    }
+
+    /// Whether Sluice's images run with Podman (the operator and the sidecars as UID 65532 from
+    /// `make images`), rather than the binaries as processes.
+    pub fn runs_images(&self) -> bool {
+        self.images
     }
 
     /// The kubelet stand-in: local ports of pods, logs, crash simulation.

@@ -9,9 +9,10 @@ async fn a_policy_applied_with_kubectl_limits_injected_pods_follows_changes_and_
     if sluice_e2e::system::skip_on_real_cluster("scenario_rate_limit") {
         return;
     }
-    let system = SluiceSystem::install(SystemOptions::new(env!("CARGO_BIN_EXE_sluice-demo-app").as_ref()))
-        .await
-        .unwrap();
+    // `make test` names the images it built: the operator and sidecar then run from them with Podman.
+    let options = SystemOptions::new(env!("CARGO_BIN_EXE_sluice-demo-app").as_ref())
+        .images_from_env("scenario_rate_limit");
+    let system = SluiceSystem::install(options).await.unwrap();
     sluice_e2e::scenarios::rate_limit::run(&system).await;
     system.shutdown().await;
 }

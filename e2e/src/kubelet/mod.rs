@@ -39,6 +39,15 @@
 //!   with [`Kubelet::kill`]; a killed container is not restarted and the Pod turns not ready.
 //!
 //! Process output goes to `<pod dir>/<container>.log` ([`Kubelet::log_path`]).
+//!
+//! **With Podman** ([`KubeletConfig::podman`]): containers whose image matches a Podman pattern run from
+//! their own image (`make images`) with [`crate::podman`] instead of as processes: the container's
+//! `command`/`args` as entrypoint/CMD, env as above, its `securityContext` with the Pod's (user, groups,
+//! `runAsNonRoot`, read-only root, capabilities, no privilege escalation), and its ConfigMap/Secret
+//! volumes bind-mounted at their `mountPath` (read-only as written) instead of rewritten paths, on the
+//! host network so ports are mapped as for processes. The Pod's dir is mounted read-only at its own path
+//! (a service-account kubeconfig written there), and [`KubeletConfig::podman_mount`] adds host files at
+//! the same path (the in-memory server's kubeconfig in `KUBECONFIG`).
 
 mod binaries;
 mod cluster;
@@ -85,6 +94,10 @@ pub struct KubeletConfig {
     pub env: Vec<(String, String)>,
     /// On a real API server: the Node, pod network and service-account tokens ([`RealCluster`]).
     pub cluster: Option<RealCluster>,
+    /// Image substrings whose containers run from their image with Podman; checked before `images`.
+    pub podman: Vec<String>,
+    /// Host files mounted read-only at the same path into every Podman container.
+    pub podman_mounts: Vec<PathBuf>,
 }
 
 impl KubeletConfig {
@@ -102,7 +115,21 @@ impl KubeletConfig {
             max_grace: Duration::from_secs(30),
             env: vec![],
             cluster: None,
+            podman: vec![],
+            podman_mounts: vec![],
         }
+    }
+
+    /// Runs containers whose image contains `pattern` from that image with Podman.
+    pub fn podman(mut self, pattern: &str) -> Self {
+        self.podman.push(pattern.into());
+        self
+    }
+
+    /// Mounts a host file read-only at the same path into every Podman container.
+    pub fn podman_mount(mut self, path: &Path) -> Self {
+        self.podman_mounts.push(path.to_path_buf());
+        self
     }
 
     /// Joins a real cluster (see [`RealCluster`]).
@@ -129,7 +156,11 @@ impl KubeletConfig {
         self
     }
 
+    /// The local command for a container's image; empty for an image run with Podman.
     fn command_for(&self, image: &str) -> Option<&[String]> {
+        if self.podman.iter().any(|pattern| image.contains(pattern.as_str())) {
+            return Some(&[]);
+        }
         self.images
             .iter()
             .find(|(pattern, _)| image.contains(pattern.as_str()))
@@ -154,9 +185,80 @@ struct PodCheck {
 
 struct Process {
     container: String,
-    child: tokio::process::Child,
+    child: Runner,
     /// `(local port, path)` of the readiness probe.
     probe: Option<(u16, String)>,
+}
+
+/// A container run as a local process or with Podman.
+enum Runner {
+    Local(tokio::process::Child),
+    Podman(crate::podman::Container),
+}
+
+impl Runner {
+    fn id(&self) -> Option<u32> {
+        match self {
+            Runner::Local(child) => child.id(),
+            Runner::Podman(c) => Some(c.pid()),
+        }
+    }
+
+    fn start_kill(&mut self) -> bool {
+        match self {
+            Runner::Local(child) => child.start_kill().is_ok(),
+            Runner::Podman(c) => c.start_kill(),
+        }
+    }
+
+    /// `None` while running; once ended, the exit code (`None` for a signal).
+    fn exit(&mut self) -> Option<Option<i32>> {
+        match self {
+            Runner::Local(child) => match child.try_wait() {
+                Ok(Some(status)) => Some(status.code()),
+                Ok(None) => None,
+                Err(_) => Some(None),
+            },
+            Runner::Podman(c) => match c.try_exit_code() {
+                Ok(code) => code.map(Some),
+                Err(_) => Some(None),
+            },
+        }
+    }
+
+    async fn term(&self) {
+        match self {
+            Runner::Local(child) => {
+                if let Some(pid) = child.id() {
+                    // No `unsafe` libc call: the `kill` utility sends the signal.
+                    let _ = std::process::Command::new("kill")
+                        .args(["-TERM", &pid.to_string()])
+                        .stderr(Stdio::null())
+                        .status();
+                }
+            }
+            Runner::Podman(c) => {
+                let _ = c.signal("TERM").await;
+            }
+        }
+    }
+
+    async fn wait(&mut self) {
+        match self {
+            Runner::Local(child) => drop(child.wait().await),
+            Runner::Podman(c) => drop(c.wait().await),
+        }
+    }
+
+    async fn kill(&mut self) {
+        match self {
+            Runner::Local(child) => drop(child.kill().await),
+            Runner::Podman(c) => {
+                let _ = c.signal("KILL").await;
+                let _ = c.wait().await;
+            }
+        }
+    }
 }
 
 struct RunningPod {
@@ -260,7 +362,7 @@ impl Kubelet {
             .processes
             .iter_mut()
             .find(|p| p.container == container)
-            .is_some_and(|p| p.child.start_kill().is_ok())
+            .is_some_and(|p| p.child.start_kill())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Pods> {
@@ -444,15 +546,7 @@ impl Kubelet {
                 .map(|(k, r)| PodCheck {
                     key: k.clone(),
                     probes: r.processes.iter().map(|p| p.probe.clone()).collect(),
-                    exits: r
-                        .processes
-                        .iter_mut()
-                        .map(|p| match p.child.try_wait() {
-                            Ok(Some(status)) => Some(status.code()),
-                            Ok(None) => None,
-                            Err(_) => Some(None),
-                        })
-                        .collect(),
+                    exits: r.processes.iter_mut().map(|p| p.child.exit()).collect(),
                     restarts: r.restarts,
                     reported_ready: r.reported_ready,
                     finished: r.finished,
@@ -518,19 +612,13 @@ impl Kubelet {
 /// SIGTERM to every process of the Pod, then SIGKILL to those still running after the grace period.
 async fn terminate(mut running: RunningPod) {
     for p in &running.processes {
-        if let Some(pid) = p.child.id() {
-            // No `unsafe` libc call: the `kill` utility sends the signal.
-            let _ = std::process::Command::new("kill")
-                .args(["-TERM", &pid.to_string()])
-                .stderr(Stdio::null())
-                .status();
-        }
+        p.child.term().await;
     }
     let deadline = Instant::now() + running.grace;
     for p in &mut running.processes {
         let left = deadline.saturating_duration_since(Instant::now());
         if tokio::time::timeout(left, p.child.wait()).await.is_err() {
-            let _ = p.child.kill().await;
+            p.child.kill().await;
         }
     }
 }

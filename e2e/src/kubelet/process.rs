@@ -2,7 +2,7 @@
 //! env, volumes and ports (see the module docs of [`crate::kubelet`]).
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
 use kube::api::Api;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{KubeletConfig, Process, RunningPod, SIDECAR_ADMIN_PORT, SIDECAR_IMAGE_PATTERN, key};
+use super::{KubeletConfig, Process, Runner, RunningPod, SIDECAR_ADMIN_PORT, SIDECAR_IMAGE_PATTERN, key};
 use crate::error::{Error, Result};
 
 /// The containers the stand-in runs: native sidecars first, then containers, those with a local command.
@@ -212,11 +212,11 @@ pub(super) async fn start_pod(
             .flatten()
             .filter_map(|m| Some((m.mount_path.clone(), volume_dirs.get(&m.name)?.clone())))
             .collect();
+        // Podman mounts the volumes at their mount paths: there, paths are left as written.
+        let podman = command.is_empty();
         let rewrite = |s: &str| {
-            rewrite_mounts(
-                &rewrite_services(&rewrite_ports(s, &running.ports), &services),
-                &mounts,
-            )
+            let s = rewrite_services(&rewrite_ports(s, &running.ports), &services);
+            if podman { s } else { rewrite_mounts(&s, &mounts) }
         };
         let mut env: BTreeMap<String, String> = raw.into_iter().map(|(k, (v, _))| (k, rewrite(&v))).collect();
         if is_sidecar(c) {
@@ -234,20 +234,28 @@ pub(super) async fn start_pod(
         let port_map: Vec<String> = running.ports.iter().map(|(p, l)| format!("{p}={l}")).collect();
         env.insert("SLUICE_E2E_PORTS".into(), port_map.join(","));
         env.extend(own_env.iter().cloned());
-        let log = std::fs::File::create(running.dir.path().join(format!("{}.log", c.name)))?;
-        let mut cmd = tokio::process::Command::new(&command[0]);
-        cmd.args(&command[1..])
-            .args(c.args.iter().flatten().map(|a| rewrite(a)))
-            .envs(&env)
-            .env("HOSTNAME", &name)
-            .current_dir(running.dir.path())
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .kill_on_drop(true);
-        let child = cmd
-            .spawn()
-            .map_err(|e| Error::Config(format!("{}: cannot start {}: {e}", c.name, command[0])))?;
+        let log_path = running.dir.path().join(format!("{}.log", c.name));
+        let args: Vec<String> = c.args.iter().flatten().map(|a| rewrite(a)).collect();
+        let child = if podman {
+            let (dir, log) = (running.dir.path().to_path_buf(), log_path);
+            Runner::Podman(start_container(config, pod, c, args, env, &volume_dirs, &dir, log).await?)
+        } else {
+            let log = std::fs::File::create(log_path)?;
+            let mut cmd = tokio::process::Command::new(&command[0]);
+            cmd.args(&command[1..])
+                .args(args)
+                .envs(&env)
+                .env("HOSTNAME", &name)
+                .current_dir(running.dir.path())
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .kill_on_drop(true);
+            Runner::Local(
+                cmd.spawn()
+                    .map_err(|e| Error::Config(format!("{}: cannot start {}: {e}", c.name, command[0])))?,
+            )
+        };
         let probe = c
             .readiness_probe
             .as_ref()
@@ -278,6 +286,52 @@ pub(super) async fn start_pod(
         running.ip = Some(cluster.network.attach(running.ports.clone()));
     }
     Ok(Some(running))
+}
+
+/// Starts a container of the Pod from its image with Podman (see the module docs).
+#[allow(clippy::too_many_arguments)] // the pieces `start_pod` prepared for this container
+async fn start_container(
+    config: &KubeletConfig,
+    pod: &Pod,
+    c: &Container,
+    args: Vec<String>,
+    env: BTreeMap<String, String>,
+    volume_dirs: &HashMap<String, PathBuf>,
+    pod_dir: &Path,
+    log: PathBuf,
+) -> Result<crate::podman::Container> {
+    use crate::podman::{ContainerSpec, Mount, Podman, Security};
+    let (ns, name) = key(pod);
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    let image = c.image.as_deref().unwrap_or_default();
+    let mut spec = ContainerSpec::new(image, &format!("k8s_{}_{name}_{ns}_{uid}", c.name));
+    spec.entrypoint = c.command.clone();
+    spec.args = args;
+    spec.env = env.into_iter().collect();
+    spec.hostname = Some(name);
+    spec.log = Some(log);
+    spec.security = Security::from_kubernetes(
+        pod.spec.as_ref().and_then(|s| s.security_context.as_ref()),
+        c.security_context.as_ref(),
+    );
+    for m in c.volume_mounts.iter().flatten() {
+        if let Some(dir) = volume_dirs.get(&m.name) {
+            spec.mounts.push(Mount {
+                host: dir.clone(),
+                container: m.mount_path.clone(),
+                read_only: m.read_only.unwrap_or(false),
+            });
+        }
+    }
+    let same_path = |path: &Path| Mount {
+        host: path.to_path_buf(),
+        container: path.display().to_string(),
+        read_only: true,
+    };
+    spec.mounts.push(same_path(pod_dir));
+    spec.mounts
+        .extend(config.podman_mounts.iter().map(|p| same_path(p)));
+    Podman::new().run(&spec).await
 }
 
 fn is_sidecar(c: &Container) -> bool {

@@ -13,7 +13,7 @@ use crate::http::{self, Response};
 use crate::system::SluiceSystem;
 use crate::{TestNamespace, wait_for};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::ListParams;
+use kube::api::{Api, ListParams};
 use sluice_crds::rate_limit_policy::RateLimitPolicy;
 use sluice_testsupport::RedisServer;
 
@@ -143,6 +143,22 @@ async fn enforced(ns: &TestNamespace, generation: i64) -> RateLimitPolicy {
     .unwrap()
 }
 
+/// The process runs as UID/GID 65532 with no capabilities and `no_new_privs`.
+fn assert_confined(pid: u32) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
+            .unwrap_or_default()
+    };
+    assert_eq!(field("Uid"), "65532 65532 65532 65532", "{status}");
+    assert_eq!(field("Gid"), "65532 65532 65532 65532", "{status}");
+    assert_eq!(field("CapEff"), "0000000000000000", "{status}");
+    assert_eq!(field("NoNewPrivs"), "1", "{status}");
+}
+
 /// Runs the scenario on an installed system (either control plane); panics naming what failed.
 pub async fn run(system: &SluiceSystem) {
     let mut redis = RedisServer::start();
@@ -169,6 +185,24 @@ pub async fn run(system: &SluiceSystem) {
         .find(|c| c.name == "sluice-sidecar")
         .expect("the webhook injected a native sidecar");
     assert!(sidecar.image.as_deref().unwrap().contains("sluice-sidecar"));
+    if system.runs_images() {
+        // From the images with Podman: the sidecar and the operator run as the securityContext's UID
+        // 65532 without capabilities (as processes they would run as the test's own user).
+        let kubelet = system.kubelet();
+        assert_confined(
+            kubelet
+                .pid(n, pod.metadata.name.as_deref().unwrap(), "sluice-sidecar")
+                .unwrap(),
+        );
+        let operators: Api<Pod> = Api::namespaced(system.env().client(), crate::system::RELEASE_NAMESPACE);
+        let operator = operators.list(&ListParams::default()).await.unwrap().items;
+        let operator = operator[0].metadata.name.as_deref().unwrap();
+        assert_confined(
+            kubelet
+                .pid(crate::system::RELEASE_NAMESPACE, operator, "operator")
+                .unwrap(),
+        );
+    }
     redis_reached(admin).await;
     let status = enforced(&ns, 1).await.status.unwrap();
     assert_eq!(status.enforcing.as_deref(), Some("1/1"), "{status:?}");
