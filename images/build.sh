@@ -46,8 +46,12 @@ build() { # build TARGET IMAGE
 }
 build operator "$OPERATOR_IMAGE"
 build sidecar "$SIDECAR_IMAGE"
-# The untagged image of the stage holding both binaries, left by this and earlier builds.
-podman image prune --force --filter label=dev.sluice.stage=prebuilt-binaries >/dev/null
+# Untagged images earlier builds of other binaries left (the stage holding both binaries, the steps of
+# each image), found by the labels the Dockerfile sets; other images in the storage are left alone.
+for label in dev.sluice.stage=prebuilt-binaries org.opencontainers.image.title=sluice-operator \
+  org.opencontainers.image.title=sluice-sidecar; do
+  podman image prune --force --filter "label=$label" >/dev/null
+done
 images_done=$(date +%s)
 
 # SBOMs: cargo-cyclonedx describes each binary's crates (it writes `<bin>_bin.cdx.json` beside every
