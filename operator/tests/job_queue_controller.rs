@@ -675,6 +675,68 @@ async fn workers_go_to_zero_only_after_the_cooldown_and_only_when_nothing_runs()
 }
 
 #[tokio::test]
+async fn between_one_and_n_the_replicas_are_the_hpas_and_never_reapplied_by_the_operator() {
+    let f = fixture(OPERATOR_NS).await;
+    f.apply(&job_queue_yaml(SCALING)).await;
+    f.wait_condition("Ready", "True", None).await;
+    let store = f.store().await;
+    for n in 0..10 {
+        store
+            .enqueue("emails", &NewJob::new("send", json!({"n": n})))
+            .await
+            .unwrap();
+    }
+    f.wait_replicas(1, DEADLINE).await;
+
+    // The HPA scales to 3 through /scale, as kube-controller-manager does.
+    let deployments = f.ns.api::<Deployment>();
+    deployments
+        .patch_scale(
+            "emails-worker",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 3}})),
+        )
+        .await
+        .unwrap();
+    // A reconcile (a poll a second) sees the 3 and reports them.
+    wait_for("the status to report 3 workers", DEADLINE, || async {
+        (f.job_queue().await.status?.current_replicas == Some(3)).then_some(())
+    })
+    .await
+    .unwrap();
+
+    // The Deployment's own apply no longer carries spec.replicas: a reconcile racing the HPA cannot put
+    // back a count it read before the HPA's write. The operator's own count has a manager of its own.
+    let d = deployments.get("emails-worker").await.unwrap();
+    assert_eq!(d.spec.as_ref().unwrap().replicas, Some(3));
+    assert!(
+        !job_queue::owns_replicas(&d, sluice_operator::FIELD_MANAGER),
+        "{:?}",
+        d.metadata.managed_fields
+    );
+
+    // Its own decisions still land: past the cooldown with nothing left, back to zero.
+    let claimed = store
+        .claim_batch("emails", "emails-worker-x-0000000c", 10, Duration::from_secs(600))
+        .await
+        .unwrap();
+    let done: Vec<_> = claimed
+        .iter()
+        .map(|c| sluice_queue::store::Finished {
+            id: c.id,
+            attempt: c.attempt,
+            finish: sluice_queue::store::Finish::Succeeded,
+        })
+        .collect();
+    store
+        .finish_batch("emails-worker-x-0000000c", &done)
+        .await
+        .unwrap();
+    f.clock.advance(Duration::from_secs(120));
+    f.wait_replicas(0, DEADLINE).await;
+}
+
+#[tokio::test]
 async fn before_scaling_in_idle_workers_are_marked_cheaper_to_delete() {
     // KEDA owns the metrics API, so the operator applies the HPA formula itself and scale-in is its own.
     let f = fixture("keda").await;

@@ -258,6 +258,9 @@ struct Seen {
     replicas: i32,
     /// Whether the worker Deployment exists.
     deployed: bool,
+    /// Whether the Deployment's own apply ([`FIELD_MANAGER`]) still owns `spec.replicas` (written so
+    /// by earlier versions; see [`apply_workers`]).
+    replicas_in_main_apply: bool,
     /// Unix ms when the queue was last busy.
     last_active_ms: i64,
 }
@@ -304,6 +307,7 @@ async fn observe(jq: &JobQueue, ctx: &Context<State>, url: &str, now_ms: i64) ->
         depth,
         replicas,
         deployed: existing.is_some(),
+        replicas_in_main_apply: existing.as_ref().is_some_and(|d| owns_replicas(d, FIELD_MANAGER)),
         last_active_ms: now_ms,
     };
     if !seen.busy()
@@ -361,6 +365,22 @@ fn policy(jq: &JobQueue, autoscaler: Autoscaler) -> Policy {
     }
 }
 
+/// The field manager of the worker Deployment's `spec.replicas` (see [`apply_workers`]).
+pub const REPLICAS_FIELD_MANAGER: &str = "sluice-operator-replicas";
+
+/// Whether `manager`'s apply owns the Deployment's `spec.replicas` (per `metadata.managedFields`).
+pub fn owns_replicas(deployment: &Deployment, manager: &str) -> bool {
+    deployment.metadata.managed_fields.iter().flatten().any(|entry| {
+        entry.manager.as_deref() == Some(manager)
+            && entry.operation.as_deref() == Some("Apply")
+            && entry.subresource.is_none()
+            && entry
+                .fields_v1
+                .as_ref()
+                .is_some_and(|f| f.0["f:spec"].get("f:replicas").is_some())
+    })
+}
+
 /// Applies the worker ConfigMap and Deployment with the replicas the decision asks for (marking idle
 /// workers cheaper to delete first when replicas go down); returns those replicas.
 async fn apply_workers(
@@ -371,10 +391,13 @@ async fn apply_workers(
     decision: &Decision,
 ) -> Result<i32> {
     let ns = jq.namespace().unwrap_or_default();
-    // spec.replicas is always applied: the operator's decision, or else the value read just now (the
-    // HPA's or KEDA's). Leaving it out would drop this manager's ownership and let the API server reset
-    // it to the default of 1 (seen with KEDA at zero). An autoscaler write landing between the read and
-    // the apply is undone once and redone on its next sync.
+    // spec.replicas has a field manager of its own (REPLICAS_FIELD_MANAGER), applied only with the
+    // operator's own decisions (and when the Deployment is created), never with a value read earlier: an
+    // HPA's or KEDA's write landing between that read and the apply would be undone, and on a real
+    // cluster, with NOTIFY wake-ups and short polling intervals, that raced the HPA often enough to
+    // scale workers down under it again and again. The Deployment's own apply leaves the field out once
+    // the Deployment exists; the replicas manager keeps owning the last count the operator set, so
+    // leaving it out never resets it to the default of 1 (seen with KEDA at zero).
     let replicas = decision.scale_to.unwrap_or(seen.replicas);
     // Before replicas go down (by the HPA or by us), make idle workers the cheapest to delete.
     if decision.desired < seen.replicas
@@ -388,10 +411,37 @@ async fn apply_workers(
     Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
         .patch(&config_map.name_any(), &pp, &Patch::Apply(&config_map))
         .await?;
-    let deployment = render_worker_deployment(jq, &ctx.state.settings.sidecar, Some(replicas))?;
-    Api::<Deployment>::namespaced(ctx.client.clone(), &ns)
+    let deployments = Api::<Deployment>::namespaced(ctx.client.clone(), &ns);
+    let apply_replicas = || async {
+        let replicas_only = json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": worker_name(jq)},
+            "spec": {"replicas": replicas},
+        });
+        deployments
+            .patch(
+                &worker_name(jq),
+                &PatchParams::apply(REPLICAS_FIELD_MANAGER).force(),
+                &Patch::Apply(&replicas_only),
+            )
+            .await
+    };
+    // Before the Deployment's apply drops the field (also when taking it over from an earlier version's
+    // apply), so that it is never left without an owner.
+    if seen.deployed && (decision.scale_to.is_some() || seen.replicas_in_main_apply) {
+        apply_replicas().await?;
+    }
+    let deployment = render_worker_deployment(
+        jq,
+        &ctx.state.settings.sidecar,
+        (!seen.deployed).then_some(replicas),
+    )?;
+    deployments
         .patch(&worker_name(jq), &pp, &Patch::Apply(&deployment))
         .await?;
+    if !seen.deployed {
+        apply_replicas().await?;
+    }
     if decision.scale_to.is_some() && seen.deployed {
         ctx.state.settings.metrics.scaled(decision.reason.as_str());
     }
