@@ -295,6 +295,17 @@ pub async fn run(system: &SluiceSystem) {
     assert_eq!(history.first(), Some(&0), "{history:?}");
     assert_eq!(history.get(1), Some(&1), "woken 0 → 1 first: {history:?}");
     assert!(history.iter().any(|r| *r >= 2), "scaled 1 → N: {history:?}");
+    // The queue only drains, so once scaling in began nothing scales out again: nobody fights the HPA
+    // (on a real control plane the operator once re-applied counts it had read before the HPA's write).
+    let peak = history
+        .iter()
+        .enumerate()
+        .max_by_key(|(i, r)| (**r, std::cmp::Reverse(*i)))
+        .map_or(0, |(i, _)| i);
+    assert!(
+        history[peak..].windows(2).all(|w| w[1] <= w[0]),
+        "scaled out again after scaling in: {history:?}"
+    );
     eprintln!(
         "worker replicas over time: {history:?}; jobs rescued from the killed worker: {}",
         rescued.len()
