@@ -75,6 +75,14 @@ pub struct LimitsConfig {
     /// How long client connections may keep the proxy waiting.
     #[serde(default)]
     pub client_timeouts: ClientTimeouts,
+    /// How request paths are read, by the rules and the app alike.
+    #[serde(default)]
+    pub paths: PathsConfig,
+    /// Protocols a client may switch to (`Upgrade`), lower case. Other upgrade requests are forwarded as
+    /// plain requests, without their `Upgrade` field. `h2c` is never allowed: after the switch, requests
+    /// would go to the app through a tunnel the limiter never sees.
+    #[serde(default = "default_upgrades")]
+    pub upgrades: Vec<String>,
     /// The rules. Empty: the seed tiers (see [`default_rules`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rules: Vec<Rule>,
@@ -98,6 +106,8 @@ impl Default for LimitsConfig {
             rejection_log: RejectionLogConfig::default(),
             shutdown_grace: default_shutdown_grace(),
             client_timeouts: ClientTimeouts::default(),
+            paths: PathsConfig::default(),
+            upgrades: default_upgrades(),
             rules: Vec::new(),
         }
     }
@@ -188,8 +198,9 @@ pub struct ClientIpConfig {
     pub trusted_proxies: Vec<IpNet>,
 }
 
-/// How long a client connection may keep the proxy waiting for its next request; it is closed after.
-/// No timeout applies while the app works on a request (long polls and streams are the app's business).
+/// How long a client connection may keep the proxy waiting — for its next request, for the rest of a
+/// request, to take the response — before it is closed. No timeout applies while the app works on a
+/// request (long polls and streams are the app's business).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClientTimeouts {
@@ -201,6 +212,14 @@ pub struct ClientTimeouts {
     /// A request head must arrive whole within this long of its first byte (slow-header attacks).
     #[serde(default = "default_request_head")]
     pub request_head: Duration,
+    /// A client sending a request body may pause at most this long between two reads (nginx's
+    /// `client_body_timeout`): a body trickled in holds an app connection, and often an app worker.
+    #[serde(default = "default_client_io")]
+    pub body: Duration,
+    /// A client taking a response may leave it unread at most this long between two writes (nginx's
+    /// `send_timeout`).
+    #[serde(default = "default_client_io")]
+    pub send: Duration,
 }
 
 impl Default for ClientTimeouts {
@@ -208,8 +227,53 @@ impl Default for ClientTimeouts {
         Self {
             idle: default_client_idle(),
             request_head: default_request_head(),
+            body: default_client_io(),
+            send: default_client_io(),
         }
     }
+}
+
+/// How request paths are read before rules match them. The app receives the path as the rules read it,
+/// so the limiter and the app never read one request two ways (Envoy's `normalize_path`,
+/// `merge_slashes` and `path_with_escaped_slashes_action` are the model). Paths that cannot be read one
+/// way — a malformed or NUL escape, a backslash, a fragment, and by default an encoded slash — are
+/// answered 400.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PathsConfig {
+    /// Decode percent-encoded unreserved characters (`%61` → `a`) and resolve `.` and `..` segments
+    /// (RFC 3986 §6.2.2 and §5.2.4).
+    #[serde(default = "yes")]
+    pub normalize: bool,
+    /// Merge repeated slashes (`/a//b` → `/a/b`).
+    #[serde(default = "yes")]
+    pub merge_slashes: bool,
+    /// What an encoded slash or backslash (`%2F`, `%5C`) gets: `reject` (400) or `keep` (left encoded,
+    /// read as data within a segment, never as a separator; for apps that route on the raw path and
+    /// use them, such as npm's scoped packages).
+    #[serde(default)]
+    pub escaped_slashes: EscapedSlashes,
+}
+
+impl Default for PathsConfig {
+    fn default() -> Self {
+        Self {
+            normalize: true,
+            merge_slashes: true,
+            escaped_slashes: EscapedSlashes::default(),
+        }
+    }
+}
+
+/// What a request path's encoded slash or backslash gets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum EscapedSlashes {
+    /// 400 Bad Request: some apps decode them into separators, others do not.
+    #[default]
+    Reject,
+    /// Left encoded and forwarded so.
+    Keep,
 }
 
 /// Which rate-limit headers responses of limited routes carry.
@@ -554,6 +618,12 @@ fn default_client_idle() -> Duration {
 }
 fn default_request_head() -> Duration {
     Duration::from_secs(60)
+}
+fn default_client_io() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_upgrades() -> Vec<String> {
+    vec!["websocket".into()]
 }
 fn default_rejection_log_per_second() -> u32 {
     10

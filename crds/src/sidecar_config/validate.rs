@@ -262,11 +262,31 @@ fn check_limits(l: &LimitsConfig, errs: &mut ConfigErrors) {
             "limits.clientTimeouts.requestHead",
             l.client_timeouts.request_head,
         ),
+        ("limits.clientTimeouts.body", l.client_timeouts.body),
+        ("limits.clientTimeouts.send", l.client_timeouts.send),
     ] {
         if d.get().is_zero() || d > CLIENT_TIMEOUT_MAX {
             errs.push(
                 field,
                 format!("must be longer than 0s and at most {CLIENT_TIMEOUT_MAX}, got {d}"),
+            );
+        }
+    }
+    for (i, protocol) in l.upgrades.iter().enumerate() {
+        let at = format!("limits.upgrades[{i}]");
+        if protocol.is_empty()
+            || !protocol
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~/".contains(&b))
+        {
+            errs.push(at, format!("{protocol:?} is not a protocol name (an HTTP token)"));
+        } else if protocol.bytes().any(|b| b.is_ascii_uppercase()) {
+            errs.push(at, format!("{protocol:?} must be lower case"));
+        } else if protocol.starts_with("h2c") {
+            errs.push(
+                at,
+                "h2c cannot be allowed: after the switch, requests reach the app through a tunnel the \
+                 limiter never sees (clients may speak h2c to the proxy directly instead)",
             );
         }
     }

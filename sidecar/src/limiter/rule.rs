@@ -56,7 +56,11 @@ impl Matcher {
             path_regex,
             exclude_path_prefixes: m.exclude_path_prefixes.clone(),
             methods,
-            host: m.host.as_ref().map(|h| h.to_ascii_lowercase()),
+            // As the proxy hands hosts over: lower case, without a trailing dot.
+            host: m
+                .host
+                .as_ref()
+                .map(|h| h.strip_suffix('.').unwrap_or(h).to_ascii_lowercase()),
             header_present,
         })
     }

@@ -3,7 +3,7 @@
 //! `limits.maxRequestBody` is a 413; then, unless limiting is off or the client is allow-listed, every
 //! applying rule must allow it, and a rejection is a 429 with its (sampled) log line.
 
-use std::{borrow::Cow, net::IpAddr};
+use std::net::IpAddr;
 
 use bytes::Bytes;
 use http::{Method, Response, StatusCode};
@@ -19,7 +19,7 @@ use crate::limiter::{HeaderLookup, RequestFacts, Verdict, client_ip};
 pub struct Arrival<'a> {
     /// Request method.
     pub method: &'a Method,
-    /// Request path, without the query.
+    /// Request path, without the query, as rules read it (normalized, see [`super::target`]).
     pub path: &'a str,
     /// The `Host` field (or, for HTTP/2, the URI authority) as sent, port and all.
     pub host: Option<&'a str>,
@@ -52,7 +52,7 @@ pub async fn admit(state: &ProxyState, snap: &Snapshot, peer: IpAddr, req: &Arri
     if limits.allow_list.iter().any(|n| n.contains(&ip)) {
         return Admission::Forward(Verdict::default());
     }
-    let host = req.host.map(host_only);
+    let host = req.host.map(super::target::host_for_rules);
     let facts = RequestFacts {
         method: req.method,
         path: req.path,
@@ -79,30 +79,4 @@ pub async fn admit(state: &ProxyState, snap: &Snapshot, peer: IpAddr, req: &Arri
         state.metrics.rejections_unlogged.inc();
     }
     Admission::Refuse(too_many_requests(&verdict, &limits.headers))
-}
-
-/// A host as rules match it: without port, lower case. Borrowed when it is lower case already (nearly
-/// always).
-pub fn host_only(raw: &str) -> Cow<'_, str> {
-    let host = match raw.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or(v6),
-        None => raw.split(':').next().unwrap_or(raw),
-    };
-    if host.bytes().any(|b| b.is_ascii_uppercase()) {
-        Cow::Owned(host.to_ascii_lowercase())
-    } else {
-        Cow::Borrowed(host)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_host_is_read_without_port_in_lower_case() {
-        assert_eq!(host_only("API.Example.com:8080"), "api.example.com");
-        assert_eq!(host_only("[::1]:80"), "::1");
-        assert!(matches!(host_only("example.com"), Cow::Borrowed("example.com")));
-    }
 }

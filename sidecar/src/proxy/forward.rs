@@ -1,6 +1,8 @@
 //! One request through hyper, the path for what the HTTP/1.1 fast path ([`super::h1`]) hands over
-//! (h2c, HTTP/1.0, upgrades, `Expect`, an h2c app): admission ([`super::admit`]), then forwarding to the
-//! app with hop-by-hop fields removed and `X-Forwarded-For`/`-Proto` set, the response streamed back with
+//! (h2c, HTTP/1.0, upgrades, odd framing, an h2c app): the request read one way ([`super::target`]: its
+//! host and method checked, its path normalized), admission ([`super::admit`]), then forwarding to the
+//! app with hop-by-hop fields removed, forwarding claims dropped and `X-Forwarded-For`/`-Proto` set
+//! ([`super::forwarded`]), the body guarded ([`super::client_body`]), the response streamed back with
 //! the quota headers added.
 
 use std::{
@@ -12,7 +14,7 @@ use std::{
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version, header, uri::PathAndQuery};
-use http_body_util::{Either, Full, Limited};
+use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use sluice_crds::sidecar_config::UpstreamProtocol;
 
@@ -20,13 +22,14 @@ use super::{
     ProxyBody,
     admit::{Admission, Arrival, admit},
     app_connection::AppConnection,
+    client_body::{Answered, ClientBody, ClientBodyError},
     forwarded::set_forwarded,
     headers::insert_quota,
     hop_by_hop::{EndToEnd, strip_hop_by_hop},
     metrics::Outcome,
     reject::plain,
     state::{ProxyState, Snapshot},
-    upgrade,
+    target, upgrade,
 };
 
 /// Handles one request from `peer`, whose plain HTTP/1.1 requests go over `app`. Never fails: every
@@ -40,9 +43,20 @@ pub async fn handle(
     let snap = state.snapshot();
     let limits = &snap.effective.config.limits;
 
+    if let Err(why) = read_one_way(&mut req, limits) {
+        tracing::debug!(why, "refusing a request");
+        state.metrics.request(Outcome::BadRequest);
+        return Ok(own(plain(StatusCode::BAD_REQUEST, "Bad Request")));
+    }
+    let mut rule_path = String::new();
+    let path = if target::without_params(req.uri().path(), &mut rule_path) {
+        rule_path.as_str()
+    } else {
+        req.uri().path()
+    };
     let arrival = Arrival {
         method: req.method(),
-        path: req.uri().path(),
+        path,
         host: req
             .headers()
             .get(header::HOST)
@@ -56,13 +70,21 @@ pub async fn handle(
         Admission::Refuse(resp) => return Ok(own(resp)),
     };
 
-    let upgrade = upgrade::requested(&req).then(|| hyper::upgrade::on(&mut req));
+    let upgrade = upgrade::requested(&req, &limits.upgrades).then(|| hyper::upgrade::on(&mut req));
     let peer_trusted = limits
         .client_ip
         .trusted_proxies
         .iter()
         .any(|n| n.contains(&peer.ip()));
-    let out = match rewrite_request(req, &snap, peer.ip(), peer_trusted, upgrade.is_some()) {
+    let answered = Answered::default();
+    let out = match rewrite_request(
+        req,
+        &snap,
+        peer.ip(),
+        peer_trusted,
+        upgrade.is_some(),
+        answered.clone(),
+    ) {
         Ok(out) => out,
         Err(resp) => return Ok(resp),
     };
@@ -79,6 +101,8 @@ pub async fn handle(
         };
         client.request(out).await.map_err(Into::into)
     };
+    // Whatever of the body the app has not taken by now is not sent (see `client_body`).
+    answered.set();
     state
         .metrics
         .upstream_latency
@@ -108,6 +132,49 @@ pub async fn handle(
     Ok(resp.map(Either::Left))
 }
 
+/// Checks what the request names (see [`target`]) and rewrites its path to the normalized one. HTTP/1.1
+/// needs exactly one `Host`; HTTP/1.0 and HTTP/2 at most one, and an HTTP/2 `Host` must name the
+/// `:authority`.
+fn read_one_way(
+    req: &mut Request<Incoming>,
+    limits: &sluice_crds::sidecar_config::LimitsConfig,
+) -> Result<(), target::Refusal> {
+    target::check_method(req.method())?;
+    let mut hosts = req.headers().get_all(header::HOST).iter();
+    let host = hosts.next();
+    if hosts.next().is_some() {
+        return Err("more than one Host");
+    }
+    match (host, req.version()) {
+        (None, Version::HTTP_11) => return Err("no Host"),
+        (Some(host), version) => {
+            target::check_host(host.as_bytes())?;
+            if version == Version::HTTP_2
+                && let Some(authority) = req.uri().authority()
+                && !authority
+                    .as_str()
+                    .as_bytes()
+                    .eq_ignore_ascii_case(host.as_bytes())
+            {
+                return Err("a Host that differs from :authority");
+            }
+        }
+        (None, _) => {}
+    }
+    let mut normalized = String::new();
+    if target::normalize_path(req.uri().path(), &limits.paths, &mut normalized)? {
+        if let Some(query) = req.uri().query() {
+            normalized.push('?');
+            normalized.push_str(query);
+        }
+        let mut parts = req.uri().clone().into_parts();
+        parts.path_and_query =
+            Some(PathAndQuery::try_from(normalized).map_err(|_| "a path that cannot be rewritten")?);
+        *req.uri_mut() = Uri::from_parts(parts).map_err(|_| "a path that cannot be rewritten")?;
+    }
+    Ok(())
+}
+
 /// A response the proxy made itself, as this path's body type.
 fn own(resp: Response<Bytes>) -> Response<ProxyBody> {
     resp.map(|b| Either::Right(Full::new(b)))
@@ -115,8 +182,9 @@ fn own(resp: Response<Bytes>) -> Response<ProxyBody> {
 
 /// Turns the client's request into the app's: the chosen HTTP version, the URI in the form its connection
 /// needs (origin form over the app connection, absolute at the upstream for the pooled clients),
-/// hop-by-hop fields removed (the upgrade pair re-added for a WebSocket), forwarding fields set, and the
-/// body capped at `maxRequestBody` (a chunked body that grows past it fails the request with 413).
+/// hop-by-hop fields removed (the upgrade pair re-added for an allowed upgrade), `Expect` removed (hyper
+/// answered it), forwarding fields set, and the body guarded (see [`ClientBody`]: a chunked body that
+/// grows past `maxRequestBody` fails the request with 413).
 #[allow(clippy::result_large_err)] // the error is the response to send; boxing it would allocate on every refusal
 fn rewrite_request(
     req: Request<Incoming>,
@@ -124,6 +192,7 @@ fn rewrite_request(
     peer: IpAddr,
     peer_trusted: bool,
     upgrading: bool,
+    answered: Answered,
 ) -> Result<Request<super::RequestBody>, Response<ProxyBody>> {
     let limits = &snap.effective.config.limits;
     let (mut parts, body) = req.into_parts();
@@ -148,6 +217,8 @@ fn rewrite_request(
         .flat_map(|v| v.split(','))
         .any(|t| t.trim().eq_ignore_ascii_case("trailers"));
     strip_hop_by_hop(&mut parts.headers);
+    // hyper sent the client its `100 Continue` when the body was first read.
+    parts.headers.remove(header::EXPECT);
     if let Some(v) = upgrade_value {
         parts
             .headers
@@ -193,8 +264,13 @@ fn rewrite_request(
                 .insert(header::TE, HeaderValue::from_static("trailers"));
         }
     }
-    let max = usize::try_from(limits.max_request_body).unwrap_or(usize::MAX);
-    Ok(Request::from_parts(parts, Limited::new(body, max)))
+    let body = ClientBody::new(
+        body,
+        limits.max_request_body,
+        limits.client_timeouts.body.get(),
+        answered,
+    );
+    Ok(Request::from_parts(parts, body))
 }
 
 fn content_length(headers: &HeaderMap) -> Option<u64> {
@@ -210,12 +286,25 @@ fn over_app_connection(version: Version, upgrading: bool) -> bool {
     version == Version::HTTP_11 && !upgrading
 }
 
+/// The response for a failed exchange: the client's fault (its body too large, malformed or stalled) is
+/// said so; anything else is a 502.
 fn upstream_failed(state: &ProxyState, e: &(dyn std::error::Error + 'static)) -> Response<ProxyBody> {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = source {
-        if err.is::<http_body_util::LengthLimitError>() {
-            state.metrics.request(Outcome::TooLarge);
-            return own(plain(StatusCode::PAYLOAD_TOO_LARGE, "Payload Too Large"));
+        match err.downcast_ref::<ClientBodyError>() {
+            Some(ClientBodyError::TooLarge) => {
+                state.metrics.request(Outcome::TooLarge);
+                return own(plain(StatusCode::PAYLOAD_TOO_LARGE, "Payload Too Large"));
+            }
+            Some(ClientBodyError::Malformed(_)) => {
+                state.metrics.request(Outcome::BadRequest);
+                return own(plain(StatusCode::BAD_REQUEST, "Bad Request"));
+            }
+            Some(ClientBodyError::TimedOut(_)) => {
+                state.metrics.request(Outcome::BadRequest);
+                return own(plain(StatusCode::REQUEST_TIMEOUT, "Request Timeout"));
+            }
+            Some(ClientBodyError::AppAnswered) | None => {}
         }
         source = err.source();
     }

@@ -2,9 +2,11 @@
 //!
 //! Layout: [`server`] (accept loop, graceful shutdown), [`admit`] (body limit and the limiter's verdict,
 //! for both paths below), [`h1`] (the HTTP/1.1 fast path every connection starts on), [`fallback`] and
-//! [`forward`] (hyper, for what the fast path hands over: h2c, HTTP/1.0, upgrades, `Expect`),
-//! [`app_connection`] (the hyper path's kept-alive connection to the app), [`upgrade`] (WebSocket
-//! tunnels), [`hop_by_hop`] and [`forwarded`] (how heads are rewritten), [`headers`] (quota headers),
+//! [`forward`] (hyper, for what the fast path hands over: h2c, HTTP/1.0, upgrades, odd framing),
+//! [`target`] (the path, host and method read one way, for the rules and the app alike),
+//! [`app_connection`] (the hyper path's kept-alive connection to the app), [`client_body`] (a request
+//! body on the hyper path), [`upgrade`] (allowed upgrades, tunnels), [`hop_by_hop`] and [`forwarded`]
+//! (how heads are rewritten), [`headers`] (quota headers),
 //! [`reject`] (the proxy's own responses: the 429 and its sampled log line, 413, 502), [`admin`]
 //! (`/healthz`, `/readyz`, `/metrics`), [`state`] (the running config, swapped on reload), [`limit`] (the
 //! seam to the limiter), [`metrics`], [`demo`] (`sluice-sidecar demo`).
@@ -12,6 +14,7 @@
 pub mod admin;
 pub mod admit;
 pub mod app_connection;
+pub mod client_body;
 pub mod demo;
 pub mod fallback;
 pub mod forward;
@@ -24,12 +27,13 @@ pub mod metrics;
 pub mod reject;
 pub mod server;
 pub mod state;
+pub mod target;
 pub mod upgrade;
 
 use std::{path::PathBuf, sync::Arc};
 
 use bytes::Bytes;
-use http_body_util::{Either, Full, Limited};
+use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
@@ -42,8 +46,9 @@ use crate::{
 use metrics::ProxyMetrics;
 use state::ProxyState;
 
-/// Body of a request forwarded to the app: the client's, capped at `limits.maxRequestBody`.
-pub type RequestBody = Limited<Incoming>;
+/// Body of a request forwarded to the app on the hyper path: the client's, guarded (capped at
+/// `limits.maxRequestBody`, a deadline between reads, stopped once the app answers).
+pub type RequestBody = client_body::ClientBody;
 /// Body of a response: the app's, streamed, or a short one the proxy made itself.
 pub type ProxyBody = Either<Incoming, Full<Bytes>>;
 

@@ -17,7 +17,9 @@ use super::{
     response::ResponseHead,
 };
 use crate::proxy::{
-    forwarded::{X_FORWARDED_FOR, X_FORWARDED_PROTO, keeps_forwarded_proto, write_forwarded_for},
+    forwarded::{
+        X_FORWARDED_FOR, X_FORWARDED_PROTO, is_forwarding_claim, keeps_forwarded_proto, write_forwarded_for,
+    },
     headers::push_decimal,
 };
 
@@ -44,12 +46,15 @@ impl Peer {
     }
 }
 
-/// Writes the head of the request the app receives onto `out`; `trusted`: the peer is a trusted proxy
-/// (its forwarding fields are kept and appended to).
+/// Writes the head of the request the app receives onto `out`: with `path` (the normalized path, when it
+/// differs from the one sent) before the query; `trusted`: the peer is a trusted proxy (its forwarding
+/// fields are kept and appended to; from any other peer, the fields that claim where a request came
+/// from are dropped, see [`is_forwarding_claim`]).
 pub fn request_head(
     out: &mut Vec<u8>,
     buf: &[u8],
     head: &RequestHead,
+    path: Option<&str>,
     fields: &[Field],
     peer: &Peer,
     trusted: bool,
@@ -57,7 +62,14 @@ pub fn request_head(
     let fields = Fields::new(buf, fields);
     out.extend_from_slice(head.method.as_str().as_bytes());
     out.push(b' ');
-    out.extend_from_slice(head.target.of(buf));
+    let target = head.target.of(buf);
+    match path {
+        Some(path) => {
+            out.extend_from_slice(path.as_bytes());
+            out.extend_from_slice(&target[head.path_len..]);
+        }
+        None => out.extend_from_slice(target),
+    }
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let keep_proto = keeps_forwarded_proto(
         trusted,
@@ -67,7 +79,8 @@ pub fn request_head(
     for f in fields.list {
         let name = f.name.of(buf);
         let replaced = name.eq_ignore_ascii_case(X_FORWARDED_FOR.as_str().as_bytes())
-            || (!keep_proto && name.eq_ignore_ascii_case(X_FORWARDED_PROTO.as_str().as_bytes()));
+            || (!keep_proto && name.eq_ignore_ascii_case(X_FORWARDED_PROTO.as_str().as_bytes()))
+            || (!trusted && is_forwarding_claim(name));
         if !replaced && !fields.dropped(name) {
             line(out, name, f.value.of(buf));
         }
@@ -204,7 +217,7 @@ mod tests {
             panic!("{raw:?}")
         };
         let mut out = Vec::new();
-        request_head(&mut out, raw.as_bytes(), &head, &fields, &peer.0, peer.1);
+        request_head(&mut out, raw.as_bytes(), &head, None, &fields, &peer.0, peer.1);
         String::from_utf8(out).unwrap()
     }
 

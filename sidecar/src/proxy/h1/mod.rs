@@ -60,6 +60,7 @@ use super::{
     metrics::Outcome,
     reject::plain,
     state::ProxyState,
+    target,
 };
 
 /// Read buffer a client connection starts with.
@@ -86,6 +87,8 @@ pub async fn serve(stream: TcpStream, peer: SocketAddr, state: Arc<ProxyState>, 
         fields: Vec::with_capacity(16),
         out: Vec::with_capacity(BUFFER_INITIAL),
         scratch: Vec::new(),
+        path: String::new(),
+        rule_path: String::new(),
         peer: Peer::new(peer.ip()),
         quiet: Quiet::since(Instant::now(), timeouts.request_head.get()),
         timer: Box::pin(tokio::time::sleep(timeouts.request_head.get())),
@@ -109,6 +112,10 @@ struct Connection {
     out: Vec<u8>,
     /// For quota header values.
     scratch: Vec<u8>,
+    /// The request path as normalized, when it needed rewriting (see [`super::target`]).
+    path: String,
+    /// The path as rules read it, when it carried `;parameters`.
+    rule_path: String,
     peer: Peer,
     /// How long the connection may stay quiet, counted from when.
     quiet: Quiet,
@@ -158,6 +165,8 @@ enum Step {
 enum Next {
     Head(RequestHead),
     HandOff,
+    /// A head no server may accept: the status to answer and why.
+    Refused(StatusCode, &'static str),
     Closed,
 }
 
@@ -170,6 +179,11 @@ impl Connection {
             let head = match self.next_head(cancelled.as_mut(), &timeouts).await {
                 Next::Head(head) => head,
                 Next::HandOff => return End::HandOff,
+                Next::Refused(status, why) => {
+                    self.refuse_unread(state, status, why, false).await;
+                    self.linger().await;
+                    return End::Closed;
+                }
                 Next::Closed => return End::Closed,
             };
             match self.exchange(state, head).await {
@@ -210,6 +224,7 @@ impl Connection {
                         tracing::trace!(why, "handing the connection to hyper");
                         return Next::HandOff;
                     }
+                    Parsed::Refused(status, why) => return Next::Refused(status, why),
                     Parsed::Partial => {}
                 }
             }
@@ -252,12 +267,27 @@ impl Connection {
         if limits.upstream_protocol == UpstreamProtocol::H2c {
             return Step::HandOff;
         }
+        let buf = &self.buf[..];
+        let raw_path = head.path(buf);
+        let rewritten = match target::normalize_path(raw_path, &limits.paths, &mut self.path) {
+            Ok(rewritten) => rewritten,
+            Err(why) => {
+                return self
+                    .refuse_unread(state, StatusCode::BAD_REQUEST, why, head.is_head())
+                    .await;
+            }
+        };
+        let path = if rewritten { self.path.as_str() } else { raw_path };
+        let rule_path = if target::without_params(path, &mut self.rule_path) {
+            self.rule_path.as_str()
+        } else {
+            path
+        };
         let admission = {
-            let buf = &self.buf[..];
             let fields = Fields::new(buf, &self.fields);
             let arrival = Arrival {
                 method: &head.method,
-                path: head.path(buf),
+                path: rule_path,
                 host: head.host(buf),
                 headers: &fields,
                 content_length: match head.framing {
@@ -282,6 +312,7 @@ impl Connection {
             &mut self.out,
             &self.buf,
             &head,
+            rewritten.then_some(self.path.as_str()),
             &self.fields,
             &self.peer,
             peer_trusted,
@@ -307,9 +338,12 @@ impl Connection {
             &snap.upstream_authority,
             client,
             &mut body,
-            limits.max_request_body,
-            retryable,
-            head.is_head(),
+            upstream::Request {
+                max_body: limits.max_request_body,
+                retryable,
+                head_request: head.is_head(),
+                expect_continue: head.expect_continue,
+            },
         )
         .await;
         state
@@ -375,6 +409,25 @@ impl Connection {
             self.app = None;
         }
         if close { Step::Close } else { Step::Next }
+    }
+
+    /// Answers a request that cannot be read one way (`status` 400, or 417 for an unknown expectation)
+    /// before any of its body is read; the connection closes after it (lingering: the client may be
+    /// sending the body).
+    async fn refuse_unread(
+        &mut self,
+        state: &ProxyState,
+        status: StatusCode,
+        why: &'static str,
+        head_request: bool,
+    ) -> Step {
+        tracing::debug!(why, %status, "refusing a request");
+        state.metrics.request(Outcome::BadRequest);
+        let resp = plain(status, status.canonical_reason().unwrap_or("Bad Request"));
+        self.out.clear();
+        encode::own_response(&mut self.out, &resp, true, head_request);
+        let _ = self.client.write_all(&self.out).await;
+        Step::Close
     }
 
     /// Answers a request admission refused; the connection stays open if the request's body was read

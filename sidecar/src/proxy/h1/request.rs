@@ -1,11 +1,14 @@
 //! A client's request head, parsed for the fast path. The fast path takes the common, unambiguous case
 //! and nothing else: an HTTP/1.1 request in origin form with exactly one `Host`, framed by one valid
-//! `Content-Length`, by `Transfer-Encoding: chunked` alone, or not at all, and asking for no upgrade and
-//! no `Expect` handshake. Anything else — HTTP/1.0, HTTP/2's preface, `CONNECT`, absolute or asterisk
-//! targets, conflicting or odd framing, upgrades, `Expect`, a malformed or oversized head — is handed to
-//! hyper with the bytes read so far, and hyper answers it as it always has (including its 400s and 431s).
-//! So request smuggling through ambiguous framing cannot start here: the app sees exactly the framing
-//! the client sent, and only when that framing has one reading.
+//! `Content-Length`, by `Transfer-Encoding: chunked` alone, or not at all, and asking for no upgrade (an
+//! `Expect: 100-continue` is taken: the app's own `100` lets the body go). Anything else — HTTP/1.0,
+//! HTTP/2's preface, `CONNECT`, absolute or asterisk targets, conflicting or odd framing, upgrades, a
+//! malformed or oversized head — is handed to hyper with the bytes read so far, and hyper answers it as
+//! it always has (including its 400s and 431s). So request smuggling through ambiguous framing cannot
+//! start here: the app sees exactly the framing the client sent, and only when that framing has one
+//! reading. What no server may accept is refused here ([`Parsed::Refused`]): an HTTP/1.1 request without
+//! a `Host`, with two, or with a malformed one (RFC 9112 §3.2); a known method in another case; an
+//! expectation other than `100-continue` (417).
 
 use std::mem::MaybeUninit;
 
@@ -15,7 +18,7 @@ use super::{
     body::Framing,
     fields::{Field, Fields, MAX_FIELDS, Span},
 };
-use crate::proxy::hop_by_hop::has_token;
+use crate::proxy::{hop_by_hop::has_token, target};
 
 /// The longest request head the fast path waits for; a longer one is handed to hyper.
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -39,6 +42,8 @@ pub struct RequestHead {
     pub close: bool,
     /// The request carries an `Idempotency-Key` (the client says sending it twice is harmless).
     pub idempotency_key: bool,
+    /// The client sent `Expect: 100-continue`: it waits for a `100` before sending the body.
+    pub expect_continue: bool,
 }
 
 impl RequestHead {
@@ -80,6 +85,8 @@ pub enum Parsed {
     Head(RequestHead),
     /// Something the fast path leaves to hyper (the reason, for traces).
     HandOff(&'static str),
+    /// A head no server may accept: answered with this status (400 or 417) and the connection closed.
+    Refused(http::StatusCode, &'static str),
 }
 
 /// Parses the request head at the start of `buf`, recording its fields in `fields`.
@@ -119,6 +126,8 @@ pub fn parse(buf: &[u8], fields: &mut Vec<Field>) -> Parsed {
     let mut encodings = 0;
     let mut close = false;
     let mut idempotency_key = false;
+    let mut expect_continue = false;
+    let mut expectations = 0;
     for h in req.headers.iter() {
         fields.push(Field::of(buf, h));
         let name = h.name.as_bytes();
@@ -139,7 +148,8 @@ pub fn parse(buf: &[u8], fields: &mut Vec<Field>) -> Parsed {
         } else if name.eq_ignore_ascii_case(b"upgrade") {
             return Parsed::HandOff("upgrade");
         } else if name.eq_ignore_ascii_case(b"expect") {
-            return Parsed::HandOff("expect");
+            expectations += 1;
+            expect_continue = h.value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
         } else if name.eq_ignore_ascii_case(b"idempotency-key") {
             idempotency_key = true;
         }
@@ -147,8 +157,20 @@ pub fn parse(buf: &[u8], fields: &mut Vec<Field>) -> Parsed {
     // A key the app never sees (named by `Connection`) does not make the request safe to repeat.
     let idempotency_key = idempotency_key && !Fields::new(buf, fields).dropped(b"idempotency-key");
     let (Some(host), 1) = (host, hosts) else {
-        return Parsed::HandOff("not exactly one Host");
+        return Parsed::Refused(http::StatusCode::BAD_REQUEST, "not exactly one Host");
     };
+    if let Err(why) = target::check_host(host.of(buf)) {
+        return Parsed::Refused(http::StatusCode::BAD_REQUEST, why);
+    }
+    if let Err(why) = target::check_method(&method) {
+        return Parsed::Refused(http::StatusCode::BAD_REQUEST, why);
+    }
+    if expectations > 1 || (expectations == 1 && !expect_continue) {
+        return Parsed::Refused(
+            http::StatusCode::EXPECTATION_FAILED,
+            "an expectation other than 100-continue",
+        );
+    }
     let framing = match (lengths, encodings) {
         (0, 0) => Framing::Empty,
         (1, 0) => match length {
@@ -167,6 +189,7 @@ pub fn parse(buf: &[u8], fields: &mut Vec<Field>) -> Parsed {
         framing,
         close,
         idempotency_key,
+        expect_continue,
     })
 }
 
@@ -221,6 +244,41 @@ mod tests {
         assert_eq!(post("X-Other: 1"), Framing::Empty);
     }
 
+    fn refused(raw: &str) -> (http::StatusCode, &'static str) {
+        match parse(raw.as_bytes(), &mut Vec::new()) {
+            Parsed::Refused(status, why) => (status, why),
+            other => panic!("{raw:?} was not refused: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn heads_no_server_may_accept_are_refused() {
+        for raw in [
+            "GET / HTTP/1.1\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nhost: a\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a rule=x status=200\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a/b\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: \r\n\r\n",
+            "post / HTTP/1.1\r\nHost: a\r\n\r\n",
+        ] {
+            assert_eq!(refused(raw).0, http::StatusCode::BAD_REQUEST, "{raw:?}");
+        }
+        for raw in [
+            "PUT / HTTP/1.1\r\nHost: a\r\nExpect: something-else\r\n\r\n",
+            "PUT / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nExpect: 100-continue\r\n\r\n",
+        ] {
+            assert_eq!(refused(raw).0, http::StatusCode::EXPECTATION_FAILED, "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn expect_100_continue_is_taken_and_noted() {
+        let h = head("PUT / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nExpect: 100-Continue\r\n\r\n");
+        assert!(h.expect_continue);
+        assert!(!head("PUT / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n\r\n").expect_continue);
+    }
+
     #[test]
     fn connection_close_is_noted() {
         assert!(head("GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, close\r\n\r\n").close);
@@ -244,8 +302,6 @@ mod tests {
             "CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\n\r\n",
             "GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n",
             "OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n",
-            "GET / HTTP/1.1\r\n\r\n",
-            "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
             "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
             "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
             "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +5\r\n\r\n",
@@ -254,7 +310,6 @@ mod tests {
             "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
             "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
             "GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: h2c\r\n\r\n",
-            "PUT / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nExpect: 100-continue\r\n\r\n",
             "GET / HTTP/1.1\r\nHost: a\r\nX-Folded: a\r\n b\r\n\r\n",
             "GET /caf\u{e9} HTTP/1.1\r\nHost: a\r\n\r\n",
             "GET / HTTP/1.1\r\nHost: a\r\nBad Name: x\r\n\r\n",

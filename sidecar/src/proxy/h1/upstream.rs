@@ -3,7 +3,7 @@
 //! then reading the final response head while watching for the client to hang up, then streaming the
 //! response body (still watching).
 
-use std::io;
+use std::{io, time::Duration};
 
 use bytes::{Buf, BytesMut};
 use http::uri::Authority;
@@ -82,25 +82,41 @@ enum Sent {
     Cut,
 }
 
+/// What [`send`] needs to know about the request beyond its bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct Request {
+    /// `limits.maxRequestBody`, checked against a chunked body as it comes.
+    pub max_body: u64,
+    /// The request may be sent once more on a fresh connection (see [`send`]).
+    pub retryable: bool,
+    /// It is a `HEAD` request (its response has no body).
+    pub head_request: bool,
+    /// The client sent `Expect: 100-continue` (forwarded to the app): see [`upload`].
+    pub expect_continue: bool,
+}
+
+/// How long a client that expects `100 Continue` waits for the app's own before the proxy sends one (for
+/// apps that read the body without ever answering 100; curl waits as long before sending anyway).
+pub const EXPECT_CONTINUE_WAIT: Duration = Duration::from_secs(1);
+
 /// Sends the request in `client.out` (the head and body bytes already read), the rest of `body` as the
 /// client sends it, to the app at `authority` over the kept-alive connection in `slot` (or a new one),
 /// and reads the app's final answer, forwarding interim (1xx) ones. A request that met a kept-alive
-/// connection the app had closed, and got no byte back, is sent once more on a fresh one if `retryable`
-/// (its body wholly in `out`).
+/// connection the app had closed, and got no byte back, is sent once more on a fresh one if
+/// `req.retryable` (its body wholly in `out`).
 pub async fn send(
     slot: &mut Option<App>,
     authority: &Authority,
     mut client: Client<'_>,
     body: &mut Body,
-    max_body: u64,
-    retryable: bool,
-    head_request: bool,
+    req: Request,
 ) -> Result<Answer, Failure> {
+    let head_request = req.head_request;
     let mut retried = false;
     loop {
         let app = app_for(slot, authority).await?;
-        let retry = app.reused && retryable && !retried;
-        let sent = upload(app, &mut client, body, max_body, head_request).await?;
+        let retry = app.reused && req.retryable && !retried;
+        let sent = upload(app, &mut client, body, &req).await?;
         let sent_all = match sent {
             Sent::Answered(head) => {
                 return Ok(Answer {
@@ -147,12 +163,16 @@ async fn app_for<'a>(slot: &'a mut Option<App>, authority: &Authority) -> Result
 /// listening to the app: interim responses are forwarded to the client as they come, a final one ends
 /// the upload ([`Sent::Answered`]). Nearly always `out` is the whole request and the socket takes it at
 /// once, without waiting on anything.
+///
+/// With `Expect: 100-continue` the client sends the body only after a `100`: the app's own is forwarded
+/// (so an app that answers at once — 401, 413 — gets its answer to the client before a byte of the body
+/// moves, and the connections close after it); if neither the app's answer nor the body has come within
+/// [`EXPECT_CONTINUE_WAIT`], the proxy sends the `100` itself.
 async fn upload(
     app: &mut App,
     client: &mut Client<'_>,
     body: &mut Body,
-    max_body: u64,
-    head_request: bool,
+    req: &Request,
 ) -> Result<Sent, Failure> {
     let Client {
         io: client,
@@ -160,6 +180,10 @@ async fn upload(
         fields,
         out,
     } = client;
+    let (max_body, head_request) = (req.max_body, req.head_request);
+    // Armed only for a client waiting for 100 (rare), so other requests set no timer.
+    let mut continue_timer = (req.expect_continue && !body.done() && buf.is_empty())
+        .then(|| Box::pin(tokio::time::sleep(EXPECT_CONTINUE_WAIT)));
     let mut written = 0;
     loop {
         while written < out.len() {
@@ -192,6 +216,7 @@ async fn upload(
                 match app.io.try_read_buf(&mut app.buf) {
                     Ok(0) => return Ok(Sent::Cut),
                     Ok(_) => {
+                        continue_timer = None;
                         if let Some(head) = forward_interim(app, &mut client_out, fields, head_request).await? {
                             return Ok(Sent::Answered(head));
                         }
@@ -209,11 +234,27 @@ async fn upload(
                 if !matches!(read, Ok(n) if n > 0) {
                     return Err(Failure::ClientGone);
                 }
+                continue_timer = None;
+            }
+            () = fires(&mut continue_timer) => {
+                continue_timer = None;
+                client_out
+                    .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    .await
+                    .map_err(|_| Failure::ClientGone)?;
             }
         }
         if written == out.len() && buf.capacity() - buf.len() < READ_CHUNK / 4 {
             make_room(buf, READ_CHUNK);
         }
+    }
+}
+
+/// Resolves when `timer` fires; never when there is none.
+async fn fires(timer: &mut Option<std::pin::Pin<Box<tokio::time::Sleep>>>) {
+    match timer {
+        Some(t) => t.as_mut().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -372,9 +413,13 @@ mod tests {
             fields: &mut fields,
             out: &mut out,
         };
-        let answer = send(&mut slot, &authority, client, &mut body, u64::MAX, false, false)
-            .await
-            .unwrap();
+        let req = Request {
+            max_body: u64::MAX,
+            retryable: false,
+            head_request: false,
+            expect_continue: false,
+        };
+        let answer = send(&mut slot, &authority, client, &mut body, req).await.unwrap();
         assert_eq!(answer.head.status, 401);
         assert!(!answer.sent_all, "the app never took the body");
     }
