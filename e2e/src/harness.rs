@@ -361,6 +361,7 @@ impl TestNamespace {
         let kinds = Command::new(&kubectl)
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
+            .arg("--request-timeout=30s")
             .args(["api-resources", "--verbs=list", "--namespaced", "-o", "name"])
             .output();
         let kinds = match kinds {
@@ -373,6 +374,7 @@ impl TestNamespace {
         match Command::new(&kubectl)
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
+            .arg("--request-timeout=30s")
             .args([
                 "get",
                 &kinds,
@@ -412,6 +414,7 @@ impl Drop for TestNamespace {
                     let _ = Command::new(kubectl)
                         .arg("--kubeconfig")
                         .arg(&self.kubeconfig)
+                        .arg("--request-timeout=30s")
                         .args([
                             "delete",
                             "namespace",

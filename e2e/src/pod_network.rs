@@ -256,7 +256,83 @@ pub fn service_dns_name(host: &str) -> Option<(&str, &str)> {
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::AsyncReadExt;
+
     use super::*;
+
+    /// A network whose Service lookups go nowhere (the tests here need none).
+    fn network() -> PodNetwork {
+        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        PodNetwork::new(kube::Client::try_from(config).unwrap())
+    }
+
+    #[tokio::test]
+    async fn pods_get_distinct_addresses_whose_ports_lead_to_their_local_ports() {
+        let net = network();
+        let a = net.attach(HashMap::from([(9443, 40001)]));
+        let b = net.attach(HashMap::from([(9443, 40002)]));
+        assert_ne!(a, b);
+        for ip in [a, b] {
+            assert_eq!(&ip.octets()[..2], &[10, 244]);
+            assert_ne!(
+                ip,
+                Ipv4Addr::new(10, 244, 0, 1),
+                "the node's address is never a pod's"
+            );
+        }
+        assert_eq!(
+            net.local(a.into(), 9443),
+            Some(SocketAddr::from(([127, 0, 0, 1], 40001)))
+        );
+        assert_eq!(
+            net.local(b.into(), 9443),
+            Some(SocketAddr::from(([127, 0, 0, 1], 40002)))
+        );
+        assert_eq!(net.local(a.into(), 8080), None, "a port the pod does not serve");
+        net.detach(a);
+        assert_eq!(net.local(a.into(), 9443), None);
+    }
+
+    #[tokio::test]
+    async fn the_egress_proxy_tunnels_to_a_pod_and_refuses_what_no_pod_serves() {
+        let echo = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let echo_port = echo.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut conn, _) = echo.accept().await.unwrap();
+            let mut buf = [0u8; 5];
+            conn.read_exact(&mut buf).await.unwrap();
+            conn.write_all(&buf).await.unwrap();
+        });
+        let net = network();
+        let ip = net.attach(HashMap::from([(9443, echo_port)]));
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("egress.sock");
+        tokio::spawn(
+            net.clone()
+                .serve_egress(PodNetwork::bind_egress(&socket).unwrap()),
+        );
+
+        let mut conn = tokio::net::UnixStream::connect(&socket).await.unwrap();
+        conn.write_all(format!("CONNECT {ip}:9443 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut reply = [0u8; 39];
+        conn.read_exact(&mut reply).await.unwrap();
+        assert_eq!(&reply, b"HTTP/1.1 200 Connection established\r\n\r\n");
+        conn.write_all(b"hello").await.unwrap();
+        let mut echoed = [0u8; 5];
+        conn.read_exact(&mut echoed).await.unwrap();
+        assert_eq!(&echoed, b"hello");
+
+        let mut conn = tokio::net::UnixStream::connect(&socket).await.unwrap();
+        conn.write_all(b"CONNECT 10.244.9.9:9443 HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        let mut reply = String::new();
+        conn.read_to_string(&mut reply).await.unwrap();
+        assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
+        net.stop();
+    }
 
     #[test]
     fn service_dns_names_are_split_into_name_and_namespace() {

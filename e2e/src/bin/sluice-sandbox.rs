@@ -20,6 +20,10 @@ struct Args {
     /// Folder of the manifests to apply.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/sandbox"))]
     examples: PathBuf,
+    /// Run on a real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager built from
+    /// Go modules by e2e/kube/build.sh, the chart installed with helm) instead of the in-memory server.
+    #[arg(long, env = "SLUICE_SANDBOX_REAL_CONTROL_PLANE")]
+    real_control_plane: bool,
 }
 
 #[tokio::main]
@@ -27,8 +31,9 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error")),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("error,kube_client::client::builder=off")
+            }),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -45,6 +50,7 @@ async fn main() -> anyhow::Result<()> {
         duration: args.duration.map(Duration::from_secs),
         demo_app,
         examples: args.examples.canonicalize().unwrap_or(args.examples),
+        real_control_plane: args.real_control_plane,
     };
     let interrupt = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

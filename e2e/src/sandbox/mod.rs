@@ -70,6 +70,9 @@ pub struct SandboxOptions {
     pub demo_app: PathBuf,
     /// `examples/sandbox`.
     pub examples: PathBuf,
+    /// Run on a real control plane (etcd, kube-apiserver, kube-controller-manager; the chart installed
+    /// with `helm install`) instead of the in-memory API server.
+    pub real_control_plane: bool,
 }
 
 /// Runs the sandbox until `interrupt` resolves or the duration is over, then stops everything.
@@ -106,8 +109,19 @@ pub async fn run(options: SandboxOptions, interrupt: impl std::future::Future<Ou
         );
         None
     };
-    println!("  Installing   charts/sluice with kubectl on an in-memory API server, operator starting...");
-    let install = SluiceSystem::install(SystemOptions::new(&options.demo_app));
+    let mut system_options = SystemOptions::new(&options.demo_app);
+    if options.real_control_plane {
+        println!(
+            "  Installing   charts/sluice with helm install on a real control plane (etcd, kube-apiserver, \
+             kube-controller-manager), operator starting..."
+        );
+        system_options = system_options.real();
+    } else {
+        println!(
+            "  Installing   charts/sluice with kubectl on an in-memory API server, operator starting..."
+        );
+    }
+    let install = SluiceSystem::install(system_options);
     let system = tokio::select! {
         s = install => s?,
         _ = &mut interrupt => { println!("Interrupted."); return Ok(()) }
@@ -132,6 +146,8 @@ async fn demo(
     let kubeconfig = system.kubeconfig_path().display().to_string();
     let ns_yaml = format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {NAMESPACE}}}\n");
     system.kubectl_ok(&["apply", "-f", "-"], Some(&ns_yaml)).await?;
+    // The operator reads the Redis and database Secrets there (enforced on a real control plane).
+    system.grant_secret_access(NAMESPACE).await?;
     let redis_url = redis
         .as_ref()
         .map(RedisServer::url)
