@@ -180,6 +180,11 @@ impl Default for HeadersSpec {
         "rule": "self.algorithm != 'slidingLog' || self.limit.requests <= 10000",
         "message": "slidingLog keeps one Redis entry per request, so it allows at most 10000 requests per window; use slidingCounter for larger limits",
         "fieldPath": ".limit.requests"
+    },
+    {
+        "rule": "!has(self.clientIpCeiling) || self.clientIpCeiling == 0 || (has(self.key) && self.key.exists(k, k.type in ['credential', 'header', 'hashedHeader']))",
+        "message": "clientIpCeiling is for rules keyed by credential, header or hashedHeader (values the client picks); a rule keyed by clientIp is limited per client IP already",
+        "fieldPath": ".clientIpCeiling"
     }
 ]))]
 pub struct RateLimitRule {
@@ -211,6 +216,14 @@ pub struct RateLimitRule {
     /// Count and report (metrics, headers, logs) but never reject: a dry run before enforcing.
     #[serde(default)]
     pub shadow: bool,
+
+    /// For a rule keyed by a value the client picks (`credential`, `header`, `hashedHeader`): the most
+    /// one client IP may make under the rule across all the values it sends, as a multiple of
+    /// `limit.requests` (counted per client IP beside the rule's own key), so a new token per request
+    /// cannot escape the rule. Default 10; 0 turns it off. Not allowed on rules keyed by clientIp alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = sidecar_config::CLIENT_IP_CEILING_MAX))]
+    pub client_ip_ceiling: Option<u32>,
 }
 
 /// Conditions a request must meet for a rule to apply; every condition given must hold.

@@ -77,6 +77,11 @@ fn valid_policies_pass_every_rule() {
         spec_with(|s| s["redis"]["timeout"] = json!("5s")),
         spec_with(|s| s["redis"]["timeout"] = json!("1ms")),
         spec_with(|s| s["rules"][0]["key"] = json!([{"type": "credential", "name": "X-Token"}])),
+        spec_with(|s| {
+            s["rules"][0]["key"] = json!([{"type": "credential"}]);
+            s["rules"][0]["clientIpCeiling"] = json!(3);
+        }),
+        spec_with(|s| s["rules"][0]["clientIpCeiling"] = json!(0)),
     ];
     for spec in valid {
         assert_eq!(messages("api", spec.clone()), Vec::<String>::new(), "{spec}");
@@ -151,6 +156,12 @@ fn invalid_policies_fail_with_a_message_naming_the_fix() {
                 s["rules"][0]["limit"]["requests"] = json!(10001);
             }),
             log,
+        ),
+        (
+            "a ceiling per client IP on a rule keyed by the client IP",
+            "api".into(),
+            spec_with(|s| s["rules"][0]["clientIpCeiling"] = json!(5)),
+            "clientIpCeiling is for rules keyed by credential, header or hashedHeader (values the client picks); a rule keyed by clientIp is limited per client IP already",
         ),
         (
             "header key without a name",

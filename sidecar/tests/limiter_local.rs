@@ -162,30 +162,112 @@ mod limiter {
         assert_eq!((&*q.rule, q.remaining), ("all", 6));
     }
 
-    #[tokio::test]
-    async fn seed_tiers_apply_without_rules_keyed_by_hashed_credential_or_ip() {
-        let l = limiter(&config(vec![], FailureMode::Local), None, &ManualClock::at(T0));
-        let mut token = HeaderMap::new();
-        token.insert("authorization", "Bearer secret".parse().unwrap());
-        let login = |headers: &'static HeaderMap, ip: &str| RequestFacts {
+    /// A request from `ip` to `path` carrying `Authorization: Bearer <token>` (none when empty).
+    fn post<'a>(path: &'a str, ip: &str, token: &str) -> RequestFacts<'a> {
+        let headers: &'static HeaderMap = if token.is_empty() {
+            no_headers()
+        } else {
+            let mut h = HeaderMap::new();
+            h.insert("authorization", format!("Bearer {token}").parse().unwrap());
+            Box::leak(Box::new(h))
+        };
+        RequestFacts {
             method: &Method::POST,
-            path: "/v1/auth/login",
+            path,
             host: None,
             headers,
             client_ip: ip.parse().unwrap(),
-        };
-        let token: &'static HeaderMap = Box::leak(Box::new(token));
+        }
+    }
+
+    #[tokio::test]
+    async fn the_seed_auth_tier_counts_per_client_ip_whatever_authorization_it_carries() {
+        let l = limiter(&config(vec![], FailureMode::Local), None, &ManualClock::at(T0));
         let mut allowed = 0;
-        for i in 0..15 {
-            // The same credential from ever new addresses still counts as one client.
-            if l.check(&login(token, &format!("198.51.100.{i}"))).await.allowed() {
+        for i in 0..30 {
+            // Credential stuffing: a fresh junk token on every attempt.
+            let v = l
+                .check(&post("/v1/auth/login", "198.51.100.7", &format!("junk-{i}")))
+                .await;
+            if v.allowed() {
+                allowed += 1;
+            } else {
+                assert_eq!(v.rejected_by.as_deref(), Some("auth"));
+            }
+        }
+        assert_eq!(allowed, 10, "auth tier: 10 per minute per client IP");
+        assert!(
+            l.check(&post("/v1/auth/login", "198.51.100.8", ""))
+                .await
+                .allowed(),
+            "another address is another client"
+        );
+    }
+
+    #[tokio::test]
+    async fn rotating_tokens_cannot_take_one_client_ip_past_its_ceiling_on_a_credential_tier() {
+        let l = limiter(&config(vec![], FailureMode::Local), None, &ManualClock::at(T0));
+        let mut allowed = 0;
+        let mut by_ceiling = 0;
+        for i in 0..1_000 {
+            let v = l
+                .check(&post("/v1/items", "198.51.100.7", &format!("random-{i}")))
+                .await;
+            if v.allowed() {
+                allowed += 1;
+            } else if v.rejected_by.as_deref() == Some("write/client-ip") {
+                by_ceiling += 1;
+            }
+        }
+        assert_eq!(
+            allowed, 600,
+            "10 × the write tier's 60 per minute, whatever the tokens"
+        );
+        assert_eq!(by_ceiling, 400);
+        // The same credential from ever new addresses is still one client of the tier.
+        let mut allowed = 0;
+        for i in 0..70 {
+            if l.check(&post("/v1/items", &format!("203.0.113.{i}"), "alice"))
+                .await
+                .allowed()
+            {
                 allowed += 1;
             }
         }
-        assert_eq!(allowed, 10, "auth tier: 10 per minute");
-        let v = l.check(&login(no_headers(), "198.51.100.1")).await;
-        assert!(v.allowed(), "anonymous clients are keyed by address");
-        assert_eq!(&*v.quota.unwrap().rule, "auth");
+        assert_eq!(allowed, 60, "write tier: 60 per minute per credential");
+        // Anonymous clients are keyed by address, and no ceiling doubles their count.
+        let v = l.check(&post("/v1/items", "192.0.2.1", "")).await;
+        assert_eq!(v.quota.map(|q| q.remaining), Some(59));
+    }
+
+    #[tokio::test]
+    async fn a_ceiling_can_be_set_per_rule_or_turned_off() {
+        let keyed = |ceiling| {
+            let mut r = rule("api", Algorithm::FixedWindow, 2, 60_000);
+            r.key = vec![KeyPart {
+                source: KeySource::Credential,
+                ..KeyPart::client_ip()
+            }];
+            r.client_ip_ceiling = ceiling;
+            r
+        };
+        for (ceiling, expected) in [(Some(3), 6), (Some(0), 100)] {
+            let l = limiter(
+                &config(vec![keyed(ceiling)], FailureMode::Local),
+                None,
+                &ManualClock::at(T0),
+            );
+            let mut allowed = 0;
+            for i in 0..100 {
+                if l.check(&post("/", "198.51.100.7", &format!("t{i}")))
+                    .await
+                    .allowed()
+                {
+                    allowed += 1;
+                }
+            }
+            assert_eq!(allowed, expected, "clientIpCeiling {ceiling:?}");
+        }
     }
 
     #[tokio::test]

@@ -349,7 +349,44 @@ pub struct Rule {
     /// Count and report, but never reject (dry run).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub shadow: bool,
+    /// For a rule whose key holds a value the client picks (`credential`, `header`, `hashedHeader`): the
+    /// most one client IP may make under the rule across all the values it sends, as a multiple of the
+    /// limit (a second counter per client IP, same window and algorithm), so rotating tokens cannot
+    /// escape the rule. Absent: [`CLIENT_IP_CEILING_DEFAULT`]; `0` turns it off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_ip_ceiling: Option<u32>,
 }
+
+impl Rule {
+    /// Whether the rule's key holds a value the client picks (a header's).
+    pub fn keyed_by_client_value(&self) -> bool {
+        self.key.iter().any(|p| {
+            matches!(
+                p.source,
+                KeySource::Credential | KeySource::Header | KeySource::HashedHeader
+            )
+        })
+    }
+
+    /// The ceiling per client IP in force: the multiple of the limit, or `None` when there is none (the
+    /// key holds no client-picked value, or the rule turned it off).
+    pub fn ceiling(&self) -> Option<u32> {
+        if !self.keyed_by_client_value() {
+            return None;
+        }
+        match self.client_ip_ceiling.unwrap_or(CLIENT_IP_CEILING_DEFAULT) {
+            0 => None,
+            n => Some(n),
+        }
+    }
+}
+
+/// Default of a rule's `clientIpCeiling`: one client IP gets at most this many times the limit across
+/// the credentials (or header values) it sends — room for several users behind one NAT, no room for
+/// a bucket per random token.
+pub const CLIENT_IP_CEILING_DEFAULT: u32 = 10;
+/// Largest `clientIpCeiling`.
+pub const CLIENT_IP_CEILING_MAX: u32 = 1000;
 
 /// Conditions a request must meet for a rule to apply; all given conditions must hold.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -489,8 +526,12 @@ impl Default for TierLimits {
     }
 }
 
-/// The four seed tiers, the rules a sidecar runs when its config names none. Their key is a
-/// SHA-256 prefix of `Authorization` for authenticated requests, the client IP otherwise.
+/// The four seed tiers, the rules a sidecar runs when its config names none. `write`, `read` and
+/// `protocol` are keyed by a SHA-256 prefix of `Authorization` for authenticated requests, the client IP
+/// otherwise, with the default ceiling per client IP. `auth` is keyed by the client IP whatever the
+/// request carries: its routes (login, token exchange) are where a client is not yet authenticated, so an
+/// `Authorization` value there proves nothing and a fresh one per attempt would be a fresh bucket per
+/// attempt (credential stuffing). This departs from the seed, which keyed every tier by `Authorization`.
 ///
 /// The read tier is for control-plane reads and the protocol tier for adapter reads, so a read
 /// under a protocol prefix counts against the protocol tier only.
@@ -510,6 +551,7 @@ pub fn default_rules(t: TierLimits) -> Vec<Rule> {
         algorithm: Algorithm::FixedWindow,
         limit: per_minute(requests),
         shadow: false,
+        client_ip_ceiling: None,
     };
     let methods = |m: &[&str]| m.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let protocol_regex = format!(
@@ -520,15 +562,19 @@ pub fn default_rules(t: TierLimits) -> Vec<Rule> {
             .collect::<Vec<_>>()
             .join("|")
     );
-    vec![
-        rule(
+    let auth = Rule {
+        key: vec![KeyPart::client_ip()],
+        ..rule(
             "auth",
             RuleMatch {
                 path_prefix: Some("/v1/auth/".into()),
                 ..Default::default()
             },
             t.auth,
-        ),
+        )
+    };
+    vec![
+        auth,
         rule(
             "write",
             RuleMatch {

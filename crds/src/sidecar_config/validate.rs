@@ -7,8 +7,8 @@
 use std::{collections::HashSet, fmt};
 
 use super::{
-    CONFIG_VERSION, KeyPart, KeySource, LimitsConfig, PREFETCH_MAX, PolicyRef, QueueConfig, Rule, RuleMatch,
-    SidecarConfig, valid_queue_name,
+    CLIENT_IP_CEILING_MAX, CONFIG_VERSION, KeyPart, KeySource, LimitsConfig, PREFETCH_MAX, PolicyRef,
+    QueueConfig, Rule, RuleMatch, SidecarConfig, valid_queue_name,
 };
 use crate::Duration;
 
@@ -332,6 +332,25 @@ fn check_rule(rule: &Rule, at: &str, errs: &mut ConfigErrors) {
             ),
         );
     }
+    if let Some(n) = rule.client_ip_ceiling {
+        if n > 0 && !rule.keyed_by_client_value() {
+            errs.push(
+                format!("{at}.clientIpCeiling"),
+                "only rules keyed by credential, header or hashedHeader take a ceiling per client IP \
+                 (a clientIp key is one already)",
+            );
+        } else if n > CLIENT_IP_CEILING_MAX {
+            errs.push(
+                format!("{at}.clientIpCeiling"),
+                format!("must be at most {CLIENT_IP_CEILING_MAX} (times the limit), got {n}"),
+            );
+        } else if u128::from(limit.requests) * u128::from(n) >= 1 << 53 {
+            errs.push(
+                format!("{at}.clientIpCeiling"),
+                "requests × clientIpCeiling must stay below 2^53",
+            );
+        }
+    }
     match (rule.algorithm.takes_burst(), limit.burst) {
         (true, Some(0)) => errs.push(format!("{at}.limit.burst"), "must be at least 1 when given"),
         (true, _) | (_, None) => {}
@@ -516,6 +535,7 @@ mod tests {
                 burst: None,
             },
             shadow: false,
+            client_ip_ceiling: None,
         }
     }
 

@@ -144,6 +144,7 @@ fn render_rule(index: usize, rule: &RateLimitRule) -> Result<Rule, RenderError> 
             burst: rule.limit.burst,
         },
         shadow: rule.shadow,
+        client_ip_ceiling: rule.client_ip_ceiling,
     })
 }
 

@@ -26,13 +26,27 @@ pub type KeyHash = [u8; 16];
 /// One compiled key part.
 #[derive(Debug, Clone)]
 enum Part {
-    ClientIp { v4: u8, v6: u8 },
+    ClientIp {
+        v4: u8,
+        v6: u8,
+    },
     Header(HeaderName),
     HashedHeader(HeaderName),
-    Credential { header: HeaderName, v4: u8, v6: u8 },
+    Credential {
+        header: HeaderName,
+        v4: u8,
+        v6: u8,
+    },
     Method,
     Path,
+    /// Adds nothing to the key, but the rule applies only when the header is present (a ceiling per
+    /// client IP applies when its rule counted a value the client picked).
+    Present(HeaderName),
 }
+
+/// Suffix of the rule name a rule's ceiling per client IP counts under (`write/client-ip`): no rule
+/// name holds a `/`, so it cannot meet another rule's counters.
+pub const CEILING_SUFFIX: &str = "/client-ip";
 
 /// How one rule derives keys from requests.
 #[derive(Debug, Clone)]
@@ -70,21 +84,45 @@ impl KeySpec {
         })
     }
 
+    /// The key of the ceiling per client IP of a rule keyed by `parts` (see [`CEILING_SUFFIX`]): the
+    /// client IP, grouped by the prefixes of the rule's `credential` part (or the defaults), counted
+    /// only for requests that carry the headers the rule's key read.
+    pub fn ceiling(policy: Option<&PolicyRef>, rule: &str, parts: &[KeyPart], field: &str) -> Result<Self> {
+        let mut present = Vec::new();
+        let mut ip = KeyPart::client_ip();
+        for (j, p) in parts.iter().enumerate() {
+            match compile_part(p, &format!("{field}.key[{j}]"))? {
+                Part::Header(name) | Part::HashedHeader(name) => present.push(Part::Present(name)),
+                Part::Credential { header, v4, v6 } => {
+                    present.push(Part::Present(header));
+                    (ip.ipv4_prefix, ip.ipv6_prefix) = (v4, v6);
+                }
+                _ => {}
+            }
+        }
+        let mut spec = Self::compile(policy, &format!("{rule}{CEILING_SUFFIX}"), &[ip], field)?;
+        spec.parts.extend(present);
+        Ok(spec)
+    }
+
     /// The key hash of `req`, or `None` when a header the key needs is missing (the rule does not apply).
+    /// A header sent several times counts with all its values: an app may read another one than the first.
     pub fn hash(&self, req: &RequestFacts<'_>) -> Option<KeyHash> {
         let mut h = Sha256::new();
         h.update(&self.scope);
         for part in &self.parts {
             match part {
                 Part::ClientIp { v4, v6 } => feed_ip(&mut h, b'i', masked(req.client_ip, *v4, *v6)),
-                Part::Header(name) => feed(&mut h, b'h', req.headers.first(name)?),
-                Part::HashedHeader(name) => feed(&mut h, b'x', req.headers.first(name)?),
-                Part::Credential { header, v4, v6 } => match req.headers.first(header) {
-                    Some(v) => feed(&mut h, b'x', v),
-                    None => feed_ip(&mut h, b'i', masked(req.client_ip, *v4, *v6)),
-                },
+                Part::Header(name) => feed_all(&mut h, b'h', req, name).then_some(())?,
+                Part::HashedHeader(name) => feed_all(&mut h, b'x', req, name).then_some(())?,
+                Part::Credential { header, v4, v6 } => {
+                    if !feed_all(&mut h, b'x', req, header) {
+                        feed_ip(&mut h, b'i', masked(req.client_ip, *v4, *v6));
+                    }
+                }
                 Part::Method => feed(&mut h, b'm', req.method.as_str().as_bytes()),
                 Part::Path => feed(&mut h, b'p', req.path.as_bytes()),
+                Part::Present(name) => req.headers.first(name).map(drop)?,
             }
         }
         let digest = h.finalize();
@@ -160,6 +198,17 @@ pub fn masked(ip: IpAddr, v4: u8, v6: u8) -> (IpAddr, u8) {
             (IpAddr::V6(Ipv6Addr::from(u128::from(a) & mask)), v6.min(128))
         }
     }
+}
+
+/// Feeds every value of the field `name` (last first); whether there was one.
+fn feed_all(h: &mut Sha256, tag: u8, req: &RequestFacts<'_>, name: &HeaderName) -> bool {
+    let mut any = false;
+    req.headers.each_rev(name, &mut |v| {
+        feed(h, tag, v);
+        any = true;
+        std::ops::ControlFlow::Continue(())
+    });
+    any
 }
 
 fn feed(h: &mut Sha256, tag: u8, value: &[u8]) {
@@ -270,6 +319,57 @@ mod tests {
             "{base}"
         );
         assert_eq!(base.len(), "sluice:{shop/api/read/}".len() + 32);
+    }
+
+    #[test]
+    fn a_repeated_key_header_counts_with_every_value() {
+        let s = spec(&[KeyPart {
+            source: KeySource::Credential,
+            ..KeyPart::client_ip()
+        }]);
+        let mut valid = HeaderMap::new();
+        valid.append("authorization", "Bearer valid".parse().unwrap());
+        let mut junk_first = HeaderMap::new();
+        junk_first.append("authorization", "Bearer junk".parse().unwrap());
+        junk_first.append("authorization", "Bearer valid".parse().unwrap());
+        assert_ne!(
+            hash_of(&s, "198.51.100.7", &valid),
+            hash_of(&s, "198.51.100.7", &junk_first),
+            "an app reading the last value would serve the valid one on the junk one's bucket"
+        );
+    }
+
+    #[test]
+    fn a_ceiling_counts_per_client_ip_whatever_token_and_only_with_one() {
+        let policy = PolicyRef {
+            namespace: "shop".into(),
+            name: "api".into(),
+            generation: 1,
+        };
+        let parts = [KeyPart {
+            source: KeySource::Credential,
+            ipv4_prefix: 24,
+            ..KeyPart::client_ip()
+        }];
+        let c = KeySpec::ceiling(Some(&policy), "write", &parts, "limits.rules[0]").unwrap();
+        let token = |t: &str| {
+            let mut h = HeaderMap::new();
+            h.insert("authorization", t.parse().unwrap());
+            h
+        };
+        let a = hash_of(&c, "198.51.100.7", &token("Bearer a")).unwrap();
+        assert_eq!(
+            Some(a),
+            hash_of(&c, "198.51.100.9", &token("Bearer b")),
+            "same /24, any token"
+        );
+        assert_ne!(Some(a), hash_of(&c, "203.0.113.7", &token("Bearer a")));
+        assert_eq!(
+            hash_of(&c, "198.51.100.7", &HeaderMap::new()),
+            None,
+            "no token: the rule keys by IP already"
+        );
+        assert!(c.redis_base(&a).starts_with("sluice:{shop/api/write/client-ip/"));
     }
 
     #[test]

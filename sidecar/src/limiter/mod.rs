@@ -121,7 +121,10 @@ impl Settings {
                     r.name
                 )));
             }
-            compiled.push(CompiledRule::compile(i, r, policy, metrics.rule(&r.name))?);
+            let rule = CompiledRule::compile(i, r, policy, metrics.rule(&r.name))?;
+            let ceiling = rule.ceiling(i, r, policy, |name| metrics.rule(name))?;
+            compiled.push(rule);
+            compiled.extend(ceiling);
         }
         if config.expected_replicas == 0 {
             return Err(Error::Config(

@@ -6,7 +6,12 @@ use http::HeaderName;
 use regex::Regex;
 use sluice_crds::sidecar_config::{Algorithm as AlgorithmKind, PolicyRef, Rule, RuleMatch};
 
-use super::{RequestFacts, algorithm::Params, key::KeySpec, metrics::RuleCounters};
+use super::{
+    RequestFacts,
+    algorithm::Params,
+    key::{CEILING_SUFFIX, KeySpec},
+    metrics::RuleCounters,
+};
 use crate::{Error, Result};
 
 /// Largest `requests × window(ms)` (and `(burst + 1) × window`) the scripts compute exactly: Lua numbers are
@@ -162,6 +167,46 @@ impl CompiledRule {
             shadow: rule.shadow,
             counters,
         })
+    }
+
+    /// The ceiling per client IP of `self` (compiled from rule `index`, `rule`), if it has one: a rule
+    /// of its own, named `<rule>/client-ip`, matching the same requests, keyed by the client IP, at
+    /// `multiple` times the limit (and burst).
+    pub fn ceiling(
+        &self,
+        index: usize,
+        rule: &Rule,
+        policy: Option<&PolicyRef>,
+        counters: impl FnOnce(&str) -> RuleCounters,
+    ) -> Result<Option<Self>> {
+        let Some(multiple) = rule.ceiling() else {
+            return Ok(None);
+        };
+        let field = format!("limits.rules[{index}]");
+        let name = format!("{}{CEILING_SUFFIX}", rule.name);
+        let m = u64::from(multiple);
+        let params = Params {
+            requests: self.params.requests.saturating_mul(m),
+            window_ms: self.params.window_ms,
+            burst: self.params.burst.saturating_mul(m),
+        };
+        if u128::from(params.requests.max(params.burst.saturating_add(1))) * u128::from(params.window_ms)
+            >= EXACT_LIMIT
+        {
+            return Err(Error::Config(format!(
+                "{field}.clientIpCeiling: the ceiling (requests × clientIpCeiling) × window in ms must stay \
+                 below 2^53"
+            )));
+        }
+        Ok(Some(Self {
+            counters: counters(&name),
+            name: Arc::from(name),
+            matcher: self.matcher.clone(),
+            key: KeySpec::ceiling(policy, &rule.name, &rule.key, &field)?,
+            algorithm: self.algorithm,
+            params,
+            shadow: self.shadow,
+        }))
     }
 }
 

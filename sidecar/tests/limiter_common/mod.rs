@@ -31,6 +31,7 @@ pub fn rule(name: &str, algorithm: Algorithm, requests: u64, window_ms: u64) -> 
             burst: None,
         },
         shadow: false,
+        client_ip_ceiling: None,
     }
 }
 
