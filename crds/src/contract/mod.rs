@@ -3,7 +3,7 @@
 //! constants rather than literals, so changing one changes both ends (and the docs that name it).
 //!
 //! Layout: this file (the sidecar container's name, user, ports and paths; annotation and label names),
-//! [`env`] (the environment variables the sidecar reads), [`redis`] (the Redis key layout and the
+//! [`env`](mod@env) (the environment variables the sidecar reads), [`redis`] (the Redis key layout and the
 //! `enforced` report). Condition types and reasons are in [`crate::conditions`].
 
 pub mod env;

@@ -2,11 +2,11 @@
 //! Deployment and the autoscaler (HPA or KEDA `ScaledObject`), scales 0↔1 itself, marks idle workers
 //! cheaper to delete before a scale-in, and reports depth, replicas and conditions.
 //!
-//! Each reconcile, in order (see [`steps`]): render (a spec that cannot run needs no database round
-//! trip); read the database URL from the one Secret the queue names; [`prepare_database`] (schema,
-//! settings, paused flag); [`observe`] depth, replicas and when the queue was last busy;
-//! [`choose_autoscaler`]; [`decide`] (pure); [`apply_workers`] (deletion costs, ConfigMap, Deployment);
-//! [`apply_autoscaler`]; [`remember`] what the wake-up path needs; [`write_status`].
+//! Each reconcile, in order (see `steps`): render (a spec that cannot run needs no database round
+//! trip); read the database URL from the one Secret the queue names; `prepare_database` (schema,
+//! settings, paused flag); `observe` depth, replicas and when the queue was last busy;
+//! `choose_autoscaler`; [`decide`] (pure); `apply_workers` (deletion costs, ConfigMap, Deployment);
+//! `apply_autoscaler`; `remember` what the wake-up path needs; `write_status`.
 //!
 //! The wake-up path ([`run_wakeups`]) turns a NOTIFY on enqueue into the same [`decide`] on depth read
 //! at that moment, and applies a scale-up from zero at once through the Deployment's `/scale`; the
@@ -751,7 +751,7 @@ async fn mark_idle_workers(jq: &JobQueue, ctx: &Context<State>, url: &str) -> Re
 }
 
 /// Handles NOTIFY wake-ups: each remembered queue at zero replicas on the notified database and queue is
-/// decided again at once ([`wake_up`]). Runs until `wakes` closes.
+/// decided again at once (`wake_up`). Runs until `wakes` closes.
 pub async fn run_wakeups(ctx: Arc<Context<State>>, mut wakes: mpsc::UnboundedReceiver<Wake>) {
     while let Some(wake) = wakes.recv().await {
         let asleep: Vec<(ObjectRef<JobQueue>, QueueMemory)> = ctx

@@ -1,11 +1,11 @@
 //! The `RateLimitPolicy` controller.
 //!
-//! Each reconcile, in order: [`render_yaml`] the policy into the sidecar config; [`apply_config_map`]
+//! Each reconcile, in order: [`render_yaml`] the policy into the sidecar config; `apply_config_map`
 //! (server-side apply to a ConfigMap the policy owns: deleting the policy collects it; new pods mount it);
-//! read the Redis URL from the policy's Secret (that Secret only, by its explicit reference); [`publish`]
+//! read the Redis URL from the policy's Secret (that Secret only, by its explicit reference); `publish`
 //! the config to Redis, where running sidecars pick it up within a second, and read back their reports;
-//! count the [`selected_pods`] that report enforcing the current generation ([`enforcement`]);
-//! [`write_status`]. While pods lag it requeues every [`PROPAGATION_POLL`], so status shows the change
+//! count the `selected_pods` that report enforcing the current generation ([`enforcement`]);
+//! `write_status`. While pods lag it requeues every [`PROPAGATION_POLL`], so status shows the change
 //! reaching every pod; afterwards every [`RESYNC`].
 //!
 //! User errors (invalid spec, missing Secret or key) and an unreachable Redis set `Ready=False` with a

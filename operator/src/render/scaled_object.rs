@@ -8,10 +8,12 @@
 
 use kube::{Resource, ResourceExt, api::ApiResource};
 use serde_json::{Value, json};
-use sluice_crds::job_queue::JobQueue;
+use sluice_crds::{
+    contract::{SIDECAR_CONTAINER as SIDECAR_CONTAINER_NAME, env},
+    job_queue::JobQueue,
+};
 
 use super::worker_deployment::{labels, worker_name};
-use sluice_crds::contract::SIDECAR_CONTAINER as SIDECAR_CONTAINER_NAME;
 
 /// KEDA's API group/version.
 pub const KEDA_API_VERSION: &str = "keda.sh/v1alpha1";
@@ -50,7 +52,7 @@ pub fn render_scaled_object(jq: &JobQueue) -> Value {
         "triggers": [{
             "type": "postgresql",
             "metadata": {
-                "connectionFromEnv": "SLUICE_DATABASE_URL",
+                "connectionFromEnv": env::DATABASE_URL,
                 "query": sluice_queue::sql::queue_demand_statement(&jq.queue_name()),
                 "targetQueryValue": s.target(jq.spec.worker.concurrency).to_string(),
                 "activationTargetQueryValue": s.activation_threshold.to_string(),

@@ -8,6 +8,8 @@
 //! ports, config mount and probes with the builder's methods. Credentials only ever arrive by
 //! `secretKeyRef` ([`SidecarContainer::env_from_secret`]), never as text.
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
 use k8s_openapi::{
     api::core::v1::{
         Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector,
@@ -16,7 +18,8 @@ use k8s_openapi::{
     apimachinery::pkg::util::intstr::IntOrString,
 };
 use sluice_crds::{
-    contract::{SIDECAR_CONTAINER, SIDECAR_UID, env, path::CONFIG_DIR},
+    contract::{SIDECAR_CONTAINER, SIDECAR_UID, env, path::CONFIG_DIR, port},
+    job_queue::JobQueue,
     secret_ref::SecretKeyRef,
 };
 
@@ -132,6 +135,31 @@ impl SidecarContainer {
     }
 }
 
+/// Address the queue API listens on in pods that enqueue through the sidecar: localhost only.
+pub const QUEUE_API_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port::QUEUE_API);
+
+/// Env vars that give an app pod the sidecar's queue HTTP API for `jq` (for the pod webhook, when a pod
+/// is annotated `sluice.dev/job-queues: <name>`): the database URL by `secretKeyRef` to the JobQueue's
+/// Secret (never as text), the queue name, and the API's address on localhost.
+///
+/// One database per sidecar: the webhook ([`crate::webhook::inject::resolve_job_queues`]) refuses pods
+/// naming JobQueues with different Secret references, and lists every queue name in `SLUICE_QUEUES`.
+pub fn queue_api_env(jq: &JobQueue) -> Vec<EnvVar> {
+    vec![
+        env_from_secret(env::DATABASE_URL, &jq.spec.database.secret_ref),
+        EnvVar {
+            name: env::QUEUES.into(),
+            value: Some(jq.queue_name()),
+            ..EnvVar::default()
+        },
+        EnvVar {
+            name: env::API_LISTEN.into(),
+            value: Some(QUEUE_API_LISTEN.to_string()),
+            ..EnvVar::default()
+        },
+    ]
+}
+
 /// An HTTP GET probe of `path` on `port` every `period_seconds`. `failure_threshold` and a one-second
 /// timeout are set only when `strict` (the injected sidecar's probes); otherwise Kubernetes' defaults
 /// apply.
@@ -190,6 +218,7 @@ pub fn strict_security_context() -> SecurityContext {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::render::worker_deployment::tests::{BASIC, job_queue};
 
     fn settings() -> SidecarSettings {
         SidecarSettings {
@@ -225,5 +254,17 @@ mod tests {
         assert!(var.value.is_none());
         let r = var.value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
         assert_eq!((r.name.as_str(), r.key.as_str()), ("pg", "dsn"));
+    }
+
+    #[test]
+    fn apps_get_the_queue_api_with_the_url_by_reference() {
+        let env = queue_api_env(&job_queue(BASIC));
+        let names: Vec<_> = env.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["SLUICE_DATABASE_URL", "SLUICE_QUEUES", "SLUICE_API_LISTEN"]
+        );
+        assert!(env[0].value.is_none());
+        assert_eq!(env[1].value.as_deref(), Some("emails"));
     }
 }

@@ -34,16 +34,13 @@ use sluice_crds::contract::{
     env,
     label::{JOB_QUEUE as JOB_QUEUE_LABEL, MANAGED_BY},
     path::{CONFIG_DIR as WORKER_CONFIG_DIR, WORKER_CONFIG_FILE as WORKER_CONFIG_KEY},
-    port::{QUEUE_API, WORKER_METRICS as WORKER_METRICS_PORT},
+    port::WORKER_METRICS as WORKER_METRICS_PORT,
 };
 
 use super::sidecar_container::{SidecarContainer, SidecarSettings, env_from_secret, http_probe};
 
 /// Name of the config volume added to worker pods.
 pub const WORKER_CONFIG_VOLUME: &str = "sluice-worker-config";
-/// Address the queue API listens on in pods that enqueue through the sidecar: localhost only.
-pub const QUEUE_API_LISTEN_DEFAULT: std::net::SocketAddr =
-    std::net::SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), QUEUE_API);
 /// Time added to the job timeout in `terminationGracePeriodSeconds`: the worker's own shutdown steps
 /// (handing back unstarted jobs, the last completion batch) happen after in-flight jobs end.
 pub const TERMINATION_MARGIN_SECS: i64 = 30;
@@ -220,28 +217,6 @@ pub fn config_hash(jq: &JobQueue) -> String {
 /// `SLUICE_DATABASE_URL` from the JobQueue's Secret, by reference.
 pub fn database_url_env(jq: &JobQueue) -> EnvVar {
     env_from_secret(env::DATABASE_URL, &jq.spec.database.secret_ref)
-}
-
-/// Env vars that give an app pod the sidecar's queue HTTP API for `jq` (for the pod webhook, when a pod
-/// is annotated `sluice.dev/job-queues: <name>`): the database URL by `secretKeyRef` to the JobQueue's
-/// Secret (never as text), the queue name, and the API's address on localhost.
-///
-/// One database per sidecar: the webhook ([`crate::webhook::inject::resolve_job_queues`]) refuses pods
-/// naming JobQueues with different Secret references, and lists every queue name in `SLUICE_QUEUES`.
-pub fn queue_api_env(jq: &JobQueue) -> Vec<EnvVar> {
-    vec![
-        database_url_env(jq),
-        EnvVar {
-            name: env::QUEUES.into(),
-            value: Some(jq.queue_name()),
-            ..EnvVar::default()
-        },
-        EnvVar {
-            name: env::API_LISTEN.into(),
-            value: Some(QUEUE_API_LISTEN_DEFAULT.to_string()),
-            ..EnvVar::default()
-        },
-    ]
 }
 
 /// The worker sidecar: `worker --config /etc/sluice/worker.yaml`, the database URL by reference, its
@@ -474,17 +449,5 @@ worker:
             render_worker_deployment(&port, &opts(), None).unwrap_err(),
             RenderError::PortInUse(9902)
         );
-    }
-
-    #[test]
-    fn apps_get_the_queue_api_with_the_url_by_reference() {
-        let env = queue_api_env(&job_queue(BASIC));
-        let names: Vec<_> = env.iter().map(|e| e.name.as_str()).collect();
-        assert_eq!(
-            names,
-            ["SLUICE_DATABASE_URL", "SLUICE_QUEUES", "SLUICE_API_LISTEN"]
-        );
-        assert!(env[0].value.is_none());
-        assert_eq!(env[1].value.as_deref(), Some("emails"));
     }
 }

@@ -44,8 +44,7 @@ use sluice_crds::{
 use super::annotations::{self, AnnotationError, InjectAnnotations, PortRef};
 use crate::render::{
     sidecar_config::config_map_name,
-    sidecar_container::{SidecarContainer, SidecarSettings, http_probe},
-    worker_deployment::{QUEUE_API_LISTEN_DEFAULT, queue_api_env},
+    sidecar_container::{QUEUE_API_LISTEN, SidecarContainer, SidecarSettings, http_probe, queue_api_env},
 };
 
 /// Name of the config volume added to injected pods.
@@ -417,7 +416,7 @@ fn tell_apps_where_the_queue_api_is(containers: &mut [Container]) {
         if !env.iter().any(|e| e.name == QUEUE_API_ENV) {
             env.push(EnvVar {
                 name: QUEUE_API_ENV.into(),
-                value: Some(format!("http://{QUEUE_API_LISTEN_DEFAULT}")),
+                value: Some(format!("http://{QUEUE_API_LISTEN}")),
                 ..EnvVar::default()
             });
         }

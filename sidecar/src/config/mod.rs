@@ -1,7 +1,7 @@
 //! Loading the sidecar config: the YAML file, env overrides, validation naming the field at fault, and
 //! hot reload (file polling and the Redis channel).
 //!
-//! Layout: [`load`] (parse, env, seed tiers, validate), [`env`] (overrides), [`reload`] (file watch by
+//! Layout: [`load`] (parse, env, seed tiers, validate), [`env`](mod@env) (overrides), [`reload`] (file watch by
 //! content hash), [`remote`] (Redis channel and the `enforced` report). The validation itself is the
 //! config schema's, in `sluice_crds::sidecar_config::validate`, shared with the operator.
 

@@ -6,7 +6,7 @@
 //! one every `W/requests` ms; rejections change nothing (as in nginx). nginx's `excess` is `e/W − 1`.
 //! Integers throughout, exact in Lua's doubles while `(burst + 1)·W < 2^53`.
 //!
-//! Hits taken ahead (see [`Algorithm::prefetch_until`](super::Algorithm::prefetch_until)) are *held*: until they may no longer be spent, `e`
+//! Hits taken ahead (see [`Algorithm::prefetch_until`]) are *held*: until they may no longer be spent, `e`
 //! drains no lower than `held·W`, as if they were still in the bucket, so a full bucket cannot refill the
 //! room they made. Held hits live in [`HOLD_SLOT_MS`] slots: those taken in slot `s` may be spent until
 //! slot `s + 2` begins (minus [`HOLD_MARGIN_MS`] for clock skew between sidecars). The in-process math
