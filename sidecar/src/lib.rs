@@ -10,11 +10,11 @@
 //! It depends on `sluice-crds` (the config schema, its validation and the contracts it shares with the
 //! operator) and `sluice-queue` (the store and all SQL); it knows nothing of the Kubernetes API.
 //!
-//! Layout (roughly bottom up): [`clock`] (re-exported from `sluice-crds`) and [`error`]; [`config`]
-//! (loading, env overrides, hot reload); [`limiter`] (rules, keys, algorithms, Redis store, circuit
-//! breaker, local fallback); [`redis`] (connecting, TLS, why a connection fails); [`queue`] (worker engine, HTTP dispatch, queue HTTP API, client library, the
-//! roles' wiring); [`proxy`] (HTTP forwarding, the admin endpoints, the proxy role). `main.rs` parses the
-//! command line and calls one role.
+//! Layout (roughly bottom up): [`clock`] (re-exported from `sluice-crds`) and [`error`]; [`redis`]
+//! (connecting, TLS, why a connection fails); [`config`] (loading, env overrides, hot reload);
+//! [`limiter`] (rules, keys, algorithms, Redis store, circuit breaker, local fallback); [`queue`] (worker
+//! engine, HTTP dispatch, queue HTTP API, client library, the roles' wiring); [`proxy`] (HTTP forwarding,
+//! the admin endpoints, the proxy role). `main.rs` parses the command line and calls one role.
 
 pub mod config;
 pub mod error;

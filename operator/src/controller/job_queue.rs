@@ -365,7 +365,7 @@ fn policy(jq: &JobQueue, autoscaler: Autoscaler) -> Policy {
     }
 }
 
-/// The field manager of the worker Deployment's `spec.replicas` (see [`apply_workers`]).
+/// The field manager of the worker Deployment's `spec.replicas` (see `apply_workers`).
 pub const REPLICAS_FIELD_MANAGER: &str = "sluice-operator-replicas";
 
 /// Whether `manager`'s apply owns the Deployment's `spec.replicas` (per `metadata.managedFields`).

@@ -91,7 +91,7 @@ pub struct Request {
     pub retryable: bool,
     /// It is a `HEAD` request (its response has no body).
     pub head_request: bool,
-    /// The client sent `Expect: 100-continue` (forwarded to the app): see [`upload`].
+    /// The client sent `Expect: 100-continue` (forwarded to the app): see `upload`.
     pub expect_continue: bool,
 }
 
