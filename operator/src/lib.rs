@@ -9,6 +9,8 @@
 //!   the URL from the one Secret an object names.
 //! - [`render`]: pure functions from API objects to what the cluster and the sidecar read (sidecar config,
 //!   the sidecar container, worker Deployment, HPA, `ScaledObject`).
+//! - [`serve`]: the serving loop of the webhook, the external metrics API and `/metrics` (timeouts,
+//!   connection caps, accept errors survived, readiness tied to the loop running).
 //! - [`webhook`]: the pod injection patch ([`webhook::inject`], pure), annotation parsing, and the HTTPS
 //!   admission server (the `MutatingWebhookConfiguration` is the chart's).
 //! - [`propagation`]: publishing rendered config to Redis and reading back which generation pods enforce.
@@ -35,6 +37,7 @@ pub mod render;
 pub mod run;
 pub mod scaling;
 pub mod secret;
+pub mod serve;
 pub mod telemetry;
 pub mod webhook;
 

@@ -27,13 +27,16 @@ use crate::{
     metrics::Metrics,
     render::sidecar_container::SidecarSettings,
     scaling::{Databases, JobQueueMetrics},
+    serve::{Limits, Serving, serve},
     webhook::{
         inject::InjectConfig,
         server::{self, WebhookState},
     },
 };
 
-/// What `/readyz` waits for: a certificate the API server trusts, and synced policy and JobQueue caches.
+/// What `/readyz` waits for: a certificate the API server trusts, synced policy and JobQueue caches, and
+/// every server's accept loop running; `/healthz` fails when one of those loops has stopped, which no
+/// wait mends.
 #[derive(Debug, Default)]
 pub struct Health {
     /// The webhook serves a certificate that the `caBundle` trusts.
@@ -42,13 +45,43 @@ pub struct Health {
     pub policies_synced: AtomicBool,
     /// The JobQueue cache has listed every `JobQueue` once.
     pub job_queues_synced: AtomicBool,
+    /// The servers whose accept loops must run, by name (the webhook, the external metrics API, the
+    /// metrics server itself).
+    pub servers: std::sync::Mutex<Vec<(&'static str, Serving)>>,
 }
 
 impl Health {
-    fn ready(&self) -> bool {
-        self.cert_ready.load(Ordering::Relaxed)
+    /// Registers a server whose accept loop must run; returns the flag to hand to [`serve`].
+    pub fn server(&self, name: &'static str) -> Serving {
+        let serving = Serving::default();
+        self.servers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((name, serving.clone()));
+        serving
+    }
+
+    /// The servers whose accept loop has stopped (or not started yet).
+    pub fn stopped_servers(&self) -> Vec<&'static str> {
+        self.servers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, s)| !s.is_serving())
+            .map(|(name, _)| *name)
+            .collect()
+    }
+
+    /// Why the replica is not ready, or `None` when it is.
+    pub fn not_ready(&self) -> Option<String> {
+        let stopped = self.stopped_servers();
+        if !stopped.is_empty() {
+            return Some(format!("not serving: {}", stopped.join(", ")));
+        }
+        let ready = self.cert_ready.load(Ordering::Relaxed)
             && self.policies_synced.load(Ordering::Relaxed)
-            && self.job_queues_synced.load(Ordering::Relaxed)
+            && self.job_queues_synced.load(Ordering::Relaxed);
+        (!ready).then(|| "waiting for the webhook certificate and the policy and JobQueue caches".to_owned())
     }
 }
 
@@ -77,17 +110,26 @@ pub fn metrics_router(metrics: AllMetrics, health: Arc<Health>) -> Router {
                 )
             }),
         )
-        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/healthz",
+            get(|State((_, h)): State<(AllMetrics, Arc<Health>)>| async move {
+                let stopped = h.stopped_servers();
+                if stopped.is_empty() {
+                    (StatusCode::OK, "ok".to_owned())
+                } else {
+                    (
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        format!("not serving: {}", stopped.join(", ")),
+                    )
+                }
+            }),
+        )
         .route(
             "/readyz",
             get(|State((_, h)): State<(AllMetrics, Arc<Health>)>| async move {
-                if h.ready() {
-                    (StatusCode::OK, "ready")
-                } else {
-                    (
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "waiting for the webhook certificate and the policy and JobQueue caches",
-                    )
+                match h.not_ready() {
+                    None => (StatusCode::OK, "ready".to_owned()),
+                    Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
                 }
             }),
         )
@@ -237,10 +279,13 @@ pub async fn run_with(client: Client, args: RunArgs, shutdown: CancellationToken
     let webhook_listener = TcpListener::bind(args.webhook_listen).await?;
     info!(addr = %args.webhook_listen, native_sidecars = native, "webhook listening");
     let tls = cert_store.server_config()?;
-    let webhook = tokio::spawn(server::serve_tls(
+    let webhook = tokio::spawn(serve(
+        "webhook",
         webhook_listener,
-        tls,
+        Some(tls),
         server::router(state),
+        Limits::default(),
+        health.server("webhook"),
         shutdown.clone().cancelled_owned(),
     ));
 
@@ -269,6 +314,7 @@ pub async fn run_with(client: Client, args: RunArgs, shutdown: CancellationToken
             keeper,
             databases.clone(),
             job_queue_metrics.clone(),
+            health.server("external-metrics"),
             shutdown.clone(),
         );
         tokio::spawn(async move {
@@ -287,12 +333,15 @@ pub async fn run_with(client: Client, args: RunArgs, shutdown: CancellationToken
         },
         health.clone(),
     );
-    let metrics_shutdown = shutdown.clone();
-    tokio::spawn(async move {
-        let _ = axum::serve(metrics_listener, metrics_app)
-            .with_graceful_shutdown(metrics_shutdown.cancelled_owned())
-            .await;
-    });
+    tokio::spawn(serve(
+        "metrics",
+        metrics_listener,
+        None,
+        metrics_app,
+        Limits::default(),
+        health.server("metrics"),
+        shutdown.clone().cancelled_owned(),
+    ));
 
     // Leadership, then controllers on the leader only.
     let (leading_tx, leading) = watch::channel(!args.leader_election);

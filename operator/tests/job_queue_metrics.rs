@@ -16,9 +16,10 @@ use sluice_operator::{
     certs::{self, Bundle, CertStore, Plan},
     clock::system_clock,
     external_metrics::{
-        Access, MetricsState, Targets, authn::RequestClientCertificate, router, serve, server::Target,
+        Access, MetricsState, Targets, authn::RequestClientCertificate, router, server::Target,
     },
     scaling::{Databases, JobQueueMetrics, decision::hpa_replicas},
+    serve::{Limits, Serving, serve},
 };
 use sluice_queue::{
     NewJob, QueueSettings, QueueStore, schema,
@@ -130,9 +131,15 @@ async fn start_server_for(env: Env, namespace: &str, url: &str) -> MetricsApi {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let s = stop.clone();
-    tokio::spawn(serve(listener, Some(tls), router(state), async move {
-        s.cancelled().await
-    }));
+    tokio::spawn(serve(
+        "external-metrics",
+        listener,
+        Some(tls),
+        router(state),
+        Limits::default(),
+        Serving::default(),
+        async move { s.cancelled().await },
+    ));
     MetricsApi {
         env,
         addr,

@@ -101,6 +101,7 @@ async fn start(offset_ms: i64) -> Fixture {
         keeper,
         Arc::new(Databases::default()),
         Arc::new(JobQueueMetrics::default()),
+        sluice_operator::serve::Serving::default(),
         stop.clone(),
     ));
     Fixture {

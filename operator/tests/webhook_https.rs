@@ -15,6 +15,7 @@ use sluice_operator::{
     certs::{self, Bundle, CertStore, Plan},
     metrics::Metrics,
     render::sidecar_container::SidecarSettings,
+    serve,
     webhook::{
         inject::InjectConfig,
         server::{self, WebhookState},
@@ -80,10 +81,13 @@ async fn start(b: &Bundle) -> Webhook {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = CancellationToken::new();
-    tokio::spawn(server::serve_tls(
+    tokio::spawn(serve::serve(
+        "webhook",
         listener,
-        store.server_config().unwrap(),
+        Some(store.server_config().unwrap()),
         server::router(state),
+        serve::Limits::default(),
+        serve::Serving::default(),
         stop.clone().cancelled_owned(),
     ));
     Webhook {

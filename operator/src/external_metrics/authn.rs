@@ -89,10 +89,7 @@ impl User {
     }
 }
 
-/// The certificate chain the client presented in the TLS handshake (end entity first); set by
-/// [`super::server::serve`] as a request extension.
-#[derive(Clone, Debug)]
-pub struct PeerCertificates(pub Arc<Vec<CertificateDer<'static>>>);
+pub use crate::serve::PeerCertificates;
 
 /// Why a caller is not authenticated: the text goes into the 401's Status message.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

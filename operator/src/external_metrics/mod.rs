@@ -17,4 +17,4 @@ pub mod cache;
 pub mod server;
 
 pub use access::Access;
-pub use server::{MetricsState, Targets, router, serve};
+pub use server::{MetricsState, Targets, router};

@@ -7,11 +7,10 @@
 //!
 //! Every route but `/healthz` and `/readyz` is behind [`super::access`]: the caller must be the
 //! kube-apiserver's front proxy (or hold a bearer token) and RBAC must let the user it names read the
-//! metric. [`serve`] hands the TLS peer's certificates to that check.
+//! metric. [`crate::serve::serve`] hands the TLS peer's certificates to that check.
 
 use std::{
     collections::HashMap,
-    future::Future,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -23,10 +22,6 @@ use axum::{
     response::{IntoResponse, Response},
     routing::get,
 };
-use hyper_util::{
-    rt::{TokioExecutor, TokioIo},
-    service::TowerToHyperService,
-};
 use k8s_openapi::jiff::Timestamp;
 use kube::{Api, Client};
 use serde::Deserialize;
@@ -34,10 +29,7 @@ use serde_json::{Value, json};
 use sluice_crds::job_queue::JobQueue;
 use tokio::net::TcpListener;
 
-use super::{
-    access::{Access, Gate, require_access},
-    authn::PeerCertificates,
-};
+use super::access::{Access, Gate, require_access};
 use sluice_crds::contract::label::JOB_QUEUE as JOB_QUEUE_LABEL;
 
 use crate::{
@@ -303,6 +295,7 @@ pub async fn run(
     keeper: crate::certs::Keeper,
     databases: Arc<Databases>,
     metrics: Arc<JobQueueMetrics>,
+    serving: crate::serve::Serving,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()> {
     let store = Arc::new(crate::certs::CertStore::default());
@@ -326,59 +319,17 @@ pub async fn run(
         access,
     });
     tracing::info!(addr = ?listener.local_addr().ok(), "external metrics API listening");
-    serve(listener, Some(tls), router(state), shutdown.cancelled_owned()).await
-}
-
-/// Serves `router` on `listener` (TLS when `tls` is given) until `shutdown` completes. The client
-/// certificates of a TLS connection reach the handlers as a [`PeerCertificates`] extension.
-pub async fn serve(
-    listener: TcpListener,
-    tls: Option<Arc<rustls::ServerConfig>>,
-    router: Router,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
-    tokio::pin!(shutdown);
-    loop {
-        let (tcp, _) = tokio::select! {
-            r = listener.accept() => r?,
-            _ = &mut shutdown => return Ok(()),
-        };
-        let _ = tcp.set_nodelay(true);
-        let router = router.clone();
-        let acceptor = acceptor.clone();
-        tokio::spawn(async move {
-            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            let served = match acceptor {
-                Some(a) => match a.accept(tcp).await {
-                    Ok(tls) => {
-                        let peer = tls.get_ref().1.peer_certificates().map(|chain| {
-                            PeerCertificates(Arc::new(chain.iter().map(|c| c.clone().into_owned()).collect()))
-                        });
-                        let router = match peer {
-                            Some(p) => router.layer(axum::Extension(p)),
-                            None => router,
-                        };
-                        builder
-                            .serve_connection(TokioIo::new(tls), TowerToHyperService::new(router))
-                            .await
-                    }
-                    Err(e) => {
-                        tracing::debug!(error = %e, "external metrics TLS handshake failed");
-                        return;
-                    }
-                },
-                None => {
-                    builder
-                        .serve_connection(TokioIo::new(tcp), TowerToHyperService::new(router))
-                        .await
-                }
-            };
-            if let Err(e) = served {
-                tracing::debug!(error = %e, "external metrics connection ended");
-            }
-        });
-    }
+    crate::serve::serve(
+        "external-metrics",
+        listener,
+        Some(tls),
+        router(state),
+        crate::serve::Limits::default(),
+        serving,
+        shutdown.cancelled_owned(),
+    )
+    .await;
+    Ok(())
 }
 
 #[cfg(test)]

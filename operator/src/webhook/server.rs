@@ -2,14 +2,9 @@
 //! patch from [`super::inject`]. Every operator replica serves it; it reads policies and JobQueues from
 //! in-memory caches (reflectors), so admission never waits on the API server.
 
-use std::{future::Future, sync::Arc};
+use std::sync::Arc;
 
 use axum::{Json, Router, extract::State, routing::post};
-use hyper_util::{
-    rt::{TokioExecutor, TokioIo},
-    server::conn::auto,
-    service::TowerToHyperService,
-};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
     ResourceExt,
@@ -20,12 +15,10 @@ use kube::{
     runtime::reflector::Store,
 };
 use sluice_crds::{job_queue::JobQueue, rate_limit_policy::RateLimitPolicy};
-use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
 use super::inject::{self, InjectConfig};
-use crate::{Result, metrics::Metrics};
+use crate::metrics::Metrics;
 
 /// Path the `MutatingWebhookConfiguration` calls.
 pub const INJECT_PATH: &str = "/inject";
@@ -120,40 +113,5 @@ pub fn review_pod(state: &WebhookState, request: &AdmissionRequest<Pod>) -> Admi
             debug!(%namespace, pod = %name, error = %e, "rejected pod");
             response.deny(e.to_string())
         }
-    }
-}
-
-/// Serve `router` over TLS on `listener` until `shutdown` resolves. The certificate comes from `tls`
-/// at each handshake, so rotation needs no restart.
-pub async fn serve_tls(
-    listener: TcpListener,
-    tls: Arc<rustls::ServerConfig>,
-    router: Router,
-    shutdown: impl Future<Output = ()>,
-) -> Result<()> {
-    let acceptor = TlsAcceptor::from(tls);
-    tokio::pin!(shutdown);
-    loop {
-        let (tcp, peer) = tokio::select! {
-            accepted = listener.accept() => accepted?,
-            () = &mut shutdown => return Ok(()),
-        };
-        let acceptor = acceptor.clone();
-        let service = TowerToHyperService::new(router.clone());
-        tokio::spawn(async move {
-            let stream = match acceptor.accept(tcp).await {
-                Ok(s) => s,
-                Err(e) => {
-                    debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-            };
-            if let Err(e) = auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                debug!(%peer, error = %e, "webhook connection ended with an error");
-            }
-        });
     }
 }
