@@ -107,14 +107,23 @@ impl Req {
         if self.body.is_empty() {
             return Err(ApiError::bad_request("the request body is empty"));
         }
-        if self.content_type.contains("protobuf") || self.content_type.contains("cbor") {
-            // Typed client-go clients (`kubectl create configmap …`) send protobuf; this server decodes JSON
-            // and YAML only. `kubectl apply -f` and kube-rs always send JSON.
+        if self.content_type.starts_with(crate::protobuf::CONTENT_TYPE) {
+            // Typed client-go clients (`kubectl create configmap …`) send built-in kinds as protobuf.
+            return crate::protobuf::decode(&self.body).map_err(|e| {
+                ApiError::new(
+                    415,
+                    "UnsupportedMediaType",
+                    format!("error decoding the protobuf request body: {e}"),
+                )
+            });
+        }
+        if self.content_type.contains("cbor") {
+            // client-go falls back to JSON when a CBOR body is refused with 415.
             return Err(ApiError::new(
                 415,
                 "UnsupportedMediaType",
                 format!(
-                    "this test API server accepts JSON and YAML bodies only, not {}: use `kubectl apply -f` instead of `kubectl create <kind>`",
+                    "this test API server accepts JSON, YAML and protobuf bodies, not {}",
                     self.content_type
                 ),
             ));
@@ -1188,7 +1197,15 @@ fn default_builtin(rt: &ResourceType, obj: &mut Value, all: bool) {
             }
             default_pod_spec(spec.get_mut("template").and_then(|t| t.get_mut("spec")));
         }
-        ("", "secrets") => fold_string_data(obj),
+        ("", "secrets") => {
+            fold_string_data(obj);
+            if all
+                && obj.get("type").is_none_or(Value::is_null)
+                && let Some(o) = obj.as_object_mut()
+            {
+                o.insert("type".into(), json!("Opaque"));
+            }
+        }
         ("", "services") => {
             default_protocols(obj.get_mut("spec").and_then(|s| s.get_mut("ports")));
             if !all {

@@ -41,6 +41,7 @@ pub mod merge;
 pub mod openapi;
 pub mod pod_network;
 pub mod podman;
+pub mod protobuf;
 pub mod registry;
 pub mod sandbox;
 pub mod scale;

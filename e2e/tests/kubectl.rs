@@ -361,3 +361,105 @@ async fn kubectl_explain_describes_a_custom_resource_and_invalid_ones_are_reject
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn kubectl_create_of_built_in_kinds_sends_protobuf_and_is_stored_as_json() {
+    let env = Env::start().await.unwrap();
+    let ns = env.namespace("create").await.unwrap();
+    let server = env.server().expect("the in-memory server");
+    let get = |api_version: &str, kind: &str, namespace: &str, name: &str| {
+        server
+            .get(api_version, kind, namespace, name)
+            .unwrap_or_else(|| panic!("{kind} {name} was created"))
+    };
+
+    let out = ok(
+        &env,
+        &ns,
+        &[
+            "create",
+            "configmap",
+            "settings",
+            "--from-literal=mode=fast",
+            "--from-literal=empty=",
+        ],
+    );
+    assert_eq!(out.trim(), "configmap/settings created");
+    let cm = get("v1", "ConfigMap", ns.name(), "settings");
+    assert_eq!(cm["data"], json!({"mode": "fast", "empty": ""}));
+    assert_eq!(cm["metadata"]["managedFields"][0]["manager"], "kubectl-create");
+
+    ok(
+        &env,
+        &ns,
+        &[
+            "create",
+            "secret",
+            "generic",
+            "login",
+            "--from-literal=password=hunter2",
+        ],
+    );
+    let secret = get("v1", "Secret", ns.name(), "login");
+    assert_eq!(secret["type"], "Opaque");
+    assert_eq!(secret["data"], json!({"password": "aHVudGVyMg=="}));
+
+    ok(&env, &ns, &["create", "serviceaccount", "robot"]);
+    get("v1", "ServiceAccount", ns.name(), "robot");
+
+    ok(
+        &env,
+        &ns,
+        &[
+            "create",
+            "deployment",
+            "web",
+            "--image=nginx:1",
+            "--replicas=0",
+            "--port=8080",
+        ],
+    );
+    let deploy = get("apps/v1", "Deployment", ns.name(), "web");
+    assert_eq!(
+        deploy["spec"]["replicas"], 0,
+        "a pointer field's zero is kept: {deploy}"
+    );
+    assert_eq!(deploy["spec"]["selector"], json!({"matchLabels": {"app": "web"}}));
+    let container = &deploy["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        *container,
+        json!({"name": "nginx", "image": "nginx:1", "ports": [{"containerPort": 8080, "protocol": "TCP"}], "resources": {}}),
+        "zero-valued fields are left out, as Go's JSON would: {deploy}"
+    );
+    assert!(
+        deploy["metadata"]
+            .get("creationTimestamp")
+            .is_some_and(|t| t.is_string())
+    );
+    assert!(
+        deploy["spec"]["template"]["metadata"]
+            .get("creationTimestamp")
+            .is_none()
+    );
+
+    ok(
+        &env,
+        &ns,
+        &["create", "service", "clusterip", "web", "--tcp=80:8080"],
+    );
+    let svc = get("v1", "Service", ns.name(), "web");
+    assert_eq!(
+        svc["spec"]["ports"],
+        json!([{"name": "80-8080", "port": 80, "protocol": "TCP", "targetPort": 8080}])
+    );
+    assert_eq!(svc["spec"]["type"], "ClusterIP");
+
+    let other = format!("{}-other", ns.name());
+    assert_eq!(
+        ok(&env, &ns, &["create", "namespace", &other]).trim(),
+        format!("namespace/{other} created")
+    );
+    let created = get("v1", "Namespace", "", &other);
+    assert_eq!(created["status"]["phase"], "Active");
+    ok(&env, &ns, &["delete", "namespace", &other, "--wait=false"]);
+}
