@@ -22,6 +22,9 @@ pub const REDIS_URL: &str = "SLUICE_REDIS_URL";
 pub const REDIS_CA_FILE: &str = "SLUICE_REDIS_CA_FILE";
 /// `limits.adminListen`: `/healthz`, `/readyz` and `/metrics`.
 pub const ADMIN_LISTEN: &str = "SLUICE_ADMIN_LISTEN";
+/// The memory limit (bytes) the proxy sizes its default `limits.maxConnections` and its budget for long
+/// request heads by, instead of its cgroup's (for a process outside a container, and tests).
+pub const MEMORY_LIMIT: &str = "SLUICE_MEMORY_LIMIT";
 
 /// `false` turns rate limiting off (the proxy still forwards, reports and logs).
 pub const RATE_LIMIT_ENABLED: &str = "RATE_LIMIT__ENABLED";

@@ -24,6 +24,10 @@ pub const PREFETCH_DEFAULT: u64 = 256;
 pub const PREFETCH_MAX: u64 = 100_000;
 /// Default cap on in-process buckets (local fallback state).
 pub const LOCAL_MAX_KEYS_DEFAULT: usize = 100_000;
+/// `limits.maxConnections` when it is absent and the container has no memory limit.
+pub const MAX_CONNECTIONS_UNLIMITED_MEMORY: u32 = 10_000;
+/// Largest `limits.maxConnections`.
+pub const MAX_CONNECTIONS_MAX: u32 = 1_000_000;
 
 /// Rate limiting settings.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -75,6 +79,12 @@ pub struct LimitsConfig {
     /// How long client connections may keep the proxy waiting.
     #[serde(default)]
     pub client_timeouts: ClientTimeouts,
+    /// Most client connections open at once; a connection over it is closed as soon as it is accepted.
+    /// Absent: derived from the container's memory limit (its cgroup), so that connections cannot take
+    /// the sidecar past it; [`MAX_CONNECTIONS_UNLIMITED_MEMORY`] without one. Either way at most what the
+    /// process's file-descriptor limit allows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<u32>,
     /// How request paths are read, by the rules and the app alike.
     #[serde(default)]
     pub paths: PathsConfig,
@@ -106,6 +116,7 @@ impl Default for LimitsConfig {
             rejection_log: RejectionLogConfig::default(),
             shutdown_grace: default_shutdown_grace(),
             client_timeouts: ClientTimeouts::default(),
+            max_connections: None,
             paths: PathsConfig::default(),
             upgrades: default_upgrades(),
             rules: Vec::new(),

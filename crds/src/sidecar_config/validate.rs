@@ -7,8 +7,8 @@
 use std::{collections::HashSet, fmt};
 
 use super::{
-    CLIENT_IP_CEILING_MAX, CONFIG_VERSION, KeyPart, KeySource, LimitsConfig, PREFETCH_MAX, PolicyRef,
-    QueueConfig, Rule, RuleMatch, SidecarConfig, valid_queue_name,
+    CLIENT_IP_CEILING_MAX, CONFIG_VERSION, KeyPart, KeySource, LimitsConfig, MAX_CONNECTIONS_MAX,
+    PREFETCH_MAX, PolicyRef, QueueConfig, Rule, RuleMatch, SidecarConfig, valid_queue_name,
 };
 use crate::Duration;
 
@@ -248,6 +248,14 @@ fn check_limits(l: &LimitsConfig, errs: &mut ConfigErrors) {
         errs.push(
             "limits.maxRequestBody",
             "must be at least 1 byte (requests without a body are always allowed)",
+        );
+    }
+    if let Some(n) = l.max_connections
+        && !(1..=MAX_CONNECTIONS_MAX).contains(&n)
+    {
+        errs.push(
+            "limits.maxConnections",
+            format!("must be between 1 and {MAX_CONNECTIONS_MAX}, got {n}"),
         );
     }
     if l.shutdown_grace > SHUTDOWN_GRACE_MAX {

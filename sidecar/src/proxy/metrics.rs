@@ -58,6 +58,13 @@ pub struct ProxyMetrics {
     pub config_applies: Counter,
     /// Rejections that were not logged because the rejection log was over its per-second budget.
     pub rejections_unlogged: Counter,
+    /// Client connections open now.
+    pub connections_open: Gauge,
+    /// Client connections closed as soon as accepted, `limits.maxConnections` being open.
+    pub connections_refused: Counter,
+    /// Client connections closed because the client was too slow (`limits.clientTimeouts`), or its
+    /// request head outgrew the memory kept for heads.
+    pub slow_clients: Counter,
     /// Handles into `requests`, one per [`Outcome`] in declaration order.
     by_outcome: [Counter; 6],
 }
@@ -76,6 +83,9 @@ impl ProxyMetrics {
             config_generation: Gauge::default(),
             config_applies: Counter::default(),
             rejections_unlogged: Counter::default(),
+            connections_open: Gauge::default(),
+            connections_refused: Counter::default(),
+            slow_clients: Counter::default(),
             by_outcome: Default::default(),
         };
         let mut m = m;
@@ -119,6 +129,22 @@ impl ProxyMetrics {
             "sluice_rejections_unlogged",
             "Rejections not logged because the rejection log was over budget",
             m.rejections_unlogged.clone(),
+        );
+        registry.register(
+            "sluice_proxy_connections",
+            "Client connections open",
+            m.connections_open.clone(),
+        );
+        registry.register(
+            "sluice_proxy_connections_refused",
+            "Client connections closed at once because limits.maxConnections were open",
+            m.connections_refused.clone(),
+        );
+        registry.register(
+            "sluice_proxy_slow_clients",
+            "Client connections closed for keeping the proxy waiting (limits.clientTimeouts) or for a \
+             request head over the memory kept for heads",
+            m.slow_clients.clone(),
         );
         m
     }

@@ -1,19 +1,21 @@
 //! The rate-limiting reverse proxy and its admin endpoints.
 //!
-//! Layout: [`server`] (accept loop, graceful shutdown), [`admit`] (body limit and the limiter's verdict,
-//! for both paths below), [`h1`] (the HTTP/1.1 fast path every connection starts on), [`fallback`] and
-//! [`forward`] (hyper, for what the fast path hands over: h2c, HTTP/1.0, upgrades, odd framing),
-//! [`target`] (the path, host and method read one way, for the rules and the app alike),
-//! [`app_connection`] (the hyper path's kept-alive connection to the app), [`client_body`] (a request
-//! body on the hyper path), [`upgrade`] (allowed upgrades, tunnels), [`hop_by_hop`] and [`forwarded`]
-//! (how heads are rewritten), [`headers`] (quota headers),
-//! [`reject`] (the proxy's own responses: the 429 and its sampled log line, 413, 502), [`admin`]
-//! (`/healthz`, `/readyz`, `/metrics`), [`state`] (the running config, swapped on reload), [`limit`] (the
-//! seam to the limiter), [`metrics`], [`demo`] (`sluice-sidecar demo`).
+//! Layout: [`server`] (accept loop, graceful shutdown), [`capacity`] (the connection cap and the budget
+//! of long request heads), [`admit`] (body limit and the limiter's verdict, for both paths below),
+//! [`h1`] (the HTTP/1.1 fast path every connection starts on), [`fallback`] and [`forward`] (hyper, for
+//! what the fast path hands over: h2c, HTTP/1.0, upgrades, odd framing), [`watched`] (the hyper path's
+//! client timeouts), [`target`] (the path, host and method read one way, for the rules and the app
+//! alike), [`app_connection`] (the hyper path's kept-alive connection to the app), [`client_body`] (a
+//! request body on the hyper path), [`upgrade`] (allowed upgrades, tunnels), [`hop_by_hop`] and
+//! [`forwarded`] (how heads are rewritten), [`headers`] (quota headers), [`reject`] (the proxy's own
+//! responses: the 429 and its sampled log line, 413, 502), [`admin`] (`/healthz`, `/readyz`,
+//! `/metrics`), [`state`] (the running config, swapped on reload), [`limit`] (the seam to the limiter),
+//! [`metrics`], [`demo`] (`sluice-sidecar demo`).
 
 pub mod admin;
 pub mod admit;
 pub mod app_connection;
+pub mod capacity;
 pub mod client_body;
 pub mod demo;
 pub mod fallback;
@@ -29,6 +31,7 @@ pub mod server;
 pub mod state;
 pub mod target;
 pub mod upgrade;
+pub mod watched;
 
 use std::{path::PathBuf, sync::Arc};
 
@@ -163,6 +166,7 @@ pub async fn run(args: &ProxyArgs, env: Arc<dyn Env>, shutdown: CancellationToke
     let mut queue = effective.config.queue.clone().unwrap_or_default();
     crate::config::env::apply_queue(&mut queue, &*env)?;
     let limits = &effective.config.limits;
+    let fd_limit = capacity::raise_fd_limit();
     let listener = bind("limits.listen", limits.listen).await?;
     let admin = bind("limits.adminListen", limits.admin_listen).await?;
     tracing::info!(
@@ -177,6 +181,13 @@ pub async fn run(args: &ProxyArgs, env: Arc<dyn Env>, shutdown: CancellationToke
     );
     let clock: SharedClock = Arc::new(SystemClock);
     let state = build_state(effective, clock).await?;
+    let caps = state.capacity.caps();
+    tracing::info!(
+        max_connections = caps.max_connections,
+        head_budget = caps.head_budget,
+        fd_limit,
+        "client connection caps"
+    );
     let queue_api = tokio::spawn({
         let shutdown = shutdown.clone();
         async move { crate::queue::role::serve_api(&queue, shutdown).await }

@@ -1,7 +1,8 @@
 //! The accept loop (HTTP/1.1 with keep-alive and upgrades, and h2c, on one port; each connection starts on
 //! the fast path, [`super::h1`]) and graceful shutdown: on the shutdown signal the listener closes,
 //! `/readyz` fails, idle connections close, and in-flight requests get up to `limits.shutdownGrace` to
-//! finish.
+//! finish. Connections over `limits.maxConnections` are closed as soon as they are accepted
+//! ([`super::capacity`]).
 
 use std::{sync::Arc, time::Duration};
 
@@ -42,10 +43,22 @@ pub async fn run(
             },
             () = shutdown.cancelled() => break,
         };
+        // Over the cap the connection closes before anything is read or written (see `capacity`).
+        let Some(admitted) = state.capacity.admit() else {
+            state.metrics.connections_refused.inc();
+            drop(stream);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         // Each connection watches a token of its own: waiting on the shared one would take its lock
         // whenever any connection's read is pending.
-        connections.spawn(h1::serve(stream, peer, state.clone(), shutdown.child_token()));
+        let (state, stop) = (state.clone(), shutdown.child_token());
+        connections.spawn(async move {
+            state.metrics.connections_open.inc();
+            h1::serve(stream, peer, state.clone(), stop).await;
+            state.metrics.connections_open.dec();
+            drop(admitted);
+        });
     }
 
     state.start_draining();

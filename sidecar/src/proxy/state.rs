@@ -15,7 +15,13 @@ use hyper_util::{
 use prometheus_client::registry::Registry;
 use sluice_crds::sidecar_config::FailureMode;
 
-use super::{RequestBody, limit::RateLimit, metrics::ProxyMetrics, reject::RejectionLog};
+use super::{
+    RequestBody,
+    capacity::{Capacity, Environment},
+    limit::RateLimit,
+    metrics::ProxyMetrics,
+    reject::RejectionLog,
+};
 use crate::{
     clock::SharedClock,
     config::{
@@ -107,6 +113,8 @@ pub struct ProxyState {
     pub rejection_log: RejectionLog,
     /// Wall clock (for log sampling; the limiter has its own handle).
     pub clock: SharedClock,
+    /// Open client connections against `limits.maxConnections`, and the budget of long request heads.
+    pub capacity: Capacity,
     draining: AtomicBool,
     apply_lock: Mutex<()>,
     generation_tx: tokio::sync::watch::Sender<i64>,
@@ -124,6 +132,7 @@ impl ProxyState {
         let generation = initial.generation();
         metrics.config_generation.set(generation);
         metrics.config_applies.inc();
+        let capacity = Capacity::new(&initial.config.limits, Environment::probe());
         Ok(Self {
             snapshot: ArcSwap::from_pointee(Snapshot::new(initial)?),
             limiter,
@@ -132,6 +141,7 @@ impl ProxyState {
             registry,
             rejection_log: RejectionLog::default(),
             clock,
+            capacity,
             draining: AtomicBool::new(false),
             apply_lock: Mutex::new(()),
             generation_tx: tokio::sync::watch::channel(generation).0,
@@ -169,6 +179,7 @@ impl ProxyState {
             errs.push("limits", e.to_string());
             return Err(errs);
         }
+        self.capacity.reconfigure(limits);
         let old = &current.effective.config.limits;
         if old.listen != limits.listen || old.admin_listen != limits.admin_listen {
             tracing::warn!(

@@ -28,6 +28,7 @@ pub mod response;
 pub mod upstream;
 
 use std::{
+    io,
     net::SocketAddr,
     pin::Pin,
     sync::Arc,
@@ -56,6 +57,7 @@ use self::{
 };
 use super::{
     admit::{Admission, Arrival, admit},
+    capacity::{HEAD_FREE, HeadShare},
     headers::write_quota_lines,
     metrics::Outcome,
     reject::plain,
@@ -77,15 +79,18 @@ const LINGER_TIME: Duration = Duration::from_secs(5);
 const LINGER_BYTES: usize = 16 << 20;
 
 /// Serves one client connection until it closes, handing it to hyper when it asks for something the fast
-/// path leaves to hyper.
+/// path leaves to hyper. Its buffers are allocated once the client sends something, so a connection
+/// that only waits costs its task alone.
 pub async fn serve(stream: TcpStream, peer: SocketAddr, state: Arc<ProxyState>, stop: CancellationToken) {
     let timeouts = state.snapshot().effective.config.limits.client_timeouts.clone();
     let mut conn = Connection {
         client: stream,
-        buf: BytesMut::with_capacity(BUFFER_INITIAL),
+        buf: BytesMut::new(),
+        head_share: state.capacity.head_share(),
+        slow_clients: state.metrics.slow_clients.clone(),
         app: None,
-        fields: Vec::with_capacity(16),
-        out: Vec::with_capacity(BUFFER_INITIAL),
+        fields: Vec::new(),
+        out: Vec::new(),
         scratch: Vec::new(),
         path: String::new(),
         rule_path: String::new(),
@@ -95,6 +100,7 @@ pub async fn serve(stream: TcpStream, peer: SocketAddr, state: Arc<ProxyState>, 
         timeouts,
     };
     if conn.run(&state, &stop).await == End::HandOff {
+        conn.head_share.release();
         let Connection { client, buf, .. } = conn;
         super::fallback::serve(Prefixed::new(buf, client), peer, state, stop).await;
     }
@@ -105,6 +111,10 @@ struct Connection {
     client: TcpStream,
     /// Bytes read from the client and not yet forwarded.
     buf: BytesMut,
+    /// What a long request head in `buf` holds of the budget for heads.
+    head_share: HeadShare,
+    /// `sluice_proxy_slow_clients_total`.
+    slow_clients: prometheus_client::metrics::counter::Counter,
     app: Option<App>,
     /// The fields of the head being handled (the request's, then the response's).
     fields: Vec<Field>,
@@ -180,13 +190,18 @@ impl Connection {
                 Next::Head(head) => head,
                 Next::HandOff => return End::HandOff,
                 Next::Refused(status, why) => {
+                    if status == StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE {
+                        state.metrics.slow_clients.inc();
+                    }
                     self.refuse_unread(state, status, why, false).await;
                     self.linger().await;
                     return End::Closed;
                 }
                 Next::Closed => return End::Closed,
             };
-            match self.exchange(state, head).await {
+            let step = self.exchange(state, head).await;
+            self.head_share.release();
+            match step {
                 Step::Next => {
                     self.trim_buffers();
                     // Bytes of the next request already here: its head is under way.
@@ -231,15 +246,17 @@ impl Connection {
             line_ended |= self.buf[scanned..].contains(&b'\n');
             scanned = self.buf.len();
             let was_empty = self.buf.is_empty();
-            make_room(&mut self.buf, BUFFER_INITIAL);
             let read = tokio::select! {
                 biased;
-                read = self.client.read_buf(&mut self.buf) => read,
+                read = read_when_ready(&self.client, &mut self.buf, BUFFER_INITIAL) => read,
                 () = cancelled.as_mut() => return Next::Closed,
                 () = self.timer.as_mut() => {
                     let deadline = self.quiet.deadline();
                     if Instant::now() >= deadline {
                         tracing::debug!(waited = ?self.quiet.allowed, "closing a client connection that stayed quiet");
+                        if !was_empty {
+                            self.slow_clients.inc();
+                        }
                         return Next::Closed;
                     }
                     // Never further out than a head may take, so a head that starts meanwhile is still
@@ -255,6 +272,19 @@ impl Connection {
             if was_empty {
                 // The first byte of a head: it must be whole within `requestHead` from now.
                 self.quiet = Quiet::since(Instant::now(), timeouts.request_head.get());
+            }
+            // A head longer than a connection's own share draws on the budget for heads, by what its
+            // buffer holds.
+            let held = if self.buf.len() > HEAD_FREE {
+                self.buf.capacity()
+            } else {
+                0
+            };
+            if !self.head_share.cover(held) {
+                return Next::Refused(
+                    StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                    "a long request head while the memory kept for heads is taken",
+                );
             }
         }
     }
@@ -332,6 +362,7 @@ impl Connection {
             buf: &mut self.buf,
             fields: &mut self.fields,
             out: &mut self.out,
+            timeouts: &self.timeouts,
         };
         let answer = upstream::send(
             &mut self.app,
@@ -384,21 +415,24 @@ impl Connection {
             }
         }
         state.metrics.request(Outcome::Forwarded);
-        if self.client.write_all(&self.out).await.is_err() {
+        let send = self.timeouts.send.get();
+        if let Err(e) = write_all_within(&mut self.client, &self.out, send).await {
+            self.count_if_slow(&e);
             self.app = None;
             return Step::Close;
         }
         if !response_body.done()
-            && pump_response(
+            && let Err(e) = pump_response(
                 app,
                 &mut self.client,
                 &mut self.buf,
                 &mut response_body,
                 &mut self.out,
+                send,
             )
             .await
-            .is_err()
         {
+            self.count_if_slow(&e);
             // Cut short (by either side): the client sees the connection close before the body ends.
             self.app = None;
             return Step::Close;
@@ -426,7 +460,7 @@ impl Connection {
         let resp = plain(status, status.canonical_reason().unwrap_or("Bad Request"));
         self.out.clear();
         encode::own_response(&mut self.out, &resp, true, head_request);
-        let _ = self.client.write_all(&self.out).await;
+        let _ = write_all_within(&mut self.client, &self.out, self.timeouts.send.get()).await;
         Step::Close
     }
 
@@ -450,7 +484,8 @@ impl Connection {
         if let Some(n) = skip {
             self.buf.advance(head.len + n);
         }
-        if self.client.write_all(&self.out).await.is_err() || close {
+        let send = self.timeouts.send.get();
+        if write_all_within(&mut self.client, &self.out, send).await.is_err() || close {
             return Step::Close;
         }
         Step::Next
@@ -477,6 +512,11 @@ impl Connection {
                 state.metrics.request(Outcome::BadRequest);
                 plain(StatusCode::BAD_REQUEST, "Bad Request")
             }
+            Failure::ClientSlow => {
+                self.slow_clients.inc();
+                state.metrics.request(Outcome::BadRequest);
+                plain(StatusCode::REQUEST_TIMEOUT, "Request Timeout")
+            }
             _ => {
                 state.metrics.upstream_errors.inc();
                 state.metrics.request(Outcome::UpstreamError);
@@ -487,7 +527,8 @@ impl Connection {
         let close = !body.done() || head.close;
         self.out.clear();
         encode::own_response(&mut self.out, &resp, close, head.is_head());
-        if self.client.write_all(&self.out).await.is_err() || close {
+        let send = self.timeouts.send.get();
+        if write_all_within(&mut self.client, &self.out, send).await.is_err() || close {
             return Step::Close;
         }
         Step::Next
@@ -496,14 +537,18 @@ impl Connection {
     /// Closes the connection: the app connection at once; the client connection once the response is
     /// complete (FIN) and what the client still sends has been read and dropped for a while, so it reads
     /// the response rather than a reset.
+    /// Whatever the buffers grew to is given back first: what is dropped needs little room, and many
+    /// connections may be closing at once (a flood of long heads refused).
     async fn linger(&mut self) {
         self.app = None;
+        self.head_share.release();
+        self.buf = BytesMut::with_capacity(BUFFER_INITIAL);
+        self.out = Vec::new();
         let _ = self.client.shutdown().await;
         let mut dropped = 0;
         let _ = tokio::time::timeout(LINGER_TIME, async {
             while dropped < LINGER_BYTES {
                 self.buf.clear();
-                make_room(&mut self.buf, READ_CHUNK);
                 match self.client.read_buf(&mut self.buf).await {
                     Ok(n) if n > 0 => dropped += n,
                     _ => break,
@@ -511,6 +556,13 @@ impl Connection {
             }
         })
         .await;
+    }
+
+    /// Counts a client connection closed for not taking its response within `clientTimeouts.send`.
+    fn count_if_slow(&self, e: &io::Error) {
+        if e.kind() == io::ErrorKind::TimedOut {
+            self.slow_clients.inc();
+        }
     }
 
     /// Gives back memory a large body made the buffers grow to.
@@ -528,6 +580,47 @@ impl Connection {
             app.buf = BytesMut::with_capacity(app::BUFFER_INITIAL);
         }
     }
+}
+
+/// Reads what the client sent into `buf` once there is something to read, making room for at least
+/// `at_least` bytes only then: a connection that waits holds no buffer.
+async fn read_when_ready(client: &TcpStream, buf: &mut BytesMut, at_least: usize) -> io::Result<usize> {
+    loop {
+        client.readable().await?;
+        make_room(buf, at_least);
+        match client.try_read_buf(buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            read => return read,
+        }
+    }
+}
+
+/// Writes all of `bytes` to the client, failing with `TimedOut` when it takes none of them for `limit`
+/// (`clientTimeouts.send`; nginx's `send_timeout`). What the socket takes at once — nearly always all of
+/// it — costs no timer.
+pub(crate) async fn write_all_within(
+    client: &mut TcpStream,
+    mut bytes: &[u8],
+    limit: Duration,
+) -> io::Result<()> {
+    while !bytes.is_empty() {
+        match client.try_write(bytes) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) => return Err(e),
+        }
+    }
+    while !bytes.is_empty() {
+        let n = tokio::time::timeout(limit, client.write(bytes))
+            .await
+            .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        bytes = &bytes[n..];
+    }
+    Ok(())
 }
 
 /// Makes room in `buf` for a read of at least `at_least` bytes.

@@ -20,7 +20,8 @@ use super::{
 };
 use crate::proxy::{hop_by_hop::has_token, target};
 
-/// The longest request head the fast path waits for; a longer one is handed to hyper.
+/// The longest request head the fast path waits for; a longer one is handed to hyper, whose buffer holds
+/// no more (see `fallback`), so it is answered 431.
 pub const MAX_HEAD: usize = 64 * 1024;
 
 /// A parsed request head. Its spans point into the buffer it was parsed from.

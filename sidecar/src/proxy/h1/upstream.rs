@@ -1,15 +1,19 @@
 //! The app's side of an exchange: sending the request — its body streamed from the client while the
 //! app is listened to, so interim responses are forwarded and an early final answer stops the upload —
 //! then reading the final response head while watching for the client to hang up, then streaming the
-//! response body (still watching).
+//! response body (still watching). The client is held to `clientTimeouts`: `body` between two pieces of
+//! a request body it sends, `send` for each write of the response it has to take. No timeout applies
+//! while the app works or streams.
 
-use std::{io, time::Duration};
+use std::{io, pin::Pin, time::Duration};
 
 use bytes::{Buf, BytesMut};
 use http::uri::Authority;
+use sluice_crds::sidecar_config::ClientTimeouts;
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
     net::TcpStream,
+    time::{Instant, Sleep},
 };
 
 use super::{
@@ -20,6 +24,7 @@ use super::{
     fields::Field,
     make_room, request,
     response::{self, ResponseHead},
+    write_all_within,
 };
 use crate::proxy::app_connection::AppError;
 
@@ -47,6 +52,10 @@ pub enum Failure {
     /// The request body grew past `limits.maxRequestBody`.
     #[error("the request body is over limits.maxRequestBody")]
     TooLarge,
+    /// The client sent no part of its request body for `clientTimeouts.body`, or took no part of an
+    /// interim response for `clientTimeouts.send`.
+    #[error("the client kept the proxy waiting longer than limits.clientTimeouts allow")]
+    ClientSlow,
 }
 
 /// The app's final response head, and whether it came before the app had the whole request.
@@ -69,6 +78,8 @@ pub struct Client<'a> {
     pub fields: &'a mut Vec<Field>,
     /// Write space: holds the request head and body bytes sent with it on entry.
     pub out: &'a mut Vec<u8>,
+    /// The client timeouts in force.
+    pub timeouts: &'a ClientTimeouts,
 }
 
 /// How sending a request ended.
@@ -127,11 +138,18 @@ pub async fn send(
             Sent::All => true,
             Sent::Cut => false,
         };
-        let Client { io, buf, fields, .. } = &mut client;
+        let Client {
+            io,
+            buf,
+            fields,
+            timeouts,
+            ..
+        } = &mut client;
+        let send = timeouts.send.get();
         let (mut client_in, mut client_out) = io.split();
         let head = tokio::select! {
             biased;
-            head = read_final_head(app, &mut client_out, fields, head_request) => head,
+            head = read_final_head(app, &mut client_out, fields, head_request, send) => head,
             () = hang_up(&mut client_in, buf) => Err(Failure::ClientGone),
         };
         match head {
@@ -179,11 +197,17 @@ async fn upload(
         buf,
         fields,
         out,
+        timeouts,
     } = client;
     let (max_body, head_request) = (req.max_body, req.head_request);
+    let (between_reads, send) = (timeouts.body.get(), timeouts.send.get());
     // Armed only for a client waiting for 100 (rare), so other requests set no timer.
     let mut continue_timer = (req.expect_continue && !body.done() && buf.is_empty())
         .then(|| Box::pin(tokio::time::sleep(EXPECT_CONTINUE_WAIT)));
+    // Armed once the proxy waits for the client's body (a body that came with its head sets none), and
+    // pushed back by every piece that arrives.
+    let mut body_timer: Option<Pin<Box<Sleep>>> = None;
+    let mut client_clock = false;
     let mut written = 0;
     loop {
         while written < out.len() {
@@ -205,6 +229,14 @@ async fn upload(
                 continue;
             }
         }
+        let waiting_for_client = written == out.len();
+        // The client's clock runs only while the proxy waits for the client (not for the app).
+        match (&mut body_timer, waiting_for_client) {
+            (None, true) => body_timer = Some(Box::pin(tokio::time::sleep(between_reads))),
+            (Some(t), true) if !client_clock => t.as_mut().reset(Instant::now() + between_reads),
+            _ => {}
+        }
+        client_clock = waiting_for_client;
         let (mut client_in, mut client_out) = client.split();
         tokio::select! {
             biased;
@@ -217,7 +249,9 @@ async fn upload(
                     Ok(0) => return Ok(Sent::Cut),
                     Ok(_) => {
                         continue_timer = None;
-                        if let Some(head) = forward_interim(app, &mut client_out, fields, head_request).await? {
+                        if let Some(head) =
+                            forward_interim(app, &mut client_out, fields, head_request, send).await?
+                        {
                             return Ok(Sent::Answered(head));
                         }
                     }
@@ -230,18 +264,22 @@ async fn upload(
                     return Ok(Sent::Cut);
                 }
             }
-            read = client_in.read_buf(buf), if written == out.len() => {
+            read = client_in.read_buf(buf), if waiting_for_client => {
                 if !matches!(read, Ok(n) if n > 0) {
                     return Err(Failure::ClientGone);
                 }
                 continue_timer = None;
+                if let Some(t) = body_timer.as_mut() {
+                    t.as_mut().reset(Instant::now() + between_reads);
+                }
+            }
+            () = fires(&mut body_timer), if waiting_for_client => {
+                tracing::debug!(waited = ?between_reads, "closing a client connection whose request body stalled");
+                return Err(Failure::ClientSlow);
             }
             () = fires(&mut continue_timer) => {
                 continue_timer = None;
-                client_out
-                    .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
-                    .await
-                    .map_err(|_| Failure::ClientGone)?;
+                write_within(&mut client_out, b"HTTP/1.1 100 Continue\r\n\r\n", send).await?;
             }
         }
         if written == out.len() && buf.capacity() - buf.len() < READ_CHUNK / 4 {
@@ -250,8 +288,21 @@ async fn upload(
     }
 }
 
+/// Writes `bytes` to the client within `limit` (`clientTimeouts.send`).
+async fn write_within(
+    client: &mut (impl AsyncWrite + Unpin),
+    bytes: &[u8],
+    limit: Duration,
+) -> Result<(), Failure> {
+    match tokio::time::timeout(limit, client.write_all(bytes)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err(Failure::ClientGone),
+        Err(_) => Err(Failure::ClientSlow),
+    }
+}
+
 /// Resolves when `timer` fires; never when there is none.
-async fn fires(timer: &mut Option<std::pin::Pin<Box<tokio::time::Sleep>>>) {
+async fn fires(timer: &mut Option<Pin<Box<Sleep>>>) {
     match timer {
         Some(t) => t.as_mut().await,
         None => std::future::pending().await,
@@ -275,6 +326,7 @@ async fn forward_interim(
     client: &mut (impl AsyncWrite + Unpin),
     fields: &mut Vec<Field>,
     head_request: bool,
+    send: Duration,
 ) -> Result<Option<ResponseHead>, Failure> {
     loop {
         match response::parse(&app.buf, fields, head_request) {
@@ -283,10 +335,7 @@ async fn forward_interim(
                 encode::response_head(&mut interim, &app.buf, &head, fields);
                 interim.extend_from_slice(b"\r\n");
                 app.buf.advance(head.len);
-                client
-                    .write_all(&interim)
-                    .await
-                    .map_err(|_| Failure::ClientGone)?;
+                write_within(client, &interim, send).await?;
             }
             response::Parsed::Head(head) => return Ok(Some(head)),
             response::Parsed::Invalid(why) => return Err(Failure::Invalid(why)),
@@ -302,11 +351,12 @@ async fn read_final_head(
     client: &mut (impl AsyncWrite + Unpin),
     fields: &mut Vec<Field>,
     head_request: bool,
+    send: Duration,
 ) -> Result<ResponseHead, Failure> {
     let mut read_any = !app.buf.is_empty();
     loop {
         if !app.buf.is_empty()
-            && let Some(head) = forward_interim(app, client, fields, head_request).await?
+            && let Some(head) = forward_interim(app, client, fields, head_request, send).await?
         {
             return Ok(head);
         }
@@ -337,13 +387,15 @@ async fn hang_up(client: &mut (impl AsyncRead + Unpin), buf: &mut BytesMut) {
 }
 
 /// Streams the rest of a response body from the app to the client (`out` is write space), watching for
-/// the client to hang up while the app is quiet (a stream of events, a long download).
+/// the client to hang up while the app is quiet (a stream of events, a long download); a client that
+/// takes nothing for `send` fails it with `TimedOut`.
 pub async fn pump_response(
     app: &mut App,
     client: &mut TcpStream,
     buf: &mut BytesMut,
     body: &mut Body,
     out: &mut Vec<u8>,
+    send: Duration,
 ) -> io::Result<()> {
     while !body.done() {
         out.clear();
@@ -359,15 +411,14 @@ pub async fn pump_response(
                 if !body.closed(out) {
                     return Err(io::ErrorKind::UnexpectedEof.into());
                 }
-                client.write_all(out).await?;
-                return Ok(());
+                return write_all_within(client, out, send).await;
             }
         }
         let n = body
             .take(&app.buf, out)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         app.buf.advance(n);
-        client.write_all(out).await?;
+        write_all_within(client, out, send).await?;
     }
     Ok(())
 }
@@ -407,11 +458,13 @@ mod tests {
         out.resize(out.len() + size, b'x');
         let mut body = Body::new(Framing::Empty);
         let (mut buf, mut fields, mut slot) = (BytesMut::new(), Vec::new(), None);
+        let timeouts = ClientTimeouts::default();
         let client = Client {
             io: &mut from_client,
             buf: &mut buf,
             fields: &mut fields,
             out: &mut out,
+            timeouts: &timeouts,
         };
         let req = Request {
             max_body: u64::MAX,
