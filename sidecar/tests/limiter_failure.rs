@@ -1,6 +1,7 @@
 //! The limiter while Redis is killed, frozen (SIGSTOP) or not there yet, under concurrent load: requests
 //! keep flowing as the failure mode says, none waits longer than the Redis deadline, and enforcement through
-//! Redis resumes within a second of Redis coming back.
+//! Redis resumes within a second of Redis coming back — with what the local fallback allowed meanwhile
+//! counted in Redis, so the window's limit holds across the transition.
 
 mod limiter_common;
 
@@ -21,7 +22,7 @@ mod limiter {
         clock::ManualClock,
         limiter::{
             Limiter,
-            metrics::{DecisionOutcome, FallbackMode},
+            metrics::{DecisionOutcome, FallbackMode, RedisErrorKind},
         },
     };
     use sluice_testsupport::{RedisServer, wait_for_async};
@@ -257,9 +258,90 @@ mod limiter {
         healthy(&l).await;
         assert_eq!(
             allowed_of(&l, "198.51.100.7", 6).await,
-            4,
-            "Redis counts from zero"
+            0,
+            "the requests allowed in process count in Redis"
         );
+        assert_eq!(l.metrics().carried_over.get(), 4);
+    }
+
+    /// A limiter with one replica's share the whole limit (`requests` a minute), its Redis deadline short.
+    async fn local_fallback_limiter(redis: &RedisServer, requests: u64) -> Limiter {
+        let l = limiter(
+            &with_deadline(
+                config(
+                    vec![rule("api", Algorithm::FixedWindow, requests, 60_000)],
+                    FailureMode::Local,
+                ),
+                DEADLINE.as_millis() as u64,
+            ),
+            Some(&redis.url()),
+            &ManualClock::at(T0),
+        );
+        healthy(&l).await;
+        l
+    }
+
+    /// Sends requests from `ip` until the breaker opens, then more until `n` in all were allowed in
+    /// process; returns how many calls went to Redis and failed meanwhile.
+    async fn allow_locally(l: &Limiter, ip: &str, n: u64) -> u64 {
+        let mut allowed = 0;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while l.redis_healthy() {
+            assert!(Instant::now() < deadline, "the breaker did not open");
+            if check(l, ip).await.allowed() {
+                allowed += 1;
+            }
+        }
+        while allowed < n {
+            assert!(check(l, ip).await.allowed(), "the local share is the whole limit");
+            allowed += 1;
+        }
+        let m = l.metrics();
+        assert_eq!(
+            m.fallbacks(FallbackMode::local, DecisionOutcome::allowed),
+            n,
+            "every request was decided in process"
+        );
+        [
+            RedisErrorKind::timeout,
+            RedisErrorKind::error,
+            RedisErrorKind::reply,
+        ]
+        .into_iter()
+        .map(|k| m.redis_errors(k))
+        .sum()
+    }
+
+    #[tokio::test]
+    async fn after_a_restart_redis_counts_what_the_local_fallback_allowed_in_the_window() {
+        let mut redis = RedisServer::start();
+        let l = local_fallback_limiter(&redis, 30).await;
+        redis.kill();
+        allow_locally(&l, "198.51.100.7", 20).await;
+        redis.restart();
+        healthy(&l).await;
+        // The restarted Redis knew nothing; now it holds the 20, and the window has 10 left.
+        assert_eq!(allowed_of(&l, "198.51.100.7", 30).await, 10);
+        assert_eq!(l.metrics().carried_over.get(), 20);
+    }
+
+    #[tokio::test]
+    async fn after_a_freeze_the_window_allows_no_more_than_its_limit_in_all() {
+        let redis = RedisServer::start();
+        let l = local_fallback_limiter(&redis, 30).await;
+        assert_eq!(allowed_of(&l, "198.51.100.8", 10).await, 10);
+        redis.pause();
+        let failed_calls = allow_locally(&l, "198.51.100.8", 15).await;
+        redis.resume();
+        healthy(&l).await;
+        // 10 through Redis and 15 in process: 5 left. The calls that timed out while Redis was frozen
+        // may still run once it resumes, counting requests twice (never fewer).
+        let after = allowed_of(&l, "198.51.100.8", 30).await as u64;
+        assert!(
+            after <= 5 && after + failed_calls >= 5,
+            "{after} allowed after the freeze ({failed_calls} calls failed during it)"
+        );
+        assert_eq!(l.metrics().carried_over.get(), 15);
     }
 
     #[tokio::test]

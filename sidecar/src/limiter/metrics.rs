@@ -12,6 +12,8 @@
 //! | `sluice_limiter_local_buckets` | | in-process buckets held |
 //! | `sluice_limiter_local_evictions_total` | | idle buckets evicted to stay under the cap |
 //! | `sluice_limiter_local_overflow_total` | | decisions made by a rule's shared overflow bucket because the cap was full of active buckets |
+//! | `sluice_limiter_carried_over_total` | | requests the local fallback allowed, counted into Redis once it answered again |
+//! | `sluice_limiter_carry_unnoted_total` | | requests the local fallback allowed that could not be noted for the carry-over (`localMaxKeys` keys noted) |
 //!
 //! Per-rule counters are created once when rules are compiled, so the hot path neither allocates labels
 //! nor takes the family's lock.
@@ -125,6 +127,10 @@ pub struct Metrics {
     pub local_overflow: Counter,
     /// Decisions spent from hits a Redis call took ahead.
     pub prefetched: Counter,
+    /// Requests allowed by the local fallback and counted into Redis afterwards.
+    pub carried_over: Counter,
+    /// Requests allowed by the local fallback that the carry-over ledger had no room for.
+    pub carry_unnoted: Counter,
 }
 
 impl Metrics {
@@ -187,6 +193,16 @@ impl Metrics {
             "Decisions made by a rule's shared overflow bucket because the cap was full of active buckets",
             m.local_overflow.clone(),
         );
+        r.register(
+            "carried_over",
+            "Requests the local fallback allowed, counted into Redis once it answered again",
+            m.carried_over.clone(),
+        );
+        r.register(
+            "carry_unnoted",
+            "Requests the local fallback allowed that could not be noted for the carry-over (localMaxKeys keys noted)",
+            m.carry_unnoted.clone(),
+        );
         m
     }
 
@@ -204,6 +220,8 @@ impl Metrics {
             local_evictions: Counter::default(),
             local_overflow: Counter::default(),
             prefetched: Counter::default(),
+            carried_over: Counter::default(),
+            carry_unnoted: Counter::default(),
         }
     }
 
@@ -225,6 +243,11 @@ impl Metrics {
     /// Counts a Redis call that did not decide.
     pub fn redis_error(&self, kind: RedisErrorKind) {
         self.redis_errors.get_or_create(&ErrorLabels { kind }).inc();
+    }
+
+    /// Redis calls that did not decide, of `kind`, so far.
+    pub fn redis_errors(&self, kind: RedisErrorKind) -> u64 {
+        self.redis_errors.get_or_create(&ErrorLabels { kind }).get()
     }
 
     /// Counts a failed connection to Redis.

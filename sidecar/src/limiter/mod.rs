@@ -7,7 +7,8 @@
 //! `X-Forwarded-For`), [`algorithm`] (fixed window, sliding log,
 //! sliding counter, token bucket: Lua script and in-process math each), [`redis_store`] (fred pool,
 //! `EVALSHA`), [`coalesce`] and `remote` (one call in flight per key; requests arriving meanwhile decided
-//! together by the next call), [`breaker`], [`local`] (bounded in-process buckets), [`metrics`].
+//! together by the next call), [`breaker`], [`local`] (bounded in-process buckets), [`carry`] (what the
+//! local fallback allowed, counted into Redis once it answers again), [`metrics`].
 //!
 //! Hot path: rules and settings are read through one `ArcSwap` load; matching and key hashing allocate
 //! nothing; per applying rule there is one key string and at most one script call (a hot key shares its
@@ -16,6 +17,7 @@
 
 pub mod algorithm;
 pub mod breaker;
+pub mod carry;
 pub mod client_ip;
 pub mod coalesce;
 pub mod key;
@@ -44,6 +46,7 @@ pub use request::{HeaderLookup, RequestFacts};
 use self::{
     algorithm::Outcome,
     breaker::Breaker,
+    carry::Ledger,
     coalesce::Coalescer,
     key::KeyHash,
     local::LocalStore,
@@ -101,6 +104,8 @@ struct Settings {
     prefetch: u64,
     breaker_failures: u32,
     breaker_cooldown: Duration,
+    /// `limits.localMaxKeys`, which also caps the keys the carry-over ledger notes.
+    local_max_keys: usize,
 }
 
 impl Settings {
@@ -146,6 +151,7 @@ impl Settings {
             prefetch: config.redis.prefetch,
             breaker_failures: config.redis.breaker_failures.max(1),
             breaker_cooldown: config.redis.breaker_cooldown.get().max(Duration::from_millis(1)),
+            local_max_keys: config.local_max_keys,
         })
     }
 }
@@ -157,6 +163,8 @@ struct Shared {
     redis: Option<RedisStore>,
     breaker: Breaker,
     local: LocalStore,
+    /// Requests the local fallback allowed, owed to Redis.
+    carry: Ledger,
     coalescer: Coalescer<remote::Answer>,
     metrics: Metrics,
     instance: u64,
@@ -256,6 +264,7 @@ impl Limiter {
             clock,
             breaker: Breaker::new_open(metrics.breaker_open.clone()),
             local: LocalStore::new(config.local_max_keys, metrics.clone()),
+            carry: Ledger::default(),
             coalescer: Coalescer::default(),
             metrics,
             redis,
@@ -403,6 +412,14 @@ impl Limiter {
             FailureMode::Local => {
                 let p = rule.params.per_replica(settings.expected_replicas);
                 let o = self.shared.local.decide(&rule.name, hash, rule.algorithm, p, now);
+                if o.allowed
+                    && !self
+                        .shared
+                        .carry
+                        .note(&rule.name, hash, p.window_ms, now, settings.local_max_keys)
+                {
+                    self.shared.metrics.carry_unnoted.inc();
+                }
                 (o, FallbackMode::local)
             }
         };
@@ -471,21 +488,28 @@ fn duration_ms(d: Duration) -> u64 {
 }
 
 /// Background task: while the breaker is open, PING Redis every cooldown (within the call deadline) and
-/// close the breaker when it answers. Polls faster until Redis first answers, so a fresh sidecar starts
-/// enforcing through Redis quickly.
+/// close the breaker when it answers — once what the local fallback allowed meanwhile has been counted
+/// into Redis ([`carry`]; again just after, for requests decided during the carry-over). With the
+/// breaker closed, it carries over what single calls that timed out left to the fallback. Polls faster
+/// until Redis first answers, so a fresh sidecar starts enforcing through Redis quickly.
 async fn probe(shared: Arc<Shared>) {
     let mut ever_healthy = false;
     loop {
         let settings = shared.settings.load_full();
-        if shared.breaker.is_open()
-            && let Some(redis) = &shared.redis
-            && redis.ping(settings.timeout).await
-        {
-            shared.breaker.close();
-            if ever_healthy {
-                tracing::info!("Redis answers again; circuit breaker closed");
+        if let Some(redis) = &shared.redis {
+            if shared.breaker.is_open() {
+                if redis.ping(settings.timeout).await {
+                    remote::carry_over(&shared, redis, &settings).await;
+                    shared.breaker.close();
+                    remote::carry_over(&shared, redis, &settings).await;
+                    if ever_healthy {
+                        tracing::info!("Redis answers again; circuit breaker closed");
+                    }
+                    ever_healthy = true;
+                }
+            } else if !shared.carry.is_empty() {
+                remote::carry_over(&shared, redis, &settings).await;
             }
-            ever_healthy = true;
         }
         let pause = if ever_healthy {
             settings.breaker_cooldown

@@ -6,6 +6,7 @@
 
 use std::{sync::Arc, time::Duration};
 
+use futures::StreamExt;
 use sluice_crds::sidecar_config::Algorithm as AlgorithmKind;
 
 use super::{
@@ -130,6 +131,47 @@ pub(super) async fn decide(
             algorithm::outcome(rule.algorithm, &rule.params, now, &reply)
         }
     }
+}
+
+/// Carry-over calls in flight at once.
+const CARRY_CONCURRENCY: usize = 64;
+
+/// Counts into Redis what the local fallback allowed in the current window (see [`super::carry`]): one
+/// script call per key noted, with that many hits at the time of the last of them. A note whose call
+/// fails is put back for the next try; notes of past windows, or of rules no longer configured, are
+/// dropped.
+pub(super) async fn carry_over(shared: &Arc<Shared>, redis: &RedisStore, settings: &Settings) {
+    let now = shared.clock.now_millis();
+    let due = shared
+        .carry
+        .take()
+        .into_iter()
+        .filter_map(|((name, hash), owed)| {
+            let rule = settings.rules.iter().find(|r| r.name == name)?;
+            (owed.window == now / rule.params.window_ms.max(1)).then_some((rule, name, hash, owed))
+        });
+    futures::stream::iter(due)
+        .for_each_concurrent(CARRY_CONCURRENCY, |(rule, name, hash, owed)| async move {
+            let base = rule.key.redis_base(&hash);
+            let base_len = base.len();
+            let counter = Counter {
+                key: format!("{base}:{}", algorithm::key_tag(rule.algorithm)),
+                base_len,
+                kind: rule.algorithm,
+                params: rule.params,
+                rule: Arc::clone(&name),
+            };
+            let hits = owed.hits.into();
+            if call(shared, redis, settings, &counter, owed.at, hits, settings.timeout)
+                .await
+                .is_some()
+            {
+                shared.metrics.carried_over.inc_by(owed.hits);
+            } else {
+                shared.carry.put_back(((name, hash), owed));
+            }
+        })
+        .await;
 }
 
 /// One script call for `hits` requests of `counter` within `deadline`: the reply, checked for its shape,
