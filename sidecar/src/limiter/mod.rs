@@ -487,25 +487,39 @@ fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// Rounds of the probe in a row whose carry-over failed before the breaker closes all the same (the
+/// notes left are carried by later rounds).
+const CARRY_ROUNDS_MAX: u32 = 3;
+
 /// Background task: while the breaker is open, PING Redis every cooldown (within the call deadline) and
 /// close the breaker when it answers — once what the local fallback allowed meanwhile has been counted
-/// into Redis ([`carry`]; again just after, for requests decided during the carry-over). With the
-/// breaker closed, it carries over what single calls that timed out left to the fallback. Polls faster
-/// until Redis first answers, so a fresh sidecar starts enforcing through Redis quickly.
+/// into Redis ([`carry`]; again just after, for requests decided during the carry-over). A carry-over
+/// that failed in part keeps the breaker open for another round, [`CARRY_ROUNDS_MAX`] rounds at most.
+/// With the breaker closed, it carries over what single calls that timed out left to the fallback.
+/// Polls faster until Redis first answers, so a fresh sidecar starts enforcing through Redis quickly.
 async fn probe(shared: Arc<Shared>) {
     let mut ever_healthy = false;
+    let mut carry_failed = 0;
     loop {
         let settings = shared.settings.load_full();
         if let Some(redis) = &shared.redis {
             if shared.breaker.is_open() {
                 if redis.ping(settings.timeout).await {
-                    remote::carry_over(&shared, redis, &settings).await;
-                    shared.breaker.close();
-                    remote::carry_over(&shared, redis, &settings).await;
-                    if ever_healthy {
-                        tracing::info!("Redis answers again; circuit breaker closed");
+                    let carried = remote::carry_over(&shared, redis, &settings).await;
+                    carry_failed = if carried { 0 } else { carry_failed + 1 };
+                    if carried || carry_failed >= CARRY_ROUNDS_MAX {
+                        carry_failed = 0;
+                        shared.breaker.close();
+                        remote::carry_over(&shared, redis, &settings).await;
+                        if ever_healthy {
+                            tracing::info!("Redis answers again; circuit breaker closed");
+                        }
+                        ever_healthy = true;
+                    } else {
+                        tracing::debug!(
+                            "Redis answers, but a carry-over call failed; the breaker stays open"
+                        );
                     }
-                    ever_healthy = true;
                 }
             } else if !shared.carry.is_empty() {
                 remote::carry_over(&shared, redis, &settings).await;

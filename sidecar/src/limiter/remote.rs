@@ -139,8 +139,8 @@ const CARRY_CONCURRENCY: usize = 64;
 /// Counts into Redis what the local fallback allowed in the current window (see [`super::carry`]): one
 /// script call per key noted, with that many hits at the time of the last of them. A note whose call
 /// fails is put back for the next try; notes of past windows, or of rules no longer configured, are
-/// dropped.
-pub(super) async fn carry_over(shared: &Arc<Shared>, redis: &RedisStore, settings: &Settings) {
+/// dropped. Returns whether every note due was carried.
+pub(super) async fn carry_over(shared: &Arc<Shared>, redis: &RedisStore, settings: &Settings) -> bool {
     let now = shared.clock.now_millis();
     let due = shared
         .carry
@@ -150,6 +150,7 @@ pub(super) async fn carry_over(shared: &Arc<Shared>, redis: &RedisStore, setting
             let rule = settings.rules.iter().find(|r| r.name == name)?;
             (owed.window == now / rule.params.window_ms.max(1)).then_some((rule, name, hash, owed))
         });
+    let failed = &std::sync::atomic::AtomicBool::new(false);
     futures::stream::iter(due)
         .for_each_concurrent(CARRY_CONCURRENCY, |(rule, name, hash, owed)| async move {
             let base = rule.key.redis_base(&hash);
@@ -168,10 +169,12 @@ pub(super) async fn carry_over(shared: &Arc<Shared>, redis: &RedisStore, setting
             {
                 shared.metrics.carried_over.inc_by(owed.hits);
             } else {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
                 shared.carry.put_back(((name, hash), owed));
             }
         })
         .await;
+    !failed.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// One script call for `hits` requests of `counter` within `deadline`: the reply, checked for its shape,
