@@ -410,3 +410,36 @@ async fn hyper_connections_time_out_a_slow_head_but_keep_an_idle_one_for_clientt
         started.elapsed()
     );
 }
+
+#[tokio::test]
+async fn an_idle_h2c_connection_is_closed_after_clienttimeouts_idle() {
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let app = start_upstream().await;
+    let sidecar = spawn_sidecar(
+        "version: 1\nlimits:\n  clientTimeouts: {idle: 1s, requestHead: 300ms}\n",
+        app.addr,
+    );
+    wait_serving(&sidecar).await;
+    let stream = TcpStream::connect(sidecar.addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let req = http::Request::get(format!("http://{}/h2", sidecar.addr))
+        .body(Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.into_body().collect().await.unwrap();
+    // Quiet from here: longer than requestHead is fine, idle is not.
+    let quiet = Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(10), conn).await;
+    assert!(ended.is_ok(), "the idle h2c connection was still open after 10 s");
+    let after = quiet.elapsed();
+    assert!(
+        after >= Duration::from_millis(900),
+        "closed after {after:?}, before clientTimeouts.idle"
+    );
+}
