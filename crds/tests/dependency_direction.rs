@@ -1,6 +1,6 @@
 //! The workspace's dependencies point one way (ARCHITECTURE.md): the API types and contracts (this
-//! crate) link no runtime, the queue crate knows neither binary, and the operator does not link the
-//! sidecar. `cargo tree` answers for each crate as it is built on its own, so features another crate
+//! crate) link no runtime, the queue crate knows neither binary, the operator does not link the
+//! sidecar, and the in-memory test API server links no Sluice crate. `cargo tree` answers for each crate as it is built on its own, so features another crate
 //! turns on do not hide a dependency. The README's layout is checked against `cargo metadata` too.
 
 use std::{collections::BTreeSet, path::Path, process::Command};
@@ -91,6 +91,22 @@ fn the_queue_crate_knows_neither_binary() {
 #[test]
 fn the_operator_does_not_link_the_sidecar_not_even_in_its_tests() {
     assert_links_none("sluice-operator", "normal,build,dev", &["sluice-sidecar"]);
+}
+
+#[test]
+fn the_test_api_server_links_no_sluice_crate() {
+    assert_links_none(
+        "sluice-test-apiserver",
+        "normal,build,dev",
+        &[
+            "sluice-crds",
+            "sluice-queue",
+            "sluice-sidecar",
+            "sluice-operator",
+            "sluice-e2e",
+            "sluice-testsupport",
+        ],
+    );
 }
 
 #[test]

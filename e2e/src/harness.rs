@@ -30,7 +30,7 @@ use serde_json::{Value, json};
 
 use crate::control_plane::{ControlPlane, ControlPlaneOptions};
 use crate::error::{Error, Result};
-use crate::server::{Options, State, TestApiServer};
+use sluice_test_apiserver::{Options, State, TestApiServer};
 
 /// Environment variable naming a kubeconfig of a real cluster to run against instead.
 pub const KUBECONFIG_ENV: &str = "SLUICE_E2E_KUBECONFIG";
@@ -405,9 +405,12 @@ impl Drop for TestNamespace {
         match &self.state {
             Some(state) => {
                 let key = namespace_key();
-                state
-                    .store()
-                    .delete(&key, "", &self.name, crate::store::Propagation::Background);
+                state.store().delete(
+                    &key,
+                    "",
+                    &self.name,
+                    sluice_test_apiserver::store::Propagation::Background,
+                );
             }
             None => {
                 if let Ok(kubectl) = self.kubectl_binary() {
@@ -429,8 +432,8 @@ impl Drop for TestNamespace {
     }
 }
 
-fn namespace_key() -> crate::registry::ResKey {
-    crate::registry::ResKey {
+fn namespace_key() -> sluice_test_apiserver::registry::ResKey {
+    sluice_test_apiserver::registry::ResKey {
         group: String::new(),
         plural: "namespaces".into(),
     }

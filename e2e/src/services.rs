@@ -22,7 +22,7 @@ use kube::api::{Api, ListParams};
 use crate::deployments::is_ready;
 use crate::error::Result;
 use crate::kubelet::Kubelet;
-use crate::server::State;
+use sluice_test_apiserver::State;
 
 /// How often [`ServiceRouter::run`] re-reads Services and Pods by default.
 pub const SYNC_PERIOD_DEFAULT: Duration = Duration::from_millis(200);
@@ -93,15 +93,14 @@ impl ServiceRouter {
                 );
             }
         }
-        let mut table = self.state.services.lock().unwrap_or_else(|p| p.into_inner());
         // Only routes this router made are removed: tests may route other Services by hand.
-        for key in self.routed.keys() {
-            if !routes.contains_key(key) {
-                table.remove(key);
+        for (ns, name, port) in self.routed.keys() {
+            if !routes.contains_key(&(ns.clone(), name.clone(), *port)) {
+                self.state.unroute_service(ns, name, *port);
             }
         }
-        for (key, addr) in &routes {
-            table.insert(key.clone(), *addr);
+        for ((ns, name, port), addr) in &routes {
+            self.state.route_service(ns, name, *port, *addr);
         }
         self.routed = routes;
         Ok(())

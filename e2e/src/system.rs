@@ -37,9 +37,9 @@ use crate::error::{Error, Result};
 use crate::harness::{Env, wait_for};
 use crate::hpa::{HpaController, SystemClock};
 use crate::kubelet::{Kubelet, KubeletConfig, RealCluster, operator_binary, sidecar_binary};
-use crate::registry::ResourceType;
-use crate::server::Options;
 use crate::services::ServiceRouter;
+use sluice_test_apiserver::Options;
+use sluice_test_apiserver::registry::ResourceType;
 
 /// The release name (`helm install sluice ...`).
 pub const RELEASE: &str = "sluice";
@@ -568,10 +568,8 @@ impl SluiceSystem {
                 });
                 let routed = match &state {
                     Some(state) => state
-                        .services
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .keys()
+                        .routed_services()
+                        .iter()
                         .any(|(ns, _, _)| ns == RELEASE_NAMESPACE),
                     None => {
                         let service = apiservices.get(METRICS_APISERVICE).await.ok()?;

@@ -16,7 +16,7 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 use serde_json::{Value, json};
 use sluice_e2e::Env;
-use sluice_e2e::tls::Pki;
+use sluice_test_apiserver::tls::Pki;
 
 /// A webhook that adds a `sluice-sidecar` container, or denies pods annotated `example.dev/deny`.
 struct Injector {

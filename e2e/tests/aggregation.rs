@@ -11,7 +11,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 use sluice_e2e::Env;
-use sluice_e2e::tls::Pki;
+use sluice_test_apiserver::tls::Pki;
 
 /// A metrics backend answering discovery and one external metric.
 async fn start_backend(pki: &Pki) -> std::net::SocketAddr {

@@ -20,16 +20,17 @@
 //!   directory. Other volume types are ignored. If a ConfigMap is missing the Pod waits and is retried,
 //!   like `ContainerCreating`.
 //! - **Ports**: all Pods share 127.0.0.1 here, so every `containerPort` of the Pod's started containers
-//!   (plus `15021`, the sidecar's admin port, for sidecar containers, and every port P written as
+//!   (plus the sidecar's admin port, [`contract::port::ADMIN`], for sidecar containers, and every port P written as
 //!   `127.0.0.1:P`/`localhost:P`/`0.0.0.0:P` in args, plain env values or ConfigMap files — undeclared
 //!   ports such as a worker's handler URL or queue API) gets a free local port. Every
 //!   `127.0.0.1:P`, `localhost:P`, `0.0.0.0:P` and `[::]:P` naming a Pod port P is rewritten to
 //!   `127.0.0.1:<local>` in args, env values and the materialised volume files, so `SLUICE_LISTEN`,
 //!   `SLUICE_UPSTREAM`, a worker's handler URL and `adminListen` keep pointing at the right container.
-//!   Sidecar containers also get `SLUICE_ADMIN_LISTEN`; every process gets `SLUICE_E2E_PORTS`
+//!   Sidecar containers also get [`contract::env::ADMIN_LISTEN`]; every process gets `SLUICE_E2E_PORTS`
 //!   (`8080=40001,15021=40002`: Pod port = local port) and, when it declares a port,
 //!   `SLUICE_DEMO_LISTEN` (its first port, mapped) — the demo app listens there. [`Kubelet::port`] maps a Pod's port (name or number)
-//!   to the local port so tests can send traffic to it.
+//!   to the local port so tests can send traffic to it. A sidecar container is one named
+//!   [`contract::SIDECAR_CONTAINER`] or whose image matches [`SIDECAR_IMAGE_PATTERN`].
 //! - **Status**: `phase: Running`, `podIP`/`hostIP` 127.0.0.1, and `Ready`/`ContainersReady` `True` once
 //!   every started container is alive and its `readinessProbe.httpGet` (port mapped) answers 2xx — for a
 //!   sidecar without a probe, `/readyz` on its admin port. Containers not run do not hold readiness
@@ -64,14 +65,14 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher;
 use serde_json::json;
+#[cfg(doc)]
+use sluice_crds::contract;
 
 pub use binaries::{operator_binary, sidecar_binary, workspace_binary};
 pub use cluster::{NODE_IP, RealCluster};
 use process::{http_ok, runnable, start_pod};
 pub use process::{localhost_ports, rewrite_mounts, rewrite_ports, service_references};
 
-/// The sidecar's admin port (`/healthz`, `/readyz`, `/metrics`), mapped even when undeclared.
-pub const SIDECAR_ADMIN_PORT: u16 = 15021;
 /// Image pattern of the sidecar.
 pub const SIDECAR_IMAGE_PATTERN: &str = "sluice-sidecar";
 /// Image pattern of the demo app.

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
 use kube::api::Api;
+use sluice_crds::contract;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{KubeletConfig, Process, Runner, RunningPod, SIDECAR_ADMIN_PORT, SIDECAR_IMAGE_PATTERN, key};
+use super::{KubeletConfig, Process, Runner, RunningPod, SIDECAR_IMAGE_PATTERN, key};
 use crate::error::{Error, Result};
 
 /// The containers the stand-in runs: native sidecars first, then containers, those with a local command.
@@ -61,7 +62,7 @@ pub(super) async fn start_pod(
             })
             .collect();
         if is_sidecar(c) {
-            declared.push(SIDECAR_ADMIN_PORT);
+            declared.push(contract::port::ADMIN);
         }
         for n in declared {
             if let std::collections::hash_map::Entry::Vacant(e) = ports.entry(n) {
@@ -220,8 +221,8 @@ pub(super) async fn start_pod(
         };
         let mut env: BTreeMap<String, String> = raw.into_iter().map(|(k, (v, _))| (k, rewrite(&v))).collect();
         if is_sidecar(c) {
-            let admin = running.ports[&SIDECAR_ADMIN_PORT];
-            env.entry("SLUICE_ADMIN_LISTEN".into())
+            let admin = running.ports[&contract::port::ADMIN];
+            env.entry(contract::env::ADMIN_LISTEN.into())
                 .or_insert_with(|| format!("127.0.0.1:{admin}"));
         }
         if let Some(first) = c.ports.iter().flatten().next()
@@ -274,7 +275,7 @@ pub(super) async fn start_pod(
             })
             .or_else(|| {
                 // A sidecar without a probe is still ready only once its config is loaded.
-                is_sidecar(c).then(|| (running.ports[&SIDECAR_ADMIN_PORT], "/readyz".to_string()))
+                is_sidecar(c).then(|| (running.ports[&contract::port::ADMIN], "/readyz".to_string()))
             });
         running.processes.push(Process {
             container: c.name.clone(),
@@ -335,7 +336,7 @@ async fn start_container(
 }
 
 fn is_sidecar(c: &Container) -> bool {
-    c.name == "sluice-sidecar"
+    c.name == contract::SIDECAR_CONTAINER
         || c.image
             .as_deref()
             .is_some_and(|i| i.contains(SIDECAR_IMAGE_PATTERN))

@@ -1,9 +1,7 @@
 //! Mutating admission: the webhooks of every MutatingWebhookConfiguration stored through the API, called
 //! over HTTPS with their `caBundle` verified, as kube-apiserver calls them. Rules, namespace and object
 //! selectors, `matchConditions` (CEL) and `failurePolicy` are honoured. A `clientConfig.service` reference
-//! reaches whatever address the test routed it to with [`TestApiServer::route_service`].
-//!
-//! [`TestApiServer::route_service`]: crate::server::TestApiServer::route_service
+//! reaches whatever address the test routed it to ([`State::route_service`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,11 +14,11 @@ use hyper_util::rt::TokioIo;
 use kube_cel::{KubeCelExt, cel};
 use serde_json::{Value, json};
 
-use crate::api::Target;
 use crate::error::ApiError;
 use crate::registry::ResKey;
 use crate::selectors::LabelSelector;
-use crate::server::State;
+use crate::state::State;
+use crate::target::Target;
 
 const TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 
@@ -153,7 +151,7 @@ fn rules_match(hook: &Value, operation: &str, t: &Target) -> bool {
 fn review_request(operation: &str, t: &Target, old: Option<&Value>, obj: &Value) -> Value {
     let rt = &t.rt;
     json!({
-        "uid": crate::api::new_uid(),
+        "uid": crate::store::new_uid(),
         "kind": {"group": rt.group, "version": rt.version, "kind": rt.kind},
         "resource": {"group": rt.group, "version": rt.version, "resource": rt.plural},
         "subResource": t.sub,
@@ -273,13 +271,9 @@ fn endpoint(state: &State, client: &Value) -> Result<(SocketAddr, String, String
         svc["name"].as_str().unwrap_or_default(),
     );
     let port = svc["port"].as_u64().unwrap_or(443) as u16;
-    let routes = state.services.lock().unwrap_or_else(|p| p.into_inner());
-    let addr = routes
-        .get(&(ns.to_string(), name.to_string(), port))
-        .copied()
-        .ok_or_else(|| {
-            format!("service \"{ns}/{name}:{port}\" has no route in the test server (call route_service)")
-        })?;
+    let addr = state.service_route(ns, name, port).ok_or_else(|| {
+        format!("service \"{ns}/{name}:{port}\" has no route in the test server (call route_service)")
+    })?;
     Ok((
         addr,
         format!("{name}.{ns}.svc"),

@@ -8,6 +8,9 @@ use serde_json::{Value, json};
 use crate::error::ApiError;
 use crate::registry::Registry;
 
+/// Kubernetes version reported by `/version`.
+pub const KUBERNETES_VERSION: &str = "v1.32.0";
+
 const VERBS: &[&str] = &[
     "create",
     "delete",
@@ -22,7 +25,7 @@ const VERBS: &[&str] = &[
 /// `/version`.
 pub fn version() -> Value {
     json!({
-        "major": "1", "minor": "32", "gitVersion": crate::server::KUBERNETES_VERSION,
+        "major": "1", "minor": "32", "gitVersion": KUBERNETES_VERSION,
         "gitCommit": "0000000000000000000000000000000000000000", "gitTreeState": "clean",
         "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.23.0", "compiler": "gc", "platform": "linux/amd64",
     })

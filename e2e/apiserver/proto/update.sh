@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Regenerates the protobuf schemas the in-memory API server decodes request bodies with, from the
-# k8s.io/api and k8s.io/apimachinery releases matching KUBERNETES_VERSION in ../kube/versions.env:
+# k8s.io/api and k8s.io/apimachinery releases matching KUBERNETES_VERSION in e2e/kube/versions.env:
 # each upstream generated.proto with its comments and blank lines left out (the license header kept).
 # `./update.sh --check` fails when the checked-in copies differ from what it would write.
 set -euo pipefail
 cd "$(dirname "$0")"
-# shellcheck source=../kube/versions.env
-. ../kube/versions.env
+# shellcheck source=../../kube/versions.env
+. ../../kube/versions.env
 export GOFLAGS=-mod=mod GOTOOLCHAIN=local
 release="v0.${KUBERNETES_VERSION#v1.}"
 

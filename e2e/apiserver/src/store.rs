@@ -81,6 +81,11 @@ pub fn ns_name(obj: &Value) -> (String, String) {
     )
 }
 
+/// A fresh object uid.
+pub fn new_uid() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
 /// `metadata.uid`.
 pub fn uid(obj: &Value) -> &str {
     obj["metadata"]["uid"].as_str().unwrap_or_default()
@@ -125,7 +130,7 @@ impl Store {
     pub fn new(capacity: usize, clock: Clock) -> Self {
         let (tx, _) = broadcast::channel(capacity.clamp(16, 65536));
         Store {
-            registry: Registry::with_builtins(),
+            registry: Registry::new(crate::builtins::all()),
             objects: BTreeMap::new(),
             rv: 1,
             log: VecDeque::new(),

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// Where a storage bucket lives: objects are stored once per (group, plural), whatever version asked.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -131,10 +131,10 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// A registry holding the built-in kinds.
-    pub fn with_builtins() -> Self {
+    /// A registry holding `types` (at start, the built-in kinds).
+    pub fn new(types: Vec<ResourceType>) -> Self {
         Registry {
-            types: crate::builtins::all().into_iter().map(Arc::new).collect(),
+            types: types.into_iter().map(Arc::new).collect(),
         }
     }
 
@@ -201,6 +201,15 @@ impl Registry {
         }
         out
     }
+}
+
+/// Sets `apiVersion`/`kind` to the version that was asked for.
+pub fn present(rt: &ResourceType, mut obj: Value) -> Value {
+    if let Some(m) = obj.as_object_mut() {
+        m.insert("apiVersion".into(), json!(rt.api_version()));
+        m.insert("kind".into(), json!(rt.kind));
+    }
+    obj
 }
 
 /// `apps/v1` -> (`apps`, `v1`); `v1` -> (``, `v1`).

@@ -3,7 +3,7 @@
 //! not fall back to JSON when refused, so the server decodes it as kube-apiserver would.
 //!
 //! The schemas are upstream's `generated.proto` files (k8s.io/api and k8s.io/apimachinery, comments left
-//! out; `e2e/proto/update.sh` refreshes them). A body is the 4-byte magic `k8s\0` and a `runtime.Unknown`
+//! out; `e2e/apiserver/proto/update.sh` refreshes them). A body is the 4-byte magic `k8s\0` and a `runtime.Unknown`
 //! whose `typeMeta` names the kind and whose `raw` is the object.
 //!
 //! What kube-apiserver then stores is the Go struct as JSON: fields at their zero value are left out

@@ -16,12 +16,14 @@ use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::api::{Req, Target, present, selectors};
 use crate::error::ApiError;
-use crate::registry::ResourceType;
+use crate::registry::{ResourceType, present};
+use crate::request::Req;
+use crate::response::Body;
 use crate::selectors::{FieldSelector, LabelSelector};
-use crate::server::{Body, State};
+use crate::state::State;
 use crate::store::{Clock, Event, EventType, Message};
+use crate::target::Target;
 
 /// Default watch duration when the client gives no `timeoutSeconds` (kube-apiserver picks 30–60 min).
 pub const TIMEOUT_DEFAULT: Duration = Duration::from_secs(1800);
@@ -74,7 +76,7 @@ fn bookmark(rt: &ResourceType, rv: u64, initial_end: bool) -> Bytes {
 
 /// Starts a watch.
 pub fn serve(state: &Arc<State>, t: &Target, req: &Req) -> Result<Response<Body>, ApiError> {
-    let (labels, fields) = selectors(req)?;
+    let (labels, fields) = req.selectors()?;
     let filter = Filter {
         rt: t.rt.clone(),
         namespace: t.namespace.clone(),

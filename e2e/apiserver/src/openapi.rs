@@ -121,7 +121,7 @@ fn gv_document(registry: &Registry, group: &str, version: &str) -> Value {
     }
     json!({
         "openapi": "3.0.0",
-        "info": {"title": "Kubernetes", "version": crate::server::KUBERNETES_VERSION},
+        "info": {"title": "Kubernetes", "version": crate::discovery::KUBERNETES_VERSION},
         "paths": paths,
         "components": {"schemas": schemas},
     })

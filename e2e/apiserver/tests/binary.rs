@@ -1,33 +1,39 @@
 //! The `sluice-test-apiserver` binary: starts on its own and writes a kubeconfig kubectl can use.
 
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
+use std::sync::mpsc;
 use std::time::Duration;
 
-use sluice_e2e::harness::kubectl_path;
-use sluice_e2e::wait_for;
+const DEADLINE: Duration = Duration::from_secs(10);
 
-#[tokio::test]
-async fn the_binary_writes_a_kubeconfig_that_kubectl_uses() {
+/// `$KUBECTL`, else `kubectl` on PATH.
+fn kubectl() -> String {
+    std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into())
+}
+
+#[test]
+fn the_binary_writes_a_kubeconfig_that_kubectl_uses() {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kc");
     let mut server = Command::new(env!("CARGO_BIN_EXE_sluice-test-apiserver"))
         .arg("--kubeconfig")
         .arg(&kubeconfig)
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let written = wait_for("the kubeconfig is written", Duration::from_secs(10), || {
-        let kubeconfig = kubeconfig.clone();
-        async move {
-            std::fs::read_to_string(&kubeconfig)
-                .ok()
-                .filter(|s| s.contains("current-context"))
-        }
-    })
-    .await;
-    let out = written.map(|_| {
-        Command::new(kubectl_path().unwrap())
+    // It prints one line once the kubeconfig is written.
+    let stdout = server.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let serving = rx.recv_timeout(DEADLINE);
+    let out = serving.as_ref().ok().map(|_| {
+        Command::new(kubectl())
             .arg("--kubeconfig")
             .arg(&kubeconfig)
             .args(["get", "ns", "-o", "name"])
@@ -36,6 +42,8 @@ async fn the_binary_writes_a_kubeconfig_that_kubectl_uses() {
     });
     server.kill().unwrap();
     server.wait().unwrap();
+    let serving = serving.expect("the server says it is serving");
+    assert!(serving.starts_with("serving https://127.0.0.1:"), "{serving}");
     let out = out.unwrap();
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),

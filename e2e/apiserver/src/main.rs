@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use sluice_e2e::{Options, TestApiServer};
+use sluice_test_apiserver::{Options, TestApiServer};
 
 /// An in-memory Kubernetes API server for Sluice's end-to-end tests and sandbox.
 #[derive(Debug, Parser)]
@@ -22,7 +22,7 @@ struct Config {
     #[arg(long)]
     insecure_http: bool,
     /// The bearer token clients must present.
-    #[arg(long, env = "SLUICE_TEST_APISERVER_TOKEN", default_value = sluice_e2e::server::TOKEN_DEFAULT)]
+    #[arg(long, env = "SLUICE_TEST_APISERVER_TOKEN", default_value = sluice_test_apiserver::TOKEN_DEFAULT)]
     token: String,
     /// Seconds between watch bookmarks.
     #[arg(long, default_value_t = 5)]

@@ -1,131 +1,25 @@
 //! [`TestApiServer`]: binds, serves HTTPS (or plain HTTP) with bearer-token auth, and gives tests
 //! in-process access to the store.
 
-use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::Arc;
 
-use bytes::Bytes;
-use http_body_util::combinators::BoxBody;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, watch};
 
-use crate::aggregator::{FRONT_PROXY_CLIENT_NAME, FrontProxy};
-use crate::api::User;
 use crate::error::{Error, Result};
+use crate::front_proxy::{FRONT_PROXY_CLIENT_NAME, FrontProxy};
 use crate::kubeconfig::{self, Endpoint};
 use crate::registry::ResourceType;
-use crate::store::{Clock, Message, Store, system_clock};
+use crate::state::{Options, State};
+use crate::store::{Message, Store};
 use crate::tls::Pki;
-
-/// Response body of every handler.
-pub type Body = BoxBody<Bytes, Infallible>;
-
-/// Default bearer token.
-pub const TOKEN_DEFAULT: &str = "sluice-test-token";
-/// Default number of changes kept for watches to replay.
-pub const HISTORY_DEFAULT: usize = 10_000;
-/// Default interval between watch bookmarks.
-pub const BOOKMARK_INTERVAL_DEFAULT: Duration = Duration::from_secs(5);
-/// Kubernetes version reported by `/version`.
-pub const KUBERNETES_VERSION: &str = "v1.32.0";
-
-/// How to start a server.
-#[derive(Clone)]
-pub struct Options {
-    /// Where to listen; port 0 picks a free one.
-    pub bind: SocketAddr,
-    /// Serve HTTPS with a fresh CA (true) or plain HTTP.
-    pub tls: bool,
-    /// The bearer token clients must send.
-    pub token: String,
-    /// Changes kept for watches; older versions get 410.
-    pub history: usize,
-    /// How often open watches that allow bookmarks get one.
-    pub bookmark_interval: Duration,
-    /// The server's clock.
-    pub clock: Clock,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
-            tls: true,
-            token: TOKEN_DEFAULT.into(),
-            history: HISTORY_DEFAULT,
-            bookmark_interval: BOOKMARK_INTERVAL_DEFAULT,
-            clock: system_clock(),
-        }
-    }
-}
-
-impl std::fmt::Debug for Options {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Options")
-            .field("bind", &self.bind)
-            .field("tls", &self.tls)
-            .field("history", &self.history)
-            .field("bookmark_interval", &self.bookmark_interval)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Shared state of a running server.
-pub struct State {
-    store: Mutex<Store>,
-    /// The options it started with.
-    pub options: Options,
-    /// `(namespace, service name, port)` → where a webhook Service reference really points.
-    pub(crate) services: Mutex<HashMap<(String, String, u16), SocketAddr>>,
-    /// The address it listens on.
-    pub addr: SocketAddr,
-    /// Closed on shutdown; open watches end.
-    pub(crate) shutdown: watch::Receiver<bool>,
-    /// The aggregator's client identity towards APIService backends.
-    pub front_proxy: FrontProxy,
-    /// Bearer tokens besides `options.token`, and whom they authenticate.
-    tokens: Mutex<HashMap<String, User>>,
-    /// Users and groups every SubjectAccessReview denies.
-    deny_list: Mutex<HashSet<String>>,
-}
-
-impl State {
-    /// Locks the store.
-    pub fn store(&self) -> MutexGuard<'_, Store> {
-        self.store.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Whom a bearer token authenticates: the default token is [`User::admin`].
-    pub fn user_of(&self, token: &str) -> Option<User> {
-        if token == self.options.token {
-            return Some(User::admin());
-        }
-        self.tokens
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(token)
-            .cloned()
-    }
-
-    /// The first of `user` and `groups` on the deny list.
-    pub fn denied(&self, user: &str, groups: &[String]) -> Option<String> {
-        let list = self.deny_list.lock().unwrap_or_else(|p| p.into_inner());
-        if list.contains(user) {
-            return Some(format!("user {user:?}"));
-        }
-        groups
-            .iter()
-            .find(|g| list.contains(*g))
-            .map(|g| format!("group {g:?}"))
-    }
-}
+use crate::user::User;
 
 /// A running in-memory API server. Dropping it stops it.
 pub struct TestApiServer {
@@ -159,19 +53,10 @@ impl TestApiServer {
         };
         let (tx, rx) = watch::channel(false);
         let mut store = Store::new(options.history, options.clock.clone());
-        crate::api::bootstrap(&mut store);
+        bootstrap(&mut store);
         let front_proxy = FrontProxy::generate(FRONT_PROXY_CLIENT_NAME)?;
         publish_authentication_config(&mut store, &front_proxy, pki.as_ref().map(|p| p.ca_pem.as_str()));
-        let state = Arc::new(State {
-            store: Mutex::new(store),
-            options,
-            services: Mutex::new(HashMap::new()),
-            addr,
-            shutdown: rx.clone(),
-            front_proxy,
-            tokens: Mutex::new(HashMap::new()),
-            deny_list: Mutex::new(HashSet::new()),
-        });
+        let state = Arc::new(State::new(options, store, addr, rx.clone(), front_proxy));
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -291,45 +176,29 @@ impl TestApiServer {
     /// Makes webhook `clientConfig.service` references to `namespace/name:port` reach `addr`. The TLS name
     /// checked is `name.namespace.svc`, as in a cluster.
     pub fn route_service(&self, namespace: &str, name: &str, port: u16, addr: SocketAddr) {
-        self.state
-            .services
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert((namespace.into(), name.into(), port), addr);
+        self.state.route_service(namespace, name, port, addr);
     }
 
     /// Makes `token` authenticate as `user` with `groups` (for requests and for TokenReview).
     pub fn add_token(&self, token: &str, user: &str, groups: &[&str]) {
-        self.state
-            .tokens
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(
-                token.into(),
-                User {
-                    username: user.into(),
-                    groups: groups.iter().map(|g| g.to_string()).collect(),
-                },
-            );
+        self.state.add_token(
+            token,
+            User {
+                username: user.into(),
+                groups: groups.iter().map(|g| g.to_string()).collect(),
+            },
+        );
     }
 
     /// Makes every SubjectAccessReview for this user (or group) answer "denied" from now on. The server
     /// simulates no RBAC: everything not on this list is allowed.
     pub fn deny(&self, user_or_group: &str) {
-        self.state
-            .deny_list
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(user_or_group.into());
+        self.state.set_denied(user_or_group, true);
     }
 
     /// Takes a user (or group) off the deny list.
     pub fn allow(&self, user_or_group: &str) {
-        self.state
-            .deny_list
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(user_or_group);
+        self.state.set_denied(user_or_group, false);
     }
 
     /// The aggregator's front-proxy identity (its CA is in `extension-apiserver-authentication`).
@@ -367,11 +236,26 @@ impl Drop for TestApiServer {
     }
 }
 
+/// Namespaces every cluster starts with.
+fn bootstrap(store: &mut Store) {
+    let key = ResourceType::builtin("", "v1", "Namespace", "namespaces", false).key();
+    for name in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+        let now = store.now();
+        let ns = json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "uid": crate::store::new_uid(), "creationTimestamp": now, "labels": {"kubernetes.io/metadata.name": name}},
+            "spec": {"finalizers": ["kubernetes"]},
+            "status": {"phase": "Active"},
+        });
+        store.put(&key, ns);
+    }
+}
+
 /// Stores `kube-system/extension-apiserver-authentication`, as kube-apiserver does at start.
 fn publish_authentication_config(store: &mut Store, front_proxy: &FrontProxy, client_ca_pem: Option<&str>) {
-    let key = crate::registry::ResourceType::builtin("", "v1", "ConfigMap", "configmaps", true).key();
-    let mut cm = crate::aggregator::authentication_config_map(front_proxy, client_ca_pem);
-    cm["metadata"]["uid"] = Value::String(crate::api::new_uid());
+    let key = ResourceType::builtin("", "v1", "ConfigMap", "configmaps", true).key();
+    let mut cm = crate::front_proxy::authentication_config_map(front_proxy, client_ca_pem);
+    cm["metadata"]["uid"] = Value::String(crate::store::new_uid());
     cm["metadata"]["creationTimestamp"] = Value::String(store.now());
     store.put(&key, cm);
 }

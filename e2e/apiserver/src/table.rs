@@ -4,8 +4,8 @@
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
-use crate::api::Req;
 use crate::registry::ResourceType;
+use crate::request::Req;
 
 /// Whether the client asked for a Table.
 pub fn wants_table(req: &Req) -> bool {
