@@ -36,6 +36,7 @@ e2e-tools:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	./e2e/apiserver/proto/update.sh --check
 
 unit:
 	$(CARGO) nextest run --workspace --locked --profile $(NEXTEST_PROFILE) -E 'not binary(real_control_plane)'
