@@ -443,3 +443,43 @@ async fn an_idle_h2c_connection_is_closed_after_clienttimeouts_idle() {
         "closed after {after:?}, before clientTimeouts.idle"
     );
 }
+
+#[tokio::test]
+async fn a_websocket_tunnel_keeps_its_place_under_maxconnections() {
+    let app = start_upstream().await;
+    let sidecar = spawn_sidecar("version: 1\nlimits:\n  maxConnections: 1\n", app.addr);
+    wait_serving(&sidecar).await;
+    let closed = || async { (sidecar.metric("sluice_proxy_connections").await == 0.0).then_some(()) };
+    wait_for_async("the first connection to close", Duration::from_secs(10), closed).await;
+    let mut ws = TcpStream::connect(sidecar.addr).await.unwrap();
+    ws.write_all(b"GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = ws.read(&mut buf).await.unwrap();
+    assert!(
+        buf[..n].starts_with(b"HTTP/1.1 101"),
+        "{:?}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    ws.write_all(b"ping").await.unwrap();
+    ws.read_exact(&mut buf[..4]).await.unwrap();
+    assert_eq!(&buf[..4], b"ping", "the tunnel echoes");
+    assert_eq!(sidecar.metric("sluice_proxy_connections").await, 1.0);
+    // The tunnel holds the one place: another connection is closed at once.
+    let mut other = TcpStream::connect(sidecar.addr).await.unwrap();
+    other
+        .write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    let mut resp = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), other.read_to_end(&mut resp)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "answered past the cap: {:?}",
+        String::from_utf8_lossy(&resp)
+    );
+    drop(ws);
+    wait_for_async("the tunnel to close", Duration::from_secs(10), closed).await;
+    wait_serving(&sidecar).await;
+}

@@ -18,6 +18,7 @@ use std::sync::{
     atomic::{AtomicUsize, Ordering},
 };
 
+use prometheus_client::metrics::gauge::Gauge;
 use sluice_crds::sidecar_config::{LimitsConfig, MAX_CONNECTIONS_UNLIMITED_MEMORY};
 
 /// What one connection may cost on average: its task, buffers of a few KiB (allocated once the client
@@ -159,16 +160,19 @@ impl Capacity {
         self.open.load(Ordering::Relaxed)
     }
 
-    /// Admits one more connection, held until the returned guard drops; `None` at the cap.
-    pub fn admit(&self) -> Option<Admitted> {
+    /// Admits one more connection, held (and counted in `gauge`) until the returned guard drops; `None`
+    /// at the cap.
+    pub fn admit(&self, gauge: &Gauge) -> Option<Admitted> {
         let max = self.max_connections.load(Ordering::Relaxed);
         self.open
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
                 (n < max).then_some(n + 1)
             })
             .ok()?;
+        gauge.inc();
         Some(Admitted {
             open: Arc::clone(&self.open),
+            gauge: gauge.clone(),
         })
     }
 
@@ -178,15 +182,18 @@ impl Capacity {
     }
 }
 
-/// One admitted connection; gives its place back when dropped.
+/// One admitted connection; gives its place back when dropped. It goes with the socket, so a connection
+/// that became a tunnel (a WebSocket) still counts.
 #[derive(Debug)]
 pub struct Admitted {
     open: Arc<AtomicUsize>,
+    gauge: Gauge,
 }
 
 impl Drop for Admitted {
     fn drop(&mut self) {
         self.open.fetch_sub(1, Ordering::AcqRel);
+        self.gauge.dec();
     }
 }
 
@@ -316,12 +323,13 @@ mod tests {
             ..Default::default()
         };
         let cap = Capacity::new(&limits, Environment::default());
-        let a = cap.admit().unwrap();
-        let _b = cap.admit().unwrap();
-        assert!(cap.admit().is_none());
+        let open = Gauge::default();
+        let a = cap.admit(&open).unwrap();
+        let _b = cap.admit(&open).unwrap();
+        assert!(cap.admit(&open).is_none());
         drop(a);
-        let _c = cap.admit().expect("a place again");
-        assert_eq!(cap.open(), 2);
+        let _c = cap.admit(&open).expect("a place again");
+        assert_eq!((cap.open(), open.get()), (2, 2));
     }
 
     #[test]

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     app_connection::AppConnection,
+    capacity::Admitted,
     forward,
     h1::request::MAX_HEAD,
     state::ProxyState,
@@ -37,9 +38,14 @@ const H2_CONNECTION_WINDOW: u32 = 256 * 1024;
 const H2_SEND_BUFFER: usize = 64 * 1024;
 
 /// Serves the connection `io` from `peer` with hyper until it closes, or until `stop` and the request in
-/// flight finished.
-pub async fn serve<I>(io: I, peer: SocketAddr, state: Arc<ProxyState>, stop: CancellationToken)
-where
+/// flight finished; `admitted` goes with `io` (into a tunnel, if it becomes one).
+pub async fn serve<I>(
+    io: I,
+    peer: SocketAddr,
+    state: Arc<ProxyState>,
+    stop: CancellationToken,
+    admitted: Admitted,
+) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let timeouts = state.snapshot().effective.config.limits.client_timeouts.clone();
@@ -50,7 +56,8 @@ where
         Arc::clone(&activity),
         state.capacity.head_share(),
         state.metrics.slow_clients.clone(),
-    );
+    )
+    .holding(admitted);
     let app = Arc::new(AppConnection::default());
     let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
         let in_flight = activity.begin(req.version());

@@ -44,7 +44,7 @@ pub async fn run(
             () = shutdown.cancelled() => break,
         };
         // Over the cap the connection closes before anything is read or written (see `capacity`).
-        let Some(admitted) = state.capacity.admit() else {
+        let Some(admitted) = state.capacity.admit(&state.metrics.connections_open) else {
             state.metrics.connections_refused.inc();
             drop(stream);
             continue;
@@ -52,13 +52,13 @@ pub async fn run(
         let _ = stream.set_nodelay(true);
         // Each connection watches a token of its own: waiting on the shared one would take its lock
         // whenever any connection's read is pending.
-        let (state, stop) = (state.clone(), shutdown.child_token());
-        connections.spawn(async move {
-            state.metrics.connections_open.inc();
-            h1::serve(stream, peer, state.clone(), stop).await;
-            state.metrics.connections_open.dec();
-            drop(admitted);
-        });
+        connections.spawn(h1::serve(
+            stream,
+            peer,
+            state.clone(),
+            shutdown.child_token(),
+            admitted,
+        ));
     }
 
     state.start_draining();

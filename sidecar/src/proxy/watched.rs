@@ -35,7 +35,7 @@ use tokio::{
     time::{Instant, Sleep},
 };
 
-use super::capacity::{HEAD_FREE, HeadShare};
+use super::capacity::{Admitted, HEAD_FREE, HeadShare};
 
 /// What the service tells the connection's watch: requests in flight, and whether the connection has
 /// left HTTP/1 heads behind (HTTP/2, or an upgrade).
@@ -134,6 +134,8 @@ pub struct Watched<I> {
     write_timer: Option<Pin<Box<Sleep>>>,
     write_waiting: bool,
     slow_clients: Counter,
+    /// The connection's place under `limits.maxConnections`, held as long as the socket (a tunnel too).
+    _admitted: Option<Admitted>,
 }
 
 impl<I> Watched<I> {
@@ -161,7 +163,14 @@ impl<I> Watched<I> {
             write_timer: None,
             write_waiting: false,
             slow_clients,
+            _admitted: None,
         }
+    }
+
+    /// Holds `admitted` for as long as the connection lasts.
+    pub fn holding(mut self, admitted: Admitted) -> Self {
+        self._admitted = Some(admitted);
+        self
     }
 
     /// A read found nothing: fails it once the connection has been quiet (or its head slow) too long.

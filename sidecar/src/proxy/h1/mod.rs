@@ -57,7 +57,7 @@ use self::{
 };
 use super::{
     admit::{Admission, Arrival, admit},
-    capacity::{HEAD_FREE, HeadShare},
+    capacity::{Admitted, HEAD_FREE, HeadShare},
     headers::write_quota_lines,
     metrics::Outcome,
     reject::plain,
@@ -80,8 +80,15 @@ const LINGER_BYTES: usize = 16 << 20;
 
 /// Serves one client connection until it closes, handing it to hyper when it asks for something the fast
 /// path leaves to hyper. Its buffers are allocated once the client sends something, so a connection
-/// that only waits costs its task alone.
-pub async fn serve(stream: TcpStream, peer: SocketAddr, state: Arc<ProxyState>, stop: CancellationToken) {
+/// that only waits costs its task alone. `admitted` (its place under `limits.maxConnections`) goes with
+/// the socket.
+pub async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    state: Arc<ProxyState>,
+    stop: CancellationToken,
+    admitted: Admitted,
+) {
     let timeouts = state.snapshot().effective.config.limits.client_timeouts.clone();
     let mut conn = Connection {
         client: stream,
@@ -102,7 +109,7 @@ pub async fn serve(stream: TcpStream, peer: SocketAddr, state: Arc<ProxyState>, 
     if conn.run(&state, &stop).await == End::HandOff {
         conn.head_share.release();
         let Connection { client, buf, .. } = conn;
-        super::fallback::serve(Prefixed::new(buf, client), peer, state, stop).await;
+        super::fallback::serve(Prefixed::new(buf, client), peer, state, stop, admitted).await;
     }
 }
 
