@@ -49,7 +49,12 @@ fn injected_pod() -> Pod {
                 "volumeMounts": [{"name": "sluice-config", "mountPath": "/etc/sluice", "readOnly": true}],
             }],
             "containers": [
-                {"name": "web", "image": "example/sluice-demo-app:1", "ports": [{"containerPort": 8080}]},
+                {
+                    "name": "web", "image": "example/sluice-demo-app:1", "ports": [{"containerPort": 8080}],
+                    // Without it the pod is Ready as soon as the sidecar is, and a request can reach the
+                    // sidecar before the app listens (a 502), as on a real node.
+                    "readinessProbe": {"httpGet": {"path": "/", "port": 8080}},
+                },
                 {"name": "not-ours", "image": "example/other:1"},
             ],
             "volumes": [{"name": "sluice-config", "configMap": {"name": "sluice-policy-api"}}],

@@ -60,6 +60,7 @@ spec:
         - name: app
           image: example/sluice-demo-app:1
           ports: [{name: http, containerPort: 8080}]
+          readinessProbe: {httpGet: {path: /, port: http}}
 "#;
 
 /// Sends `n` requests one after the other; returns them all.
