@@ -340,6 +340,10 @@ fn check_rule(rule: &Rule, at: &str, errs: &mut ConfigErrors) {
             ),
         );
     }
+    let window_ok = limit.window >= WINDOW_MIN && limit.window <= WINDOW_MAX;
+    if limit.requests > 0 && window_ok {
+        check_exact(rule, at, errs);
+    }
     if let Some(n) = rule.client_ip_ceiling {
         if n > 0 && !rule.keyed_by_client_value() {
             errs.push(
@@ -363,6 +367,49 @@ fn check_rule(rule: &Rule, at: &str, errs: &mut ConfigErrors) {
         (true, Some(0)) => errs.push(format!("{at}.limit.burst"), "must be at least 1 when given"),
         (true, _) | (_, None) => {}
         (false, Some(_)) => errs.push(format!("{at}.limit.burst"), "only tokenBucket rules take a burst"),
+    }
+}
+
+/// The most a window's count may reach: the Redis scripts count in Lua numbers (doubles), exact below
+/// 2^53, and the limiter refuses a rule whose counts could pass it (in milliseconds, for the token
+/// bucket's and the sliding window's arithmetic). Checked here too, so a config that passes validation
+/// is one the limiter runs.
+pub const EXACT_COUNT: u128 = 1 << 53;
+
+/// `requests` (or `burst + 1`) × window in ms, for the rule and for its ceiling per client IP, stays below
+/// [`EXACT_COUNT`], as the limiter requires.
+fn check_exact(rule: &Rule, at: &str, errs: &mut ConfigErrors) {
+    let limit = &rule.limit;
+    let burst = if rule.algorithm.takes_burst() {
+        limit.burst.unwrap_or(0)
+    } else {
+        0
+    };
+    let window_ms = u128::from(limit.window.as_millis());
+    let biggest = |requests: u64, burst: u64| u128::from(requests.max(burst.saturating_add(1))) * window_ms;
+    if biggest(limit.requests, burst) >= EXACT_COUNT {
+        errs.push(
+            format!("{at}.limit"),
+            format!(
+                "requests (or burst + 1) × window in ms must stay below 2^53, the largest count the Redis \
+                 scripts hold exactly: {} × {window_ms} is more; lower requests or the window",
+                limit.requests.max(burst.saturating_add(1))
+            ),
+        );
+    } else if let Some(m) = rule.ceiling()
+        && biggest(
+            limit.requests.saturating_mul(u64::from(m)),
+            burst.saturating_mul(u64::from(m)),
+        ) >= EXACT_COUNT
+    {
+        errs.push(
+            format!("{at}.clientIpCeiling"),
+            format!(
+                "the ceiling per client IP, {m} × the limit, × window in ms must stay below 2^53, the largest \
+                 count the Redis scripts hold exactly; lower clientIpCeiling (0 turns it off), requests or \
+                 the window"
+            ),
+        );
     }
 }
 
@@ -592,6 +639,47 @@ mod tests {
                 "limits.rules[0].limit.window",
             ]
         );
+    }
+
+    /// Found by fuzzing (fuzz/fuzz_targets/sidecar_config.rs): `--check-config` passed these, and the
+    /// limiter then refused them at start or reload.
+    #[test]
+    fn limits_whose_counts_redis_cannot_hold_exactly_are_refused_as_the_limiter_refuses_them() {
+        let mut huge = rule("a");
+        huge.limit.requests = u64::MAX;
+        huge.limit.window = Duration::from_secs(24 * 3600);
+        assert_eq!(paths(validate(&config_with(huge))), ["limits.rules[0].limit"]);
+
+        // The CRD's largest `requests` with its longest window.
+        let mut day = rule("a");
+        day.limit.requests = 1_000_000_000;
+        day.limit.window = Duration::from_secs(24 * 3600);
+        assert_eq!(paths(validate(&config_with(day))), ["limits.rules[0].limit"]);
+
+        let mut bucket = rule("a");
+        bucket.algorithm = Algorithm::TokenBucket;
+        bucket.limit.burst = Some(u64::MAX - 1);
+        assert_eq!(paths(validate(&config_with(bucket))), ["limits.rules[0].limit"]);
+
+        // Within the limit, but not its default ceiling of 10× per client IP.
+        let mut keyed = rule("a");
+        keyed.key = vec![KeyPart {
+            source: KeySource::Credential,
+            ..KeyPart::client_ip()
+        }];
+        keyed.limit.requests = 1_000_000_000;
+        keyed.limit.window = Duration::from_secs(3600);
+        assert_eq!(
+            paths(validate(&config_with(keyed.clone()))),
+            ["limits.rules[0].clientIpCeiling"]
+        );
+        keyed.client_ip_ceiling = Some(0);
+        assert!(validate(&config_with(keyed)).is_ok(), "without a ceiling it fits");
+
+        let mut largest = rule("a");
+        largest.limit.requests = (EXACT_COUNT / 86_400_000 - 1) as u64;
+        largest.limit.window = Duration::from_secs(24 * 3600);
+        assert!(validate(&config_with(largest)).is_ok());
     }
 
     #[test]
