@@ -1,6 +1,6 @@
 # Sluice's two commands: `make sandbox` runs it locally, `make test` runs every test.
 # (Other targets are steps of those two.)
-.PHONY: sandbox test deps lint unit chart crds e2e-tools e2e-real images image-test
+.PHONY: sandbox test deps lint unit fuzz-smoke fuzz chart crds e2e-tools e2e-real images image-test
 
 CARGO ?= cargo
 NEXTEST_PROFILE ?= default
@@ -23,7 +23,7 @@ sandbox:
 ## (built before the test suites: the rate-limit scenario runs them with Podman).
 test: export SLUICE_E2E_OPERATOR_IMAGE = $(OPERATOR_IMAGE)
 test: export SLUICE_E2E_SIDECAR_IMAGE = $(SIDECAR_IMAGE)
-test: deps e2e-tools lint images unit e2e-real chart image-test
+test: deps e2e-tools lint images unit fuzz-smoke e2e-real chart image-test
 
 deps:
 	./.ci/deps.sh
@@ -35,12 +35,23 @@ e2e-tools:
 
 lint:
 	$(CARGO) fmt --all -- --check
+	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	./e2e/apiserver/proto/update.sh --check
 
 unit:
 	$(CARGO) nextest run --workspace --locked --profile $(NEXTEST_PROFILE) -E 'not binary(real_control_plane)'
 	$(CARGO) test --workspace --locked --doc
+
+## Fuzz each parser of untrusted input (the HTTP/1.1 request head, the chunked coding, the sidecar config,
+## the pod annotations) for a fixed number of runs from a fixed seed, about 10 s each (fuzz/README.md).
+fuzz-smoke:
+	./fuzz/run.sh smoke
+
+## Fuzz for longer: FUZZ_SECONDS per target (default 600), FUZZ_TARGETS to choose (default all four).
+FUZZ_SECONDS ?= 600
+fuzz:
+	FUZZ_SECONDS=$(FUZZ_SECONDS) ./fuzz/run.sh long $(FUZZ_TARGETS)
 
 ## Sluice on a real control plane (etcd, kube-apiserver, kube-controller-manager; real helm): prints the
 ## versions, then each whole-system scenario's result (e2e/README.md).

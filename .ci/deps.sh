@@ -2,8 +2,9 @@
 # Installs what Sluice's tests need when it is missing, or stops naming what is missing.
 # The tests start their own redis-server and PostgreSQL processes (never the machine's own servers), drive
 # the real kubectl, and run under cargo-nextest. The images are built and run with Podman (runc as its
-# runtime); their SBOMs are written by cargo-cyclonedx. As root, missing Debian packages are installed with
-# apt-get; otherwise this script says which package to install and exits non-zero.
+# runtime); their SBOMs are written by cargo-cyclonedx. The fuzz targets are built by cargo-fuzz (libFuzzer,
+# compiled with g++). As root, missing Debian packages are installed with apt-get; otherwise this script
+# says which package to install and exits non-zero.
 set -euo pipefail
 
 missing=()
@@ -19,6 +20,7 @@ need pgrep procps
 need podman podman
 need runc runc
 need buildah buildah
+need c++ g++ # libFuzzer (the fuzz targets) is C++
 
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -46,6 +48,13 @@ CYCLONEDX_VERSION=0.5.9
 if [ "$(cargo cyclonedx --version 2>/dev/null | awk '{print $2}')" != "$CYCLONEDX_VERSION" ]; then
   echo "deps: installing cargo-cyclonedx $CYCLONEDX_VERSION from crates.io"
   cargo install --locked --quiet cargo-cyclonedx --version "$CYCLONEDX_VERSION"
+fi
+
+# The fuzz targets (make fuzz-smoke); pinned so the build flags it passes do not drift.
+CARGO_FUZZ_VERSION=0.13.2
+if [ "$(cargo fuzz --version 2>/dev/null | awk '{print $2}')" != "$CARGO_FUZZ_VERSION" ]; then
+  echo "deps: installing cargo-fuzz $CARGO_FUZZ_VERSION from crates.io"
+  cargo install --locked --quiet cargo-fuzz --version "$CARGO_FUZZ_VERSION"
 fi
 
 # The chart is checked with the real Helm SDK and the Kubernetes schemas (charts/test_chart.py).
