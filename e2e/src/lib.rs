@@ -31,5 +31,3 @@ pub mod system;
 pub use error::{ApiError, Error, Result};
 pub use harness::{Env, TestNamespace, wait_for};
 pub use sluice_test_apiserver::{Options, TestApiServer};
-/// The in-memory API server's aggregator identity and TLS helpers, which tests of Sluice's servers use.
-pub use sluice_test_apiserver::{aggregator, tls};

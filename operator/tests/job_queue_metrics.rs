@@ -11,7 +11,7 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use http_body_util::BodyExt;
 use serde_json::Value;
-use sluice_e2e::{Env, aggregator::FrontProxy};
+use sluice_e2e::Env;
 use sluice_operator::{
     certs::{self, Bundle, CertStore, Plan},
     clock::system_clock,
@@ -25,6 +25,7 @@ use sluice_queue::{
     NewJob, QueueSettings, QueueStore, schema,
     store::{Finish, Finished},
 };
+use sluice_test_apiserver::aggregator::FrontProxy;
 use sluice_testsupport::PgServer;
 
 const QUEUE: &str = "emails";
@@ -170,7 +171,7 @@ impl MetricsApi {
             Caller::Proxy(identity, _) => identity
                 .client_config(Some(self.cert.ca_bundle_pem.as_bytes()))
                 .unwrap(),
-            _ => sluice_e2e::tls::client_config(self.cert.ca_bundle_pem.as_bytes()).unwrap(),
+            _ => sluice_test_apiserver::tls::client_config(self.cert.ca_bundle_pem.as_bytes()).unwrap(),
         };
         let tcp = tokio::net::TcpStream::connect(self.addr).await.unwrap();
         let stream = tokio_rustls::TlsConnector::from(tls)
@@ -304,7 +305,7 @@ async fn only_the_front_proxy_or_a_reviewed_token_gets_in_and_rbac_decides_what_
     );
 
     // A certificate with the right name from another CA cannot speak for anyone.
-    let stranger = FrontProxy::generate(sluice_e2e::aggregator::FRONT_PROXY_CLIENT_NAME).unwrap();
+    let stranger = FrontProxy::generate(sluice_test_apiserver::aggregator::FRONT_PROXY_CLIENT_NAME).unwrap();
     let (status, body) = api.get(Caller::Proxy(&stranger, HPA_USER), METRIC_PATH).await;
     assert_eq!(status, 401, "{body}");
     assert!(
@@ -359,7 +360,7 @@ async fn a_new_front_proxy_ca_in_the_configmap_is_picked_up_without_a_restart() 
         200
     );
 
-    let rotated = FrontProxy::generate(sluice_e2e::aggregator::FRONT_PROXY_CLIENT_NAME).unwrap();
+    let rotated = FrontProxy::generate(sluice_test_apiserver::aggregator::FRONT_PROXY_CLIENT_NAME).unwrap();
     Api::<ConfigMap>::namespaced(api.env.client(), "kube-system")
         .patch(
             "extension-apiserver-authentication",
@@ -492,7 +493,7 @@ async fn through_the_aggregator_the_hpa_reads_depth_a_denied_user_gets_403_and_a
 
     // If the front-proxy CA the metrics API trusts is not the one the aggregator's certificate comes
     // from, nothing the aggregator says is believed: 401 for everyone, the HPA controller included.
-    let other_ca = FrontProxy::generate(sluice_e2e::aggregator::FRONT_PROXY_CLIENT_NAME).unwrap();
+    let other_ca = FrontProxy::generate(sluice_test_apiserver::aggregator::FRONT_PROXY_CLIENT_NAME).unwrap();
     Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(api.env.client(), "kube-system")
         .patch(
             "extension-apiserver-authentication",

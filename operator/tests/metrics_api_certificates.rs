@@ -138,7 +138,7 @@ impl Fixture {
 
     /// The certificate the server presents now (DER), checked against `ca_bundle`.
     async fn served(&self, ca_bundle: &str) -> Vec<u8> {
-        let tls = sluice_e2e::tls::client_config(ca_bundle.as_bytes()).unwrap();
+        let tls = sluice_test_apiserver::tls::client_config(ca_bundle.as_bytes()).unwrap();
         let tcp = tokio::net::TcpStream::connect(self.addr).await.unwrap();
         let name = format!("{SERVICE}.{NS}.svc");
         let stream = tokio_rustls::TlsConnector::from(tls)
