@@ -51,6 +51,8 @@ OPTIONS = {
         "podAnnotations": {"a": "b"},
         "podLabels": {"team": "platform"},
     },
+    "JobQueue access check off": {"webhook": {"jobQueueAccessCheck": False}},
+    "watched namespaces": {"watchNamespaces": ["shop", "billing"]},
     "pinned images": {"image": {"tag": "0.1.0"}, "sidecar": {"image": {"repository": "r/s", "tag": "x"}}},
 }
 
@@ -61,6 +63,7 @@ BAD_VALUES = {
     "misspelled top-level key": ({"replicas": 2}, "replicas"),
     "port out of range": ({"webhook": {"port": 70000}}, "port"),
     "namespace that is not a DNS label": ({"rbac": {"secretNamespaces": ["Bad_NS"]}}, "secretNamespaces"),
+    "watched namespace that is not a DNS label": ({"watchNamespaces": ["Bad_NS"]}, "watchNamespaces"),
     "unknown log format": ({"logFormat": "xml"}, "logFormat"),
     "resource quantity that is not one": ({"resources": {"limits": {"memory": "lots"}}}, "memory"),
     "webhook timeout over the API server's cap": ({"webhook": {"timeoutSeconds": 60}}, "timeoutSeconds"),
@@ -139,6 +142,59 @@ class ChartTest(unittest.TestCase):
         self.assertTrue(w["matchConditions"], "an unscoped Fail webhook can block a whole cluster")
         excluded = w["namespaceSelector"]["matchExpressions"][0]["values"]
         self.assertIn("sluice-system", excluded, "the operator's own namespace must never be injected")
+
+    def test_job_queues_are_checked_by_a_validating_webhook_on_create_and_update(self):
+        docs, _ = render()
+        (hook,) = [d for _, d in docs if d["kind"] == "ValidatingWebhookConfiguration"]
+        (mutating,) = [d for _, d in docs if d["kind"] == "MutatingWebhookConfiguration"]
+        # One name for both: the operator patches the caBundle of each by that name.
+        self.assertEqual(hook["metadata"]["name"], mutating["metadata"]["name"])
+        (w,) = hook["webhooks"]
+        self.assertEqual(w["failurePolicy"], "Fail")
+        self.assertEqual(w["clientConfig"]["service"]["path"], "/validate-jobqueue")
+        (rule,) = w["rules"]
+        self.assertEqual((rule["apiGroups"], rule["resources"], sorted(rule["operations"])),
+                         (["sluice.dev"], ["jobqueues"], ["CREATE", "UPDATE"]))
+        (role,) = [d for _, d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "sluice"]
+        patchable = [r for r in role["rules"] if "validatingwebhookconfigurations" in r["resources"]]
+        self.assertEqual(patchable[0]["resourceNames"], [hook["metadata"]["name"]])
+        docs, _ = render(OPTIONS["JobQueue access check off"])
+        self.assertFalse([d for _, d in docs if d["kind"] == "ValidatingWebhookConfiguration"])
+
+    def test_the_operator_may_write_network_policies_and_list_services(self):
+        docs, _ = render()
+        (role,) = [d for _, d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "sluice"]
+        def verbs(group, resource):
+            return {v for r in role["rules"] if group in r["apiGroups"] and resource in r["resources"]
+                    and not r.get("resourceNames") for v in r["verbs"]}
+        self.assertLessEqual({"get", "list", "watch", "create", "patch", "delete"},
+                             verbs("networking.k8s.io", "networkpolicies"))
+        self.assertIn("list", verbs("", "services"))
+
+    def test_watched_namespaces_get_roles_and_the_cluster_role_writes_nothing_namespaced(self):
+        docs, _ = render(OPTIONS["watched namespaces"])
+        (role,) = [d for _, d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "sluice"]
+        namespaced = {"deployments", "configmaps", "horizontalpodautoscalers", "pods", "networkpolicies",
+                      "scaledobjects", "ratelimitpolicies", "jobqueues", "services", "events"}
+        for rule in role["rules"]:
+            self.assertFalse(namespaced & set(rule["resources"]), f"cluster-wide rule on {rule['resources']}")
+        roles = {d["metadata"]["namespace"]: d for _, d in docs
+                 if d["kind"] == "Role" and d["metadata"]["name"] == "sluice-watch"}
+        for ns in ["shop", "billing"]:
+            self.assertIn(ns, roles)
+            granted = {r for rule in roles[ns]["rules"] for r in rule["resources"]}
+            self.assertLessEqual({"deployments", "configmaps", "networkpolicies", "ratelimitpolicies"}, granted)
+        bound = {(d["metadata"]["namespace"], d["roleRef"]["name"]) for _, d in docs if d["kind"] == "RoleBinding"}
+        self.assertLessEqual({("shop", "sluice-watch"), ("billing", "sluice-watch")}, bound)
+        (operator,) = [d for _, d in docs if d["kind"] == "Deployment"]
+        env = {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
+        self.assertEqual(env["SLUICE_WATCH_NAMESPACES"], "shop,billing")
+        (hook,) = [d for _, d in docs if d["kind"] == "MutatingWebhookConfiguration"]
+        exprs = hook["webhooks"][0]["namespaceSelector"]["matchExpressions"]
+        self.assertIn({"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["shop", "billing"]}, exprs)
+        # Without the list: one ClusterRole with everything, no per-namespace Role.
+        docs, _ = render()
+        self.assertFalse([d for _, d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "sluice-watch"])
 
     def test_the_metrics_api_delegates_authentication_and_authorization_to_the_api_server(self):
         docs, _ = render()

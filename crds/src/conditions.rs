@@ -9,6 +9,9 @@
 pub const READY: &str = "Ready";
 /// The resource works, but not fully: some pods lag behind, or a dependency is sick.
 pub const DEGRADED: &str = "Degraded";
+/// `RateLimitPolicy` only: a Service selecting governed pods targets the app's own port (by number, or
+/// by a name that is the app container's), so its traffic goes around the sidecar unlimited.
+pub const APP_PORT_EXPOSED: &str = "AppPortExposed";
 /// `JobQueue` only: the queue has work and workers to run it.
 pub const ACTIVE: &str = "Active";
 /// `JobQueue` only: the `sluice.dev/paused` annotation is set.
@@ -27,6 +30,21 @@ pub mod reason {
     pub const SECRET_KEY_MISSING: &str = "SecretKeyMissing";
     /// A Kubernetes API call failed (e.g. applying the worker Deployment).
     pub const KUBERNETES_API_ERROR: &str = "KubernetesApiError";
+    /// An object the operator would write (ConfigMap, NetworkPolicy, worker Deployment, HPA,
+    /// `ScaledObject`) exists already and is not controlled by this resource: the operator changes
+    /// nothing until it is renamed or deleted.
+    pub const OBJECT_NOT_OWNED: &str = "ObjectNotOwned";
+
+    /// `RateLimitPolicy` (an Event): the policy's config key in Redis held something other than what the
+    /// operator published (someone else wrote it); the operator's config was published again.
+    pub const REMOTE_CONFIG_REPLACED: &str = "RemoteConfigReplaced";
+
+    /// The object's Secret names a Redis server or database beyond the operator's bound on distinct
+    /// endpoints per namespace (or in all): it is not connected until others go unused.
+    pub const TOO_MANY_ENDPOINTS: &str = "TooManyEndpoints";
+
+    /// `RateLimitPolicy` `AppPortExposed`: a Service targets the app's port of governed pods.
+    pub const SERVICE_TARGETS_APP_PORT: &str = "ServiceTargetsAppPort";
 
     /// `RateLimitPolicy`: every selected pod enforces the current generation.
     pub const ENFORCED: &str = "Enforced";

@@ -93,6 +93,11 @@ pub struct RateLimitPolicySpec {
     #[serde(default)]
     pub headers: HeadersSpec,
 
+    /// The NetworkPolicy the operator renders for the governed pods, so that other pods reach them only
+    /// through the sidecar. On by default.
+    #[serde(default)]
+    pub network_policy: NetworkPolicySpec,
+
     /// The rules. Every rule whose `match` fits a request applies, and all of them must allow it.
     #[schemars(length(min = 1, max = RULES_MAX))]
     #[schemars(extend("x-kubernetes-validations" = [{
@@ -126,6 +131,37 @@ pub struct RedisSpec {
     #[serde(default = "default_prefetch")]
     #[schemars(range(min = 0, max = sidecar_config::PREFETCH_MAX))]
     pub prefetch: u64,
+}
+
+/// The NetworkPolicy `sluice-policy-<name>` rendered for the governed pods (those labelled
+/// `sluice.dev/policy: <name>`). It admits ingress only on the sidecar's ports (its proxy port, found by
+/// name on each pod, and its admin port, which kubelet probes and Prometheus scrape) and on
+/// `additionalPorts`, so the app's own port cannot be reached around the sidecar. NetworkPolicies
+/// are enforced by the cluster's network plugin: on a plugin without NetworkPolicy support the
+/// object is accepted and does nothing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkPolicySpec {
+    /// Render the NetworkPolicy. `false` deletes the one the operator rendered before; then the app's
+    /// port is reachable from other pods unless another NetworkPolicy closes it.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+
+    /// Further container ports of the governed pods to admit ingress on, by number (e.g. an app
+    /// metrics port scraped directly). Requests through them are not rate limited.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(range(min = 1, max = 65535)))]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub additional_ports: Vec<u16>,
+}
+
+impl Default for NetworkPolicySpec {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            additional_ports: vec![],
+        }
+    }
 }
 
 /// How the client address is found.
@@ -378,8 +414,9 @@ pub struct RateLimitPolicyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
-    /// `Ready` (rendered, published and enforced by every selected pod) and `Degraded` (some pods
-    /// lag, or Redis is unreachable), with a reason and message.
+    /// `Ready` (rendered, published and enforced by every selected pod), `Degraded` (some pods
+    /// lag, or Redis is unreachable) and `AppPortExposed` (a Service sends traffic to the app's own
+    /// port, around the sidecar), with a reason and message.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
@@ -392,11 +429,17 @@ pub struct RateLimitPolicyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_map: Option<String>,
 
+    /// The NetworkPolicy admitting ingress to the governed pods only through the sidecar, when
+    /// `spec.networkPolicy.enabled`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_policy: Option<String>,
+
     /// Running pods governed by this policy.
     #[serde(default)]
     pub selected_pods: u32,
 
-    /// Selected pods whose sidecar reports enforcing `observedGeneration` (or later).
+    /// Selected pods whose sidecar reports enforcing `observedGeneration` (a pod reporting a later one
+    /// runs a config the operator never published, and is listed in `Degraded`).
     #[serde(default)]
     pub enforcing_pods: u32,
 

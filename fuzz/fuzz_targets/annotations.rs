@@ -233,5 +233,6 @@ fn config() -> InjectConfig {
             resources: None,
         },
         native: true,
+        config_verify_key: Some("ab".repeat(32)),
     }
 }

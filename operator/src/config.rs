@@ -74,6 +74,12 @@ pub struct RunArgs {
     /// injects pods there, and an external metrics APIService whose service is there is Sluice's.
     #[arg(long, env = "SLUICE_NAMESPACE", default_value = "sluice-system")]
     pub namespace: String,
+    /// Namespaces whose RateLimitPolicies and JobQueues the operator reconciles and whose policies and
+    /// JobQueues the webhook injects for, comma-separated; empty: every namespace. With a list, every
+    /// watch and write is confined to those namespaces (the chart's `watchNamespaces` grants Roles
+    /// there instead of cluster-wide write access).
+    #[arg(long, env = "SLUICE_WATCH_NAMESPACES", value_delimiter = ',', num_args = 0..)]
+    pub watch_namespaces: Vec<String>,
     /// This replica's name (its identity in leader election and Events); defaults to the host name.
     #[arg(long, env = "SLUICE_POD_NAME")]
     pub pod_name: Option<String>,
@@ -110,6 +116,21 @@ pub struct RunArgs {
         default_value = "/var/run/sluice/webhook-tls"
     )]
     pub webhook_cert_dir: PathBuf,
+    /// Secret (in `--namespace`) holding the Ed25519 key that signs the configs published through
+    /// Redis; created with a new key when missing. Injected sidecars get its public key.
+    #[arg(
+        long,
+        env = "SLUICE_CONFIG_SIGNING_SECRET",
+        default_value = "sluice-config-signing"
+    )]
+    pub config_signing_secret: String,
+    /// Most distinct Redis servers, and most distinct databases, the objects of one namespace make the
+    /// operator connect to; an object beyond it is not connected (`Ready=False`, `TooManyEndpoints`).
+    #[arg(long, env = "SLUICE_MAX_ENDPOINTS_PER_NAMESPACE", default_value_t = crate::budget::PER_NAMESPACE_DEFAULT)]
+    pub max_endpoints_per_namespace: usize,
+    /// Most distinct Redis servers, and most distinct databases, the operator connects to in all.
+    #[arg(long, env = "SLUICE_MAX_ENDPOINTS", default_value_t = crate::budget::TOTAL_DEFAULT)]
+    pub max_endpoints: usize,
     /// Address of `/metrics`, `/healthz` and `/readyz`.
     #[arg(long, env = "SLUICE_METRICS_LISTEN", default_value = METRICS_LISTEN_DEFAULT)]
     pub metrics_listen: SocketAddr,

@@ -7,12 +7,14 @@
 //! Layout (roughly bottom up: a module uses only those above it):
 //! - [`clock`], [`metrics`], [`secret`]: the injected wall clock; reconcile and admission metrics; reading
 //!   the URL from the one Secret an object names.
+//! - [`budget`]: bounds on the Redis servers and databases one namespace makes the operator connect to.
 //! - [`render`]: pure functions from API objects to what the cluster and the sidecar read (sidecar config,
 //!   the sidecar container, worker Deployment, HPA, `ScaledObject`).
 //! - [`serve`]: the serving loop of the webhook, the external metrics API and `/metrics` (timeouts,
 //!   connection caps, accept errors survived, readiness tied to the loop running).
 //! - [`webhook`]: the pod injection patch ([`webhook::inject`], pure), annotation parsing, and the HTTPS
 //!   admission server (the `MutatingWebhookConfiguration` is the chart's).
+//! - [`signing`]: the Ed25519 key the operator signs published configs with (kept in a Secret).
 //! - [`propagation`]: publishing rendered config to Redis and reading back which generation pods enforce.
 //! - [`scaling`]: JobQueue scaling decisions (pure) and their adapters: database pools and depth, the
 //!   LISTEN waker, JobQueue metrics.
@@ -23,6 +25,7 @@
 //! - [`telemetry`], [`crdgen`], [`config`], [`run`]: tracing, the CRD YAML generator, the typed command
 //!   line, and the wiring the binary calls.
 
+pub mod budget;
 pub mod certs;
 pub mod clock;
 pub mod config;
@@ -38,6 +41,7 @@ pub mod run;
 pub mod scaling;
 pub mod secret;
 pub mod serve;
+pub mod signing;
 pub mod telemetry;
 pub mod webhook;
 
@@ -80,6 +84,38 @@ pub enum Error {
         /// The reference's field.
         field: &'static str,
     },
+    /// An object the operator would write or delete exists and is not controlled by the resource being
+    /// reconciled (no controller ownerReference to it): the operator leaves it alone.
+    #[error(
+        "{kind} {namespace}/{name} exists and is not controlled by this {owner}: the operator leaves it \
+         unchanged; delete or rename it to let the operator manage it"
+    )]
+    NotOwned {
+        /// Kind of the object (`ConfigMap`, `NetworkPolicy`, `Deployment`, ...).
+        kind: String,
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// Kind of the resource that would own it.
+        owner: String,
+    },
+    /// A namespace names more distinct Redis servers or databases than the operator connects to for
+    /// one namespace (or the operator is at its total): the object is not connected.
+    #[error(
+        "namespace {namespace} already uses {in_use} distinct {kind} endpoints, the most the operator \
+         connects to {scope}: reuse one of them (or raise --max-endpoints-per-namespace / --max-endpoints)"
+    )]
+    TooManyEndpoints {
+        /// The namespace of the object.
+        namespace: String,
+        /// `Redis` or `PostgreSQL`.
+        kind: &'static str,
+        /// How many are in use.
+        in_use: usize,
+        /// `for one namespace` or `in all`.
+        scope: &'static str,
+    },
     /// Redis could not be reached or refused a command.
     #[error("Redis: {0}")]
     Redis(String),
@@ -111,6 +147,8 @@ impl Error {
             Error::InvalidSpec(_) | Error::InvalidJobQueue(_) => "invalid_spec",
             Error::SecretNotFound { .. } => "secret_not_found",
             Error::SecretKeyMissing { .. } => "secret_key_missing",
+            Error::NotOwned { .. } => "not_owned",
+            Error::TooManyEndpoints { .. } => "too_many_endpoints",
             Error::Redis(_) => "redis_unreachable",
             Error::Database(_) => "database_unreachable",
             Error::Certificate(_) => "certificate",
@@ -127,6 +165,8 @@ impl Error {
             Error::InvalidSpec(_) | Error::InvalidJobQueue(_) => reason::INVALID_SPEC,
             Error::SecretNotFound { .. } => reason::SECRET_NOT_FOUND,
             Error::SecretKeyMissing { .. } => reason::SECRET_KEY_MISSING,
+            Error::NotOwned { .. } => reason::OBJECT_NOT_OWNED,
+            Error::TooManyEndpoints { .. } => reason::TOO_MANY_ENDPOINTS,
             Error::Redis(_) => reason::REDIS_UNREACHABLE,
             Error::Database(_) => reason::DATABASE_UNREACHABLE,
             _ => reason::KUBERNETES_API_ERROR,
@@ -142,7 +182,25 @@ impl Error {
                 | Error::InvalidJobQueue(_)
                 | Error::SecretNotFound { .. }
                 | Error::SecretKeyMissing { .. }
+                | Error::NotOwned { .. }
+                | Error::TooManyEndpoints { .. }
         )
+    }
+}
+
+impl Error {
+    /// The error for `namespace` over `budget`'s bound on `kind` endpoints.
+    pub fn too_many(namespace: &str, kind: &'static str, exceeded: budget::Exceeded) -> Self {
+        let (in_use, scope) = match exceeded {
+            budget::Exceeded::Namespace(n) => (n, "for one namespace"),
+            budget::Exceeded::Total(n) => (n, "in all"),
+        };
+        Error::TooManyEndpoints {
+            namespace: namespace.to_owned(),
+            kind,
+            in_use,
+            scope,
+        }
     }
 }
 

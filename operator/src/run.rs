@@ -2,15 +2,18 @@
 //! `/metrics`; the holder of the one Lease also runs both controllers (RateLimitPolicy and JobQueue).
 //! The binary only parses flags, starts tracing and calls [`run`].
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicBool, Ordering},
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
 };
 
 use axum::{Router, extract::State, http::StatusCode, routing::get};
 use futures::StreamExt;
 use kube::{
-    Api, Client,
+    Client,
     runtime::{WatchStreamExt, reflector, watcher},
 };
 use sluice_crds::{job_queue::JobQueue, rate_limit_policy::RateLimitPolicy};
@@ -19,18 +22,23 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::{
-    Result, certs,
+    Result,
+    budget::{self, Budget},
+    certs,
     clock::system_clock,
     config::{NativeSidecar, RunArgs},
-    controller::{Context, job_queue, rate_limit_policy},
+    controller::{Context, Namespaces, job_queue, rate_limit_policy},
     external_metrics, leader,
     metrics::Metrics,
+    propagation::Publisher,
     render::sidecar_container::SidecarSettings,
     scaling::{Databases, JobQueueMetrics},
     serve::{Limits, Serving, serve},
+    signing::{self, ConfigSigner},
     webhook::{
         inject::InjectConfig,
-        server::{self, WebhookState},
+        job_queue_access::SubjectAccessReviews,
+        server::{self, Caches, WebhookState},
     },
 };
 
@@ -136,11 +144,11 @@ pub fn metrics_router(metrics: AllMetrics, health: Arc<Health>) -> Router {
         .with_state((metrics, health))
 }
 
-/// A cache of every `K` in the cluster, kept by a watch for as long as the process runs; `synced` runs
-/// once it has listed them all.
-fn cache<K>(client: &Client, synced: impl FnOnce() + Send + 'static) -> reflector::Store<K>
+/// A cache of every `K` in the watched namespaces, kept by one watch per namespace (or one for the
+/// cluster) for as long as the process runs; `synced` runs once every watch has listed its objects.
+fn cache<K>(client: &Client, namespaces: &Namespaces, synced: impl FnOnce() + Send + 'static) -> Caches<K>
 where
-    K: kube::Resource<DynamicType = ()>
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
         + serde::de::DeserializeOwned
         + std::fmt::Debug
@@ -148,22 +156,50 @@ where
         + Sync
         + 'static,
 {
-    let (store, writer) = reflector::store::<K>();
-    let stream = reflector::reflector(
-        writer,
-        watcher(Api::<K>::all(client.clone()), watcher::Config::default()),
-    )
-    .default_backoff()
-    .touched_objects()
-    .for_each(|_| async {});
-    tokio::spawn(stream);
-    let ready = store.clone();
+    let stores: Vec<reflector::Store<K>> = namespaces
+        .apis::<K>(client)
+        .into_iter()
+        .map(|api| {
+            let (store, writer) = reflector::store::<K>();
+            let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+                .default_backoff()
+                .touched_objects()
+                .for_each(|_| async {});
+            tokio::spawn(stream);
+            store
+        })
+        .collect();
+    let ready = stores.clone();
     tokio::spawn(async move {
-        if ready.wait_until_ready().await.is_ok() {
+        let all = futures::future::join_all(ready.iter().map(|s| s.wait_until_ready())).await;
+        if all.iter().all(Result::is_ok) {
             synced();
         }
     });
-    store
+    Caches(stores)
+}
+
+/// The config signer from its Secret (made on first start), trying again every second until it can be
+/// read or `shutdown` fires.
+pub async fn load_signer(
+    client: &Client,
+    namespace: &str,
+    secret: &str,
+    shutdown: &CancellationToken,
+) -> Result<ConfigSigner> {
+    loop {
+        match signing::load_or_create(client, namespace, secret).await {
+            Ok(signer) => {
+                info!(public_key = signer.public_key_hex(), "config signing key loaded");
+                return Ok(signer);
+            }
+            Err(e) => warn!(error = %e, "config signing key: Secret {namespace}/{secret} not readable yet"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            () = shutdown.cancelled() => return Err(crate::Error::Tls("shut down before the config signing key was loaded".into())),
+        }
+    }
 }
 
 /// Whether to inject native sidecars, deciding `auto` from the API server's version (1.29+).
@@ -218,15 +254,23 @@ pub async fn run_with(client: Client, args: RunArgs, shutdown: CancellationToken
     let identity = args.identity();
     let metrics = Arc::new(Metrics::default());
     let job_queue_metrics = Arc::new(JobQueueMetrics::default());
-    let databases = Arc::new(Databases::default());
+    let budget = || {
+        Budget::new(
+            args.max_endpoints_per_namespace,
+            args.max_endpoints,
+            budget::IDLE_DEFAULT,
+        )
+    };
+    let databases = Arc::new(Databases::default().with_budget(budget()));
     let health = Arc::new(Health::default());
 
     // Policy and JobQueue caches for the webhook (every replica); `/readyz` waits for both.
-    let policies = cache::<RateLimitPolicy>(&client, {
+    let namespaces = Namespaces::from_list(&args.watch_namespaces);
+    let policies = cache::<RateLimitPolicy>(&client, &namespaces, {
         let health = health.clone();
         move || health.policies_synced.store(true, Ordering::Relaxed)
     });
-    let job_queues = cache::<JobQueue>(&client, {
+    let job_queues = cache::<JobQueue>(&client, &namespaces, {
         let health = health.clone();
         move || health.job_queues_synced.store(true, Ordering::Relaxed)
     });
@@ -260,6 +304,10 @@ pub async fn run_with(client: Client, args: RunArgs, shutdown: CancellationToken
         ));
     }
 
+    // The key that signs configs published through Redis; its public half goes into injected sidecars.
+    let signer =
+        Arc::new(load_signer(&client, &args.namespace, &args.config_signing_secret, &shutdown).await?);
+
     // The webhook (every replica).
     let native = native_sidecars(&client, args.sidecar_native).await;
     let sidecar = SidecarSettings {
@@ -273,8 +321,10 @@ pub async fn run_with(client: Client, args: RunArgs, shutdown: CancellationToken
         config: InjectConfig {
             sidecar: sidecar.clone(),
             native,
+            config_verify_key: Some(signer.public_key_hex().to_owned()),
         },
         metrics: metrics.clone(),
+        authorizer: Arc::new(SubjectAccessReviews(client.clone())),
     });
     let webhook_listener = TcpListener::bind(args.webhook_listen).await?;
     info!(addr = %args.webhook_listen, native_sidecars = native, "webhook listening");
@@ -358,12 +408,15 @@ pub async fn run_with(client: Client, args: RunArgs, shutdown: CancellationToken
         client: client.clone(),
         identity,
         metrics: metrics.clone(),
+        signer,
+        redis_budget: (args.max_endpoints_per_namespace, args.max_endpoints),
         job_queues: job_queue::Settings {
             databases,
             metrics: job_queue_metrics,
             sidecar,
             namespace: args.namespace.clone(),
             external_metrics: args.external_metrics,
+            namespaces: namespaces.clone(),
         },
     };
     supervise_controllers(controllers, leading, shutdown.clone()).await;
@@ -380,6 +433,10 @@ pub struct Controllers {
     pub identity: String,
     /// Reconcile metrics (and the leader gauge), shared with `/metrics`.
     pub metrics: Arc<Metrics>,
+    /// Signs the configs the RateLimitPolicy controller publishes.
+    pub signer: Arc<ConfigSigner>,
+    /// Bounds on distinct Redis servers: per namespace, in all.
+    pub redis_budget: (usize, usize),
     /// What the JobQueue controller is built from.
     pub job_queues: job_queue::Settings,
 }
@@ -394,6 +451,8 @@ pub async fn supervise_controllers(
         client,
         identity,
         metrics,
+        signer,
+        redis_budget,
         job_queues,
     } = controllers;
     loop {
@@ -407,7 +466,21 @@ pub async fn supervise_controllers(
         info!("leading: starting controllers");
         let term = CancellationToken::new();
         let rlp = tokio::spawn(rate_limit_policy::run(
-            context(&client, &metrics, &identity, rate_limit_policy::State::default()),
+            context(
+                &client,
+                &metrics,
+                &identity,
+                rate_limit_policy::State {
+                    signer: Some(signer.clone()),
+                    namespaces: job_queues.namespaces.clone(),
+                    publisher: Publisher::with_budget(Budget::new(
+                        redis_budget.0,
+                        redis_budget.1,
+                        budget::IDLE_DEFAULT,
+                    )),
+                    ..rate_limit_policy::State::default()
+                },
+            ),
             term.clone().cancelled_owned(),
         ));
         let (state, wakes) = job_queue::State::new(job_queues.clone(), term.clone());

@@ -59,6 +59,22 @@ fn job_queue(name: &str, secret: &str) -> JobQueue {
     .unwrap()
 }
 
+/// Pod admission asks no SubjectAccessReview; the JobQueue check is tested in webhook_https.rs.
+struct NoReviews;
+
+impl sluice_operator::webhook::job_queue_access::Authorize for NoReviews {
+    fn authorize<'a>(
+        &'a self,
+        _user: &'a k8s_openapi::api::authentication::v1::UserInfo,
+        _attributes: &'a k8s_openapi::api::authorization::v1::ResourceAttributes,
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<sluice_operator::webhook::job_queue_access::Decision, kube::Error>,
+    > {
+        Box::pin(async { Err(kube::Error::Service("no reviews in this test".into())) })
+    }
+}
+
 /// The webhook's router served over plain HTTP (TLS is tested in webhook_https.rs).
 async fn start() -> (SocketAddr, CancellationToken) {
     let (policies, mut w) = reflector::store::<RateLimitPolicy>();
@@ -74,16 +90,18 @@ async fn start() -> (SocketAddr, CancellationToken) {
         w.apply_watcher_event(&watcher::Event::Apply(q));
     }
     let state = Arc::new(WebhookState {
-        policies,
-        job_queues,
+        policies: policies.into(),
+        job_queues: job_queues.into(),
         config: InjectConfig {
             sidecar: SidecarSettings {
                 image: "ghcr.io/sluice-dev/sluice-sidecar:test".into(),
                 ..SidecarSettings::default()
             },
             native: true,
+            config_verify_key: None,
         },
         metrics: Arc::new(Metrics::default()),
+        authorizer: Arc::new(NoReviews),
     });
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -125,6 +125,7 @@ async fn fixture(apiservice_namespace: &str) -> Fixture {
         },
         namespace: OPERATOR_NS.into(),
         external_metrics: true,
+        namespaces: Default::default(),
     };
     let (state, wakes) = job_queue::State::new(settings, stop.clone());
     let reconciles = Arc::new(Metrics::default());
@@ -854,4 +855,99 @@ async fn provider_keda_renders_a_scaled_object_instead_of_an_hpa() {
         .unwrap();
     f.wait_condition("Active", "False", Some("Waking")).await;
     assert_eq!(f.replicas().await, Some(0));
+}
+
+#[tokio::test]
+async fn a_same_named_deployment_or_hpa_the_queue_does_not_own_is_reported_and_left_unchanged() {
+    let f = fixture(OPERATOR_NS).await;
+    let theirs: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "emails-worker", "labels": {"team": "payments"}},
+        "spec": {
+            "replicas": 3,
+            "selector": {"matchLabels": {"app": "theirs"}},
+            "template": {
+                "metadata": {"labels": {"app": "theirs"}},
+                "spec": {"containers": [{"name": "theirs", "image": "theirs:1"}]}
+            }
+        }
+    }))
+    .unwrap();
+    let deployments = f.ns.api::<Deployment>();
+    deployments.create(&PostParams::default(), &theirs).await.unwrap();
+    f.apply(&job_queue_yaml(SCALING)).await;
+
+    let jq = f.wait_condition("Ready", "False", Some("ObjectNotOwned")).await;
+    let message = jq.condition("Ready").unwrap().message.clone();
+    assert!(
+        message.starts_with(&format!(
+            "Deployment {}/emails-worker exists and is not controlled by this JobQueue",
+            f.ns.name()
+        )),
+        "{message}"
+    );
+    wait_for("the refusal counted", DEADLINE, || async {
+        (f.reconciles.reconcile_errors("jobqueue", "not_owned") >= 1).then_some(())
+    })
+    .await
+    .unwrap();
+    let d = deployments.get("emails-worker").await.unwrap();
+    assert!(d.metadata.owner_references.is_none(), "not adopted");
+    assert_eq!(d.spec.as_ref().unwrap().replicas, Some(3));
+    let containers: Vec<String> = d
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .containers
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
+    assert_eq!(containers, ["theirs"], "not rewritten");
+    assert!(
+        f.ns.api::<ConfigMap>()
+            .get_opt("emails-worker-config")
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing is written while an object is not the queue's"
+    );
+
+    // Theirs gone, the queue's own are written; then an HPA of someone else's with the worker's name
+    // (here: the queue's own HPA, its ownerReference removed) is neither rewritten nor deleted.
+    deployments
+        .delete("emails-worker", &DeleteParams::default())
+        .await
+        .unwrap();
+    f.wait_condition("Ready", "True", Some("AsExpected")).await;
+    let hpas = f.ns.api::<HorizontalPodAutoscaler>();
+    hpas.patch(
+        "emails-worker",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"ownerReferences": null}})),
+    )
+    .await
+    .unwrap();
+    f.ns.api::<JobQueue>()
+        .patch(
+            "emails",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"sluice.dev/paused": "true"}}})),
+        )
+        .await
+        .unwrap();
+    let jq = f.wait_condition("Ready", "False", Some("ObjectNotOwned")).await;
+    assert!(
+        jq.condition("Ready")
+            .unwrap()
+            .message
+            .starts_with("HorizontalPodAutoscaler "),
+        "{:?}",
+        jq.condition("Ready")
+    );
+    assert!(
+        hpas.get_opt("emails-worker").await.unwrap().is_some(),
+        "pausing does not delete an HPA the queue does not own"
+    );
 }

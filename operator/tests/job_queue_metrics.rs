@@ -106,8 +106,11 @@ async fn start_server_for(env: Env, namespace: &str, url: &str) -> MetricsApi {
     tokio::time::timeout(Duration::from_secs(10), access.authenticator.front_proxy_loaded())
         .await
         .expect("extension-apiserver-authentication is loaded");
+    // The JobQueue controller admits each queue's database before the API reads from it.
+    let databases = Databases::with_ttl(Duration::ZERO);
+    databases.admit(namespace, url).0.unwrap();
     let state = Arc::new(MetricsState {
-        databases: Arc::new(Databases::with_ttl(Duration::ZERO)),
+        databases: Arc::new(databases),
         targets: Targets::Static(targets),
         metrics: Arc::new(JobQueueMetrics::default()),
         clock: system_clock(),

@@ -11,8 +11,9 @@ use std::{
 use k8s_openapi::{
     ByteString,
     api::{
-        core::v1::{ConfigMap, Pod, Secret},
+        core::v1::{ConfigMap, Pod, Secret, Service},
         events::v1::Event,
+        networking::v1::NetworkPolicy,
     },
 };
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -20,10 +21,13 @@ use serde_json::{Value, json};
 use sluice_crds::rate_limit_policy::RateLimitPolicy;
 use sluice_e2e::{Env, TestNamespace, wait_for};
 use sluice_operator::{
+    budget::Budget,
     clock::system_clock,
-    controller::{Context, rate_limit_policy},
+    controller::{Context, Namespaces, rate_limit_policy},
     leader::{self, LeaseSettings},
     metrics::Metrics,
+    propagation::Publisher,
+    signing::ConfigSigner,
 };
 use sluice_testsupport::{RedisServer, free_port};
 use tokio::sync::watch;
@@ -46,6 +50,11 @@ impl Drop for Fixture {
 }
 
 async fn fixture() -> Fixture {
+    fixture_with(|_| rate_limit_policy::State::default()).await
+}
+
+/// A fixture whose controller state is made knowing the test namespace's name.
+async fn fixture_with(state: impl FnOnce(&str) -> rate_limit_policy::State) -> Fixture {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
@@ -63,7 +72,7 @@ async fn fixture() -> Fixture {
         metrics.clone(),
         Some("test".into()),
         system_clock(),
-        rate_limit_policy::State::default(),
+        state(ns.name()),
     ));
     let stop = CancellationToken::new();
     tokio::spawn(rate_limit_policy::run(ctx, stop.clone().cancelled_owned()));
@@ -375,6 +384,410 @@ async fn deleting_the_policy_collects_its_config_map() {
     })
     .await
     .unwrap();
+}
+
+/// A pod as the webhook leaves it for policy `policy`: the app on 8080 (its name `http` moved to the
+/// sidecar, a metrics port beside it), the native sidecar on 15080 (`http`) and 15021.
+async fn injected_pod(ns: &TestNamespace, name: &str, policy: &str) {
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "web", "sluice.dev/policy": policy}},
+        "spec": {
+            "containers": [{"name": "web", "image": "web", "ports": [
+                {"containerPort": 8080}, {"name": "metrics", "containerPort": 9100}
+            ]}],
+            "initContainers": [{
+                "name": "sluice-sidecar", "image": "sluice", "restartPolicy": "Always",
+                "env": [{"name": "SLUICE_UPSTREAM", "value": "http://127.0.0.1:8080"}],
+                "ports": [
+                    {"name": "http", "containerPort": 15080},
+                    {"name": "sluice-admin", "containerPort": 15021}
+                ]
+            }]
+        }
+    }))
+    .unwrap();
+    ns.api::<Pod>()
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+}
+
+/// Wait until `get` returns something.
+async fn until_some<T, F, Fut>(what: &str, get: F) -> T
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    wait_for(what, DEADLINE, get).await.unwrap()
+}
+
+/// The `spec.ingress[0].ports[].port` of the NetworkPolicy, as JSON values.
+fn admitted(np: &NetworkPolicy) -> Vec<Value> {
+    let v = serde_json::to_value(np).unwrap();
+    v["spec"]["ingress"][0]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["port"].clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_policy_gets_an_owned_network_policy_admitting_only_the_sidecar_ports_until_turned_off() {
+    let f = fixture().await;
+    let api = f.ns.api::<RateLimitPolicy>();
+    let nps = f.ns.api::<NetworkPolicy>();
+    let mut p = policy("api", "redis", 100);
+    p.spec.network_policy.additional_ports = vec![9100];
+    api.create(&PostParams::default(), &p).await.unwrap();
+    injected_pod(&f.ns, "web-1", "api").await;
+
+    let p = ready_reason(&f.ns, "api", "NoPods").await;
+    assert_eq!(
+        p.status.unwrap().network_policy.as_deref(),
+        Some("sluice-policy-api")
+    );
+    let np = nps.get("sluice-policy-api").await.unwrap();
+    let owner = &np.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str(), owner.controller),
+        ("RateLimitPolicy", "api", Some(true))
+    );
+    let spec = np.spec.as_ref().unwrap();
+    assert_eq!(
+        spec.pod_selector.as_ref().unwrap().match_labels,
+        Some(BTreeMap::from([("sluice.dev/policy".into(), "api".into())]))
+    );
+    assert_eq!(spec.policy_types, Some(vec!["Ingress".into()]));
+    assert_eq!(
+        admitted(&np),
+        [json!("http"), json!("sluice"), json!("sluice-admin"), json!(9100)],
+        "the app's port 8080 is not admitted"
+    );
+
+    api.patch(
+        "api",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"networkPolicy": {"enabled": false}}})),
+    )
+    .await
+    .unwrap();
+    until_some("the NetworkPolicy to be deleted", || {
+        let nps = nps.clone();
+        async move {
+            nps.get_opt("sluice-policy-api")
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        }
+    })
+    .await;
+    until_some("status without the NetworkPolicy", || {
+        let api = api.clone();
+        async move {
+            let p = api.get("api").await.ok()?;
+            (p.status?.network_policy.is_none()).then_some(())
+        }
+    })
+    .await;
+
+    api.patch(
+        "api",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"networkPolicy": {"enabled": true}}})),
+    )
+    .await
+    .unwrap();
+    until_some("the NetworkPolicy back", || {
+        let nps = nps.clone();
+        async move { nps.get_opt("sluice-policy-api").await.ok()? }
+    })
+    .await;
+    api.delete("api", &DeleteParams::default()).await.unwrap();
+    until_some("the NetworkPolicy to be collected with the policy", || {
+        let nps = nps.clone();
+        async move {
+            nps.get_opt("sluice-policy-api")
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_service_targeting_the_app_port_by_number_is_reported_in_status_with_a_warning() {
+    let f = fixture().await;
+    let services = f.ns.api::<Service>();
+    for (name, target) in [("by-name", json!("http")), ("by-number", json!(8080))] {
+        let svc: Service = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name},
+            "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": target}]}
+        }))
+        .unwrap();
+        services.create(&PostParams::default(), &svc).await.unwrap();
+    }
+    injected_pod(&f.ns, "web-1", "api").await;
+    let api = f.ns.api::<RateLimitPolicy>();
+    api.create(&PostParams::default(), &policy("api", "redis", 100))
+        .await
+        .unwrap();
+
+    let exposed = until_some("AppPortExposed=True", || {
+        let api = api.clone();
+        async move {
+            let p = api.get("api").await.ok()?;
+            p.status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "AppPortExposed" && c.status == "True")
+        }
+    })
+    .await;
+    assert_eq!(exposed.reason, "ServiceTargetsAppPort");
+    assert!(
+        exposed
+            .message
+            .starts_with("Service by-number port 80 targets port 8080 (the app's port 8080): "),
+        "{}",
+        exposed.message
+    );
+    assert!(!exposed.message.contains("by-name"), "{}", exposed.message);
+    let events = f.ns.api::<Event>();
+    until_some("a ServiceTargetsAppPort warning", || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some("ServiceTargetsAppPort") && e.type_.as_deref() == Some("Warning")
+            })
+        }
+    })
+    .await;
+
+    services
+        .patch(
+            "by-number",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"ports": [{"port": 80, "targetPort": "http"}]}})),
+        )
+        .await
+        .unwrap();
+    // Services are not watched: a change is seen at the next reconcile, which a policy edit triggers.
+    api.patch(
+        "api",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}})),
+    )
+    .await
+    .unwrap();
+    until_some("AppPortExposed=False", || {
+        let api = api.clone();
+        async move {
+            let p = api.get("api").await.ok()?;
+            p.status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "AppPortExposed" && c.status == "False")
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn same_named_objects_the_policy_does_not_own_are_reported_and_left_unchanged() {
+    let f = fixture().await;
+    let cms = f.ns.api::<ConfigMap>();
+    let nps = f.ns.api::<NetworkPolicy>();
+    let theirs: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "sluice-policy-cm"}, "data": {"config.yaml": "theirs"}
+    }))
+    .unwrap();
+    cms.create(&PostParams::default(), &theirs).await.unwrap();
+    let theirs: NetworkPolicy = serde_json::from_value(json!({
+        "metadata": {"name": "sluice-policy-np"},
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}
+    }))
+    .unwrap();
+    nps.create(&PostParams::default(), &theirs).await.unwrap();
+    let api = f.ns.api::<RateLimitPolicy>();
+    api.create(&PostParams::default(), &policy("cm", "redis", 100))
+        .await
+        .unwrap();
+    api.create(&PostParams::default(), &policy("np", "redis", 100))
+        .await
+        .unwrap();
+
+    let ns = f.ns.name();
+    for (policy, kind) in [("cm", "ConfigMap"), ("np", "NetworkPolicy")] {
+        let p = ready_reason(&f.ns, policy, "ObjectNotOwned").await;
+        let ready = p.ready_condition().unwrap();
+        assert_eq!(ready.status, "False");
+        assert!(
+            ready.message.starts_with(&format!(
+                "{kind} {ns}/sluice-policy-{policy} exists and is not controlled by this RateLimitPolicy"
+            )),
+            "{}",
+            ready.message
+        );
+    }
+    wait_for("both refusals counted", DEADLINE, || async {
+        (f.metrics.reconcile_errors("ratelimitpolicy", "not_owned") >= 2).then_some(())
+    })
+    .await
+    .unwrap();
+    let cm = cms.get("sluice-policy-cm").await.unwrap();
+    assert_eq!(cm.data.unwrap()["config.yaml"], "theirs");
+    assert!(cm.metadata.owner_references.is_none());
+    let np = nps.get("sluice-policy-np").await.unwrap();
+    assert!(np.metadata.owner_references.is_none());
+    assert_eq!(np.spec.unwrap().ingress, None);
+    assert!(
+        cms.get_opt("sluice-policy-np").await.unwrap().is_some(),
+        "what comes before the refused object is still written"
+    );
+
+    // Deleting theirs lets the policy's own be written.
+    nps.delete("sluice-policy-np", &DeleteParams::default())
+        .await
+        .unwrap();
+    ready_reason(&f.ns, "np", "NoPods").await;
+}
+
+#[tokio::test]
+async fn the_published_config_is_signed_and_a_config_written_by_someone_else_is_replaced() {
+    let signer = Arc::new(ConfigSigner::generate());
+    let f = fixture_with(|_| rate_limit_policy::State {
+        signer: Some(signer.clone()),
+        ..rate_limit_policy::State::default()
+    })
+    .await;
+    let (ns, api) = (f.ns.name().to_string(), f.ns.api::<RateLimitPolicy>());
+    api.create(&PostParams::default(), &policy("api", "redis", 100))
+        .await
+        .unwrap();
+    ready_reason(&f.ns, "api", "NoPods").await;
+    let published = redis_config(&f.redis, &ns, "api");
+    assert!(
+        published.starts_with("$") && published.contains("# sluice-signature: ed25519 "),
+        "{published}"
+    );
+    let yaml =
+        f.ns.api::<ConfigMap>()
+            .get("sluice-policy-api")
+            .await
+            .unwrap()
+            .data
+            .unwrap()["config.yaml"]
+            .clone();
+    assert!(
+        published.contains(&signer.sign(&yaml)),
+        "the signature covers exactly the rendered config"
+    );
+
+    // A forged config, pinned with a huge generation, is noticed at the next reconcile and replaced.
+    let key = format!("sluice:{{{ns}/api}}:config");
+    let forged = yaml.replace("generation: 1", "generation: 9223372036854775807");
+    let quoted = serde_json::to_string(&forged).unwrap();
+    assert!(f.redis.command(&format!("SET {key} {quoted}")).starts_with('+'));
+    running_pod(&f.ns, "web-1", "api").await; // a pod event triggers a reconcile
+    wait_for("the operator's config back in Redis", DEADLINE, || async {
+        let now = redis_config(&f.redis, &ns, "api");
+        now.contains("# sluice-signature: ed25519 ").then_some(())
+    })
+    .await
+    .unwrap();
+    let events = f.ns.api::<Event>();
+    wait_for("a RemoteConfigReplaced warning", DEADLINE, || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("RemoteConfigReplaced"))
+        }
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_namespace_gets_at_most_its_share_of_redis_servers() {
+    let f = fixture_with(|_| rate_limit_policy::State {
+        publisher: Publisher::with_budget(Budget::new(1, 10, Duration::from_secs(600))),
+        ..rate_limit_policy::State::default()
+    })
+    .await;
+    // Another database of the same server is another endpoint, as another host would be.
+    let other_url = format!("{}/1", f.redis.url());
+    secret(&f.ns, "second", "url", &other_url).await;
+    let api = f.ns.api::<RateLimitPolicy>();
+    api.create(&PostParams::default(), &policy("first", "redis", 100))
+        .await
+        .unwrap();
+    ready_reason(&f.ns, "first", "NoPods").await;
+    api.create(&PostParams::default(), &policy("also-first", "redis", 100))
+        .await
+        .unwrap();
+    ready_reason(&f.ns, "also-first", "NoPods").await;
+    api.create(&PostParams::default(), &policy("second", "second", 100))
+        .await
+        .unwrap();
+    let p = ready_reason(&f.ns, "second", "TooManyEndpoints").await;
+    let message = &p.ready_condition().unwrap().message;
+    assert!(
+        message.starts_with(&format!(
+            "namespace {} already uses 1 distinct Redis endpoints, the most the operator connects to for one namespace",
+            f.ns.name()
+        )),
+        "{message}"
+    );
+    // Counted by the error policy, just after the status is written.
+    wait_for("the refusal counted", DEADLINE, || async {
+        (f.metrics
+            .reconcile_errors("ratelimitpolicy", "too_many_endpoints")
+            >= 1)
+            .then_some(())
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn with_watch_namespaces_only_policies_in_them_are_reconciled() {
+    let f = fixture_with(|ns| rate_limit_policy::State {
+        namespaces: Namespaces::Only(vec![ns.to_owned()]),
+        ..rate_limit_policy::State::default()
+    })
+    .await;
+    let elsewhere = f._env.namespace("unwatched").await.unwrap();
+    secret(&elsewhere, "redis", "url", &f.redis.url()).await;
+    elsewhere
+        .api::<RateLimitPolicy>()
+        .create(&PostParams::default(), &policy("api", "redis", 100))
+        .await
+        .unwrap();
+    f.ns.api::<RateLimitPolicy>()
+        .create(&PostParams::default(), &policy("api", "redis", 100))
+        .await
+        .unwrap();
+    ready_reason(&f.ns, "api", "NoPods").await;
+    // The watched namespace's policy is done; the other one was never looked at.
+    let other = elsewhere.api::<RateLimitPolicy>().get("api").await.unwrap();
+    assert!(other.status.is_none(), "{:?}", other.status);
+    assert!(
+        elsewhere
+            .api::<ConfigMap>()
+            .get_opt("sluice-policy-api")
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
 
 fn fast(identity: &str) -> LeaseSettings {

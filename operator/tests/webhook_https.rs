@@ -1,12 +1,19 @@
-//! The injection webhook over HTTPS, answering real `AdmissionReview` v1 requests the way the API
-//! server sends them: TLS verified against the generated CA for the Service's DNS name.
+//! The admission webhooks over HTTPS, answering real `AdmissionReview` v1 requests the way the API
+//! server sends them: TLS verified against the generated CA for the Service's DNS name. Pod injection,
+//! and the JobQueue access check (with rules standing in for RBAC, and once with SubjectAccessReviews
+//! against the test API server).
 
-use std::{net::SocketAddr, sync::Arc};
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+};
 
 use base64::Engine;
+use futures::future::BoxFuture;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
+use k8s_openapi::api::{authentication::v1::UserInfo, authorization::v1::ResourceAttributes};
 use kube::runtime::{reflector, watcher};
 use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
 use serde_json::{Value, json};
@@ -18,6 +25,9 @@ use sluice_operator::{
     serve,
     webhook::{
         inject::InjectConfig,
+        job_queue_access::{
+            self, Authorize, Decision, SubjectAccessReviews, VALIDATE_JOB_QUEUE_PATH, describe,
+        },
         server::{self, WebhookState},
     },
 };
@@ -53,7 +63,35 @@ fn bundle() -> Bundle {
     .unwrap()
 }
 
+/// RBAC in miniature: what each user is granted, as [`describe`] spells it; everything else is denied.
+/// `None` stands for an API server that cannot be reached.
+struct Granted(Option<Vec<(&'static str, String)>>, Mutex<Vec<String>>);
+
+impl Authorize for Granted {
+    fn authorize<'a>(
+        &'a self,
+        user: &'a UserInfo,
+        attributes: &'a ResourceAttributes,
+    ) -> BoxFuture<'a, Result<Decision, kube::Error>> {
+        let name = user.username.clone().unwrap_or_default();
+        let asked = describe(attributes);
+        self.1.lock().unwrap().push(format!("{name}: {asked}"));
+        let answer = match &self.0 {
+            None => Err(kube::Error::Service("connection refused".into())),
+            Some(grants) => Ok(Decision {
+                allowed: grants.iter().any(|(u, a)| *u == name && *a == asked),
+                reason: String::new(),
+            }),
+        };
+        Box::pin(async move { answer })
+    }
+}
+
 async fn start(b: &Bundle) -> Webhook {
+    start_with(b, Arc::new(Granted(Some(vec![]), Mutex::default()))).await
+}
+
+async fn start_with(b: &Bundle, authorizer: Arc<dyn Authorize>) -> Webhook {
     let store = Arc::new(CertStore::default());
     store.load(&b.cert_pem, &b.key_pem).unwrap();
     let (policies, mut writer) = reflector::store::<RateLimitPolicy>();
@@ -67,16 +105,18 @@ async fn start(b: &Bundle) -> Webhook {
     writer.apply_watcher_event(&watcher::Event::Apply(policy));
     let metrics = Arc::new(Metrics::default());
     let state = Arc::new(WebhookState {
-        policies,
-        job_queues: reflector::store().0,
+        policies: policies.into(),
+        job_queues: reflector::store().0.into(),
         config: InjectConfig {
             sidecar: SidecarSettings {
                 image: "ghcr.io/sluice-dev/sluice-sidecar:test".into(),
                 ..SidecarSettings::default()
             },
             native: true,
+            config_verify_key: None,
         },
         metrics: metrics.clone(),
+        authorizer,
     });
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -98,8 +138,13 @@ async fn start(b: &Bundle) -> Webhook {
     }
 }
 
-/// POST an AdmissionReview as the API server does, trusting only `ca_pem`.
+/// POST an AdmissionReview to the injection path as the API server does, trusting only `ca_pem`.
 async fn post(addr: SocketAddr, ca_pem: &str, review: &Value) -> Result<Value, String> {
+    post_to(addr, ca_pem, server::INJECT_PATH, review).await
+}
+
+/// POST an AdmissionReview to `path` as the API server does, trusting only `ca_pem`.
+async fn post_to(addr: SocketAddr, ca_pem: &str, path: &str, review: &Value) -> Result<Value, String> {
     let mut roots = rustls::RootCertStore::empty();
     for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
         roots.add(c.unwrap()).unwrap();
@@ -120,13 +165,10 @@ async fn post(addr: SocketAddr, ca_pem: &str, review: &Value) -> Result<Value, S
         .await
         .unwrap();
     tokio::spawn(conn);
-    let request = hyper::Request::post(format!(
-        "https://{SERVICE}.{NAMESPACE}.svc{}?timeout=5s",
-        server::INJECT_PATH
-    ))
-    .header("content-type", "application/json")
-    .body(Full::new(Bytes::from(serde_json::to_vec(review).unwrap())))
-    .unwrap();
+    let request = hyper::Request::post(format!("https://{SERVICE}.{NAMESPACE}.svc{path}?timeout=5s"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(serde_json::to_vec(review).unwrap())))
+        .unwrap();
     let response = sender.send_request(request).await.unwrap();
     assert_eq!(response.status(), 200);
     let body = response.into_body().collect().await.unwrap().to_bytes();
@@ -254,4 +296,204 @@ async fn a_rotated_certificate_is_served_without_a_restart() {
             .is_err(),
         "the old CA no longer verifies the new certificate"
     );
+}
+
+fn job_queue(service_account: Option<&str>, concurrency: u32) -> Value {
+    let mut spec = json!({"containers": [{"name": "handler", "image": "mail:1"}]});
+    if let Some(sa) = service_account {
+        spec["serviceAccountName"] = json!(sa);
+    }
+    json!({
+        "apiVersion": "sluice.dev/v1alpha1", "kind": "JobQueue",
+        "metadata": {"name": "emails", "namespace": "shop"},
+        "spec": {"database": {"secretRef": {"name": "pg"}},
+                 "worker": {"template": {"spec": spec}, "concurrency": concurrency}}
+    })
+}
+
+fn job_queue_review(uid: &str, user: &str, operation: &str, object: Value, old: Value) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "sluice.dev", "version": "v1alpha1", "kind": "JobQueue"},
+            "resource": {"group": "sluice.dev", "version": "v1alpha1", "resource": "jobqueues"},
+            "name": "emails",
+            "namespace": "shop",
+            "operation": operation,
+            "userInfo": {"username": user, "uid": "u-1", "groups": ["team-mail", "system:authenticated"]},
+            "object": object,
+            "oldObject": old,
+            "dryRun": false
+        }
+    })
+}
+
+/// The `response` of the JobQueue check for `review`.
+async fn check(hook: &Webhook, ca: &str, review: &Value) -> Value {
+    post_to(hook.addr, ca, VALIDATE_JOB_QUEUE_PATH, review)
+        .await
+        .unwrap()["response"]
+        .clone()
+}
+
+#[tokio::test]
+async fn a_job_queue_is_allowed_only_to_users_who_may_create_its_workers_and_use_its_account() {
+    let b = bundle();
+    let deployments = r#"create deployments.apps in namespace "shop""#.to_string();
+    let mailer = r#"impersonate serviceaccounts "mailer" in namespace "shop""#.to_string();
+    let authorizer = Arc::new(Granted(
+        Some(vec![
+            ("alice", deployments.clone()),
+            ("carol", deployments.clone()),
+            ("carol", mailer),
+        ]),
+        Mutex::default(),
+    ));
+    let hook = start_with(&b, authorizer.clone()).await;
+    let ca = &b.ca_bundle_pem;
+
+    let ok = check(
+        &hook,
+        ca,
+        &job_queue_review("j1", "alice", "CREATE", job_queue(None, 4), Value::Null),
+    )
+    .await;
+    assert_eq!(
+        (ok["uid"].as_str(), ok["allowed"].as_bool()),
+        (Some("j1"), Some(true)),
+        "{ok}"
+    );
+    let ok = check(
+        &hook,
+        ca,
+        &job_queue_review(
+            "j2",
+            "alice",
+            "CREATE",
+            job_queue(Some("default"), 4),
+            Value::Null,
+        ),
+    )
+    .await;
+    assert_eq!(
+        ok["allowed"], true,
+        "the default account needs nothing more: {ok}"
+    );
+
+    let no = check(
+        &hook,
+        ca,
+        &job_queue_review("j3", "bob", "CREATE", job_queue(None, 4), Value::Null),
+    )
+    .await;
+    assert_eq!(no["allowed"], false);
+    assert_eq!(no["status"]["code"], 403, "{no}");
+    assert!(
+        no["status"]["message"].as_str().unwrap().starts_with(
+            r#"bob may not create deployments.apps in namespace "shop", which this JobQueue's workers need"#
+        ),
+        "{no}"
+    );
+
+    let no = check(
+        &hook,
+        ca,
+        &job_queue_review("j4", "alice", "CREATE", job_queue(Some("mailer"), 4), Value::Null),
+    )
+    .await;
+    assert_eq!(no["allowed"], false);
+    assert!(
+        no["status"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with(r#"alice may not impersonate serviceaccounts "mailer" in namespace "shop""#),
+        "{no}"
+    );
+    let ok = check(
+        &hook,
+        ca,
+        &job_queue_review("j5", "carol", "CREATE", job_queue(Some("mailer"), 4), Value::Null),
+    )
+    .await;
+    assert_eq!(ok["allowed"], true, "{ok}");
+
+    // Updates: a spec change is checked like a create; a metadata-only change (pausing) is not.
+    let mut paused = job_queue(Some("mailer"), 4);
+    paused["metadata"]["annotations"] = json!({"sluice.dev/paused": "true"});
+    let ok = check(
+        &hook,
+        ca,
+        &job_queue_review("j6", "bob", "UPDATE", paused, job_queue(Some("mailer"), 4)),
+    )
+    .await;
+    assert_eq!(ok["allowed"], true, "{ok}");
+    let no = check(
+        &hook,
+        ca,
+        &job_queue_review(
+            "j7",
+            "bob",
+            "UPDATE",
+            job_queue(Some("mailer"), 8),
+            job_queue(Some("mailer"), 4),
+        ),
+    )
+    .await;
+    assert_eq!(no["allowed"], false, "{no}");
+
+    let asked = authorizer.1.lock().unwrap().clone();
+    assert!(
+        !asked
+            .iter()
+            .any(|a| a.starts_with("bob:") && a.contains("impersonate")),
+        "the first refusal ends the review: {asked:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_job_queue_is_refused_when_access_cannot_be_checked() {
+    let b = bundle();
+    let hook = start_with(&b, Arc::new(Granted(None, Mutex::default()))).await;
+    let no = check(
+        &hook,
+        &b.ca_bundle_pem,
+        &job_queue_review("j1", "alice", "CREATE", job_queue(None, 4), Value::Null),
+    )
+    .await;
+    assert_eq!(no["allowed"], false);
+    assert!(
+        no["status"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with(r#"could not check whether alice may create deployments.apps in namespace "shop""#),
+        "{no}"
+    );
+}
+
+#[tokio::test]
+async fn subject_access_reviews_ask_the_api_server_for_the_requesting_user() {
+    let env = sluice_e2e::Env::start().await.unwrap();
+    env.server()
+        .expect("the in-memory API server")
+        .deny("team-interns");
+    let reviews = SubjectAccessReviews(env.client());
+    let attributes = &job_queue_access::required("shop", Some("mailer"))[1];
+    let user = |name: &str, group: &str| UserInfo {
+        username: Some(name.into()),
+        groups: Some(vec![group.into(), "system:authenticated".into()]),
+        ..UserInfo::default()
+    };
+    let yes = reviews
+        .authorize(&user("alice", "team-mail"), attributes)
+        .await
+        .unwrap();
+    assert!(yes.allowed, "{yes:?}");
+    let no = reviews
+        .authorize(&user("intern", "team-interns"), attributes)
+        .await
+        .unwrap();
+    assert!(!no.allowed);
+    assert!(no.reason.contains("team-interns"), "{no:?}");
 }

@@ -224,3 +224,97 @@ async fn a_newer_config_published_in_redis_is_applied_and_reported_as_enforced()
     .await;
     assert_eq!(sidecar.state.snapshot().effective.generation(), 2);
 }
+
+#[tokio::test]
+async fn with_the_operators_key_only_configs_it_signed_are_applied_from_redis() {
+    use ring::{
+        rand::SystemRandom,
+        signature::{Ed25519KeyPair, KeyPair},
+    };
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let pkcs8 = Ed25519KeyPair::generate_pkcs8(&SystemRandom::new()).unwrap();
+    let key = Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap();
+    let sign = |body: &str| {
+        format!(
+            "# sluice-signature: ed25519 {}\n{body}",
+            hex(key.sign(body.as_bytes()).as_ref())
+        )
+    };
+    let public = hex(key.public_key().as_ref());
+
+    let redis = RedisServer::start();
+    let app = start_upstream().await;
+    let sidecar = start_sidecar_with_env(
+        &policy_config(1, 5),
+        app.addr,
+        Some(&redis.url()),
+        None,
+        &[("SLUICE_CONFIG_VERIFY_KEY", &public)],
+    )
+    .await;
+    let r = Client::new(Config::from_url(&redis.url()).unwrap(), None, None, None);
+    r.init().await.unwrap();
+    let key_name = "sluice:{shop/checkout}:config";
+    let rejected = |n: u32| {
+        let state = sidecar.state.clone();
+        move || {
+            let state = state.clone();
+            async move {
+                let mut out = String::new();
+                prometheus_client::encoding::text::encode(&mut out, &state.registry).ok()?;
+                out.contains(&format!(
+                    "sluice_config_reloads_total{{source=\"Redis\",outcome=\"Rejected\"}} {n}"
+                ))
+                .then_some(())
+            }
+        }
+    };
+
+    // Unsigned, pinned with a huge generation: refused, counted, the running config kept.
+    let _: () = r
+        .set(key_name, policy_config(i64::MAX, 1_000_000), None, None, false)
+        .await
+        .unwrap();
+    let _: i64 = r.publish(key_name, "x").await.unwrap();
+    wait_for_async(
+        "the unsigned config to be refused",
+        Duration::from_secs(10),
+        rejected(1),
+    )
+    .await;
+    // Signed by someone else's key: refused too.
+    let other = Ed25519KeyPair::from_pkcs8(
+        Ed25519KeyPair::generate_pkcs8(&SystemRandom::new())
+            .unwrap()
+            .as_ref(),
+    )
+    .unwrap();
+    let body = policy_config(9, 1_000_000);
+    let forged = format!(
+        "# sluice-signature: ed25519 {}\n{body}",
+        hex(other.sign(body.as_bytes()).as_ref())
+    );
+    let _: () = r.set(key_name, forged, None, None, false).await.unwrap();
+    let _: i64 = r.publish(key_name, "x").await.unwrap();
+    wait_for_async(
+        "the forged config to be refused",
+        Duration::from_secs(10),
+        rejected(2),
+    )
+    .await;
+    assert_eq!(sidecar.state.snapshot().effective.generation(), 1);
+
+    // The operator's signature: applied.
+    let _: () = r
+        .set(key_name, sign(&policy_config(2, 7)), None, None, false)
+        .await
+        .unwrap();
+    let _: i64 = r.publish(key_name, "2").await.unwrap();
+    wait_generation(&sidecar, 2).await;
+    assert_eq!(
+        sidecar.state.snapshot().effective.config.limits.rules[0]
+            .limit
+            .requests,
+        7
+    );
+}

@@ -345,6 +345,37 @@ mod limiter {
     }
 
     #[tokio::test]
+    async fn the_local_share_follows_the_enforcing_pods_the_operator_counted() {
+        let mut redis = RedisServer::start();
+        redis.kill();
+        let clock = ManualClock::at(T0);
+        let l = limiter(
+            &with_deadline(
+                config(
+                    vec![rule("api", Algorithm::FixedWindow, 12, 60_000)],
+                    FailureMode::Local,
+                ),
+                DEADLINE.as_millis() as u64,
+            ),
+            Some(&redis.url()),
+            &clock,
+        );
+        assert_eq!(
+            allowed_of(&l, "198.51.100.1", 20).await,
+            12,
+            "expectedReplicas (1) until a count is known"
+        );
+        l.set_enforcing_pods(4);
+        assert_eq!(
+            allowed_of(&l, "198.51.100.2", 20).await,
+            3,
+            "12 shared by the 4 pods the operator counted"
+        );
+        l.set_enforcing_pods(0);
+        assert_eq!(allowed_of(&l, "198.51.100.3", 20).await, 12);
+    }
+
+    #[tokio::test]
     async fn an_unusable_redis_url_is_a_config_error_naming_the_field() {
         let err = Limiter::with_metrics(
             &config(vec![], FailureMode::Open),

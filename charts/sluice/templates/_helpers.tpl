@@ -47,4 +47,51 @@ app.kubernetes.io/component: operator
 {{- define "sluice.webhookCertSecret" -}}{{ include "sluice.fullname" . }}-webhook-tls{{- end }}
 {{- define "sluice.metricsApiName" -}}{{ include "sluice.fullname" . }}-metrics-api{{- end }}
 {{- define "sluice.metricsApiCertSecret" -}}{{ include "sluice.fullname" . }}-metrics-api-tls{{- end }}
+{{- define "sluice.configSigningSecret" -}}{{ include "sluice.fullname" . }}-config-signing{{- end }}
 {{- define "sluice.mutatingWebhookConfigName" -}}{{ include "sluice.fullname" . }}{{- end }}
+
+{{/* What the operator does to namespaced objects: in the ClusterRole, or in a Role per watched namespace. */}}
+{{- define "sluice.namespacedRules" -}}
+  # Its own custom resources.
+  - apiGroups: [sluice.dev]
+    resources: [ratelimitpolicies, jobqueues]
+    verbs: [get, list, watch, patch, update]
+  - apiGroups: [sluice.dev]
+    resources: [ratelimitpolicies/status, jobqueues/status]
+    verbs: [get, patch, update]
+  # Rendered sidecar config, owned by each RateLimitPolicy / JobQueue.
+  - apiGroups: [""]
+    resources: [configmaps]
+    verbs: [get, list, watch, create, patch, update, delete]
+  # Per RateLimitPolicy, the NetworkPolicy admitting ingress to its pods only through the sidecar.
+  - apiGroups: [networking.k8s.io]
+    resources: [networkpolicies]
+    verbs: [get, list, watch, create, patch, update, delete]
+  # Services: which ones send traffic to a governed app's own port (status AppPortExposed).
+  - apiGroups: [""]
+    resources: [services]
+    verbs: [list]
+  # Pods: which ones a policy selects, and pod-deletion-cost on idle workers before scale-in.
+  - apiGroups: [""]
+    resources: [pods]
+    verbs: [get, list, watch, patch]
+  - apiGroups: [""]
+    resources: [events]
+    verbs: [create, patch]
+  - apiGroups: [events.k8s.io]
+    resources: [events]
+    verbs: [create, patch]
+  # Worker Deployments and their scaling.
+  - apiGroups: [apps]
+    resources: [deployments]
+    verbs: [get, list, watch, create, patch, update, delete]
+  - apiGroups: [apps]
+    resources: [deployments/scale]
+    verbs: [get, patch, update]
+  - apiGroups: [autoscaling]
+    resources: [horizontalpodautoscalers]
+    verbs: [get, list, watch, create, patch, update, delete]
+  - apiGroups: [keda.sh]
+    resources: [scaledobjects]
+    verbs: [get, list, watch, create, patch, update, delete]
+{{- end }}

@@ -26,6 +26,11 @@ pub const ADMIN_LISTEN: &str = "SLUICE_ADMIN_LISTEN";
 /// request heads by, instead of its cgroup's (for a process outside a container, and tests).
 pub const MEMORY_LIMIT: &str = "SLUICE_MEMORY_LIMIT";
 
+/// The operator's Ed25519 public key (64 hex digits), set by the webhook in injected sidecars: a config
+/// read from the Redis config channel is applied only if the operator signed it
+/// ([`super::redis::SIGNATURE_PREFIX`]). Unset: signed and unsigned configs are accepted alike.
+pub const CONFIG_VERIFY_KEY: &str = "SLUICE_CONFIG_VERIFY_KEY";
+
 /// `false` turns rate limiting off (the proxy still forwards, reports and logs).
 pub const RATE_LIMIT_ENABLED: &str = "RATE_LIMIT__ENABLED";
 /// Per-minute limit of the seed `auth` tier.

@@ -28,6 +28,15 @@ pub mod port {
     pub const QUEUE_API: u16 = 7070;
 }
 
+/// Names of the injected sidecar's container ports. Injection refuses pods that use them already, so on
+/// a governed pod they name the sidecar's ports alone (the rendered NetworkPolicy admits them by name).
+pub mod port_name {
+    /// The proxy port, when the app port it fronts had no name to take over.
+    pub const LISTEN: &str = "sluice";
+    /// The admin port ([`super::port::ADMIN`]).
+    pub const ADMIN: &str = "sluice-admin";
+}
+
 /// Where the sidecar finds its config file in a pod.
 pub mod path {
     /// The directory the config volume is mounted at.

@@ -1,8 +1,12 @@
 //! How Sluice lays out its data in Redis. Every key starts with [`KEY_PREFIX`] and a Redis Cluster hash
 //! tag in braces, so all keys of one policy (config and reports) or of one counter share a slot.
 //!
-//! - `sluice:{<ns>/<policy>}:config`: the rendered config YAML, written by the operator; also the
-//!   channel it announces a new generation on ([`config_key`]).
+//! - `sluice:{<ns>/<policy>}:config`: the rendered config YAML, written by the operator, its first line
+//!   the operator's signature of the rest ([`signed`], [`SIGNATURE_PREFIX`]); also the channel it
+//!   announces a new generation on ([`config_key`]).
+//! - `sluice:{<ns>/<policy>}:pods`: how many pods enforce the policy, as the operator counts them
+//!   ([`pods_key`], [`EnforcingPods`]), signed like the config; sidecars divide limits by it under
+//!   `failureMode: local`.
 //! - `sluice:{<ns>/<policy>}:enforced`: hash of pod name → [`Report`] (`"<generation> <unix_ms>"`),
 //!   written by each sidecar every few seconds and after each apply ([`enforced_key`]).
 //! - `sluice:{<ns>/<policy>/<rule>/<32 hex digits>}:<algorithm tag>:<window ms>[:<window index>]`: a
@@ -16,6 +20,59 @@ pub const KEY_PREFIX: &str = "sluice:";
 /// a new generation of it.
 pub fn config_key(namespace: &str, policy: &str) -> String {
     format!("{KEY_PREFIX}{{{namespace}/{policy}}}:config")
+}
+
+/// The first line of a signed config: this, then the Ed25519 signature of everything after the line's
+/// `\n` as 128 hex digits. A YAML comment, so a reader that does not verify parses the config as it is.
+pub const SIGNATURE_PREFIX: &str = "# sluice-signature: ed25519 ";
+
+/// `signature_hex` and `body` as the config key holds them.
+pub fn signed(signature_hex: &str, body: &str) -> String {
+    format!("{SIGNATURE_PREFIX}{signature_hex}\n{body}")
+}
+
+/// The signature (hex) and the signed body of a config key's value; `None` when it carries no signature
+/// line.
+pub fn split_signed(value: &str) -> Option<(&str, &str)> {
+    let rest = value.strip_prefix(SIGNATURE_PREFIX)?;
+    let (signature, body) = rest.split_once('\n')?;
+    Some((signature.trim_end_matches('\r'), body))
+}
+
+/// `sluice:{<ns>/<name>}:pods`: the [`EnforcingPods`] count of a policy.
+pub fn pods_key(namespace: &str, policy: &str) -> String {
+    format!("{KEY_PREFIX}{{{namespace}/{policy}}}:pods")
+}
+
+/// How many pods enforce a policy, as the operator counts them (governed pods that are running). The
+/// signed body names the policy, so a count cannot be replayed onto another policy's key:
+/// `"<ns>/<name> <pods>"`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnforcingPods {
+    /// The policy's namespace.
+    pub namespace: String,
+    /// The policy's name.
+    pub name: String,
+    /// The count (at least 1 when published).
+    pub pods: u32,
+}
+
+impl EnforcingPods {
+    /// `"<ns>/<name> <pods>"`.
+    pub fn encode(&self) -> String {
+        format!("{}/{} {}", self.namespace, self.name, self.pods)
+    }
+
+    /// Reads a body; `None` for anything but `"<ns>/<name> <pods>"`.
+    pub fn parse(body: &str) -> Option<Self> {
+        let (policy, pods) = body.trim().split_once(' ')?;
+        let (namespace, name) = policy.split_once('/')?;
+        Some(Self {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            pods: pods.trim().parse().ok()?,
+        })
+    }
 }
 
 /// `sluice:{<ns>/<name>}:enforced`: hash of pod name → [`Report`].
@@ -81,6 +138,29 @@ mod tests {
     fn a_policys_keys_share_one_cluster_slot() {
         assert_eq!(config_key("shop", "api"), "sluice:{shop/api}:config");
         assert_eq!(enforced_key("shop", "api"), "sluice:{shop/api}:enforced");
+    }
+
+    #[test]
+    fn a_signed_value_splits_into_signature_and_body() {
+        let v = signed("ab12", "policy:\n  generation: 3\n");
+        assert!(v.starts_with("# sluice-signature: ed25519 ab12\n"));
+        assert_eq!(split_signed(&v), Some(("ab12", "policy:\n  generation: 3\n")));
+        assert_eq!(split_signed("policy: {}\n"), None);
+    }
+
+    #[test]
+    fn enforcing_pods_round_trip_and_name_their_policy() {
+        let p = EnforcingPods {
+            namespace: "shop".into(),
+            name: "api".into(),
+            pods: 7,
+        };
+        assert_eq!(p.encode(), "shop/api 7");
+        assert_eq!(EnforcingPods::parse(&p.encode()), Some(p));
+        assert_eq!(pods_key("shop", "api"), "sluice:{shop/api}:pods");
+        for bad in ["", "7", "shop 7", "shop/api x", "shop/api -1"] {
+            assert_eq!(EnforcingPods::parse(bad), None, "{bad}");
+        }
     }
 
     #[test]

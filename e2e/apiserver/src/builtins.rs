@@ -98,6 +98,17 @@ pub fn all() -> Vec<ResourceType> {
         col("Replicas", "integer", ".status.currentReplicas"),
     ];
     out.push(hpa);
+    let mut netpol = b(
+        "networking.k8s.io",
+        "v1",
+        "NetworkPolicy",
+        "networkpolicies",
+        true,
+    );
+    netpol.short_names = vec!["netpol".into()];
+    netpol.generation = true;
+    netpol.printer_columns = vec![col("Pod-Selector", "string", ".spec.podSelector")];
+    out.push(netpol);
     let mut lease = b("coordination.k8s.io", "v1", "Lease", "leases", true);
     lease.printer_columns = vec![col("Holder", "string", ".spec.holderIdentity")];
     out.push(lease);
@@ -110,6 +121,16 @@ pub fn all() -> Vec<ResourceType> {
     );
     mwc.generation = true;
     out.push(mwc);
+    // Stored (the chart installs one for JobQueues) but not called: admission here is mutating only.
+    let mut vwc = b(
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingWebhookConfiguration",
+        "validatingwebhookconfigurations",
+        false,
+    );
+    vwc.generation = true;
+    out.push(vwc);
     let mut apisvc = b("apiregistration.k8s.io", "v1", "APIService", "apiservices", false);
     apisvc.status = true;
     apisvc.printer_columns = vec![col("Service", "string", ".spec.service.name")];

@@ -5,8 +5,10 @@
 //! Each reconcile, in order (see `steps`): render (a spec that cannot run needs no database round
 //! trip); read the database URL from the one Secret the queue names; `prepare_database` (schema,
 //! settings, paused flag); `observe` depth, replicas and when the queue was last busy;
-//! `choose_autoscaler`; [`decide`] (pure); `apply_workers` (deletion costs, ConfigMap, Deployment);
-//! `apply_autoscaler`; `remember` what the wake-up path needs; `write_status`.
+//! `choose_autoscaler`; `check_ownership` (a same-named ConfigMap, Deployment, HPA or `ScaledObject`
+//! the queue does not control stops the reconcile before anything is written or deleted:
+//! `Ready=False`, reason `ObjectNotOwned`); [`decide`] (pure); `apply_workers` (deletion costs,
+//! ConfigMap, Deployment); `apply_autoscaler`; `remember` what the wake-up path needs; `write_status`.
 //!
 //! The wake-up path ([`run_wakeups`]) turns a NOTIFY on enqueue into the same [`decide`] on depth read
 //! at that moment, and applies a scale-up from zero at once through the Deployment's `/scale`; the
@@ -54,7 +56,7 @@ use sluice_queue::{Depth, QueueSettings};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{Context, conditions::Desired};
+use super::{Context, api_in, conditions::Desired};
 use crate::{
     Error, FIELD_MANAGER, Result,
     external_metrics::apiservice::{self, Owner},
@@ -91,6 +93,8 @@ pub struct Settings {
     pub namespace: String,
     /// Whether this operator serves `external.metrics.k8s.io` (`SLUICE_EXTERNAL_METRICS`).
     pub external_metrics: bool,
+    /// Where JobQueues are watched and reconciled.
+    pub namespaces: super::Namespaces,
 }
 
 /// What only this controller keeps. Made fresh at each term of leadership, so a new leader starts with
@@ -147,32 +151,43 @@ pub async fn run(
     wakes: mpsc::UnboundedReceiver<Wake>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let client = ctx.client.clone();
     let owned = watcher::Config::default().labels(JOB_QUEUE_LABEL);
     let wakeups = tokio::spawn(run_wakeups(ctx.clone(), wakes));
-    Controller::new(Api::<JobQueue>::all(client.clone()), watcher::Config::default())
-        .owns(Api::<Deployment>::all(client.clone()), owned.clone())
-        .owns(Api::<HorizontalPodAutoscaler>::all(client.clone()), owned.clone())
-        .owns(Api::<ConfigMap>::all(client.clone()), owned)
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx.clone())
-        .for_each(|r| {
-            let ctx = ctx.clone();
-            async move {
-                match r {
-                    // A request for a JobQueue no longer in the cache: it was deleted (its requeue, or
-                    // the garbage collection of its Deployment, asked for it).
-                    Err(runtime::Error::ObjectNotFound(gone)) => {
-                        let mut oref = ObjectRef::<JobQueue>::new(&gone.name);
-                        oref.namespace = gone.namespace.clone();
-                        forget(&ctx, &oref);
+    let shutdown = futures::FutureExt::shared(shutdown);
+    // One controller per watched namespace, or one for the whole cluster.
+    let runs = ctx.state.settings.namespaces.scopes().into_iter().map(|ns| {
+        let (ctx, shutdown, owned) = (ctx.clone(), shutdown.clone(), owned.clone());
+        async move {
+            let client = ctx.client.clone();
+            let ns = ns.as_deref();
+            Controller::new(api_in::<JobQueue>(&client, ns), watcher::Config::default())
+                .owns(api_in::<Deployment>(&client, ns), owned.clone())
+                .owns(api_in::<HorizontalPodAutoscaler>(&client, ns), owned.clone())
+                .owns(api_in::<ConfigMap>(&client, ns), owned)
+                .graceful_shutdown_on(shutdown)
+                .run(reconcile, error_policy, ctx.clone())
+                .for_each(|r| {
+                    let ctx = ctx.clone();
+                    async move {
+                        match r {
+                            // A request for a JobQueue no longer in the cache: it was deleted (its
+                            // requeue, or the garbage collection of its Deployment, asked for it).
+                            Err(runtime::Error::ObjectNotFound(gone)) => {
+                                let mut oref = ObjectRef::<JobQueue>::new(&gone.name);
+                                oref.namespace = gone.namespace.clone();
+                                forget(&ctx, &oref);
+                            }
+                            Err(e) => {
+                                tracing::debug!(controller = CONTROLLER, error = %e, "controller event")
+                            }
+                            Ok(_) => {}
+                        }
                     }
-                    Err(e) => tracing::debug!(controller = CONTROLLER, error = %e, "controller event"),
-                    Ok(_) => {}
-                }
-            }
-        })
-        .await;
+                })
+                .await;
+        }
+    });
+    futures::future::join_all(runs).await;
     wakeups.abort();
 }
 
@@ -215,9 +230,11 @@ async fn steps(jq: &JobQueue, ctx: &Context<State>) -> Result<Action> {
         DATABASE_SECRET_FIELD,
     )
     .await?;
+    admit_database(jq, ctx, &url)?;
     prepare_database(jq, ctx, &url).await?;
     let seen = observe(jq, ctx, &url, now).await?;
     let (autoscaler, metrics_note) = choose_autoscaler(jq, ctx).await?;
+    check_ownership(jq, ctx, autoscaler).await?;
     let policy = policy(jq, autoscaler);
     let decision = decide(seen.observation(now), policy);
     let replicas = apply_workers(jq, ctx, &url, &seen, &decision).await?;
@@ -237,6 +254,17 @@ async fn steps(jq: &JobQueue, ctx: &Context<State>) -> Result<Action> {
         Some(r) => r.min(poll).max(RECHECK_FLOOR),
         None => poll,
     }))
+}
+
+/// Counts the queue's database against the bound on databases per namespace ([`crate::budget`]); stops
+/// listening on databases released for being unused.
+fn admit_database(jq: &JobQueue, ctx: &Context<State>, url: &str) -> Result<()> {
+    let ns = jq.namespace().unwrap_or_default();
+    let (admitted, released) = ctx.state.settings.databases.admit(&ns, url);
+    for key in released {
+        ctx.state.waker.unwatch_key(&key);
+    }
+    admitted.map_err(|e| Error::too_many(&ns, "PostgreSQL", e))
 }
 
 /// The schema (once per database per process), the queue's settings and its paused flag.
@@ -381,6 +409,45 @@ pub fn owns_replicas(deployment: &Deployment, manager: &str) -> bool {
     })
 }
 
+/// Fails with [`Error::NotOwned`] when an object the reconcile would write or delete (the worker
+/// ConfigMap and Deployment, the HPA, and with KEDA the `ScaledObject`) exists and is not controlled by
+/// this JobQueue: creating a JobQueue never takes over, rewrites or deletes someone else's object.
+async fn check_ownership(jq: &JobQueue, ctx: &Context<State>, autoscaler: Autoscaler) -> Result<()> {
+    let ns = jq.namespace().unwrap_or_default();
+    let client = &ctx.client;
+    let name = worker_name(jq);
+    let config_map = render_config_map(jq).name_any();
+    super::owned_by(
+        &Api::<ConfigMap>::namespaced(client.clone(), &ns),
+        "ConfigMap",
+        &config_map,
+        jq,
+    )
+    .await?;
+    super::owned_by(
+        &Api::<Deployment>::namespaced(client.clone(), &ns),
+        "Deployment",
+        &name,
+        jq,
+    )
+    .await?;
+    super::owned_by(
+        &Api::<HorizontalPodAutoscaler>::namespaced(client.clone(), &ns),
+        "HorizontalPodAutoscaler",
+        &name,
+        jq,
+    )
+    .await?;
+    if autoscaler == Autoscaler::Keda {
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &scaled_object_resource());
+        // Any other failure (KEDA not installed) is apply_autoscaler's to report.
+        if let Err(e @ Error::NotOwned { .. }) = super::owned_by(&api, "ScaledObject", &name, jq).await {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
 /// Applies the worker ConfigMap and Deployment with the replicas the decision asks for (marking idle
 /// workers cheaper to delete first when replicas go down); returns those replicas.
 async fn apply_workers(
@@ -485,7 +552,16 @@ async fn apply_autoscaler(
 /// Records what the wake-up path needs, and LISTENs on the queue's database.
 fn remember(jq: &JobQueue, ctx: &Context<State>, url: &str, seen: &Seen, policy: Policy, replicas: i32) {
     ctx.state.waker.watch(url);
-    ctx.state.queues().insert(
+    let mut queues = ctx.state.queues();
+    let oref = ObjectRef::from_obj(jq);
+    // A queue that moved to another database: the old one's LISTEN goes when no queue uses it.
+    if let Some(old) = queues.get(&oref).filter(|m| m.database != database_key(url)) {
+        let old = old.database.clone();
+        if !queues.iter().any(|(r, m)| *r != oref && m.database == old) {
+            ctx.state.waker.unwatch_key(&old);
+        }
+    }
+    queues.insert(
         ObjectRef::from_obj(jq),
         QueueMemory {
             database: database_key(url),

@@ -130,6 +130,99 @@ impl<S> Context<S> {
     }
 }
 
+/// Whether the object `name` (of `kind`) that `owner` would write exists: `Ok(false)` when it does not,
+/// `Ok(true)` when it does and `owner` controls it (a controller ownerReference with `owner`'s uid), and
+/// [`Error::NotOwned`] when someone else's object has the name. Called before every apply or delete of
+/// a rendered object, so the operator never adopts, overwrites or deletes what it did not create.
+pub async fn owned_by<K, O>(api: &Api<K>, kind: &str, name: &str, owner: &O) -> Result<bool>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+    O: Resource<DynamicType = ()>,
+{
+    let Some(existing) = api.get_opt(name).await? else {
+        return Ok(false);
+    };
+    let uid = owner.meta().uid.as_deref().unwrap_or_default();
+    let controlled = existing
+        .meta()
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|r| r.controller == Some(true) && r.uid == uid);
+    if controlled {
+        Ok(true)
+    } else {
+        Err(Error::NotOwned {
+            kind: kind.to_owned(),
+            namespace: existing.meta().namespace.clone().unwrap_or_default(),
+            name: name.to_owned(),
+            owner: O::kind(&()).into_owned(),
+        })
+    }
+}
+
+/// Where the controllers and the webhook's caches watch: every namespace, or only those listed
+/// (`--watch-namespaces`), each with a watch of its own so RBAC may grant Roles there alone.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Namespaces {
+    /// Every namespace, by cluster-wide watches.
+    #[default]
+    All,
+    /// Only these.
+    Only(Vec<String>),
+}
+
+impl Namespaces {
+    /// From `--watch-namespaces`: empty (or only blanks) means every namespace.
+    pub fn from_list(list: &[String]) -> Self {
+        let mut names: Vec<String> = list
+            .iter()
+            .map(|n| n.trim().to_owned())
+            .filter(|n| !n.is_empty())
+            .collect();
+        names.sort();
+        names.dedup();
+        if names.is_empty() {
+            Namespaces::All
+        } else {
+            Namespaces::Only(names)
+        }
+    }
+
+    /// One `Api` per watch: the cluster-wide one, or one per listed namespace.
+    pub fn apis<K>(&self, client: &Client) -> Vec<Api<K>>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+    {
+        match self {
+            Namespaces::All => vec![Api::all(client.clone())],
+            Namespaces::Only(names) => names
+                .iter()
+                .map(|ns| Api::namespaced(client.clone(), ns))
+                .collect(),
+        }
+    }
+
+    /// The namespace of each watch (`None`: all of them).
+    pub fn scopes(&self) -> Vec<Option<String>> {
+        match self {
+            Namespaces::All => vec![None],
+            Namespaces::Only(names) => names.iter().cloned().map(Some).collect(),
+        }
+    }
+}
+
+/// `Api` on `ns`, or on every namespace for `None`.
+pub fn api_in<K>(client: &Client, ns: Option<&str>) -> Api<K>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+{
+    match ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
 /// `namespace/name` of `obj`: its key in logs and in the backoff.
 pub fn key<K: Resource>(obj: &K) -> String {
     format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())

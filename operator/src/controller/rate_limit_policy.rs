@@ -2,15 +2,19 @@
 //!
 //! Each reconcile, in order: [`render_yaml`] the policy into the sidecar config; `apply_config_map`
 //! (server-side apply to a ConfigMap the policy owns: deleting the policy collects it; new pods mount it);
-//! read the Redis URL from the policy's Secret (that Secret only, by its explicit reference); `publish`
-//! the config to Redis, where running sidecars pick it up within a second, and read back their reports;
-//! count the `selected_pods` that report enforcing the current generation ([`enforcement`]);
-//! `write_status`. While pods lag it requeues every [`PROPAGATION_POLL`], so status shows the change
-//! reaching every pod; afterwards every [`RESYNC`].
+//! list the `governed_pods`; `apply_network_policy` (the NetworkPolicy admitting ingress to them only
+//! through the sidecar, owned by the policy; deleted when `spec.networkPolicy.enabled` is false); find
+//! the Services that target the app's port around the sidecar (`AppPortExposed`); read the Redis URL
+//! from the policy's Secret (that Secret only, by its explicit reference); `publish` the config, signed,
+//! to Redis, where running sidecars pick it up within a second (republished at once if the key holds
+//! anything else), and read back their reports; count the running governed pods that report enforcing
+//! the current generation ([`enforcement`]); `write_status`. While pods lag it requeues every
+//! [`PROPAGATION_POLL`], so status shows the change reaching every pod; afterwards every [`RESYNC`].
 //!
-//! User errors (invalid spec, missing Secret or key) and an unreachable Redis set `Ready=False` with a
-//! reason, publish a Warning Event on the transition, and back off per object; nothing here panics on
-//! user input.
+//! User errors (invalid spec, missing Secret or key, a same-named ConfigMap or NetworkPolicy the policy
+//! does not control) and an unreachable Redis set `Ready=False` with a reason, publish a Warning Event on
+//! the transition, and back off per object; nothing here panics on user input. An object the policy does
+//! not control is never changed or deleted.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -19,15 +23,19 @@ use std::{
 };
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::{
+    core::v1::{ConfigMap, Pod, Service},
+    networking::v1::NetworkPolicy,
+};
 use kube::{
     Api, Resource, ResourceExt,
-    api::{ListParams, Patch, PatchParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams},
     runtime::{Controller, controller::Action, events::EventType, reflector::ObjectRef, watcher},
 };
 use serde_json::json;
+use sha2::Digest;
 use sluice_crds::{
-    conditions::{DEGRADED, READY, reason},
+    conditions::{APP_PORT_EXPOSED, DEGRADED, READY, reason},
     contract::{
         label::{MANAGED_BY, MANAGED_BY_VALUE, POLICY as POLICY_LABEL},
         path::POLICY_CONFIG_FILE as CONFIG_KEY,
@@ -36,12 +44,16 @@ use sluice_crds::{
     rate_limit_policy::{GenerationCount, RateLimitPolicy, RateLimitPolicyStatus},
 };
 
-use super::{Context, conditions::Desired};
+use super::{Context, Namespaces, api_in, conditions::Desired};
 use crate::{
     Error, FIELD_MANAGER, Result,
     propagation::Publisher,
-    render::sidecar_config::{config_map_name, render_yaml},
+    render::{
+        network_policy::{Exposure, exposures, network_policy, network_policy_name},
+        sidecar_config::{config_map_name, render_yaml},
+    },
     secret::{self, REDIS_SECRET_FIELD},
+    signing::ConfigSigner,
 };
 
 /// Controller name in metrics, logs and spans.
@@ -64,6 +76,11 @@ pub const LAGGING_PODS_SHOWN: usize = 5;
 pub struct State {
     /// Redis clients for publishing config and reading reports.
     pub publisher: Publisher,
+    /// Signs what is published, so sidecars holding the public key can tell it from a forgery.
+    /// `None`: published unsigned (tests of other things).
+    pub signer: Option<Arc<ConfigSigner>>,
+    /// Where policies are watched and reconciled.
+    pub namespaces: Namespaces,
     /// When each policy generation was first published, to tell "still propagating" from "lagging".
     pub published: Mutex<HashMap<(String, String), Published>>,
 }
@@ -73,39 +90,46 @@ pub struct State {
 pub struct Published {
     /// The policy generation.
     pub generation: i64,
+    /// SHA-256 of the text published, to notice the key holding something else.
+    pub sha256: [u8; 32],
     /// First published at (Unix ms).
     pub first_ms: i64,
     /// Last published at (Unix ms); republished now and then in case Redis lost the key.
     pub last_ms: i64,
 }
 
-/// Run the controller until `shutdown` resolves.
+/// Run the controller until `shutdown` resolves: one per watched namespace (`state.namespaces`), or
+/// one for the whole cluster.
 pub async fn run(ctx: Arc<Context<State>>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
-    let client = ctx.client.clone();
-    Controller::new(
-        Api::<RateLimitPolicy>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .owns(
-        Api::<ConfigMap>::all(client.clone()),
-        watcher::Config::default().labels(&format!("{MANAGED_BY}={MANAGED_BY_VALUE}")),
-    )
-    .watches(
-        Api::<Pod>::all(client),
-        watcher::Config::default().labels(POLICY_LABEL),
-        |pod: Pod| {
-            let name = pod.labels().get(POLICY_LABEL)?.clone();
-            Some(ObjectRef::<RateLimitPolicy>::new(&name).within(&pod.namespace()?))
-        },
-    )
-    .graceful_shutdown_on(shutdown)
-    .run(reconcile, error_policy, ctx)
-    .for_each(|result| async move {
-        if let Err(e) = result {
-            tracing::debug!(controller = CONTROLLER, error = %e, "controller event");
+    let shutdown = futures::FutureExt::shared(shutdown);
+    let runs = ctx.state.namespaces.scopes().into_iter().map(|ns| {
+        let (ctx, shutdown) = (ctx.clone(), shutdown.clone());
+        async move {
+            let client = ctx.client.clone();
+            let ns = ns.as_deref();
+            let managed = watcher::Config::default().labels(&format!("{MANAGED_BY}={MANAGED_BY_VALUE}"));
+            Controller::new(api_in::<RateLimitPolicy>(&client, ns), watcher::Config::default())
+                .owns(api_in::<ConfigMap>(&client, ns), managed.clone())
+                .owns(api_in::<NetworkPolicy>(&client, ns), managed)
+                .watches(
+                    api_in::<Pod>(&client, ns),
+                    watcher::Config::default().labels(POLICY_LABEL),
+                    |pod: Pod| {
+                        let name = pod.labels().get(POLICY_LABEL)?.clone();
+                        Some(ObjectRef::<RateLimitPolicy>::new(&name).within(&pod.namespace()?))
+                    },
+                )
+                .graceful_shutdown_on(shutdown)
+                .run(reconcile, error_policy, ctx)
+                .for_each(|result| async move {
+                    if let Err(e) = result {
+                        tracing::debug!(controller = CONTROLLER, error = %e, "controller event");
+                    }
+                })
+                .await;
         }
-    })
-    .await;
+    });
+    futures::future::join_all(runs).await;
 }
 
 /// Reconcile one policy. See the module docs for the steps.
@@ -131,6 +155,9 @@ pub fn error_policy(policy: Arc<RateLimitPolicy>, error: &Error, ctx: Arc<Contex
 async fn steps(policy: &RateLimitPolicy, ctx: &Context<State>) -> Result<Action> {
     let yaml = render_yaml(policy)?;
     apply_config_map(policy, ctx, &yaml).await?;
+    let governed = governed_pods(policy, ctx).await?;
+    let network_policy = apply_network_policy(policy, ctx, &governed).await?;
+    let exposed = exposed_app_ports(policy, ctx, &governed).await?;
     let ns = policy.namespace().unwrap_or_default();
     let url = secret::read_url(
         &ctx.client,
@@ -140,10 +167,11 @@ async fn steps(policy: &RateLimitPolicy, ctx: &Context<State>) -> Result<Action>
     )
     .await?;
     let (reports, published_ms) = publish(policy, ctx, &url, &yaml).await?;
-    let selected = selected_pods(policy, ctx).await?;
+    let selected = running(&governed);
     let generation = policy.metadata.generation.unwrap_or_default();
     let e = enforcement(generation, &selected, &reports, ctx.now_ms(), published_ms);
-    write_status(policy, ctx, &e).await?;
+    let exposed = app_port_exposed(&exposed, network_policy.as_deref());
+    write_status(policy, ctx, &e, network_policy, &exposed).await?;
     Ok(Action::requeue(if e.enforcing < e.selected {
         PROPAGATION_POLL
     } else {
@@ -173,10 +201,36 @@ async fn publish(
         .unwrap_or_else(|e| e.into_inner())
         .get(&key)
         .copied();
-    let due = previous.is_none_or(|p| p.generation != generation || now - p.last_ms >= REPUBLISH_MS);
     let publisher = &ctx.state.publisher;
+    let mut due = previous.is_none_or(|p| p.generation != generation || now - p.last_ms >= REPUBLISH_MS);
+    if let Some(p) = previous.filter(|_| !due) {
+        // Someone else wrote the key (a forged or replayed config): put the operator's back at once.
+        let current = publisher.current(url, &key.0, &key.1).await?;
+        // A missing key (Redis restarted or evicted it) is simply published again.
+        due = current.is_none();
+        if current.as_deref().is_some_and(|c| sha256(c) != p.sha256) {
+            let message = format!(
+                "the config in Redis ({}) is not the one the operator published: someone else \
+                 wrote the key; republished generation {generation}",
+                sluice_crds::contract::redis::config_key(&key.0, &key.1)
+            );
+            tracing::warn!(policy = %format!("{}/{}", key.0, key.1), "{message}");
+            ctx.event(
+                policy,
+                EventType::Warning,
+                reason::REMOTE_CONFIG_REPLACED,
+                &message,
+            )
+            .await;
+            due = true;
+        }
+    }
+    let text = match &ctx.state.signer {
+        Some(signer) => signer.sign(yaml),
+        None => yaml.to_owned(),
+    };
     if due {
-        publisher.publish(url, &key.0, &key.1, yaml, generation).await?;
+        publisher.publish(url, &key.0, &key.1, &text, generation).await?;
     }
     let reports = publisher.reports(url, &key.0, &key.1).await?;
     let first_ms = match previous {
@@ -192,6 +246,7 @@ async fn publish(
                 key,
                 Published {
                     generation,
+                    sha256: sha256(&text),
                     first_ms,
                     last_ms: now,
                 },
@@ -200,30 +255,144 @@ async fn publish(
     Ok((reports, first_ms))
 }
 
-/// The running pods the policy governs (those the webhook labelled with its name), by name.
-async fn selected_pods(policy: &RateLimitPolicy, ctx: &Context<State>) -> Result<Vec<String>> {
+/// The pods the policy governs (those the webhook labelled with its name) that are not being deleted,
+/// in any phase.
+async fn governed_pods(policy: &RateLimitPolicy, ctx: &Context<State>) -> Result<Vec<Pod>> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &policy.namespace().unwrap_or_default());
     Ok(pods
         .list(&ListParams::default().labels(&format!("{POLICY_LABEL}={}", policy.name_any())))
         .await?
         .into_iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-        .map(|p| p.name_any())
         .collect())
 }
 
-/// Writes the status from `e`, with a Normal Event when `Ready`'s reason changes to a settled one.
-async fn write_status(policy: &RateLimitPolicy, ctx: &Context<State>, e: &Enforcement) -> Result<()> {
+fn sha256(text: &str) -> [u8; 32] {
+    sha2::Sha256::digest(text.as_bytes()).into()
+}
+
+/// The running ones among `governed`, by name.
+fn running(governed: &[Pod]) -> Vec<String> {
+    governed
+        .iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .map(|p| p.name_any())
+        .collect()
+}
+
+/// Server-side applies the policy's NetworkPolicy (or deletes the one it owns when
+/// `spec.networkPolicy.enabled` is false). Returns its name when it is in place. A same-named
+/// NetworkPolicy the policy does not control is left alone: [`Error::NotOwned`].
+async fn apply_network_policy(
+    policy: &RateLimitPolicy,
+    ctx: &Context<State>,
+    governed: &[Pod],
+) -> Result<Option<String>> {
+    let ns = policy.namespace().unwrap_or_default();
+    let name = network_policy_name(&policy.name_any());
+    let api = Api::<NetworkPolicy>::namespaced(ctx.client.clone(), &ns);
+    let exists = super::owned_by(&api, "NetworkPolicy", &name, policy).await?;
+    let settings = &policy.spec.network_policy;
+    if !settings.enabled {
+        if exists {
+            api.delete(&name, &DeleteParams::default()).await?;
+        }
+        return Ok(None);
+    }
+    let owner = policy
+        .controller_owner_ref(&())
+        .ok_or_else(|| Error::Serialization("policy without uid".into()))?;
+    let mut np = serde_json::to_value(network_policy(&ns, &policy.name_any(), owner, settings, governed))?;
+    np["apiVersion"] = json!("networking.k8s.io/v1");
+    np["kind"] = json!("NetworkPolicy");
+    api.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&np),
+    )
+    .await?;
+    Ok(Some(name))
+}
+
+/// The Services of the policy's namespace that reach the app's port of a governed pod directly.
+async fn exposed_app_ports(
+    policy: &RateLimitPolicy,
+    ctx: &Context<State>,
+    governed: &[Pod],
+) -> Result<Vec<Exposure>> {
+    if governed.is_empty() {
+        return Ok(vec![]);
+    }
+    let services = Api::<Service>::namespaced(ctx.client.clone(), &policy.namespace().unwrap_or_default())
+        .list(&ListParams::default())
+        .await?;
+    Ok(exposures(governed, &services.items))
+}
+
+/// Most Service ports an `AppPortExposed` message names.
+pub const EXPOSURES_SHOWN: usize = 5;
+
+/// The `AppPortExposed` condition for `exposed`, given the NetworkPolicy in place (if any).
+pub fn app_port_exposed(exposed: &[Exposure], network_policy: Option<&str>) -> Desired {
+    if exposed.is_empty() {
+        return Desired {
+            type_: APP_PORT_EXPOSED,
+            status: false,
+            reason: reason::AS_EXPECTED,
+            message: String::new(),
+        };
+    }
+    let shown: Vec<String> = exposed
+        .iter()
+        .take(EXPOSURES_SHOWN)
+        .map(|e| e.to_string())
+        .collect();
+    let more = exposed.len().saturating_sub(shown.len());
+    let blocked = match network_policy {
+        Some(np) => format!(
+            "; the NetworkPolicy {np} drops that traffic where the network plugin enforces NetworkPolicies"
+        ),
+        None => String::new(),
+    };
+    Desired {
+        type_: APP_PORT_EXPOSED,
+        status: true,
+        reason: reason::SERVICE_TARGETS_APP_PORT,
+        message: format!(
+            "{}{}: requests through it skip the sidecar and are not rate limited. Target the sidecar's \
+             port by name instead (the name the app port had, or \"sluice\"){blocked}",
+            shown.join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            },
+        ),
+    }
+}
+
+/// Writes the status from `e`, with a Normal Event when `Ready`'s reason changes to a settled one and a
+/// Warning Event when a Service starts targeting the app's port.
+async fn write_status(
+    policy: &RateLimitPolicy,
+    ctx: &Context<State>,
+    e: &Enforcement,
+    network_policy: Option<String>,
+    exposed: &Desired,
+) -> Result<()> {
     let generation = policy.metadata.generation.unwrap_or_default();
     let mut status = base_status(policy, generation);
     status.selected_pods = e.selected;
     status.enforcing_pods = e.enforcing;
     status.enforcing = Some(format!("{}/{}", e.enforcing, e.selected));
     status.generations = e.generations.clone();
+    status.network_policy = network_policy;
+    let was_exposed = existing_conditions(policy)
+        .iter()
+        .any(|c| c.type_ == APP_PORT_EXPOSED && c.status == "True" && c.message == exposed.message);
     status.conditions = super::conditions::set(
         &existing_conditions(policy),
-        &[e.ready.clone(), e.degraded.clone()],
+        &[e.ready.clone(), e.degraded.clone(), exposed.clone()],
         generation,
         ctx.now_ms(),
     );
@@ -231,6 +400,10 @@ async fn write_status(policy: &RateLimitPolicy, ctx: &Context<State>, e: &Enforc
     ctx.patch_status(policy, &status).await?;
     if previous_ready.as_deref() != Some(e.ready.reason) && e.ready.reason != reason::PROPAGATING {
         ctx.event(policy, EventType::Normal, e.ready.reason, &e.ready.message)
+            .await;
+    }
+    if exposed.status && !was_exposed {
+        ctx.event(policy, EventType::Warning, exposed.reason, &exposed.message)
             .await;
     }
     Ok(())
@@ -241,7 +414,7 @@ async fn write_status(policy: &RateLimitPolicy, ctx: &Context<State>, e: &Enforc
 pub struct Enforcement {
     /// Running selected pods.
     pub selected: u32,
-    /// Of those, how many enforce `generation` or later.
+    /// Of those, how many enforce `generation` (a later one was not published by the operator).
     pub enforcing: u32,
     /// Pods per generation among fresh reports, newest first.
     pub generations: Vec<GenerationCount>,
@@ -273,8 +446,14 @@ pub fn enforcement(
         match fresh(pod) {
             Some(r) => {
                 *by_generation.entry(r.generation).or_default() += 1;
-                if r.generation >= generation {
+                if r.generation == generation {
                     enforcing += 1;
+                } else if r.generation > generation {
+                    // The operator never published it: a config someone else wrote into Redis.
+                    lagging.push(format!(
+                        "{pod} (generation {}, which the operator never published)",
+                        r.generation
+                    ));
                 } else {
                     lagging.push(format!("{pod} (generation {})", r.generation));
                 }
@@ -412,10 +591,13 @@ async fn fail(policy: &RateLimitPolicy, ctx: &Context<State>, error: &Error) -> 
     Ok(())
 }
 
-/// Server-side applies the ConfigMap holding the rendered config, owned by the policy.
+/// Server-side applies the ConfigMap holding the rendered config, owned by the policy. A same-named
+/// ConfigMap the policy does not control is left alone: [`Error::NotOwned`].
 async fn apply_config_map(policy: &RateLimitPolicy, ctx: &Context<State>, yaml: &str) -> Result<()> {
     let ns = policy.namespace().unwrap_or_default();
     let name = policy.name_any();
+    let api = Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns);
+    super::owned_by(&api, "ConfigMap", &config_map_name(&name), policy).await?;
     let owner = policy
         .controller_owner_ref(&())
         .ok_or_else(|| Error::Serialization("policy without uid".into()))?;
@@ -430,13 +612,12 @@ async fn apply_config_map(policy: &RateLimitPolicy, ctx: &Context<State>, yaml: 
         },
         "data": {CONFIG_KEY: yaml},
     });
-    Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
-        .patch(
-            &config_map_name(&name),
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&cm),
-        )
-        .await?;
+    api.patch(
+        &config_map_name(&name),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&cm),
+    )
+    .await?;
     Ok(())
 }
 
@@ -468,7 +649,7 @@ mod tests {
         let e = enforcement(
             3,
             &pods(&["a", "b"]),
-            &reports(&[("a", 3, 990), ("b", 4, 995)]),
+            &reports(&[("a", 3, 990), ("b", 3, 995)]),
             1_000,
             0,
         );
@@ -478,17 +659,34 @@ mod tests {
         assert!(!e.degraded.status);
         assert_eq!(
             e.generations,
-            vec![
-                GenerationCount {
-                    generation: 4,
-                    pods: 1
-                },
-                GenerationCount {
-                    generation: 3,
-                    pods: 1
-                }
-            ]
+            vec![GenerationCount {
+                generation: 3,
+                pods: 2
+            }]
         );
+    }
+
+    #[test]
+    fn a_pod_at_a_generation_the_operator_never_published_does_not_count_and_is_named() {
+        let now = 60_000;
+        let e = enforcement(
+            3,
+            &pods(&["a", "b"]),
+            &reports(&[("a", 3, now), ("b", 9_000_000, now)]),
+            now,
+            now - LAG_GRACE_MS - 1,
+        );
+        assert_eq!((e.enforcing, e.selected), (1, 2));
+        assert!(!e.ready.status);
+        assert!(e.degraded.status);
+        assert!(
+            e.degraded
+                .message
+                .contains("b (generation 9000000, which the operator never published)"),
+            "{}",
+            e.degraded.message
+        );
+        assert_eq!(e.generations[0].generation, 9_000_000);
     }
 
     #[test]

@@ -1,9 +1,11 @@
 //! Pure functions from API objects to what the cluster and the sidecar read: the sidecar config of a
 //! policy ([`sidecar_config`]), the sidecar container both the webhook and the worker Deployment use
 //! ([`sidecar_container`]), a JobQueue's worker ConfigMap and Deployment ([`worker_deployment`]), its HPA
-//! ([`hpa`]) and KEDA `ScaledObject` ([`scaled_object`]). No I/O: unit tests call them directly.
+//! ([`hpa`]) and KEDA `ScaledObject` ([`scaled_object`]), and a policy's NetworkPolicy and the Services
+//! that bypass the sidecar ([`network_policy`]). No I/O: unit tests call them directly.
 
 pub mod hpa;
+pub mod network_policy;
 pub mod scaled_object;
 pub mod sidecar_config;
 pub mod sidecar_container;

@@ -3,7 +3,12 @@
 //! short depth cache (the HPA, the status and the 0↔1 loop all read depth), schema preparation and the
 //! lease counts behind pod-deletion-cost. Every statement is the queue crate's ([`QueueStore`]).
 //!
-//! Databases are keyed by a hash of their URL, so no URL is kept as a map key or logged.
+//! Databases are keyed by a hash of their URL, so no URL is kept as a map key or logged. Which ones get
+//! a pool is bounded by a [`Budget`] (per namespace and in all): the JobQueue controller [`admit`]s a
+//! queue's database at each reconcile, and a pool is only made for an admitted database; a database no
+//! JobQueue used for the budget's idle time is released and its pool closed.
+//!
+//! [`admit`]: Databases::admit
 
 use std::{
     collections::{HashMap, HashSet},
@@ -11,9 +16,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use sha2::{Digest, Sha256};
-use sluice_queue::{Depth, QueueSettings, QueueStore, Result, schema};
+use sluice_queue::{Depth, Error, QueueSettings, QueueStore, Result, schema};
 use sqlx::PgPool;
+
+use crate::budget::{Budget, Exceeded, endpoint_key};
 
 /// How long a depth read is reused. Short: the HPA asks every 15 s, the 0↔1 loop on each NOTIFY.
 pub const DEPTH_CACHE_TTL_DEFAULT: Duration = Duration::from_millis(500);
@@ -22,8 +28,7 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// A stable, non-secret key for a database URL.
 pub fn database_key(url: &str) -> String {
-    let d = Sha256::digest(url.as_bytes());
-    d[..8].iter().map(|b| format!("{b:02x}")).collect()
+    endpoint_key(url)
 }
 
 /// Pools and caches for every database the operator talks to.
@@ -33,6 +38,7 @@ pub struct Databases {
     migrated: Mutex<HashSet<String>>,
     depth: Mutex<HashMap<(String, String), (Instant, Depth)>>,
     ttl: Duration,
+    budget: Budget,
 }
 
 impl Default for Databases {
@@ -49,15 +55,58 @@ impl Databases {
             migrated: Mutex::default(),
             depth: Mutex::default(),
             ttl,
+            budget: Budget::default(),
         }
     }
 
-    /// The pool (one connection) of the database at `url`, made on first use.
+    /// The same, with `budget` bounding which databases get a pool.
+    pub fn with_budget(self, budget: Budget) -> Self {
+        Self { budget, ..self }
+    }
+
+    /// Records that a JobQueue of `namespace` uses the database at `url` now, if the budget allows; closes
+    /// the pools of databases no JobQueue used for the budget's idle time and returns their keys (whose
+    /// LISTEN connections the caller closes).
+    pub fn admit(&self, namespace: &str, url: &str) -> (std::result::Result<(), Exceeded>, Vec<String>) {
+        let (admitted, released) = self.budget.admit(namespace, &database_key(url), Instant::now());
+        if !released.is_empty() {
+            let closed: Vec<PgPool> = {
+                let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+                released.iter().filter_map(|k| pools.remove(k)).collect()
+            };
+            for pool in closed {
+                tokio::spawn(async move { pool.close().await });
+            }
+            let mut migrated = self.migrated.lock().unwrap_or_else(|p| p.into_inner());
+            let mut depth = self.depth.lock().unwrap_or_else(|p| p.into_inner());
+            for k in &released {
+                migrated.remove(k);
+                depth.retain(|(db, _), _| db != k);
+            }
+        }
+        (admitted, released)
+    }
+
+    /// How many databases have a pool.
+    pub fn pools(&self) -> usize {
+        self.pools.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// The pool (one connection) of the database at `url`, made on first use, once [`admit`]ted.
+    ///
+    /// [`admit`]: Self::admit
     pub fn pool(&self, url: &str) -> Result<PgPool> {
         let key = database_key(url);
         let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(p) = pools.get(&key) {
             return Ok(p.clone());
+        }
+        if !self.budget.contains(&key) {
+            return Err(Error::Invalid(
+                "the operator does not connect to this database: no JobQueue using it was admitted \
+                 within the operator's bound on databases per namespace"
+                    .into(),
+            ));
         }
         let pool = sluice_queue::pool::options(1)
             .min_connections(0)
@@ -124,6 +173,24 @@ impl Databases {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn only_admitted_databases_get_a_pool_and_released_ones_lose_it() {
+        let dbs = Databases::default().with_budget(Budget::new(1, 10, Duration::from_secs(60)));
+        let (a, b) = ("postgres://u@a/db", "postgres://u@b/db");
+        assert!(dbs.pool(a).is_err(), "not admitted yet");
+        assert_eq!(dbs.admit("shop", a).0, Ok(()));
+        dbs.pool(a).unwrap();
+        assert_eq!(dbs.admit("shop", b).0, Err(Exceeded::Namespace(1)));
+        assert!(dbs.pool(b).is_err());
+        assert_eq!(dbs.pools(), 1);
+        let idle = Databases::default().with_budget(Budget::new(1, 10, Duration::ZERO));
+        assert_eq!(idle.admit("shop", a).0, Ok(()));
+        idle.pool(a).unwrap();
+        let (r, released) = idle.admit("shop", b);
+        assert_eq!((r, released), (Ok(()), vec![database_key(a)]));
+        assert_eq!(idle.pools(), 0, "the idle database's pool is closed");
+    }
 
     #[test]
     fn database_keys_are_stable_and_do_not_contain_the_url() {

@@ -55,14 +55,24 @@ impl Waker {
 
     /// Stops listening on the database at `url`.
     pub fn unwatch(&self, url: &str) {
+        self.unwatch_key(&database_key(url));
+    }
+
+    /// Stops listening on the database whose [`database_key`] is `key`.
+    pub fn unwatch_key(&self, key: &str) {
         if let Some(t) = self
             .listeners
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&database_key(url))
+            .remove(key)
         {
             t.cancel();
         }
+    }
+
+    /// How many databases are listened on.
+    pub fn listening(&self) -> usize {
+        self.listeners.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 }
 

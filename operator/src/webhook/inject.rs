@@ -36,6 +36,7 @@ use sluice_crds::{
         label::POLICY as POLICY_LABEL,
         path::{CONFIG_DIR as CONFIG_MOUNT_DIR, POLICY_CONFIG_FILE as CONFIG_KEY},
         port::{ADMIN as SIDECAR_ADMIN_PORT, LISTEN_DEFAULT as SIDECAR_LISTEN_PORT_DEFAULT, QUEUE_API},
+        port_name,
     },
     job_queue::JobQueue,
     rate_limit_policy::{RateLimitPolicy, SecretKeyRef},
@@ -50,9 +51,9 @@ use crate::render::{
 /// Name of the config volume added to injected pods.
 pub const CONFIG_VOLUME: &str = "sluice-config";
 /// Name given to the sidecar's listen port when the app port had no name to take over.
-pub const LISTEN_PORT_NAME: &str = "sluice";
+pub const LISTEN_PORT_NAME: &str = port_name::LISTEN;
 /// Name of the sidecar's admin port (health, readiness, metrics).
-pub const ADMIN_PORT_NAME: &str = "sluice-admin";
+pub const ADMIN_PORT_NAME: &str = port_name::ADMIN;
 /// The port name fronted when no `sluice.dev/app-port` annotation says otherwise.
 pub const APP_PORT_NAME_DEFAULT: &str = "http";
 
@@ -64,6 +65,9 @@ pub struct InjectConfig {
     /// Inject a native sidecar (init container with `restartPolicy: Always`) unless the pod says
     /// otherwise; `false` for clusters older than 1.29.
     pub native: bool,
+    /// The operator's config-signing public key (hex), given to each rate-limiting sidecar as
+    /// `SLUICE_CONFIG_VERIFY_KEY` so it applies only configs from Redis the operator signed.
+    pub config_verify_key: Option<String>,
 }
 
 /// The policy a pod is governed by, as far as injection needs to know.
@@ -568,12 +572,17 @@ fn proxy_container(
     listen_name: &str,
     app_port: u16,
 ) -> SidecarContainer {
-    injected(config)
+    let sidecar = injected(config)
         .args(["--config".to_owned(), format!("{CONFIG_MOUNT_DIR}/{CONFIG_KEY}")])
         .pod_name_env()
         .env(env::LISTEN, format!("0.0.0.0:{listen}"))
         .env(env::UPSTREAM, format!("http://127.0.0.1:{app_port}"))
-        .env_from_secret(env::REDIS_URL, &target.redis_secret)
+        .env_from_secret(env::REDIS_URL, &target.redis_secret);
+    let sidecar = match &config.config_verify_key {
+        Some(key) => sidecar.env(env::CONFIG_VERIFY_KEY, key.clone()),
+        None => sidecar,
+    };
+    sidecar
         .port(listen_name, listen)
         .port(ADMIN_PORT_NAME, SIDECAR_ADMIN_PORT)
         .config_mount(CONFIG_VOLUME)

@@ -1,6 +1,7 @@
 //! The HTTPS admission server: `POST /inject` answers `AdmissionReview` v1 requests for pods with the
-//! patch from [`super::inject`]. Every operator replica serves it; it reads policies and JobQueues from
-//! in-memory caches (reflectors), so admission never waits on the API server.
+//! patch from [`super::inject`]; `POST /validate-jobqueue` allows a JobQueue only to users who may create
+//! its workers themselves ([`super::job_queue_access`]). Every operator replica serves it; injection reads
+//! policies and JobQueues from in-memory caches (reflectors), so it never waits on the API server.
 
 use std::sync::Arc;
 
@@ -17,28 +18,62 @@ use kube::{
 use sluice_crds::{job_queue::JobQueue, rate_limit_policy::RateLimitPolicy};
 use tracing::{debug, info, warn};
 
-use super::inject::{self, InjectConfig};
+use super::{
+    inject::{self, InjectConfig},
+    job_queue_access::{self, Authorize, VALIDATE_JOB_QUEUE_PATH},
+};
 use crate::metrics::Metrics;
 
 /// Path the `MutatingWebhookConfiguration` calls.
 pub const INJECT_PATH: &str = "/inject";
 
+/// Reflector stores of one kind: one per watched namespace, or one for the whole cluster.
+pub struct Caches<K>(pub Vec<Store<K>>)
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone;
+
+impl<K> Caches<K>
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    /// Every object of every store.
+    pub fn state(&self) -> Vec<Arc<K>> {
+        self.0.iter().flat_map(|s| s.state()).collect()
+    }
+}
+
+impl<K> From<Store<K>> for Caches<K>
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    fn from(store: Store<K>) -> Self {
+        Self(vec![store])
+    }
+}
+
 /// What the admission handler reads.
 pub struct WebhookState {
-    /// Every `RateLimitPolicy` in the cluster, kept current by a reflector.
-    pub policies: Store<RateLimitPolicy>,
-    /// Every `JobQueue` in the cluster (for `sluice.dev/job-queues`), kept current by a reflector.
-    pub job_queues: Store<JobQueue>,
+    /// Every `RateLimitPolicy` in the watched namespaces, kept current by reflectors.
+    pub policies: Caches<RateLimitPolicy>,
+    /// Every `JobQueue` in the watched namespaces (for `sluice.dev/job-queues`), kept current by
+    /// reflectors.
+    pub job_queues: Caches<JobQueue>,
     /// Injection settings.
     pub config: InjectConfig,
     /// Metrics.
     pub metrics: Arc<Metrics>,
+    /// Decides what the user creating or changing a JobQueue may do (SubjectAccessReviews).
+    pub authorizer: Arc<dyn Authorize>,
 }
 
 /// The admission routes. Having a function that builds them lets tests call them without TLS.
 pub fn router(state: Arc<WebhookState>) -> Router {
     Router::new()
         .route(INJECT_PATH, post(inject_pod))
+        .route(VALIDATE_JOB_QUEUE_PATH, post(validate_job_queue))
         .with_state(state)
 }
 
@@ -54,6 +89,27 @@ async fn inject_pod(
         }
     };
     Json(review_pod(&state, &request).into_review())
+}
+
+async fn validate_job_queue(
+    State(state): State<Arc<WebhookState>>,
+    Json(review): Json<AdmissionReview<DynamicObject>>,
+) -> Json<AdmissionReview<DynamicObject>> {
+    let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+        Ok(r) => r,
+        Err(e) => return Json(AdmissionResponse::invalid(e.to_string()).into_review()),
+    };
+    let response = job_queue_access::review(&state.authorizer, &request).await;
+    if !response.allowed {
+        info!(
+            namespace = request.namespace.as_deref().unwrap_or_default(),
+            jobqueue = %request.name,
+            user = request.user_info.username.as_deref().unwrap_or_default(),
+            reason = %response.result.message,
+            "JobQueue refused"
+        );
+    }
+    Json(response.into_review())
 }
 
 /// Answer one admission request.

@@ -31,7 +31,10 @@ pub mod rule;
 use std::{
     collections::HashSet,
     fmt,
-    sync::{Arc, atomic::AtomicU64},
+    sync::{
+        Arc,
+        atomic::{AtomicU32, AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -169,6 +172,20 @@ struct Shared {
     metrics: Metrics,
     instance: u64,
     seq: AtomicU64,
+    /// Pods enforcing the policy, as the operator last published it (0: not known yet). Divides each
+    /// limit under `failureMode: local` instead of `expectedReplicas` once known.
+    enforcing_pods: AtomicU32,
+}
+
+impl Shared {
+    /// How many replicas share each limit under `failureMode: local`: the enforcing pods the operator
+    /// counted, or `expectedReplicas` until it has said.
+    fn replicas(&self, settings: &Settings) -> u32 {
+        match self.enforcing_pods.load(Ordering::Relaxed) {
+            0 => settings.expected_replicas,
+            n => n,
+        }
+    }
 }
 
 /// How one rule's decision was made.
@@ -270,6 +287,7 @@ impl Limiter {
             redis,
             instance: rand::random(),
             seq: AtomicU64::new(0),
+            enforcing_pods: AtomicU32::new(0),
         });
         let probe = shared
             .redis
@@ -289,6 +307,13 @@ impl Limiter {
         self.shared.local.set_cap(config.local_max_keys);
         self.shared.settings.store(Arc::new(settings));
         Ok(())
+    }
+
+    /// Sets how many pods enforce the policy (the operator publishes the count): under `failureMode:
+    /// local` each limit is divided by it instead of `expectedReplicas`. 0 goes back to
+    /// `expectedReplicas`.
+    pub fn set_enforcing_pods(&self, pods: u32) {
+        self.shared.enforcing_pods.store(pods, Ordering::Relaxed);
     }
 
     /// Whether Redis is configured and its circuit breaker is closed (calls go to Redis).
@@ -342,13 +367,13 @@ impl Limiter {
             return verdict(
                 std::slice::from_ref(&first),
                 std::slice::from_ref(&decision),
-                &settings,
+                self.shared.replicas(&settings),
             );
         }
         let applying: Vec<(&CompiledRule, KeyHash)> = std::iter::once(first).chain(rest).collect();
         let decisions: Vec<(Outcome, Source)> =
             futures::future::join_all(applying.iter().map(|(r, h)| self.decide(&settings, r, h, now))).await;
-        verdict(&applying, &decisions, &settings)
+        verdict(&applying, &decisions, self.shared.replicas(&settings))
     }
 
     /// One rule's decision: in process without Redis, from the failure mode while the breaker is open,
@@ -410,7 +435,7 @@ impl Limiter {
                 )
             }
             FailureMode::Local => {
-                let p = rule.params.per_replica(settings.expected_replicas);
+                let p = rule.params.per_replica(self.shared.replicas(settings));
                 let o = self.shared.local.decide(&rule.name, hash, rule.algorithm, p, now);
                 if o.allowed
                     && !self
@@ -429,11 +454,7 @@ impl Limiter {
 }
 
 /// Combines the rules' decisions and counts them.
-fn verdict(
-    applying: &[(&CompiledRule, KeyHash)],
-    decisions: &[(Outcome, Source)],
-    settings: &Settings,
-) -> Verdict {
+fn verdict(applying: &[(&CompiledRule, KeyHash)], decisions: &[(Outcome, Source)], replicas: u32) -> Verdict {
     let mut v = Verdict::default();
     let mut best: Option<(bool, u64, usize)> = None;
     for (i, ((rule, _), (o, source))) in applying.iter().zip(decisions).enumerate() {
@@ -459,9 +480,7 @@ fn verdict(
         let (rule, _) = applying[i];
         let (o, source) = decisions[i];
         let limit = match source {
-            Source::Fallback(FallbackMode::local) => {
-                rule.params.per_replica(settings.expected_replicas).requests
-            }
+            Source::Fallback(FallbackMode::local) => rule.params.per_replica(replicas).requests,
             _ => rule.params.requests,
         };
         Quota {

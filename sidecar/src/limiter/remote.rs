@@ -287,7 +287,7 @@ fn settle(
         .and_then(|last| algorithm::outcome(kind, p, now, &last))
         .map_or(0, |o| o.remaining);
     let settings = shared.settings.load();
-    let (limit, replicas) = (settings.prefetch, settings.expected_replicas);
+    let (limit, replicas) = (settings.prefetch, shared.replicas(&settings));
     let settled = shared.coalescer.settle(&counter.key, p, reserve, now, |wanted| {
         if until.is_some() {
             prefetch_size(wanted, remaining, replicas, limit)

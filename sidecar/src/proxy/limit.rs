@@ -22,6 +22,9 @@ pub trait RateLimit: Send + Sync + 'static {
     fn redis_problem(&self) -> Option<crate::redis::Problem> {
         None
     }
+    /// How many pods enforce the policy, as the operator published it (divides limits under
+    /// `failureMode: local`).
+    fn set_enforcing_pods(&self, _pods: u32) {}
 }
 
 impl RateLimit for Limiter {
@@ -39,6 +42,10 @@ impl RateLimit for Limiter {
 
     fn redis_problem(&self) -> Option<crate::redis::Problem> {
         Limiter::redis_problem(self)
+    }
+
+    fn set_enforcing_pods(&self, pods: u32) {
+        Limiter::set_enforcing_pods(self, pods);
     }
 }
 

@@ -132,6 +132,10 @@ pub fn spawn_config_sources(
             pod: crate::config::env::pod_name(&*env),
             env,
             clock: state.clock.clone(),
+            on_enforcing_pods: {
+                let limiter = state.limiter.clone();
+                Arc::new(move |pods| limiter.set_enforcing_pods(pods))
+            },
         };
         let applied = state.generation_changes();
         let sink = state.clone();

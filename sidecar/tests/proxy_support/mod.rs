@@ -142,10 +142,23 @@ pub async fn start_sidecar(
     redis: Option<&str>,
     file: Option<&Path>,
 ) -> Sidecar {
+    start_sidecar_with_env(yaml, upstream, redis, file, &[]).await
+}
+
+/// [`start_sidecar`] with further environment variables.
+#[allow(dead_code)] // not every test binary including this module uses it
+pub async fn start_sidecar_with_env(
+    yaml: &str,
+    upstream: SocketAddr,
+    redis: Option<&str>,
+    file: Option<&Path>,
+    extra_env: &[(&str, &str)],
+) -> Sidecar {
     let mut env = vec![
         ("SLUICE_UPSTREAM".to_owned(), format!("http://{upstream}")),
         ("SLUICE_POD_NAME".to_owned(), "test-pod".to_owned()),
     ];
+    env.extend(extra_env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     if let Some(url) = redis {
         env.push(("SLUICE_REDIS_URL".to_owned(), url.to_owned()));
     }

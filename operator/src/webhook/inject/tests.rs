@@ -17,6 +17,7 @@ fn config() -> InjectConfig {
             ),
         },
         native: true,
+        config_verify_key: Some("ab".repeat(32)),
     }
 }
 
