@@ -2,7 +2,8 @@
 //! Deployment → the operator's webhook injects the sidecar → the kubelet stand-in runs the sidecar and
 //! the demo app → traffic through the sidecar gets 429 after the limit with the quota headers; a limit
 //! changed with kubectl is enforced and visible in status; with Redis stopped traffic follows the
-//! failure mode (`local`: limit ÷ expectedReplicas per pod); with Redis back the limits return.
+//! failure mode (`local`: limit ÷ expectedReplicas per pod); with Redis back the limits return, with what
+//! the pod allowed meanwhile counted in Redis.
 //!
 //! The real `sluice-operator` and `sluice-sidecar` binaries run as processes; Redis is a real
 //! `redis-server` the scenario starts.
@@ -247,7 +248,8 @@ pub async fn run(system: &SluiceSystem) {
     let got = burst(port, 6).await;
     assert_eq!(statuses(&got), [200, 200, 200, 200, 429, 429]);
 
-    // Redis back (empty): the limit of 8 applies again through Redis.
+    // Redis back (empty): the limit of 8 applies again through Redis, with the 4 the pod allowed while
+    // Redis was gone carried over into it, so the window's 8 hold across the outage: 4 more pass.
     redis.restart();
     let first = wait_for("a request allowed through Redis again", DEADLINE, || async move {
         http::get(port, "/").await.ok().filter(|r| r.status == 200)
@@ -255,8 +257,8 @@ pub async fn run(system: &SluiceSystem) {
     .await
     .unwrap();
     assert_eq!(first.header("x-ratelimit-limit"), Some("8"));
-    let got = burst(port, 8).await;
-    assert_eq!(statuses(&got), [200, 200, 200, 200, 200, 200, 200, 429]);
+    let got = burst(port, 4).await;
+    assert_eq!(statuses(&got), [200, 200, 200, 429]);
 
     drop(ns);
 }
