@@ -2,19 +2,19 @@
 //! the tests run: a case added to (or removed from) a table changes the count, and this test fails until
 //! the doc says so. Each table's own test checks its cases are distinct and runs every one of them.
 
-#[allow(dead_code)]
+#[allow(dead_code)] // only the tables are read here; the rest serves the owning test
 #[path = "../../sidecar/tests/bad_input/http.rs"]
 mod http;
 
-#[allow(dead_code)]
+#[allow(dead_code)] // only the tables are read here; the rest serves the owning test
 #[path = "../../sidecar/tests/bad_input/config.rs"]
 mod config;
 
-#[allow(dead_code)]
+#[allow(dead_code)] // only the tables are read here; the rest serves the owning test
 #[path = "../../operator/tests/bad_input/annotations.rs"]
 mod annotations;
 
-#[allow(dead_code)]
+#[allow(dead_code)] // only the tables are read here; the rest serves the owning test
 #[path = "bad_input/crs.rs"]
 mod crs;
 
