@@ -54,10 +54,11 @@ fuzz:
 	FUZZ_SECONDS=$(FUZZ_SECONDS) ./fuzz/run.sh long $(FUZZ_TARGETS)
 
 ## Sluice on a real control plane (etcd, kube-apiserver, kube-controller-manager; real helm): prints the
-## versions, then each whole-system scenario's result (e2e/README.md).
+## versions, then each whole-system scenario's result (e2e/README.md). Built for the whole workspace, as
+## `unit` builds, so the dependencies compiled there are reused rather than compiled again with other features.
 e2e-real: e2e-tools
-	$(CARGO) build --locked -p sluice-operator -p sluice-sidecar --bins
-	$(CARGO) nextest run -p sluice-e2e --locked --profile $(NEXTEST_PROFILE) --test real_control_plane --no-capture
+	$(CARGO) build --locked --workspace --bins
+	$(CARGO) nextest run --workspace --locked --profile $(NEXTEST_PROFILE) -E 'binary(real_control_plane)' --no-capture
 
 chart:
 	python3 charts/test_chart.py
