@@ -105,6 +105,12 @@ pub struct Job {
     /// Fingerprint of the request the key was used with.
     #[serde(skip)]
     pub payload_hash: Option<Vec<u8>>,
+    /// The unique key, while this job holds it.
+    #[sqlx(default)]
+    pub unique_key: Option<String>,
+    /// How long after it succeeded the job keeps its unique key, in ms.
+    #[sqlx(default)]
+    pub unique_for_ms: Option<i64>,
     /// Cancellation was asked for while running.
     pub cancel_requested: bool,
     /// When it was enqueued.
@@ -161,6 +167,44 @@ pub struct NewJob {
     /// Idempotency key (the HTTP API takes it from the `Idempotency-Key` header).
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// Unique key: at most one job of the queue holds it (see [`UniqueMode`]).
+    #[serde(default)]
+    pub unique_key: Option<String>,
+    /// What an enqueue does when a job holds the unique key (default: preserve; debounce when
+    /// `debounce` is given).
+    #[serde(default)]
+    pub unique_mode: Option<UniqueMode>,
+    /// Keep the unique key for this long after the job succeeded (`1h`); absent: released when it
+    /// finishes.
+    #[serde(default)]
+    pub unique_for: Option<sluice_crds::duration::Duration>,
+    /// With `uniqueMode: debounce`: run this long after the latest enqueue with the key (`10s`).
+    #[serde(default)]
+    pub debounce: Option<sluice_crds::duration::Duration>,
+}
+
+/// What an enqueue with a unique key does when a job already holds the key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UniqueMode {
+    /// Return the holder, waiting or running; change nothing.
+    Preserve,
+    /// A waiting holder takes the new kind, payload, priority, run time and max attempts; a running
+    /// holder is left alone and a new job takes the key.
+    Replace,
+    /// As replace, and the run time becomes now + `debounce`, pushed again by every enqueue.
+    Debounce,
+}
+
+impl UniqueMode {
+    /// The name the SQL API takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UniqueMode::Preserve => "preserve",
+            UniqueMode::Replace => "replace",
+            UniqueMode::Debounce => "debounce",
+        }
+    }
 }
 
 impl NewJob {
@@ -174,7 +218,32 @@ impl NewJob {
             delay_ms: None,
             max_attempts: None,
             idempotency_key: None,
+            unique_key: None,
+            unique_mode: None,
+            unique_for: None,
+            debounce: None,
         }
+    }
+
+    /// With a unique key, in `mode`.
+    pub fn unique(mut self, key: impl Into<String>, mode: UniqueMode) -> Self {
+        self.unique_key = Some(key.into());
+        self.unique_mode = Some(mode);
+        self
+    }
+
+    /// Keeps the unique key for `period` after the job succeeded.
+    pub fn unique_for(mut self, period: Duration) -> Self {
+        self.unique_for = Some(period.into());
+        self
+    }
+
+    /// With a unique key in debounce mode: the job runs `quiet` after the latest enqueue with the key.
+    pub fn debounce(mut self, key: impl Into<String>, quiet: Duration) -> Self {
+        self.unique_key = Some(key.into());
+        self.unique_mode = Some(UniqueMode::Debounce);
+        self.debounce = Some(quiet.into());
+        self
     }
 
     /// With an idempotency key.
@@ -215,7 +284,9 @@ impl NewJob {
 pub struct Enqueued {
     /// The job's id (the original job's, for a repeated idempotency key).
     pub id: Uuid,
-    /// False when an earlier request with the same idempotency key made the job.
+    /// False when an existing job was returned (or, for a unique key in replace or debounce mode,
+    /// updated) instead: an earlier request with the same idempotency key made it, or it holds the
+    /// unique key.
     pub created: bool,
 }
 

@@ -23,6 +23,7 @@ pub mod store;
 pub use error::{Error, Result};
 pub use job::{
     CancelOutcome, ClaimedJob, Depth, Enqueued, Job, JobState, MAX_PAYLOAD_BYTES, NewJob, QueueSettings,
+    UniqueMode,
 };
 pub use listen::NOTIFY_CHANNEL;
 pub use store::QueueStore;

@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
 /// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
 /// which the workspace does not enable).
-const MIGRATIONS: [(i64, &str, &str); 3] = [
+const MIGRATIONS: [(i64, &str, &str); 4] = [
     (
         1,
         "queue tables",
@@ -31,12 +31,24 @@ const MIGRATIONS: [(i64, &str, &str); 3] = [
         "dead jobs index",
         include_str!("../../migrations/0003_dead_jobs_index.sql"),
     ),
+    (
+        4,
+        "unique jobs",
+        include_str!("../../migrations/0004_unique_jobs.sql"),
+    ),
 ];
 
 /// The migrator, with its bookkeeping table in the `sluice` schema.
 pub fn migrator() -> Migrator {
+    migrator_through(latest_version())
+}
+
+/// The migrator of the migrations up to `version` only: the schema an older release left behind, for
+/// upgrade tests.
+pub fn migrator_through(version: i64) -> Migrator {
     let migrations = MIGRATIONS
         .iter()
+        .filter(|(v, _, _)| *v <= version)
         .map(|(v, d, sql)| Migration::new(*v, (*d).into(), MigrationType::Simple, sql.into_sql_str(), false))
         .collect();
     let mut m = Migrator::with_migrations(migrations);

@@ -146,8 +146,13 @@ UPDATE sluice.jobs j
 RETURNING j.id
 "#;
 
-/// Enqueues one job through the SQL API (`sluice.enqueue_job`): returns (id, created).
-pub const JOB_ENQUEUE: &str = "SELECT id, created FROM sluice.enqueue_job($1, $2, $3, $4, $5, $6, $7, $8)";
+/// Enqueues one job through the SQL API (`sluice.enqueue_job`): returns (id, created). `$11` (unique for)
+/// and `$12` (debounce) are milliseconds.
+pub const JOB_ENQUEUE: &str = r#"
+SELECT id, created
+  FROM sluice.enqueue_job($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
+                          $11 * interval '1 millisecond', $12 * interval '1 millisecond')
+"#;
 
 /// Enqueues many jobs in one statement through the SQL API (`sluice.enqueue_many`): returns the ids.
 pub const JOB_ENQUEUE_MANY: &str = "SELECT id FROM sluice.enqueue_many($1, $2, $3, $4, $5, $6, $7) AS id";

@@ -16,7 +16,7 @@ use crate::{
     Error, Result,
     job::{
         CancelOutcome, ClaimedJob, Depth, Enqueued, Job, JobState, MAX_PAYLOAD_BYTES, NewJob, QueueSettings,
-        valid_queue_name,
+        UniqueMode, valid_queue_name,
     },
     sql,
 };
@@ -394,6 +394,10 @@ async fn enqueue_at<'e>(
         .bind(job.max_attempts)
         .bind(job.idempotency_key.as_deref())
         .bind(Uuid::now_v7())
+        .bind(job.unique_key.as_deref())
+        .bind(job.unique_mode.map(UniqueMode::as_str))
+        .bind(job.unique_for.map(millis))
+        .bind(job.debounce.map(millis))
         .fetch_one(exec)
         .await
         .map_err(map_db_error)?;
@@ -433,6 +437,11 @@ async fn enqueue_many_at<'e>(
         if j.idempotency_key.is_some() {
             return Err(Error::Invalid(format!(
                 "jobs[{i}].idempotencyKey: not supported in a batch; enqueue it alone"
+            )));
+        }
+        if j.unique_key.is_some() {
+            return Err(Error::Invalid(format!(
+                "jobs[{i}].uniqueKey: not supported in a batch; enqueue it alone"
             )));
         }
         payloads.push(&j.payload);
@@ -485,6 +494,7 @@ pub fn check_new_job(job: &NewJob) -> Result<()> {
     {
         return Err(Error::Invalid("idempotencyKey: must be 1-255 characters".into()));
     }
+    check_unique(job)?;
     let size = serde_json::to_vec(&job.payload)
         .map(|v| v.len())
         .unwrap_or(usize::MAX);
@@ -494,6 +504,46 @@ pub fn check_new_job(job: &NewJob) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// The unique-key options must fit together; the SQL API checks the same, this names the JSON fields.
+fn check_unique(job: &NewJob) -> Result<()> {
+    let Some(key) = &job.unique_key else {
+        if job.unique_mode.is_some() || job.unique_for.is_some() || job.debounce.is_some() {
+            return Err(Error::Invalid(
+                "uniqueMode, uniqueFor and debounce need a uniqueKey".into(),
+            ));
+        }
+        return Ok(());
+    };
+    if key.is_empty() || key.len() > 255 {
+        return Err(Error::Invalid("uniqueKey: must be 1-255 characters".into()));
+    }
+    if job.idempotency_key.is_some() {
+        return Err(Error::Invalid(
+            "uniqueKey: cannot be combined with an idempotency key; use one of them".into(),
+        ));
+    }
+    let debounce_mode = job.unique_mode == Some(UniqueMode::Debounce)
+        || (job.unique_mode.is_none() && job.debounce.is_some());
+    if debounce_mode && job.debounce.is_none() {
+        return Err(Error::Invalid(
+            "debounce: required with uniqueMode debounce (e.g. 10s)".into(),
+        ));
+    }
+    if !debounce_mode && job.debounce.is_some() {
+        return Err(Error::Invalid("debounce: only with uniqueMode debounce".into()));
+    }
+    if debounce_mode && (job.run_at.is_some() || job.delay_ms.is_some()) {
+        return Err(Error::Invalid(
+            "runAt, delayMs: not with debounce, which sets the run time itself".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn millis(d: sluice_crds::duration::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Maps the SQL API's SQLSTATEs to the crate's errors: SL404 → not found, SL409 → conflict, constraint

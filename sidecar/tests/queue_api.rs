@@ -348,3 +348,86 @@ async fn an_api_given_queues_serves_only_those() {
     let billing = store.get(elsewhere).await.unwrap().unwrap();
     assert_eq!(billing.state, "pending", "the refused cancel changed nothing");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unique_keys_answer_201_for_a_new_job_and_200_for_the_holder() {
+    let (_pg, pool) = pg().await;
+    let store = QueueStore::new(pool);
+    queue(&store, "search").await;
+    let api = Api::start(store.clone(), 10).await;
+
+    let (status, first) = api
+        .post(
+            "/v1/queues/search/jobs",
+            json!({"kind": "reindex", "payload": {"v": 1}, "uniqueKey": "doc-42", "uniqueFor": "1h"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{first}");
+    assert_eq!(
+        (first["uniqueKey"].clone(), first["uniqueForMs"].clone()),
+        (json!("doc-42"), json!(3_600_000))
+    );
+
+    let (status, same) = api
+        .post(
+            "/v1/queues/search/jobs",
+            json!({"kind": "reindex", "payload": {"v": 2}, "uniqueKey": "doc-42"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "preserve: the holder");
+    assert_eq!(
+        (same["id"].clone(), same["payload"].clone()),
+        (first["id"].clone(), json!({"v": 1}))
+    );
+
+    let (status, replaced) = api
+        .post(
+            "/v1/queues/search/jobs",
+            json!({"kind": "reindex", "payload": {"v": 3}, "uniqueKey": "doc-42", "debounce": "10m"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "debounce: the holder, updated");
+    assert_eq!(
+        (replaced["id"].clone(), replaced["payload"].clone()),
+        (first["id"].clone(), json!({"v": 3}))
+    );
+    assert_eq!(job_count(&store).await, 1);
+
+    for (body, want) in [
+        (
+            json!({"kind": "k", "payload": {}, "uniqueMode": "replace"}),
+            "need a uniqueKey",
+        ),
+        (
+            json!({"kind": "k", "payload": {}, "uniqueKey": "x", "uniqueMode": "sometimes"}),
+            "`sometimes`",
+        ),
+        (
+            json!({"kind": "k", "payload": {}, "uniqueKey": "x", "uniqueFor": "soon"}),
+            "not a duration",
+        ),
+    ] {
+        let (status, err) = api.post("/v1/queues/search/jobs", body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
+        let message = err["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(want), "{message:?} should say {want:?}");
+    }
+    let (status, err) = api
+        .call(
+            Method::POST,
+            "/v1/queues/search/jobs",
+            &[("idempotency-key", "i-1")],
+            json!({"kind": "k", "payload": {}, "uniqueKey": "x"})
+                .to_string()
+                .into_bytes(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
+    assert_eq!(job_count(&store).await, 1);
+
+    let (_, doc) = api.get("/openapi.json").await;
+    let new_job = &doc["components"]["schemas"]["NewJob"]["properties"];
+    for field in ["uniqueKey", "uniqueMode", "uniqueFor", "debounce"] {
+        assert!(new_job[field].is_object(), "the OpenAPI document lists {field}");
+    }
+}

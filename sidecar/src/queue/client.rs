@@ -26,7 +26,7 @@
 //! ```
 
 pub use sluice_queue::{
-    ClaimedJob, Enqueued, Job, JobState, NewJob, QueueSettings, QueueStore,
+    ClaimedJob, Enqueued, Job, JobState, NewJob, QueueSettings, QueueStore, UniqueMode,
     schema::migrate,
     store::{enqueue, enqueue_many},
 };
