@@ -140,6 +140,20 @@ fn read_one_way(
     limits: &sluice_crds::sidecar_config::LimitsConfig,
 ) -> Result<(), target::Refusal> {
     target::check_method(req.method())?;
+    // The URI parser drops a fragment itself; a byte outside ASCII it keeps, and the app would read it in
+    // an encoding of its own choosing.
+    if !req.uri().path_and_query().is_none_or(|pq| pq.as_str().is_ascii()) {
+        return Err("a byte outside ASCII in the request target");
+    }
+    let chunked: usize = req
+        .headers()
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .map(|v| target::chunked_codings(v.as_bytes()))
+        .sum();
+    if chunked > 1 {
+        return Err(target::CHUNKED_TWICE);
+    }
     let mut hosts = req.headers().get_all(header::HOST).iter();
     let host = hosts.next();
     if hosts.next().is_some() {

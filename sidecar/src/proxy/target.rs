@@ -25,6 +25,18 @@ use sluice_crds::sidecar_config::{EscapedSlashes, PathsConfig};
 /// Why a request cannot be read one way (the reason behind a 400, for traces and tests).
 pub type Refusal = &'static str;
 
+/// Why a request whose transfer codings name `chunked` more than once is refused (RFC 9112 §6.1: a sender
+/// applies it once; a second `chunked`, in one field or two, leaves the body with no single reading).
+pub const CHUNKED_TWICE: Refusal = "the chunked coding applied more than once";
+
+/// How many times a `Transfer-Encoding` value names `chunked` (case-insensitive, list members trimmed).
+pub fn chunked_codings(value: &[u8]) -> usize {
+    value
+        .split(|&b| b == b',')
+        .filter(|coding| coding.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+        .count()
+}
+
 /// Methods whose case variants are refused.
 const KNOWN_METHODS: [&str; 9] = [
     "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",

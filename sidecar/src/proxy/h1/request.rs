@@ -6,8 +6,9 @@
 //! malformed or oversized head — is handed to hyper with the bytes read so far, and hyper answers it as
 //! it always has (including its 400s and 431s). So request smuggling through ambiguous framing cannot
 //! start here: the app sees exactly the framing the client sent, and only when that framing has one
-//! reading. What no server may accept is refused here ([`Parsed::Refused`]): an HTTP/1.1 request without
-//! a `Host`, with two, or with a malformed one (RFC 9112 §3.2); a known method in another case; an
+//! reading. What no server may accept is refused here ([`Parsed::Refused`]): a target with a fragment or a
+//! byte outside ASCII; an HTTP/1.1 request without a `Host`, with two, or with a malformed one (RFC 9112
+//! §3.2); the chunked coding applied more than once (RFC 9112 §6.1); a known method in another case; an
 //! expectation other than `100-continue` (417).
 
 use std::mem::MaybeUninit;
@@ -101,6 +102,19 @@ pub fn parse(buf: &[u8], fields: &mut Vec<Field>) -> Parsed {
         Ok(httparse::Status::Partial) => return Parsed::Partial,
         Err(_) => return Parsed::HandOff("not a valid HTTP/1.x head"),
     };
+    // A target no server may read one way, whatever else the head holds (RFC 9112 §3.2: a target has no
+    // fragment; RFC 3986: its bytes are ASCII, anything else percent-encoded).
+    if let Some(target) = req.path {
+        if target.contains('#') {
+            return Parsed::Refused(http::StatusCode::BAD_REQUEST, "a fragment in the request target");
+        }
+        if !target.is_ascii() {
+            return Parsed::Refused(
+                http::StatusCode::BAD_REQUEST,
+                "a byte outside ASCII in the request target",
+            );
+        }
+    }
     if req.version != Some(1) {
         return Parsed::HandOff("not HTTP/1.1");
     }
@@ -113,8 +127,7 @@ pub fn parse(buf: &[u8], fields: &mut Vec<Field>) -> Parsed {
     if method == Method::CONNECT {
         return Parsed::HandOff("CONNECT");
     }
-    // httparse admits bytes above 0x7f in a target; hyper's URI parser decides about those.
-    if !target.starts_with('/') || !target.is_ascii() {
+    if !target.starts_with('/') {
         return Parsed::HandOff("not an origin-form target");
     }
     let path_len = target.find('?').unwrap_or(target.len());
@@ -125,6 +138,7 @@ pub fn parse(buf: &[u8], fields: &mut Vec<Field>) -> Parsed {
     let mut lengths = 0;
     let mut chunked = false;
     let mut encodings = 0;
+    let mut chunked_codings = 0;
     let mut close = false;
     let mut idempotency_key = false;
     let mut expect_continue = false;
@@ -141,6 +155,7 @@ pub fn parse(buf: &[u8], fields: &mut Vec<Field>) -> Parsed {
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
             encodings += 1;
             chunked = h.value.trim_ascii().eq_ignore_ascii_case(b"chunked");
+            chunked_codings += target::chunked_codings(h.value);
         } else if name.eq_ignore_ascii_case(b"connection") {
             if has_token(h.value, "upgrade") {
                 return Parsed::HandOff("upgrade");
@@ -165,6 +180,9 @@ pub fn parse(buf: &[u8], fields: &mut Vec<Field>) -> Parsed {
     }
     if let Err(why) = target::check_method(&method) {
         return Parsed::Refused(http::StatusCode::BAD_REQUEST, why);
+    }
+    if chunked_codings > 1 {
+        return Parsed::Refused(http::StatusCode::BAD_REQUEST, target::CHUNKED_TWICE);
     }
     if expectations > 1 || (expectations == 1 && !expect_continue) {
         return Parsed::Refused(
@@ -262,6 +280,12 @@ mod tests {
             "GET / HTTP/1.1\r\nHost: a/b\r\n\r\n",
             "GET / HTTP/1.1\r\nHost: \r\n\r\n",
             "post / HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GET /a?b#c HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GET /a#b HTTP/1.0\r\nHost: a\r\n\r\n",
+            "GET /caf\u{e9} HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GET http://a/caf\u{e9} HTTP/1.1\r\nHost: a\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, Chunked\r\n\r\n",
         ] {
             assert_eq!(refused(raw).0, http::StatusCode::BAD_REQUEST, "{raw:?}");
         }
@@ -308,11 +332,9 @@ mod tests {
             "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +5\r\n\r\n",
             "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 99999999999999999999\r\n\r\n",
             "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
-            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
             "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
             "GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: h2c\r\n\r\n",
             "GET / HTTP/1.1\r\nHost: a\r\nX-Folded: a\r\n b\r\n\r\n",
-            "GET /caf\u{e9} HTTP/1.1\r\nHost: a\r\n\r\n",
             "GET / HTTP/1.1\r\nHost: a\r\nBad Name: x\r\n\r\n",
         ];
         for raw in cases {
