@@ -98,6 +98,19 @@ pub struct RateLimitPolicySpec {
     #[serde(default)]
     pub network_policy: NetworkPolicySpec,
 
+    /// Most client connections each sidecar keeps open at once; a connection over it is closed as soon
+    /// as it is accepted. Leave it out to derive it from the sidecar container's memory limit (2,304 at
+    /// the injected 64Mi; 10,000 without a limit), so that slow clients cannot take the sidecar past its
+    /// memory limit. Between 1 and 1000000; never more than the sidecar's file-descriptor limit allows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = sidecar_config::MAX_CONNECTIONS_MAX))]
+    pub max_connections: Option<u32>,
+
+    /// How long a client connection may keep the sidecar waiting — for its next request, for the rest
+    /// of a request, to take its response — before it is closed. Each between 1ms and 24h.
+    #[serde(default)]
+    pub client_timeouts: ClientTimeoutsSpec,
+
     /// The rules. Every rule whose `match` fits a request applies, and all of them must allow it.
     #[schemars(length(min = 1, max = RULES_MAX))]
     #[schemars(extend("x-kubernetes-validations" = [{
@@ -164,6 +177,65 @@ impl Default for NetworkPolicySpec {
     }
 }
 
+/// How long a client connection may keep the sidecar waiting before it is closed (the sidecar's
+/// `limits.clientTimeouts`). No timeout applies while the app works on a request or streams a
+/// response: those are the app's.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientTimeoutsSpec {
+    /// A kept-alive connection with no request for this long is closed (default 15m). Keep it above the
+    /// keep-alive timeout of the load balancer or ingress in front (60s to 10m), or it may send a
+    /// request on a connection being closed.
+    #[serde(default = "default_client_idle")]
+    #[schemars(schema_with = "go_duration_schema")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "duration(self) >= duration('1ms') && duration(self) <= duration('24h')",
+        "message": "clientTimeouts.idle must be between 1ms and 24h"
+    }]))]
+    pub idle: Duration,
+
+    /// A request head must arrive whole within this long of its first byte (default 60s; slow-header
+    /// attacks).
+    #[serde(default = "default_client_request_head")]
+    #[schemars(schema_with = "go_duration_schema")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "duration(self) >= duration('1ms') && duration(self) <= duration('24h')",
+        "message": "clientTimeouts.requestHead must be between 1ms and 24h"
+    }]))]
+    pub request_head: Duration,
+
+    /// A client sending a request body may pause at most this long between two pieces (default 60s,
+    /// as nginx's `client_body_timeout`); then it is answered 408 and the connection closes.
+    #[serde(default = "default_client_body")]
+    #[schemars(schema_with = "go_duration_schema")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "duration(self) >= duration('1ms') && duration(self) <= duration('24h')",
+        "message": "clientTimeouts.body must be between 1ms and 24h"
+    }]))]
+    pub body: Duration,
+
+    /// A client may leave its response unread at most this long between two writes (default 60s, as
+    /// nginx's `send_timeout`); then the connection closes.
+    #[serde(default = "default_client_send")]
+    #[schemars(schema_with = "go_duration_schema")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "duration(self) >= duration('1ms') && duration(self) <= duration('24h')",
+        "message": "clientTimeouts.send must be between 1ms and 24h"
+    }]))]
+    pub send: Duration,
+}
+
+impl Default for ClientTimeoutsSpec {
+    fn default() -> Self {
+        Self {
+            idle: default_client_idle(),
+            request_head: default_client_request_head(),
+            body: default_client_body(),
+            send: default_client_send(),
+        }
+    }
+}
+
 /// How the client address is found.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -216,6 +288,16 @@ impl Default for HeadersSpec {
         "rule": "self.algorithm != 'slidingLog' || self.limit.requests <= 10000",
         "message": "slidingLog keeps one Redis entry per request, so it allows at most 10000 requests per window; use slidingCounter for larger limits",
         "fieldPath": ".limit.requests"
+    },
+    {
+        "rule": "duration(self.limit.window) < duration('1s') || (self.limit.requests <= 9007199254740991 / duration(self.limit.window).getMilliseconds() && (self.algorithm != 'tokenBucket' || !has(self.limit.burst) || self.limit.burst + 1 <= 9007199254740991 / duration(self.limit.window).getMilliseconds()))",
+        "message": "limit.requests (or limit.burst + 1) × limit.window in milliseconds must stay below 2^53, the largest count the limiter holds exactly; lower limit.requests or limit.window",
+        "fieldPath": ".limit"
+    },
+    {
+        "rule": "duration(self.limit.window) < duration('1s') || !has(self.key) || !self.key.exists(k, k.type in ['credential', 'header', 'hashedHeader']) || (has(self.clientIpCeiling) ? self.clientIpCeiling : 10) == 0 || (self.limit.requests * (has(self.clientIpCeiling) ? self.clientIpCeiling : 10) <= 9007199254740991 / duration(self.limit.window).getMilliseconds() && (self.algorithm != 'tokenBucket' || !has(self.limit.burst) || self.limit.burst * (has(self.clientIpCeiling) ? self.clientIpCeiling : 10) + 1 <= 9007199254740991 / duration(self.limit.window).getMilliseconds()))",
+        "message": "the ceiling per client IP, clientIpCeiling (default 10) × limit.requests (or × limit.burst, + 1), × limit.window in milliseconds must stay below 2^53, the largest count the limiter holds exactly; lower clientIpCeiling (0 turns it off), limit.requests or limit.window",
+        "fieldPath": ".clientIpCeiling"
     },
     {
         "rule": "!has(self.clientIpCeiling) || self.clientIpCeiling == 0 || (has(self.key) && self.key.exists(k, k.type in ['credential', 'header', 'hashedHeader']))",
@@ -488,6 +570,18 @@ fn default_failure_mode() -> FailureMode {
 }
 fn default_expected_replicas() -> u32 {
     1
+}
+fn default_client_idle() -> Duration {
+    sidecar_config::ClientTimeouts::default().idle
+}
+fn default_client_request_head() -> Duration {
+    sidecar_config::ClientTimeouts::default().request_head
+}
+fn default_client_body() -> Duration {
+    sidecar_config::ClientTimeouts::default().body
+}
+fn default_client_send() -> Duration {
+    sidecar_config::ClientTimeouts::default().send
 }
 fn default_redis_timeout() -> Duration {
     sidecar_config::REDIS_TIMEOUT_DEFAULT

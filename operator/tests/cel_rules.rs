@@ -74,6 +74,26 @@ fn valid_policies_pass_every_rule() {
             ]
         }),
         spec_with(|s| s["rules"][0]["limit"]["window"] = json!("24h")),
+        // The largest limits the limiter counts exactly: requests × window in ms just below 2^53.
+        spec_with(|s| s["rules"][0]["limit"] = json!({"requests": 104_249_991, "window": "24h"})),
+        spec_with(|s| {
+            s["rules"][0]["algorithm"] = json!("tokenBucket");
+            s["rules"][0]["limit"] = json!({"requests": 1, "window": "24h", "burst": 104_249_990});
+        }),
+        // A large credential limit passes with its ceiling off, or keyed by client IP (no ceiling).
+        spec_with(|s| {
+            s["rules"][0]["key"] = json!([{"type": "credential"}]);
+            s["rules"][0]["limit"] = json!({"requests": 100_000_000, "window": "24h"});
+            s["rules"][0]["clientIpCeiling"] = json!(0);
+        }),
+        spec_with(|s| {
+            s["rules"][0]["key"] = json!([{"type": "clientIp"}]);
+            s["rules"][0]["limit"] = json!({"requests": 100_000_000, "window": "24h"});
+        }),
+        spec_with(|s| {
+            s["maxConnections"] = json!(1);
+            s["clientTimeouts"] = json!({"idle": "24h", "requestHead": "1ms", "body": "90s", "send": "1h"});
+        }),
         spec_with(|s| s["redis"]["timeout"] = json!("5s")),
         spec_with(|s| s["redis"]["timeout"] = json!("1ms")),
         spec_with(|s| s["rules"][0]["key"] = json!([{"type": "credential", "name": "X-Token"}])),
@@ -108,9 +128,51 @@ fn invalid_policies_fail_with_a_message_naming_the_fix() {
     let timeout = "redis.timeout must be between 1ms and 5s: every limited request may wait this long";
     let allow = "allowList entries must be CIDRs such as 10.0.0.0/8 or fd00::/8 (a single address is written 10.1.2.3/32)";
     let proxies = "clientIp.trustedProxies entries must be CIDRs such as 10.0.0.0/8 or fd00::/8 (a single address is written 10.1.2.3/32)";
+    let exact = "limit.requests (or limit.burst + 1) × limit.window in milliseconds must stay below 2^53, the largest count the limiter holds exactly; lower limit.requests or limit.window";
+    let ceiling = "the ceiling per client IP, clientIpCeiling (default 10) × limit.requests (or × limit.burst, + 1), × limit.window in milliseconds must stay below 2^53, the largest count the limiter holds exactly; lower clientIpCeiling (0 turns it off), limit.requests or limit.window";
     let rule = |name: &str| json!({"name": name, "limit": {"requests": 1, "window": "1s"}});
 
     let cases: Vec<(&str, String, Value, &str)> = vec![
+        (
+            "a billion requests per 24h: more than the limiter counts exactly",
+            "api".into(),
+            spec_with(|s| s["rules"][0]["limit"] = json!({"requests": 1_000_000_000, "window": "24h"})),
+            exact,
+        ),
+        (
+            "one request past the largest exact limit for 24h",
+            "api".into(),
+            spec_with(|s| s["rules"][0]["limit"] = json!({"requests": 104_249_992, "window": "24h"})),
+            exact,
+        ),
+        (
+            "a token bucket whose burst overflows",
+            "api".into(),
+            spec_with(|s| {
+                s["rules"][0]["algorithm"] = json!("tokenBucket");
+                s["rules"][0]["limit"] = json!({"requests": 1, "window": "24h", "burst": 104_249_991});
+            }),
+            exact,
+        ),
+        (
+            "a credential rule whose default ceiling per client IP overflows",
+            "api".into(),
+            spec_with(|s| {
+                s["rules"][0]["key"] = json!([{"type": "credential"}]);
+                s["rules"][0]["limit"] = json!({"requests": 100_000_000, "window": "24h"});
+            }),
+            ceiling,
+        ),
+        (
+            "a header rule whose explicit ceiling overflows",
+            "api".into(),
+            spec_with(|s| {
+                s["rules"][0]["key"] = json!([{"type": "header", "name": "X-Tenant"}]);
+                s["rules"][0]["limit"] = json!({"requests": 10_000_000, "window": "1h"});
+                s["rules"][0]["clientIpCeiling"] = json!(1000);
+            }),
+            ceiling,
+        ),
         ("name longer than 63 characters", "a".repeat(64), base(), name_msg),
         (
             "two rules with one name",
@@ -234,6 +296,30 @@ fn invalid_policies_fail_with_a_message_naming_the_fix() {
             "api".into(),
             spec_with(|s| s["rules"][0]["limit"]["window"] = json!("24h1s")),
             max_window,
+        ),
+        (
+            "client idle timeout of 0s",
+            "api".into(),
+            spec_with(|s| s["clientTimeouts"] = json!({"idle": "0s"})),
+            "clientTimeouts.idle must be between 1ms and 24h",
+        ),
+        (
+            "client head timeout of 25h",
+            "api".into(),
+            spec_with(|s| s["clientTimeouts"] = json!({"requestHead": "25h"})),
+            "clientTimeouts.requestHead must be between 1ms and 24h",
+        ),
+        (
+            "client body timeout of 0ms",
+            "api".into(),
+            spec_with(|s| s["clientTimeouts"] = json!({"body": "0ms"})),
+            "clientTimeouts.body must be between 1ms and 24h",
+        ),
+        (
+            "client send timeout of 48h",
+            "api".into(),
+            spec_with(|s| s["clientTimeouts"] = json!({"send": "48h"})),
+            "clientTimeouts.send must be between 1ms and 24h",
         ),
         (
             "Redis timeout of 0ms",

@@ -95,6 +95,36 @@ pub const CASES: &[Case] = &[
         "should match",
     ),
     rlp(
+        "{maxConnections: 0}",
+        "spec.maxConnections",
+        "greater than or equal to 1",
+    ),
+    rlp(
+        "{maxConnections: 2000000}",
+        "spec.maxConnections",
+        "less than or equal to 1000000",
+    ),
+    rlp(
+        "{clientTimeouts: {idle: 0s}}",
+        "spec.clientTimeouts.idle",
+        "between 1ms and 24h",
+    ),
+    rlp(
+        "{clientTimeouts: {requestHead: 25h}}",
+        "spec.clientTimeouts.requestHead",
+        "between 1ms and 24h",
+    ),
+    rlp(
+        "{clientTimeouts: {body: 0ms}}",
+        "spec.clientTimeouts.body",
+        "between 1ms and 24h",
+    ),
+    rlp(
+        "{clientTimeouts: {send: forever}}",
+        "spec.clientTimeouts.send",
+        "should match",
+    ),
+    rlp(
         "{redis: {secretRef: {name: redis}, prefetch: 200000}}",
         "spec.redis.prefetch",
         "less than or equal to 100000",
@@ -173,6 +203,21 @@ pub const CASES: &[Case] = &[
         "{rules: [{name: a, algorithm: slidingLog, limit: {requests: 20000, window: 1m}}]}",
         "spec.rules[0].limit.requests",
         "at most 10000 requests per window",
+    ),
+    rlp(
+        "{rules: [{name: a, limit: {requests: 1000000000, window: 24h}}]}",
+        "spec.rules[0].limit",
+        "must stay below 2^53",
+    ),
+    rlp(
+        "{rules: [{name: a, algorithm: tokenBucket, limit: {requests: 1, window: 24h, burst: 200000000}}]}",
+        "spec.rules[0].limit",
+        "must stay below 2^53",
+    ),
+    rlp(
+        "{rules: [{name: a, key: [{type: credential}], limit: {requests: 100000000, window: 24h}}]}",
+        "spec.rules[0].clientIpCeiling",
+        "must stay below 2^53",
     ),
     rlp(
         "{rules: [{name: a, algorithm: leakyBucket, limit: {requests: 1, window: 1m}}]}",

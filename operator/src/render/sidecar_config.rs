@@ -13,8 +13,8 @@ use kube::ResourceExt;
 use sluice_crds::{
     rate_limit_policy::{KeyPartSpec, RateLimitPolicy, RateLimitRule},
     sidecar_config::{
-        ClientIpConfig, HeadersConfig, KeyPart, Limit, LimitsConfig, PolicyRef, RedisConfig, Rule, RuleMatch,
-        SidecarConfig,
+        ClientIpConfig, ClientTimeouts, HeadersConfig, KeyPart, Limit, LimitsConfig, PolicyRef, RedisConfig,
+        Rule, RuleMatch, SidecarConfig,
     },
 };
 
@@ -81,6 +81,13 @@ pub fn render(policy: &RateLimitPolicy) -> Result<SidecarConfig, RenderError> {
             legacy: spec.headers.legacy,
             draft: spec.headers.draft,
         },
+        client_timeouts: ClientTimeouts {
+            idle: spec.client_timeouts.idle,
+            request_head: spec.client_timeouts.request_head,
+            body: spec.client_timeouts.body,
+            send: spec.client_timeouts.send,
+        },
+        max_connections: spec.max_connections,
         rules,
         ..LimitsConfig::default()
     };
@@ -207,6 +214,11 @@ mod tests {
         assert_eq!(config.limits.admin_listen.port(), SIDECAR_ADMIN_PORT);
         assert_eq!(config.limits.failure_mode, FailureMode::Local);
         assert_eq!(config.limits.expected_replicas, 1);
+        assert_eq!(
+            config.limits.max_connections, None,
+            "derived from the memory limit by the sidecar"
+        );
+        assert_eq!(config.limits.client_timeouts, ClientTimeouts::default());
         assert_eq!(config.limits.redis.url, None, "the Redis URL stays in its Secret");
         let rule = &config.limits.rules[0];
         assert_eq!(rule.algorithm, Algorithm::FixedWindow);
@@ -224,6 +236,8 @@ mod tests {
             "clientIp": {"trustedProxies": ["10.0.0.0/8", "fd00::/8"]},
             "allowList": ["192.168.1.0/24"],
             "headers": {"legacy": false, "draft": true},
+            "maxConnections": 500,
+            "clientTimeouts": {"idle": "2m", "requestHead": "5s", "body": "10s", "send": "20s"},
             "rules": [{
                 "name": "login",
                 "match": {"pathExact": "/login", "methods": ["POST"], "host": "shop.example.com",
@@ -244,6 +258,12 @@ mod tests {
         assert_eq!(l.client_ip.trusted_proxies.len(), 2);
         assert_eq!(l.allow_list, vec!["192.168.1.0/24".parse::<IpNet>().unwrap()]);
         assert!(!l.headers.legacy && l.headers.draft);
+        assert_eq!(l.max_connections, Some(500));
+        let t = &l.client_timeouts;
+        assert_eq!(
+            [t.idle, t.request_head, t.body, t.send].map(|d| d.as_millis()),
+            [120_000, 5_000, 10_000, 20_000]
+        );
         let r = &l.rules[0];
         assert_eq!(r.matches.path_exact.as_deref(), Some("/login"));
         assert_eq!(r.matches.methods, vec!["POST".to_string()]);
