@@ -56,6 +56,7 @@ pub const COOLDOWN_PERIOD_DEFAULT: Duration = Duration::from_secs(300);
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status","description":"Whether the schema, the settings and the workers are in place"}"#,
     printcolumn = r#"{"name":"Depth","type":"integer","jsonPath":".status.depth.ready","description":"Jobs ready to run now"}"#,
     printcolumn = r#"{"name":"Running","type":"integer","jsonPath":".status.depth.running","priority":1,"description":"Jobs running now"}"#,
+    printcolumn = r#"{"name":"Blocked","type":"integer","jsonPath":".status.depth.blocked","priority":1,"description":"Jobs waiting for the jobs they depend on"}"#,
     printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".status.currentReplicas","description":"Worker replicas now"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -424,6 +425,9 @@ pub struct JobQueueStatus {
 pub struct DepthStatus {
     /// Waiting and due now.
     pub ready: i64,
+    /// Waiting for the jobs they depend on (not counted as demand).
+    #[serde(default)]
+    pub blocked: i64,
     /// Waiting and due later.
     pub scheduled: i64,
     /// Leased by a worker.

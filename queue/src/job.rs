@@ -19,6 +19,8 @@ pub const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum JobState {
+    /// Waiting for the jobs it depends on to succeed; not claimable.
+    Blocked,
     /// Waiting for its first attempt (maybe scheduled for later).
     Pending,
     /// Claimed by a worker that holds its lease.
@@ -35,7 +37,8 @@ pub enum JobState {
 
 impl JobState {
     /// All states.
-    pub const ALL: [JobState; 6] = [
+    pub const ALL: [JobState; 7] = [
+        JobState::Blocked,
         JobState::Pending,
         JobState::Running,
         JobState::Succeeded,
@@ -47,6 +50,7 @@ impl JobState {
     /// The name stored in the `state` column.
     pub fn as_str(self) -> &'static str {
         match self {
+            JobState::Blocked => "blocked",
             JobState::Pending => "pending",
             JobState::Running => "running",
             JobState::Succeeded => "succeeded",
@@ -111,6 +115,16 @@ pub struct Job {
     /// How long after it succeeded the job keeps its unique key, in ms.
     #[sqlx(default)]
     pub unique_for_ms: Option<i64>,
+    /// Parents that have not finished yet (the job is `blocked` while this is above 0).
+    #[sqlx(default)]
+    pub blocked_by: i32,
+    /// What a parent that ends dead or cancelled does to this job: `cancel` (absent) or `run`.
+    #[sqlx(default)]
+    pub on_parent_failure: Option<String>,
+    /// Some job depends on this one.
+    #[sqlx(default)]
+    #[serde(skip)]
+    pub has_dependents: bool,
     /// Cancellation was asked for while running.
     pub cancel_requested: bool,
     /// When it was enqueued.
@@ -181,6 +195,101 @@ pub struct NewJob {
     /// With `uniqueMode: debounce`: run this long after the latest enqueue with the key (`10s`).
     #[serde(default)]
     pub debounce: Option<sluice_crds::duration::Duration>,
+    /// Jobs (by id, any queue) that must succeed before this one runs; until then it is `blocked`.
+    #[serde(default)]
+    pub depends_on: Vec<Uuid>,
+    /// What a parent that ends dead or cancelled does to this job (default: cancel it).
+    #[serde(default)]
+    pub on_parent_failure: Option<OnParentFailure>,
+}
+
+/// What a parent that ends `dead` or `cancelled` does to a job that depends on it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnParentFailure {
+    /// The job is cancelled, with a reason naming the parent.
+    #[default]
+    Cancel,
+    /// The parent counts as finished: the job runs once its other parents are done.
+    Run,
+}
+
+impl OnParentFailure {
+    /// The name the SQL API takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnParentFailure::Cancel => "cancel",
+            OnParentFailure::Run => "run",
+        }
+    }
+}
+
+/// One job of a graph enqueued in one call ([`crate::QueueStore::enqueue_graph`]): the caller's name for
+/// it (`ref`), the job, and the jobs it depends on, by ref within the graph or by id.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GraphJob {
+    /// The caller's name for the job, unique within the graph.
+    #[serde(rename = "ref")]
+    pub reference: String,
+    /// What kind of work.
+    pub kind: String,
+    /// The job's input.
+    pub payload: serde_json::Value,
+    /// Higher runs first.
+    #[serde(default)]
+    pub priority: i16,
+    /// Run no earlier than this.
+    #[serde(default)]
+    pub run_at: Option<DateTime<Utc>>,
+    /// Run no earlier than this many milliseconds from now (ignored when `run_at` is given).
+    #[serde(default)]
+    pub delay_ms: Option<u64>,
+    /// Attempts allowed; absent: the queue's setting.
+    #[serde(default)]
+    pub max_attempts: Option<i32>,
+    /// Refs of other jobs of the graph, or ids of existing jobs.
+    #[serde(default)]
+    pub depends_on: Vec<String>,
+    /// What a parent that ends dead or cancelled does to this job (default: cancel it).
+    #[serde(default)]
+    pub on_parent_failure: Option<OnParentFailure>,
+}
+
+impl GraphJob {
+    /// Job `job` named `reference` within its graph (its kind, payload, priority, run time, attempts
+    /// and failure policy are taken; dependencies are given with [`GraphJob::depends_on`]).
+    pub fn new(reference: impl Into<String>, job: NewJob) -> Self {
+        Self {
+            reference: reference.into(),
+            kind: job.kind,
+            payload: job.payload,
+            priority: job.priority,
+            run_at: job.run_at,
+            delay_ms: job.delay_ms,
+            max_attempts: job.max_attempts,
+            depends_on: job.depends_on.iter().map(Uuid::to_string).collect(),
+            on_parent_failure: job.on_parent_failure,
+        }
+    }
+
+    /// Also depends on `refs` (refs of the graph or job ids).
+    pub fn depends_on<S: Into<String>>(mut self, refs: impl IntoIterator<Item = S>) -> Self {
+        self.depends_on.extend(refs.into_iter().map(Into::into));
+        self
+    }
+
+    /// The job part, for the checks every enqueue makes.
+    pub fn as_new_job(&self) -> NewJob {
+        NewJob {
+            priority: self.priority,
+            run_at: self.run_at,
+            delay_ms: self.delay_ms,
+            max_attempts: self.max_attempts,
+            on_parent_failure: self.on_parent_failure,
+            ..NewJob::new(self.kind.clone(), self.payload.clone())
+        }
+    }
 }
 
 /// What an enqueue with a unique key does when a job already holds the key.
@@ -222,7 +331,21 @@ impl NewJob {
             unique_mode: None,
             unique_for: None,
             debounce: None,
+            depends_on: Vec::new(),
+            on_parent_failure: None,
         }
+    }
+
+    /// Runs only after every job of `parents` succeeded (it is `blocked` until then).
+    pub fn depends_on(mut self, parents: impl IntoIterator<Item = Uuid>) -> Self {
+        self.depends_on.extend(parents);
+        self
+    }
+
+    /// What a parent that ends dead or cancelled does to this job.
+    pub fn on_parent_failure(mut self, policy: OnParentFailure) -> Self {
+        self.on_parent_failure = Some(policy);
+        self
     }
 
     /// With a unique key, in `mode`.
@@ -365,6 +488,9 @@ pub struct Depth {
     pub queue: String,
     /// Waiting and due now.
     pub ready: i64,
+    /// Waiting for the jobs they depend on (not demand: no worker can run them yet).
+    #[sqlx(default)]
+    pub blocked: i64,
     /// Pending and due later.
     pub scheduled: i64,
     /// Waiting out a retry backoff.
@@ -381,10 +507,20 @@ pub struct Depth {
 
 impl Depth {
     /// Work that needs a worker now: ready + running (running counts so scale-in never starves
-    /// in-flight jobs).
+    /// in-flight jobs). Blocked jobs do not count: no worker can run them until their parents finish.
     pub fn demand(&self) -> i64 {
         self.ready + self.running
     }
+}
+
+/// A job another job depends on, as `GET /v1/jobs/{id}` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, sqlx::FromRow)]
+#[serde(rename_all = "camelCase")]
+pub struct Parent {
+    /// The parent's id.
+    pub id: Uuid,
+    /// Its state; absent when retention has deleted it (it had finished).
+    pub state: Option<String>,
 }
 
 /// What a cancel request did.

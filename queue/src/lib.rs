@@ -22,8 +22,8 @@ pub mod store;
 
 pub use error::{Error, Result};
 pub use job::{
-    CancelOutcome, ClaimedJob, Depth, Enqueued, Job, JobState, MAX_PAYLOAD_BYTES, NewJob, QueueSettings,
-    UniqueMode,
+    CancelOutcome, ClaimedJob, Depth, Enqueued, GraphJob, Job, JobState, MAX_PAYLOAD_BYTES, NewJob,
+    OnParentFailure, Parent, QueueSettings, UniqueMode,
 };
 pub use listen::NOTIFY_CHANNEL;
 pub use store::QueueStore;

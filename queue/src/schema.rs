@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
 /// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
 /// which the workspace does not enable).
-const MIGRATIONS: [(i64, &str, &str); 4] = [
+const MIGRATIONS: [(i64, &str, &str); 5] = [
     (
         1,
         "queue tables",
@@ -35,6 +35,11 @@ const MIGRATIONS: [(i64, &str, &str); 4] = [
         4,
         "unique jobs",
         include_str!("../../migrations/0004_unique_jobs.sql"),
+    ),
+    (
+        5,
+        "job dependencies",
+        include_str!("../../migrations/0005_job_dependencies.sql"),
     ),
 ];
 

@@ -147,11 +147,24 @@ RETURNING j.id
 "#;
 
 /// Enqueues one job through the SQL API (`sluice.enqueue_job`): returns (id, created). `$11` (unique for)
-/// and `$12` (debounce) are milliseconds.
+/// and `$12` (debounce) are milliseconds; `$13` the parents, `$14` what their failure does.
 pub const JOB_ENQUEUE: &str = r#"
 SELECT id, created
   FROM sluice.enqueue_job($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
-                          $11 * interval '1 millisecond', $12 * interval '1 millisecond')
+                          $11 * interval '1 millisecond', $12 * interval '1 millisecond', $13, $14)
+"#;
+
+/// Enqueues a graph of jobs through the SQL API (`sluice.enqueue_graph`, `$2` a JSON array of jobs with
+/// refs): returns (ref, id) in input order.
+pub const JOB_ENQUEUE_GRAPH: &str = "SELECT ref, id FROM sluice.enqueue_graph($1, $2)";
+
+/// The jobs job `$1` depends on, with their states (NULL: deleted by retention), in id order.
+pub const JOB_PARENTS: &str = r#"
+SELECT d.parent_id AS id, p.state
+  FROM sluice.job_dependencies d
+  LEFT JOIN sluice.jobs p ON p.id = d.parent_id
+ WHERE d.job_id = $1
+ ORDER BY d.parent_id
 "#;
 
 /// Enqueues many jobs in one statement through the SQL API (`sluice.enqueue_many`): returns the ids.
@@ -170,18 +183,21 @@ SELECT * FROM sluice.jobs
  LIMIT $4
 "#;
 
-/// Cancels a job: waiting jobs at once, running jobs by request (the worker delivers it). Returns the
-/// state before and after; no row when the job does not exist.
+/// Cancels a job: waiting (and blocked) jobs at once, running jobs by request (the worker delivers it).
+/// Returns the state before and after; no row when the job does not exist. Cancelling a job with
+/// dependents cancels them too (the `jobs_release_dependents` trigger).
 pub const JOB_CANCEL: &str = r#"
 WITH before AS (
     SELECT id, state FROM sluice.jobs WHERE id = $1 FOR UPDATE
 ), changed AS (
     UPDATE sluice.jobs j
-       SET state = CASE WHEN b.state IN ('pending', 'retrying') THEN 'cancelled' ELSE j.state END,
-           finished_at = CASE WHEN b.state IN ('pending', 'retrying') THEN now() ELSE j.finished_at END,
+       SET state = CASE WHEN b.state IN ('blocked', 'pending', 'retrying') THEN 'cancelled' ELSE j.state END,
+           finished_at = CASE WHEN b.state IN ('blocked', 'pending', 'retrying') THEN now()
+                              ELSE j.finished_at END,
+           blocked_by = 0,
            cancel_requested = CASE WHEN b.state = 'running' THEN true ELSE j.cancel_requested END
       FROM before b
-     WHERE j.id = b.id AND b.state IN ('pending', 'retrying', 'running')
+     WHERE j.id = b.id AND b.state IN ('blocked', 'pending', 'retrying', 'running')
     RETURNING j.id, j.state
 )
 SELECT b.state AS before, coalesce(c.state, b.state) AS after
@@ -232,11 +248,12 @@ SELECT lease_owner, count(*) AS running
 "#;
 
 /// Depth of queues (`$1` one queue, or NULL for all), from the partial indexes: ready = waiting and due
-/// now; scheduled = pending, due later; retrying = waiting out a backoff; running; dead; age in ms of
-/// the oldest ready job. Autoscaling reads ready + running.
+/// now; blocked = waiting for parents; scheduled = pending, due later; retrying = waiting out a backoff;
+/// running; dead; age in ms of the oldest ready job. Autoscaling reads ready + running.
 pub const QUEUE_DEPTH: &str = r#"
 SELECT q.name AS queue,
        w.ready, w.scheduled, w.retrying,
+       (SELECT count(*) FROM sluice.jobs b WHERE b.queue = q.name AND b.state = 'blocked') AS blocked,
        (SELECT count(*) FROM sluice.jobs r WHERE r.queue = q.name AND r.state = 'running') AS running,
        (SELECT count(*) FROM sluice.jobs d WHERE d.queue = q.name AND d.state = 'dead') AS dead,
        coalesce((extract(epoch FROM now() - w.oldest_ready) * 1000)::bigint, 0) AS oldest_ready_age_ms,

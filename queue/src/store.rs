@@ -15,8 +15,8 @@ use sluice_crds::clock::{SharedClock, SystemClock};
 use crate::{
     Error, Result,
     job::{
-        CancelOutcome, ClaimedJob, Depth, Enqueued, Job, JobState, MAX_PAYLOAD_BYTES, NewJob, QueueSettings,
-        UniqueMode, valid_queue_name,
+        CancelOutcome, ClaimedJob, Depth, Enqueued, GraphJob, Job, JobState, MAX_PAYLOAD_BYTES, NewJob,
+        OnParentFailure, Parent, QueueSettings, UniqueMode, valid_queue_name,
     },
     sql,
 };
@@ -165,7 +165,20 @@ impl QueueStore {
         enqueue_many_at(&self.pool, queue, jobs, self.now()).await
     }
 
+    /// Enqueues a graph of jobs in one call (see [`enqueue_graph`]).
+    pub async fn enqueue_graph(&self, queue: &str, jobs: &[GraphJob]) -> Result<Vec<(String, Uuid)>> {
+        enqueue_graph_at(&self.pool, queue, jobs, self.now()).await
+    }
+
     // ---- jobs ---------------------------------------------------------------------------------------
+
+    /// The jobs job `id` depends on, with their states, in id order (empty for a job without parents).
+    pub async fn parents(&self, id: Uuid) -> Result<Vec<Parent>> {
+        Ok(sqlx::query_as::<_, Parent>(sql::JOB_PARENTS)
+            .bind(id)
+            .fetch_all(&self.pool)
+            .await?)
+    }
 
     /// One job, if it exists.
     pub async fn get(&self, id: Uuid) -> Result<Option<Job>> {
@@ -203,7 +216,7 @@ impl QueueStore {
         let before: String = row.try_get("before")?;
         let before: JobState = before.parse().map_err(Error::Invalid)?;
         Ok(match before {
-            JobState::Pending | JobState::Retrying => CancelOutcome::Cancelled,
+            JobState::Blocked | JobState::Pending | JobState::Retrying => CancelOutcome::Cancelled,
             JobState::Running => CancelOutcome::Requested,
             done => CancelOutcome::AlreadyFinished(done),
         })
@@ -398,6 +411,8 @@ async fn enqueue_at<'e>(
         .bind(job.unique_mode.map(UniqueMode::as_str))
         .bind(job.unique_for.map(millis))
         .bind(job.debounce.map(millis))
+        .bind((!job.depends_on.is_empty()).then_some(&job.depends_on))
+        .bind(job.on_parent_failure.map(OnParentFailure::as_str))
         .fetch_one(exec)
         .await
         .map_err(map_db_error)?;
@@ -444,6 +459,11 @@ async fn enqueue_many_at<'e>(
                 "jobs[{i}].uniqueKey: not supported in a batch; enqueue it alone"
             )));
         }
+        if !j.depends_on.is_empty() || j.on_parent_failure.is_some() {
+            return Err(Error::Invalid(format!(
+                "jobs[{i}].dependsOn: not supported in a batch; enqueue a graph instead"
+            )));
+        }
         payloads.push(&j.payload);
         kinds.push(j.kind.as_str());
         priorities.push(i32::from(j.priority));
@@ -464,6 +484,75 @@ async fn enqueue_many_at<'e>(
         .await
         .map_err(map_db_error)?;
     rows.iter().map(|r| Ok(r.try_get("id")?)).collect()
+}
+
+/// Most jobs in one graph ([`enqueue_graph`]); the SQL function holds the same limit.
+pub const MAX_GRAPH_JOBS: usize = 100;
+/// Most parents of one job.
+pub const MAX_PARENTS: usize = 1000;
+
+/// Enqueues a small graph of jobs (at most [`MAX_GRAPH_JOBS`]) in one call through
+/// `sluice.enqueue_graph`, on any executor: parents before children, all or nothing. Each job has a
+/// `ref` unique within the graph and depends on other jobs by ref or on existing jobs by id. Returns
+/// (ref, id) in input order.
+///
+/// Errors: [`Error::Invalid`] naming the job for a cycle, a duplicate or unknown ref, an unknown job id
+/// or bad input; [`Error::NotFound`] for an unknown queue.
+pub async fn enqueue_graph<'e>(
+    exec: impl PgExecutor<'e>,
+    queue: &str,
+    jobs: &[GraphJob],
+) -> Result<Vec<(String, Uuid)>> {
+    enqueue_graph_at(exec, queue, jobs, Utc::now()).await
+}
+
+async fn enqueue_graph_at<'e>(
+    exec: impl PgExecutor<'e>,
+    queue: &str,
+    jobs: &[GraphJob],
+    now: DateTime<Utc>,
+) -> Result<Vec<(String, Uuid)>> {
+    if jobs.is_empty() {
+        return Err(Error::Invalid("jobs: must hold at least one job".into()));
+    }
+    if jobs.len() > MAX_GRAPH_JOBS {
+        return Err(Error::Invalid(format!(
+            "jobs: {} jobs is over the graph limit of {MAX_GRAPH_JOBS}",
+            jobs.len()
+        )));
+    }
+    let mut body = Vec::with_capacity(jobs.len());
+    for (i, j) in jobs.iter().enumerate() {
+        let job = j.as_new_job();
+        check_new_job(&job).map_err(|e| Error::Invalid(format!("jobs[{i}]: {e}")))?;
+        if j.reference.is_empty() || j.reference.len() > 255 {
+            return Err(Error::Invalid(format!("jobs[{i}].ref: must be 1-255 characters")));
+        }
+        if j.depends_on.len() > MAX_PARENTS {
+            return Err(Error::Invalid(format!(
+                "jobs[{i}].dependsOn: at most {MAX_PARENTS} parents"
+            )));
+        }
+        body.push(serde_json::json!({
+            "ref": j.reference,
+            "kind": j.kind,
+            "payload": j.payload,
+            "priority": j.priority,
+            "runAt": job.effective_run_at(now),
+            "maxAttempts": j.max_attempts,
+            "dependsOn": j.depends_on,
+            "onParentFailure": j.on_parent_failure.map(OnParentFailure::as_str),
+        }));
+    }
+    let rows = sqlx::query(sql::JOB_ENQUEUE_GRAPH)
+        .bind(queue)
+        .bind(serde_json::Value::Array(body))
+        .fetch_all(exec)
+        .await
+        .map_err(map_db_error)?;
+    rows.iter()
+        .map(|r| Ok((r.try_get("ref")?, r.try_get("id")?)))
+        .collect()
 }
 
 fn check_queue_name(name: &str) -> Result<()> {
@@ -495,6 +584,16 @@ pub fn check_new_job(job: &NewJob) -> Result<()> {
         return Err(Error::Invalid("idempotencyKey: must be 1-255 characters".into()));
     }
     check_unique(job)?;
+    if job.depends_on.len() > MAX_PARENTS {
+        return Err(Error::Invalid(format!(
+            "dependsOn: at most {MAX_PARENTS} parents"
+        )));
+    }
+    if !job.depends_on.is_empty() && job.unique_key.is_some() {
+        return Err(Error::Invalid(
+            "dependsOn: cannot be combined with a uniqueKey".into(),
+        ));
+    }
     let size = serde_json::to_vec(&job.payload)
         .map(|v| v.len())
         .unwrap_or(usize::MAX);

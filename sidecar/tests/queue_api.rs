@@ -431,3 +431,86 @@ async fn unique_keys_answer_201_for_a_new_job_and_200_for_the_holder() {
         assert!(new_job[field].is_object(), "the OpenAPI document lists {field}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graph_of_jobs_is_enqueued_by_ref_and_jobs_show_their_parents() {
+    let (_pg, pool) = pg().await;
+    let store = QueueStore::new(pool);
+    queue(&store, "books").await;
+    let api = Api::start(store.clone(), 10).await;
+
+    let (status, page) = api
+        .post(
+            "/v1/queues/books/jobs",
+            json!({"kind": "render", "payload": {"page": 1}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{page}");
+    let page_id = page["id"].as_str().unwrap().to_owned();
+    let (status, graph) = api
+        .post(
+            "/v1/queues/books/jobs/graph",
+            json!({"jobs": [
+                {"ref": "bind", "kind": "bind", "payload": {}, "dependsOn": ["cover", page_id]},
+                {"ref": "cover", "kind": "render", "payload": {"page": 0}},
+            ]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{graph}");
+    assert_eq!(graph["jobs"][0]["ref"], "bind");
+    let bind = graph["jobs"][0]["id"].as_str().unwrap().to_owned();
+
+    let (status, job) = api.get(&format!("/v1/jobs/{bind}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (job["state"].clone(), job["blockedBy"].clone()),
+        (json!("blocked"), json!(2))
+    );
+    let parents = job["parents"].as_array().unwrap();
+    assert_eq!(parents.len(), 2);
+    assert!(parents.iter().all(|p| p["state"] == "pending"), "{job}");
+    let (_, depth) = api.get("/v1/queues/books").await;
+    assert_eq!(
+        (depth["ready"].clone(), depth["blocked"].clone()),
+        (json!(2), json!(1))
+    );
+
+    // A job naming a parent directly.
+    let (status, child) = api
+        .post(
+            "/v1/queues/books/jobs",
+            json!({"kind": "ship", "payload": {}, "dependsOn": [bind], "onParentFailure": "run"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{child}");
+    assert_eq!(child["parents"][0]["id"], json!(bind));
+    assert_eq!(child["onParentFailure"], "run");
+
+    let before = job_count(&store).await;
+    let (status, err) = api
+        .post(
+            "/v1/queues/books/jobs/graph",
+            json!({"jobs": [
+                {"ref": "a", "kind": "k", "payload": {}, "dependsOn": ["b"]},
+                {"ref": "b", "kind": "k", "payload": {}, "dependsOn": ["a"]},
+            ]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
+    assert!(
+        err["error"]["message"].as_str().unwrap().contains("cycle"),
+        "{err}"
+    );
+    let (status, err) = api
+        .post(
+            "/v1/queues/books/jobs",
+            json!({"kind": "k", "payload": {}, "dependsOn": ["0190aaaa-0000-7000-8000-000000000000"]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
+    assert_eq!(job_count(&store).await, before, "nothing enqueued");
+
+    let (_, doc) = api.get("/openapi.json").await;
+    assert!(doc["paths"]["/v1/queues/{queue}/jobs/graph"]["post"].is_object());
+    assert!(doc["components"]["schemas"]["NewJob"]["properties"]["dependsOn"].is_object());
+}

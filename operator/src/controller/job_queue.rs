@@ -777,6 +777,7 @@ async fn report_failure(jq: &JobQueue, ctx: &Context<State>, e: &Error) {
 fn depth_status(d: &Depth) -> DepthStatus {
     DepthStatus {
         ready: d.ready,
+        blocked: d.blocked,
         scheduled: d.scheduled,
         running: d.running,
         retrying: d.retrying,

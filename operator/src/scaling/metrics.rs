@@ -139,6 +139,7 @@ mod tests {
         let d = Depth {
             queue: "emails".into(),
             ready: 7,
+            blocked: 0,
             scheduled: 1,
             retrying: 2,
             running: 3,

@@ -24,7 +24,8 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use sluice_queue::{
-    CancelOutcome, Job, JobState, MAX_PAYLOAD_BYTES, NewJob, QueueSettings, QueueStore, store::check_new_job,
+    CancelOutcome, GraphJob, Job, JobState, MAX_PAYLOAD_BYTES, NewJob, QueueSettings, QueueStore,
+    store::{MAX_GRAPH_JOBS, check_new_job},
 };
 
 use crate::error::Error;
@@ -164,6 +165,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/queues/{queue}/resume", post(resume))
         .route("/v1/queues/{queue}/jobs", post(enqueue_one).get(list_jobs))
         .route("/v1/queues/{queue}/jobs/batch", post(enqueue_batch))
+        .route("/v1/queues/{queue}/jobs/graph", post(enqueue_graph))
         .route("/v1/jobs/{id}", get(get_job))
         .route("/v1/jobs/{id}/cancel", post(cancel_job))
         .route("/v1/jobs/{id}/retry", post(retry_job))
@@ -241,7 +243,41 @@ async fn enqueue_one(
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(stored)).into_response())
+    Ok((status, Json(with_parents(&st, stored).await?)).into_response())
+}
+
+/// A job as the API shows it: its row and `parents: [{id, state}]`.
+async fn with_parents(st: &ApiState, job: Job) -> ApiResult<Value> {
+    let parents = st.store.parents(job.id).await?;
+    let mut v = serde_json::to_value(&job).map_err(|e| ApiError::from(Error::Invalid(e.to_string())))?;
+    v["parents"] = json!(parents);
+    Ok(v)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Graph {
+    jobs: Vec<GraphJob>,
+}
+
+async fn enqueue_graph(
+    State(st): State<ApiState>,
+    Path(queue): Path<String>,
+    body: Body,
+) -> ApiResult<Response> {
+    st.check_queue(&queue)?;
+    let limit = (MAX_GRAPH_JOBS * 4096).max(MAX_PAYLOAD_BYTES + ENVELOPE_BYTES);
+    let bytes = read_body(body, limit).await?;
+    let graph: Graph = parse_json(&bytes)?;
+    for (i, j) in graph.jobs.iter().enumerate() {
+        check_payload_size(&j.as_new_job(), &format!("jobs[{i}]."))?;
+    }
+    let ids = st.store.enqueue_graph(&queue, &graph.jobs).await?;
+    let jobs: Vec<Value> = ids
+        .into_iter()
+        .map(|(reference, id)| json!({"ref": reference, "id": id}))
+        .collect();
+    Ok((StatusCode::CREATED, Json(json!({ "jobs": jobs }))).into_response())
 }
 
 #[derive(Deserialize)]
@@ -278,7 +314,8 @@ async fn enqueue_batch(
 
 async fn get_job(State(st): State<ApiState>, Path(id): Path<String>) -> ApiResult<Response> {
     let id = parse_id(&id)?;
-    Ok(Json(st.served_job(id).await?).into_response())
+    let job = st.served_job(id).await?;
+    Ok(Json(with_parents(&st, job).await?).into_response())
 }
 
 fn parse_id(id: &str) -> ApiResult<Uuid> {
@@ -454,7 +491,14 @@ pub fn openapi_document() -> Value {
                          "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "required": ["jobs"], "properties": {"jobs": {"type": "array", "items": {"$ref": "#/components/schemas/NewJob"}}}}}}},
                          "responses": {"201": {"description": "{ids: [uuid]}"}, "400": err, "404": err, "413": err}}
             },
-            "/v1/jobs/{id}": {"parameters": [id], "get": {"summary": "A job", "responses": {"200": {"description": "Job"}, "404": err}}},
+            "/v1/queues/{queue}/jobs/graph": {
+                "parameters": [queue],
+                "post": {"summary": "Enqueue a small graph of jobs (at most 100) in one transaction, parents first; all or nothing",
+                         "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "required": ["jobs"], "properties": {"jobs": {"type": "array", "maxItems": MAX_GRAPH_JOBS, "items": {"$ref": "#/components/schemas/GraphJob"}}}}}}},
+                         "responses": {"201": {"description": "{jobs: [{ref, id}]} in input order"}, "400": err, "404": err, "413": err},
+                         "description": "400 names a cycle, a duplicate or unknown ref, an unknown job id or bad input; nothing is enqueued then"}
+            },
+            "/v1/jobs/{id}": {"parameters": [id], "get": {"summary": "A job, with the jobs it depends on", "responses": {"200": {"description": "Job", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Job"}}}}, "404": err}}},
             "/v1/jobs/{id}/cancel": {"parameters": [id], "post": {"summary": "Cancel a job",
                 "responses": {"200": {"description": "was waiting: cancelled"}, "202": {"description": "running: cancellation delivered to its handler"}, "409": err, "404": err}}},
             "/v1/jobs/{id}/retry": {"parameters": [id], "post": {"summary": "Retry a dead job", "responses": {"200": {"description": "Job"}, "409": err, "404": err}}}
@@ -462,7 +506,7 @@ pub fn openapi_document() -> Value {
         "components": {
             "responses": {"Error": {"description": "error", "content": {"application/json": {"schema": {"type": "object", "properties": {"error": {"type": "object", "properties": {"code": {"type": "string"}, "message": {"type": "string"}}}}}}}}},
             "schemas": {
-                "JobState": {"type": "string", "enum": ["pending", "running", "succeeded", "retrying", "dead", "cancelled"]},
+                "JobState": {"type": "string", "enum": ["blocked", "pending", "running", "succeeded", "retrying", "dead", "cancelled"], "description": "blocked: waiting for the jobs it depends on to succeed"},
                 "NewJob": {"type": "object", "required": ["kind", "payload"], "additionalProperties": false, "properties": {
                     "kind": {"type": "string", "minLength": 1, "maxLength": 200},
                     "payload": {"description": "any JSON, at most 1 MiB"},
@@ -473,16 +517,28 @@ pub fn openapi_document() -> Value {
                     "uniqueKey": {"type": "string", "minLength": 1, "maxLength": 255, "description": "at most one job of the queue holds the key: while one waits or runs (or succeeded less than uniqueFor ago), uniqueMode says what this enqueue does; not with an Idempotency-Key, not in a batch"},
                     "uniqueMode": {"type": "string", "enum": ["preserve", "replace", "debounce"], "description": "preserve (default): return the holder, change nothing; replace: a waiting holder takes this job's kind, payload, priority, run time and maxAttempts, a running one is left alone and a new job takes the key; debounce: as replace, and the run time becomes now + debounce"},
                     "uniqueFor": {"type": "string", "example": "1h", "description": "keep the key this long after the job succeeded (default: released when it finishes; a dead or cancelled job always releases it)"},
-                    "debounce": {"type": "string", "example": "10s", "description": "with uniqueMode debounce (implied when only this is given): run this long after the latest enqueue with the key; not with runAt or delayMs"}}},
+                    "debounce": {"type": "string", "example": "10s", "description": "with uniqueMode debounce (implied when only this is given): run this long after the latest enqueue with the key; not with runAt or delayMs"},
+                    "dependsOn": {"type": "array", "maxItems": 1000, "items": {"type": "string", "format": "uuid"}, "description": "jobs that must succeed first; the job is blocked until then; not with uniqueKey, not in a batch"},
+                    "onParentFailure": {"type": "string", "enum": ["cancel", "run"], "default": "cancel", "description": "when a parent ends dead or cancelled: cancel this job (naming the parent) or run it anyway"}}},
+                "GraphJob": {"type": "object", "required": ["ref", "kind", "payload"], "additionalProperties": false, "properties": {
+                    "ref": {"type": "string", "minLength": 1, "maxLength": 255, "description": "the caller's name for the job, unique within the graph"},
+                    "kind": {"type": "string", "minLength": 1, "maxLength": 200}, "payload": {},
+                    "priority": {"type": "integer", "minimum": -1000, "maximum": 1000, "default": 0},
+                    "runAt": {"type": "string", "format": "date-time"}, "delayMs": {"type": "integer", "minimum": 0},
+                    "maxAttempts": {"type": "integer", "minimum": 1, "maximum": 1000},
+                    "dependsOn": {"type": "array", "items": {"type": "string"}, "description": "refs of other jobs of the graph, or ids of existing jobs"},
+                    "onParentFailure": {"type": "string", "enum": ["cancel", "run"], "default": "cancel"}}},
                 "Job": {"type": "object", "properties": {
                     "id": {"type": "string", "format": "uuid"}, "queue": {"type": "string"}, "kind": {"type": "string"}, "payload": {},
                     "state": {"$ref": "#/components/schemas/JobState"}, "priority": {"type": "integer"}, "attempt": {"type": "integer"},
                     "maxAttempts": {"type": "integer"}, "runAt": {"type": "string", "format": "date-time"}, "leaseOwner": {"type": ["string", "null"]},
                     "leaseExpiresAt": {"type": ["string", "null"]}, "lastError": {"type": ["string", "null"]}, "idempotencyKey": {"type": ["string", "null"]},
                     "uniqueKey": {"type": ["string", "null"], "description": "set while this job holds the key"}, "uniqueForMs": {"type": ["integer", "null"]},
+                    "blockedBy": {"type": "integer", "description": "parents not finished yet"}, "onParentFailure": {"type": ["string", "null"]},
+                    "parents": {"type": "array", "items": {"type": "object", "properties": {"id": {"type": "string", "format": "uuid"}, "state": {"type": ["string", "null"], "description": "null once retention deleted the parent"}}}},
                     "cancelRequested": {"type": "boolean"}, "createdAt": {"type": "string"}, "startedAt": {"type": ["string", "null"]}, "finishedAt": {"type": ["string", "null"]}}},
                 "Depth": {"type": "object", "properties": {
-                    "queue": {"type": "string"}, "ready": {"type": "integer"}, "scheduled": {"type": "integer"}, "retrying": {"type": "integer"},
+                    "queue": {"type": "string"}, "ready": {"type": "integer"}, "blocked": {"type": "integer", "description": "waiting for the jobs they depend on; not demand"}, "scheduled": {"type": "integer"}, "retrying": {"type": "integer"},
                     "running": {"type": "integer"}, "dead": {"type": "integer"}, "oldestReadyAgeMs": {"type": "integer"}, "paused": {"type": "boolean"}}},
                 "QueueSettings": {"type": "object", "properties": {
                     "maxAttempts": {"type": "integer"}, "backoff": {"type": "object", "properties": {"base": {"type": "string", "example": "1s"}, "cap": {"type": "string", "example": "1h"}, "multiplier": {"type": "number"}}},

@@ -26,9 +26,10 @@
 //! ```
 
 pub use sluice_queue::{
-    ClaimedJob, Enqueued, Job, JobState, NewJob, QueueSettings, QueueStore, UniqueMode,
+    ClaimedJob, Enqueued, GraphJob, Job, JobState, NewJob, OnParentFailure, Parent, QueueSettings,
+    QueueStore, UniqueMode,
     schema::migrate,
-    store::{enqueue, enqueue_many},
+    store::{enqueue, enqueue_graph, enqueue_many},
 };
 
 pub use super::worker::{Handler, Outcome, Worker, WorkerOptions};

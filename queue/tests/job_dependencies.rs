@@ -1,0 +1,294 @@
+//! Job dependencies on a real PostgreSQL: a child is `blocked` until every parent succeeded and ready in
+//! the transaction that finishes the last one (with a NOTIFY), a failed parent cancels its children (or
+//! not, with `onParentFailure: run`), concurrent completions of two parents release a child once, and a
+//! graph of jobs with refs is enqueued all or nothing.
+
+use std::time::Duration;
+
+use serde_json::json;
+use sluice_queue::{
+    Error, GraphJob, JobState, NewJob, OnParentFailure, QueueSettings, QueueStore, schema,
+    store::{Finish, Finished},
+};
+use sluice_testsupport::PgServer;
+use uuid::Uuid;
+
+async fn setup() -> (PgServer, QueueStore) {
+    let server = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+    let pool = sluice_queue::pool::options(20)
+        .connect(&server.url())
+        .await
+        .expect("connect");
+    schema::migrate(&pool).await.expect("migrate");
+    let store = QueueStore::new(pool);
+    store.upsert_queue(&QueueSettings::defaults("q")).await.unwrap();
+    (server, store)
+}
+
+fn job(kind: &str) -> NewJob {
+    NewJob::new(kind, json!({}))
+}
+
+async fn state(store: &QueueStore, id: Uuid) -> String {
+    store.get(id).await.unwrap().expect("job exists").state
+}
+
+/// Claims every ready job of `q` as `owner`, returning (id, attempt) by kind order of the claim.
+async fn claim_all(store: &QueueStore, owner: &str) -> Vec<(Uuid, i32)> {
+    store
+        .claim_batch("q", owner, 100, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|j| (j.id, j.attempt))
+        .collect()
+}
+
+async fn finish(store: &QueueStore, owner: &str, (id, attempt): (Uuid, i32), finish: Finish) {
+    let done = store
+        .finish_batch(owner, &[Finished { id, attempt, finish }])
+        .await
+        .unwrap();
+    assert_eq!(done.len(), 1, "{id} finished");
+}
+
+#[tokio::test]
+async fn a_child_is_blocked_until_every_parent_succeeded_then_ready_at_once() {
+    let (_pg, store) = setup().await;
+    let a = store.enqueue("q", &job("a")).await.unwrap().id;
+    let b = store.enqueue("q", &job("b")).await.unwrap().id;
+    let child = store
+        .enqueue("q", &job("child").depends_on([a, b]))
+        .await
+        .unwrap();
+    assert!(child.created);
+    assert_eq!(state(&store, child.id).await, "blocked");
+    let depth = store.depth("q").await.unwrap().unwrap();
+    assert_eq!(
+        (depth.ready, depth.blocked, depth.demand()),
+        (2, 1, 2),
+        "blocked is not demand"
+    );
+    let parents = store.parents(child.id).await.unwrap();
+    assert_eq!(parents.len(), 2);
+    assert!(parents.iter().all(|p| p.state.as_deref() == Some("pending")));
+
+    let claimed = claim_all(&store, "w1").await;
+    assert_eq!(claimed.len(), 2, "the blocked child is not claimed");
+    let (first, second) = (claimed[0], claimed[1]);
+    finish(&store, "w1", first, Finish::Succeeded).await;
+    assert_eq!(state(&store, child.id).await, "blocked", "one parent left");
+
+    // LISTEN before the last parent finishes: its completion notifies the queue.
+    let mut listener = sqlx::postgres::PgListener::connect_with(store.pool())
+        .await
+        .unwrap();
+    listener.listen(sluice_queue::NOTIFY_CHANNEL).await.unwrap();
+    finish(&store, "w1", second, Finish::Succeeded).await;
+    assert_eq!(
+        state(&store, child.id).await,
+        "pending",
+        "ready in the same transaction"
+    );
+    let note = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .expect("a notification")
+        .unwrap();
+    assert_eq!(note.payload(), "q");
+    let claimed = claim_all(&store, "w1").await;
+    assert_eq!(claimed.iter().map(|c| c.0).collect::<Vec<_>>(), vec![child.id]);
+
+    // A parent that already succeeded counts as done: the new child is ready at once.
+    let late = store.enqueue("q", &job("late").depends_on([a])).await.unwrap();
+    assert_eq!(state(&store, late.id).await, "pending");
+}
+
+#[tokio::test]
+async fn a_failed_parent_cancels_its_descendants_naming_it_unless_they_run_anyway() {
+    let (_pg, store) = setup().await;
+    let parent = store.enqueue("q", &job("parent")).await.unwrap().id;
+    let child = store
+        .enqueue("q", &job("child").depends_on([parent]))
+        .await
+        .unwrap()
+        .id;
+    let grandchild = store
+        .enqueue("q", &job("grandchild").depends_on([child]))
+        .await
+        .unwrap()
+        .id;
+    let cleanup = store
+        .enqueue(
+            "q",
+            &job("cleanup")
+                .depends_on([parent])
+                .on_parent_failure(OnParentFailure::Run),
+        )
+        .await
+        .unwrap()
+        .id;
+    let claimed = claim_all(&store, "w1").await;
+    finish(
+        &store,
+        "w1",
+        claimed[0],
+        Finish::Permanent {
+            error: "broken".into(),
+        },
+    )
+    .await;
+    for id in [child, grandchild] {
+        let j = store.get(id).await.unwrap().unwrap();
+        assert_eq!(j.state, "cancelled");
+        assert!(
+            j.last_error.as_deref().unwrap_or_default().contains("parent job"),
+            "{j:?}"
+        );
+    }
+    let reason = store.get(child).await.unwrap().unwrap().last_error.unwrap();
+    assert_eq!(reason, format!("cancelled: parent job {parent} is dead"));
+    assert_eq!(state(&store, cleanup).await, "pending", "onParentFailure: run");
+
+    // A dead parent named at enqueue cancels the new child at once.
+    let again = store
+        .enqueue("q", &job("again").depends_on([parent]))
+        .await
+        .unwrap();
+    assert_eq!(state(&store, again.id).await, "cancelled");
+
+    // Cancelling a blocked job cascades too.
+    let p2 = store.enqueue("q", &job("p2")).await.unwrap().id;
+    let c2 = store.enqueue("q", &job("c2").depends_on([p2])).await.unwrap().id;
+    let g2 = store.enqueue("q", &job("g2").depends_on([c2])).await.unwrap().id;
+    store.cancel(c2).await.unwrap();
+    assert_eq!(state(&store, c2).await, "cancelled");
+    assert_eq!(state(&store, g2).await, "cancelled");
+    assert_eq!(state(&store, p2).await, "pending", "parents are not touched");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_completions_of_the_last_two_parents_release_the_child_once() {
+    let (_pg, store) = setup().await;
+    for round in 0..20 {
+        let a = store.enqueue("q", &job("a")).await.unwrap().id;
+        let b = store.enqueue("q", &job("b")).await.unwrap().id;
+        let child = store
+            .enqueue("q", &job("child").depends_on([a, b]))
+            .await
+            .unwrap()
+            .id;
+        let ca = store
+            .claim_batch("q", "wa", 1, Duration::from_secs(60))
+            .await
+            .unwrap();
+        let cb = store
+            .claim_batch("q", "wb", 1, Duration::from_secs(60))
+            .await
+            .unwrap();
+        let (ja, jb) = ((ca[0].id, ca[0].attempt), (cb[0].id, cb[0].attempt));
+        let (s1, s2) = (store.clone(), store.clone());
+        let t1 = tokio::spawn(async move { finish(&s1, "wa", ja, Finish::Succeeded).await });
+        let t2 = tokio::spawn(async move { finish(&s2, "wb", jb, Finish::Succeeded).await });
+        t1.await.unwrap();
+        t2.await.unwrap();
+        let j = store.get(child).await.unwrap().unwrap();
+        assert_eq!((j.state.as_str(), j.blocked_by), ("pending", 0), "round {round}");
+        let claimed = claim_all(&store, "w1").await;
+        assert_eq!(claimed.len(), 1, "round {round}");
+        finish(&store, "w1", claimed[0], Finish::Succeeded).await;
+    }
+}
+
+fn node(r: &str, deps: &[&str]) -> GraphJob {
+    GraphJob::new(r, job(r)).depends_on(deps.iter().copied())
+}
+
+#[tokio::test]
+async fn a_graph_is_enqueued_parents_first_and_refused_whole_when_it_is_not_a_dag() {
+    let (_pg, store) = setup().await;
+    let existing = store.enqueue("q", &job("existing")).await.unwrap().id;
+    let existing_ref = existing.to_string();
+    // Listed children first: the function orders them.
+    let graph = [
+        node("bind", &["page-1", "page-2"]),
+        node("page-2", &["cover"]),
+        node("page-1", &["cover", existing_ref.as_str()]),
+        node("cover", &[]),
+    ];
+    let ids = store.enqueue_graph("q", &graph).await.unwrap();
+    let refs: Vec<_> = ids.iter().map(|(r, _)| r.as_str()).collect();
+    assert_eq!(refs, ["bind", "page-2", "page-1", "cover"], "input order");
+    let id = |r: &str| ids.iter().find(|(x, _)| x == r).unwrap().1;
+    assert_eq!(state(&store, id("cover")).await, "pending");
+    for r in ["bind", "page-1", "page-2"] {
+        assert_eq!(state(&store, id(r)).await, "blocked", "{r}");
+    }
+    let bind = store.get(id("bind")).await.unwrap().unwrap();
+    assert_eq!(bind.blocked_by, 2);
+    let mut parents: Vec<_> = store
+        .parents(id("page-1"))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|p| p.id)
+        .collect();
+    parents.sort();
+    let mut want = vec![id("cover"), existing];
+    want.sort();
+    assert_eq!(parents, want);
+
+    let before: i64 = sqlx::query_scalar("SELECT count(*) FROM sluice.jobs")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    let bad = [
+        (
+            vec![node("a", &["b"]), node("b", &["a"]), node("c", &[])],
+            "form a cycle",
+        ),
+        (vec![node("a", &["a"])], "form a cycle"),
+        (
+            vec![node("a", &["nowhere"])],
+            "neither a ref of this call nor a job id",
+        ),
+        (vec![node("a", &[]), node("a", &[])], "used twice"),
+        (
+            vec![
+                node("a", &[]),
+                node("b", &["a", "01890000-0000-7000-8000-000000000000"]),
+            ],
+            "does not exist",
+        ),
+    ];
+    for (graph, want) in bad {
+        match store.enqueue_graph("q", &graph).await {
+            Err(Error::Invalid(m)) => assert!(m.contains(want), "{m:?} should say {want:?}"),
+            other => panic!("expected invalid, got {other:?}"),
+        }
+    }
+    let after: i64 = sqlx::query_scalar("SELECT count(*) FROM sluice.jobs")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(before, after, "nothing half-enqueued");
+}
+
+#[tokio::test]
+async fn unknown_parents_and_dependencies_with_unique_keys_are_refused() {
+    let (_pg, store) = setup().await;
+    let missing = Uuid::now_v7();
+    match store.enqueue("q", &job("c").depends_on([missing])).await {
+        Err(Error::Invalid(m)) => assert!(m.contains(&missing.to_string()), "{m}"),
+        other => panic!("expected invalid, got {other:?}"),
+    }
+    let parent = store.enqueue("q", &job("p")).await.unwrap().id;
+    let keyed = job("c")
+        .depends_on([parent])
+        .unique("k", sluice_queue::UniqueMode::Preserve);
+    assert!(matches!(store.enqueue("q", &keyed).await, Err(Error::Invalid(_))));
+    assert!(matches!(
+        store.enqueue_many("q", &[job("c").depends_on([parent])]).await,
+        Err(Error::Invalid(_))
+    ));
+    assert!(JobState::ALL.contains(&JobState::Blocked));
+}
