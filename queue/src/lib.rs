@@ -1,8 +1,8 @@
 //! `sluice-queue`: the PostgreSQL job queue that the sidecar's worker and queue API and the operator
 //! share. It owns every statement that touches the `sluice` schema; nothing else in Sluice writes SQL.
 //!
-//! Layout (dependencies point down the list): [`backoff`] (pure retry math) and [`job`] (jobs, queue
-//! settings, depth: plain types); [`sql`] (named statements, entity first) and [`schema`] (the
+//! Layout (dependencies point down the list): [`backoff`] (pure retry math), [`schedule`] (when a cron
+//! schedule fires: pure) and [`job`] (jobs, queue settings, depth: plain types); [`sql`] (named statements, entity first) and [`schema`] (the
 //! migrations in `migrations/`, applied under an advisory lock); [`store`] ([`QueueStore`]: every
 //! statement behind a typed function, plus enqueue over any executor so apps can enqueue in their own
 //! transaction); [`listen`] (`LISTEN sluice_jobs` with reconnects); [`pool`] (connection pools with a
@@ -16,6 +16,7 @@ pub mod error;
 pub mod job;
 pub mod listen;
 pub mod pool;
+pub mod schedule;
 pub mod schema;
 pub mod sql;
 pub mod store;

@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
 /// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
 /// which the workspace does not enable).
-const MIGRATIONS: [(i64, &str, &str); 5] = [
+const MIGRATIONS: [(i64, &str, &str); 6] = [
     (
         1,
         "queue tables",
@@ -40,6 +40,11 @@ const MIGRATIONS: [(i64, &str, &str); 5] = [
         5,
         "job dependencies",
         include_str!("../../migrations/0005_job_dependencies.sql"),
+    ),
+    (
+        6,
+        "schedules",
+        include_str!("../../migrations/0006_schedules.sql"),
     ),
 ];
 

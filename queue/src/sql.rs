@@ -309,3 +309,39 @@ pub fn queue_demand_statement(queue: &str) -> String {
         "SELECT count(*) FROM sluice.jobs WHERE queue = '{q}' AND (state = 'running' OR (state IN ('pending', 'retrying') AND run_at <= now()))"
     )
 }
+
+/// Creates the row of schedule (`$1` queue, `$2` name) unless it exists: a new schedule has handled every
+/// fire time up to its creation.
+pub const SCHEDULE_ENSURE: &str = r#"
+INSERT INTO sluice.schedules (queue, name, handled_until) VALUES ($1, $2, now())
+ON CONFLICT (queue, name) DO NOTHING
+"#;
+
+/// Locks a schedule's row for one scheduler pass and reads its watermark and the database's now (the
+/// clock every worker shares). No row when another worker holds it (it is firing the schedule now).
+pub const SCHEDULE_LOCK: &str = r#"
+SELECT handled_until, now() AS now
+  FROM sluice.schedules
+ WHERE queue = $1 AND name = $2
+   FOR UPDATE SKIP LOCKED
+"#;
+
+/// Moves a schedule's watermark to `$3` after a pass, with the latest fire time enqueued (`$4`, `$5` its
+/// job; NULL keeps the earlier ones) and the next fire time `$6`.
+pub const SCHEDULE_ADVANCE: &str = r#"
+UPDATE sluice.schedules
+   SET handled_until = $3,
+       last_fire_at = coalesce($4, last_fire_at),
+       last_job_id = coalesce($5, last_job_id),
+       next_fire_at = $6,
+       updated_at = now()
+ WHERE queue = $1 AND name = $2
+"#;
+
+/// The schedules of queue `$1`, by name.
+pub const SCHEDULE_LIST: &str = r#"
+SELECT queue, name, handled_until, last_fire_at, last_job_id, next_fire_at
+  FROM sluice.schedules
+ WHERE queue = $1
+ ORDER BY name
+"#;

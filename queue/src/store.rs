@@ -11,6 +11,7 @@ use sqlx::{PgExecutor, PgPool, Row, postgres::PgRow};
 use uuid::Uuid;
 
 use sluice_crds::clock::{SharedClock, SystemClock};
+use tokio_util::sync::CancellationToken;
 
 use crate::{
     Error, Result,
@@ -18,8 +19,84 @@ use crate::{
         CancelOutcome, ClaimedJob, Depth, Enqueued, GraphJob, Job, JobState, MAX_PAYLOAD_BYTES, NewJob,
         OnParentFailure, Parent, QueueSettings, UniqueMode, valid_queue_name,
     },
+    schedule::{self, CronSchedule, MissedRuns},
     sql,
 };
+
+/// A periodic job: a cron schedule (in its time zone) and the job each fire time enqueues.
+#[derive(Clone, Debug)]
+pub struct Schedule {
+    /// Its name, unique per queue (`[A-Za-z0-9][A-Za-z0-9._-]*`, at most 100).
+    pub name: String,
+    /// When it fires.
+    pub cron: CronSchedule,
+    /// The job each fire time enqueues (kind, payload, priority, max attempts).
+    pub job: NewJob,
+    /// What to do with fire times that passed while no scheduler ran.
+    pub missed_runs: MissedRuns,
+}
+
+impl Schedule {
+    /// A schedule named `name` firing on `cron` in `time_zone` (UTC when `None`), enqueueing `job`. The
+    /// error names the field at fault.
+    pub fn new(
+        name: impl Into<String>,
+        cron: &str,
+        time_zone: Option<&str>,
+        job: NewJob,
+        missed_runs: MissedRuns,
+    ) -> Result<Self> {
+        let name = name.into();
+        if !valid_queue_name(&name) {
+            return Err(Error::Invalid(format!(
+                "schedule name {name:?}: use 1-100 letters, digits, '.', '_' or '-', starting with a letter or digit"
+            )));
+        }
+        let cron = CronSchedule::parse(cron, time_zone).map_err(Error::Invalid)?;
+        check_new_job(&job).map_err(|e| Error::Invalid(format!("schedule {name:?}: {e}")))?;
+        if job.unique_key.is_some() || job.idempotency_key.is_some() || !job.depends_on.is_empty() {
+            return Err(Error::Invalid(format!(
+                "schedule {name:?}: the job takes no uniqueKey, idempotency key or dependsOn (each fire time makes one job)"
+            )));
+        }
+        Ok(Self {
+            name,
+            cron,
+            job,
+            missed_runs,
+        })
+    }
+}
+
+/// How often [`QueueStore::run_schedules`] looks for due fire times.
+pub const SCHEDULER_TICK: Duration = Duration::from_secs(1);
+
+/// What one scheduler pass did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScheduleRun {
+    /// The fire times enqueued, oldest first, with their jobs.
+    pub fired: Vec<(DateTime<Utc>, Uuid)>,
+    /// The next fire time after this pass.
+    pub next_fire_at: Option<DateTime<Utc>>,
+}
+
+/// A schedule's row: how far its fire times have been handled, the last one enqueued, the next one.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
+#[serde(rename_all = "camelCase")]
+pub struct ScheduleState {
+    /// The queue.
+    pub queue: String,
+    /// The schedule's name.
+    pub name: String,
+    /// Every fire time up to here has been handled.
+    pub handled_until: DateTime<Utc>,
+    /// The latest fire time a job was enqueued for.
+    pub last_fire_at: Option<DateTime<Utc>>,
+    /// That job.
+    pub last_job_id: Option<Uuid>,
+    /// The next fire time, when the scheduler last looked.
+    pub next_fire_at: Option<DateTime<Utc>>,
+}
 
 /// How a finished attempt ends, as the completer writes it.
 #[derive(Clone, Debug, PartialEq)]
@@ -168,6 +245,90 @@ impl QueueStore {
     /// Enqueues a graph of jobs in one call (see [`enqueue_graph`]).
     pub async fn enqueue_graph(&self, queue: &str, jobs: &[GraphJob]) -> Result<Vec<(String, Uuid)>> {
         enqueue_graph_at(&self.pool, queue, jobs, self.now()).await
+    }
+
+    // ---- periodic jobs ------------------------------------------------------------------------------
+
+    /// One scheduler pass over `schedule` of `queue`: under the schedule's row lock, enqueues a job for
+    /// each fire time due since the last pass ([`schedule::due`], by the database clock) and moves the
+    /// watermark, in one transaction. `None` when another worker holds the schedule right now. Safe to
+    /// call from every worker as often as wanted: each fire time makes exactly one job. Each job carries
+    /// the unique key `schedule:<name>:<fire time, RFC 3339>` while it waits or runs.
+    pub async fn fire_schedule(&self, queue: &str, schedule: &Schedule) -> Result<Option<ScheduleRun>> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(sql::SCHEDULE_ENSURE)
+            .bind(queue)
+            .bind(&schedule.name)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_db_error)?;
+        let Some(row) = sqlx::query(sql::SCHEDULE_LOCK)
+            .bind(queue)
+            .bind(&schedule.name)
+            .fetch_optional(&mut *tx)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let handled: DateTime<Utc> = row.try_get("handled_until")?;
+        let now: DateTime<Utc> = row.try_get("now")?;
+        let mut fired = Vec::new();
+        for at in schedule::due(&schedule.cron, handled, now, schedule.missed_runs) {
+            let job = NewJob {
+                unique_key: Some(format!(
+                    "schedule:{}:{}",
+                    schedule.name,
+                    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                )),
+                unique_mode: Some(UniqueMode::Preserve),
+                ..schedule.job.clone()
+            };
+            let done = enqueue_at(&mut *tx, queue, &job, now).await?;
+            fired.push((at, done.id));
+        }
+        let next_fire_at = schedule.cron.next_after(now);
+        sqlx::query(sql::SCHEDULE_ADVANCE)
+            .bind(queue)
+            .bind(&schedule.name)
+            .bind(now)
+            .bind(fired.last().map(|f| f.0))
+            .bind(fired.last().map(|f| f.1))
+            .bind(next_fire_at)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Some(ScheduleRun { fired, next_fire_at }))
+    }
+
+    /// The schedules of `queue` as the database records them (last and next fire time), by name.
+    pub async fn schedules(&self, queue: &str) -> Result<Vec<ScheduleState>> {
+        Ok(sqlx::query_as::<_, ScheduleState>(sql::SCHEDULE_LIST)
+            .bind(queue)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    /// Runs the scheduler for `schedules` (queue, schedule) until `shutdown`: a pass over every schedule
+    /// each [`SCHEDULER_TICK`] (a pass with nothing due is one short transaction per schedule). A failed
+    /// pass is logged and the next one tries again; fire times are never lost, only late.
+    pub async fn run_schedules(self, schedules: Vec<(String, Schedule)>, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(SCHEDULER_TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            for (queue, s) in &schedules {
+                match self.fire_schedule(queue, s).await {
+                    Ok(Some(run)) if !run.fired.is_empty() => {
+                        tracing::info!(queue, schedule = %s.name, jobs = run.fired.len(), "schedule fired")
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(queue, schedule = %s.name, error = %e, "schedule pass failed"),
+                }
+            }
+        }
     }
 
     // ---- jobs ---------------------------------------------------------------------------------------

@@ -59,6 +59,56 @@ pub struct QueueConfig {
     /// The queue HTTP API for the app.
     #[serde(default)]
     pub api: QueueApiConfig,
+    /// Periodic jobs this worker's scheduler enqueues (every worker runs it; PostgreSQL makes sure each
+    /// fire time makes one job).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub schedules: Vec<ScheduleSpec>,
+}
+
+/// A periodic job: a cron schedule and the job each fire time enqueues.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScheduleSpec {
+    /// Unique per queue: letters, digits, `.`, `_`, `-`; at most 100 characters.
+    pub name: String,
+    /// The queue the jobs go to (default: the first of `queues`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    /// Five fields (`minute hour day-of-month month day-of-week`) or six with seconds first
+    /// (`*/10 * * * * *`).
+    pub cron: String,
+    /// IANA time zone the cron expression is read in (default UTC), e.g. `Europe/Berlin`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_zone: Option<String>,
+    /// The jobs' kind.
+    pub kind: String,
+    /// The jobs' payload (default `{}`).
+    #[serde(default = "empty_object")]
+    pub payload: serde_json::Value,
+    /// The jobs' priority (-1000..=1000, default 0).
+    #[serde(default)]
+    pub priority: i16,
+    /// What to do with fire times that passed while no worker ran: `skip` (default), `runOnce` (one
+    /// job for the latest), `all` (one per fire time, at most 100).
+    #[serde(default)]
+    pub missed_runs: MissedRuns,
+}
+
+fn empty_object() -> serde_json::Value {
+    serde_json::json!({})
+}
+
+/// What a schedule does with fire times that passed while no scheduler ran.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum MissedRuns {
+    /// Drop them (default).
+    #[default]
+    Skip,
+    /// One job for the latest of them.
+    RunOnce,
+    /// One job for each, the latest 100 of them.
+    All,
 }
 
 /// How the worker claims and runs jobs.

@@ -139,6 +139,33 @@ pub fn check_queue(q: &QueueConfig, errs: &mut ConfigErrors) {
             );
         }
     }
+    let mut names = std::collections::BTreeSet::new();
+    for (i, s) in q.schedules.iter().enumerate() {
+        let queue = s.queue.as_ref().or(q.queues.first());
+        if !valid_queue_name(&s.name) {
+            errs.push(
+                format!("queue.schedules[{i}].name"),
+                format!(
+                    "{:?} is not a schedule name: letters, digits, '.', '_', '-', at most 100",
+                    s.name
+                ),
+            );
+        } else if !names.insert((queue.cloned(), s.name.clone())) {
+            errs.push(
+                format!("queue.schedules[{i}].name"),
+                format!("{:?} is used twice", s.name),
+            );
+        }
+        if let Some(name) = &s.queue
+            && !q.queues.is_empty()
+            && !q.queues.contains(name)
+        {
+            errs.push(
+                format!("queue.schedules[{i}].queue"),
+                format!("{name:?} is not one of queue.queues"),
+            );
+        }
+    }
     if q.worker.concurrency == 0 {
         errs.push("queue.worker.concurrency", "must be at least 1");
     }

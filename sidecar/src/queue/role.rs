@@ -7,9 +7,12 @@ use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use sluice_crds::{
     contract::env as var,
-    sidecar_config::{ConfigErrors, POOL_SIZE_DEFAULT, QueueConfig, SidecarConfig, validate::check_queue},
+    sidecar_config::{
+        ConfigErrors, POOL_SIZE_DEFAULT, QueueConfig, SidecarConfig, queue::ScheduleSpec,
+        validate::check_queue,
+    },
 };
-use sluice_queue::{QueueSettings, QueueStore, schema};
+use sluice_queue::{NewJob, QueueSettings, QueueStore, schema, store::Schedule};
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -57,7 +60,30 @@ pub fn validate_worker_config(cfg: &QueueConfig) -> Result<(), ConfigErrors> {
         );
     }
     check_queue(cfg, &mut errs);
+    for (i, s) in cfg.schedules.iter().enumerate() {
+        if let Err(e) = schedule(cfg, s) {
+            errs.push(format!("queue.schedules[{i}]"), e.to_string());
+        }
+    }
     errs.into_result()
+}
+
+/// The store's form of a configured schedule, with its queue (the first served one by default).
+fn schedule(cfg: &QueueConfig, s: &ScheduleSpec) -> sluice_queue::Result<(String, Schedule)> {
+    let queue = s
+        .queue
+        .clone()
+        .or_else(|| cfg.queues.first().cloned())
+        .unwrap_or_default();
+    let job = NewJob::new(s.kind.clone(), s.payload.clone()).priority(s.priority);
+    let parsed = Schedule::new(
+        s.name.clone(),
+        &s.cron,
+        s.time_zone.as_deref(),
+        job,
+        s.missed_runs,
+    )?;
+    Ok((queue, parsed))
 }
 
 /// Serves the queue HTTP API alone until `shutdown`: for the proxy role in app pods that enqueue
@@ -97,6 +123,16 @@ pub async fn run_worker(cfg: QueueConfig, shutdown: CancellationToken) -> Result
             .upsert_queue(&QueueSettings::from(s))
             .await
             .map_err(|e| Error::Config(format!("applying queue.queueSettings for {}: {e}", s.name)))?;
+    }
+    let schedules = cfg
+        .schedules
+        .iter()
+        .map(|s| schedule(&cfg, s))
+        .collect::<sluice_queue::Result<Vec<_>>>()
+        .map_err(|e| Error::Config(format!("queue.schedules: {e}")))?;
+    if !schedules.is_empty() {
+        tracing::info!(schedules = schedules.len(), "scheduler starting");
+        tokio::spawn(store.clone().run_schedules(schedules, shutdown.clone()));
     }
     let metrics = Arc::new(QueueMetrics::new());
     serve_admin(&cfg, metrics.clone(), &shutdown).await?;
@@ -216,6 +252,38 @@ mod tests {
     fn a_worker_without_queues_is_refused_naming_the_field() {
         let err = load_worker_config(None, &[(var::DATABASE_URL, "postgres://x/y")]).unwrap_err();
         assert!(err.to_string().contains("queue.queues"), "{err}");
+    }
+
+    #[test]
+    fn schedules_are_checked_naming_each_field_at_fault() {
+        let file = r#"
+queue:
+  databaseUrl: postgres://file/db
+  queues: [a]
+  schedules:
+    - {name: ok, cron: "*/10 * * * * *", timeZone: Europe/Berlin, kind: k, missedRuns: runOnce}
+    - {name: bad-cron, cron: "61 * * * *", kind: k}
+    - {name: bad-zone, cron: "* * * * *", timeZone: Mars/Base, kind: k}
+    - {name: ok, queue: other, cron: "* * * * *", kind: k}
+"#;
+        let err = load_worker_config(Some(file), &[] as &[(&str, &str); 0])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("queue.schedules[1]") && err.contains("61 * * * *"),
+            "{err}"
+        );
+        assert!(
+            err.contains("queue.schedules[2]") && err.contains("Mars/Base"),
+            "{err}"
+        );
+        assert!(err.contains("queue.schedules[3].queue"), "{err}");
+        assert!(!err.contains("queue.schedules[0]"), "{err}");
+
+        let good = "queue:\n  databaseUrl: postgres://x/y\n  queues: [a]\n  schedules:\n    - {name: s, cron: '0 3 * * *', kind: k}\n";
+        let cfg = load_worker_config(Some(good), &[] as &[(&str, &str); 0]).unwrap();
+        let (queue, parsed) = schedule(&cfg, &cfg.schedules[0]).unwrap();
+        assert_eq!((queue.as_str(), parsed.name.as_str()), ("a", "s"));
     }
 
     #[test]
