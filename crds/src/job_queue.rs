@@ -85,6 +85,69 @@ pub struct JobQueueSpec {
     /// How the worker Deployment scales on queue depth (ready + running jobs).
     #[serde(default)]
     pub scaling: ScalingSpec,
+
+    /// Periodic jobs: each fire time of a cron schedule enqueues one job into this queue. The workers
+    /// run the schedules and PostgreSQL makes sure each fire time makes one job, however many workers
+    /// there are. At most 100, names unique.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 100))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub schedules: Vec<JobQueueSchedule>,
+}
+
+/// A periodic job of a JobQueue.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct JobQueueSchedule {
+    /// Unique among the queue's schedules: letters, digits, `.`, `_`, `-`.
+    #[schemars(length(min = 1, max = 100), regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"))]
+    pub name: String,
+    /// Five fields (`minute hour day-of-month month day-of-week`, e.g. `30 2 * * *`) or six with
+    /// seconds first (`*/10 * * * * *`). The operator checks each field; a schedule it cannot read is
+    /// not run, and `status.schedules[]` says why.
+    #[schemars(length(min = 9, max = 200))]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "self.matches('^ *[^ ]+( +[^ ]+){4,5} *$')",
+         "message": "schedules[].cron must have five fields (minute hour day-of-month month day-of-week), or six with seconds first"}
+    ]))]
+    pub cron: String,
+    /// IANA time zone the cron expression is read in (default UTC), e.g. `Europe/Berlin`. Daylight
+    /// saving time: a fixed time in the hour skipped in spring runs once, right after it; a fixed time
+    /// in the hour repeated in autumn runs once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 64),
+        regex(pattern = r"^[A-Za-z0-9_+-]+(/[A-Za-z0-9_+-]+)*$")
+    )]
+    pub time_zone: Option<String>,
+    /// The jobs' kind.
+    #[schemars(length(min = 1, max = 200))]
+    pub kind: String,
+    /// The jobs' payload, a JSON object (default `{}`).
+    #[serde(default = "empty_object")]
+    #[schemars(schema_with = "preserve_unknown_object")]
+    pub payload: serde_json::Value,
+    /// The jobs' priority (higher runs first).
+    #[serde(default)]
+    #[schemars(range(min = -1000, max = 1000))]
+    pub priority: i16,
+    /// Fire times that passed while no worker ran: `skip` them (default), `runOnce` (one job for the
+    /// latest), or `all` (one job each, at most 100).
+    #[serde(default)]
+    #[schemars(schema_with = "missed_runs_schema")]
+    pub missed_runs: sidecar_config::MissedRuns,
+}
+
+fn missed_runs_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "enum": ["skip", "runOnce", "all"],
+        "default": "skip",
+    })
+}
+
+fn empty_object() -> serde_json::Value {
+    serde_json::json!({})
 }
 
 /// The database holding the queue.
@@ -417,6 +480,28 @@ pub struct JobQueueStatus {
     /// `none` when the external metrics API belongs to another provider and `provider: builtin` was asked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scaler: Option<String>,
+
+    /// Each schedule's last and next fire time, as the database records them, or why it does not run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub schedules: Vec<ScheduleStatus>,
+}
+
+/// One schedule's state.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScheduleStatus {
+    /// The schedule.
+    pub name: String,
+    /// The latest fire time a job was enqueued for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_fire_time: Option<Time>,
+    /// The next fire time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_fire_time: Option<Time>,
+    /// Why the schedule does not run (its cron expression or time zone cannot be read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// Jobs by state.

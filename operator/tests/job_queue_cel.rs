@@ -145,3 +145,23 @@ fn the_examples_are_valid_job_queues() {
         assert_eq!(found, 1, "{file} holds one JobQueue");
     }
 }
+
+#[test]
+fn schedules_need_five_or_six_cron_fields() {
+    let ok = messages("emails", |s| {
+        s["schedules"] = json!([
+            {"name": "nightly", "cron": "30 2 * * *", "timeZone": "Europe/Berlin", "kind": "digest",
+             "payload": {"scope": "all"}, "missedRuns": "runOnce"},
+            {"name": "tick", "cron": "*/10 * * * * *", "kind": "ping"},
+        ]);
+    });
+    assert_eq!(ok, Vec::<String>::new());
+    assert_rejected(
+        |s| s["schedules"] = json!([{"name": "n", "cron": "every day at 2", "kind": "k"}]),
+        "schedules[].cron must have five fields",
+    );
+    assert_rejected(
+        |s| s["schedules"] = json!([{"name": "n", "cron": "* * * *", "kind": "k"}]),
+        "schedules[].cron must have five fields",
+    );
+}

@@ -50,9 +50,9 @@ use serde_json::json;
 use sluice_crds::{
     conditions::{ACTIVE, DEGRADED, PAUSED, READY, reason},
     contract::{annotation, label::JOB_QUEUE as JOB_QUEUE_LABEL},
-    job_queue::{DepthStatus, JobQueue, JobQueueStatus, ScalingProvider},
+    job_queue::{DepthStatus, JobQueue, JobQueueSchedule, JobQueueStatus, ScalingProvider, ScheduleStatus},
 };
-use sluice_queue::{Depth, QueueSettings};
+use sluice_queue::{Depth, QueueSettings, QueueStore, schedule::CronSchedule, store::ScheduleState};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -64,7 +64,7 @@ use crate::{
         hpa::render_hpa,
         scaled_object::{api_resource as scaled_object_resource, render_scaled_object},
         sidecar_container::SidecarSettings,
-        worker_deployment::{render_config_map, render_worker_deployment, worker_name},
+        worker_deployment::{render_config_map, render_worker_deployment, schedule_problem, worker_name},
     },
     scaling::{
         Autoscaler, Databases, Decision, JobQueueMetrics, Observation, Policy, Wake, Waker,
@@ -291,6 +291,9 @@ struct Seen {
     replicas_in_main_apply: bool,
     /// Unix ms when the queue was last busy.
     last_active_ms: i64,
+    /// The queue's schedules as the database records them (empty when it has none or they cannot be
+    /// read now).
+    schedules: Vec<ScheduleState>,
 }
 
 impl Seen {
@@ -323,6 +326,20 @@ async fn observe(jq: &JobQueue, ctx: &Context<State>, url: &str, now_ms: i64) ->
     if let Some(d) = &depth {
         ctx.state.settings.metrics.set_depth(&ns, &name, d);
     }
+    let schedules = if jq.spec.schedules.is_empty() {
+        Vec::new()
+    } else {
+        match ctx.state.settings.databases.pool(url) {
+            Ok(pool) => QueueStore::new(pool)
+                .schedules(&jq.queue_name())
+                .await
+                .unwrap_or_else(|e| {
+                    tracing::debug!(error = %e, "reading the schedules failed");
+                    Vec::new()
+                }),
+            Err(_) => Vec::new(),
+        }
+    };
     let existing = Api::<Deployment>::namespaced(ctx.client.clone(), &ns)
         .get_opt(&worker_name(jq))
         .await?;
@@ -337,6 +354,7 @@ async fn observe(jq: &JobQueue, ctx: &Context<State>, url: &str, now_ms: i64) ->
         deployed: existing.is_some(),
         replicas_in_main_apply: existing.as_ref().is_some_and(|d| owns_replicas(d, FIELD_MANAGER)),
         last_active_ms: now_ms,
+        schedules,
     };
     if !seen.busy()
         && let Some(m) = ctx.state.queues().get(&ObjectRef::from_obj(jq))
@@ -709,6 +727,12 @@ async fn write_status(jq: &JobQueue, ctx: &Context<State>, outcome: &Outcome, no
             }
             .to_owned(),
         ),
+        schedules: jq
+            .spec
+            .schedules
+            .iter()
+            .map(|s| schedule_status(s, &seen.schedules, now))
+            .collect(),
     };
     ctx.patch_status(jq, &status).await?;
 
@@ -782,6 +806,31 @@ fn depth_status(d: &Depth) -> DepthStatus {
         running: d.running,
         retrying: d.retrying,
         dead: d.dead,
+    }
+}
+
+/// A schedule's status: its last and next fire time as the database records them (the next one worked
+/// out here before any worker has run it), or why it cannot run.
+fn schedule_status(s: &JobQueueSchedule, rows: &[ScheduleState], now_ms: i64) -> ScheduleStatus {
+    let row = rows.iter().find(|r| r.name == s.name);
+    let problem = schedule_problem(s);
+    let next = row.and_then(|r| r.next_fire_at).or_else(|| {
+        let now = chrono::DateTime::from_timestamp_millis(now_ms)?;
+        CronSchedule::parse(&s.cron, s.time_zone.as_deref())
+            .ok()?
+            .next_after(now)
+    });
+    ScheduleStatus {
+        name: s.name.clone(),
+        last_fire_time: row
+            .and_then(|r| r.last_fire_at)
+            .map(|t| time(t.timestamp_millis())),
+        next_fire_time: if problem.is_some() {
+            None
+        } else {
+            next.map(|t| time(t.timestamp_millis()))
+        },
+        message: problem,
     }
 }
 

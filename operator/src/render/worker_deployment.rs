@@ -22,9 +22,9 @@ use k8s_openapi::{
 use kube::{Resource, ResourceExt, api::ObjectMeta};
 use sha2::{Digest, Sha256};
 use sluice_crds::{
-    job_queue::JobQueue,
+    job_queue::{JobQueue, JobQueueSchedule},
     sidecar_config::{
-        CONFIG_VERSION, HandlerConfig, QueueApiConfig, QueueConfig, SidecarConfig, WorkerConfig,
+        CONFIG_VERSION, HandlerConfig, QueueApiConfig, QueueConfig, ScheduleSpec, SidecarConfig, WorkerConfig,
     },
 };
 
@@ -120,9 +120,35 @@ pub fn render_worker_config(jq: &JobQueue) -> SidecarConfig {
                 permanent_failure_statuses: w.handler.permanent_failure_statuses.clone(),
             },
             api: QueueApiConfig::default(),
-            schedules: vec![],
+            schedules: worker_schedules(jq),
         }),
     }
+}
+
+/// The JobQueue's schedules in the worker config's form. A schedule whose cron expression or time zone
+/// cannot be read is left out, so workers never refuse to start over it; its status says why.
+pub fn worker_schedules(jq: &JobQueue) -> Vec<ScheduleSpec> {
+    let queue = jq.queue_name();
+    jq.spec
+        .schedules
+        .iter()
+        .filter(|s| schedule_problem(s).is_none())
+        .map(|s| ScheduleSpec {
+            name: s.name.clone(),
+            queue: Some(queue.clone()),
+            cron: s.cron.clone(),
+            time_zone: s.time_zone.clone(),
+            kind: s.kind.clone(),
+            payload: s.payload.clone(),
+            priority: s.priority,
+            missed_runs: s.missed_runs,
+        })
+        .collect()
+}
+
+/// Why a schedule cannot run (its cron expression or time zone cannot be read), if it cannot.
+pub fn schedule_problem(s: &JobQueueSchedule) -> Option<String> {
+    sluice_queue::schedule::CronSchedule::parse(&s.cron, s.time_zone.as_deref()).err()
 }
 
 /// The worker config as the YAML file the sidecar reads.
@@ -387,6 +413,20 @@ worker:
         assert_eq!(sc.read_only_root_filesystem, Some(true));
         assert_eq!(sc.allow_privilege_escalation, Some(false));
         assert_eq!(sc.capabilities.as_ref().unwrap().drop.as_ref().unwrap(), &["ALL"]);
+    }
+
+    #[test]
+    fn schedules_reach_the_worker_config_unless_their_cron_cannot_be_read() {
+        let jq = job_queue(&format!(
+            "{BASIC}schedules:\n  - {{name: nightly, cron: '30 2 * * *', timeZone: Europe/Berlin, kind: digest, missedRuns: runOnce}}\n  - {{name: broken, cron: '61 * * * *', kind: k}}\n"
+        ));
+        let schedules = render_worker_config(&jq).queue.unwrap().schedules;
+        assert_eq!(schedules.len(), 1, "{schedules:?}");
+        assert_eq!(schedules[0].name, "nightly");
+        assert_eq!(schedules[0].queue.as_deref(), Some("emails"));
+        assert_eq!(schedules[0].payload, serde_json::json!({}));
+        let problem = schedule_problem(&jq.spec.schedules[1]).unwrap();
+        assert!(problem.contains("61 * * * *"), "{problem}");
     }
 
     #[test]
