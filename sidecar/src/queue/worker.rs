@@ -2,20 +2,30 @@
 //! [`super::dispatch::HttpHandler`]).
 //!
 //! Parts, each a task:
-//! - the **claim loop** takes as many concurrency permits as are free (up to the claim batch), claims that
-//!   many jobs in one `FOR UPDATE SKIP LOCKED` query and starts one task per job; when the queues are
+//! - the **claim loop** claims as many jobs as there are free handler slots plus a few ahead (up to the
+//!   claim batch) in one `FOR UPDATE SKIP LOCKED` query and queues them locally; when the queues are
 //!   empty it sleeps until a NOTIFY hint, or a poll timer that backs off from `poll_interval` to
 //!   `max_poll_interval`;
+//! - the **dispatcher** starts the locally queued jobs in claim order, one task per job, as handler slots
+//!   (`concurrency` of them) free up;
 //! - the **listener** LISTENs on `sluice_jobs` and turns notifications into one coalesced wake-up;
 //! - the **heartbeat** extends the leases of running jobs, delivers cancellation requests, and stops a job
 //!   whose lease was lost (another worker rescued it);
 //! - the **completer** writes finished attempts in batches (up to two at once), fenced on (id, running,
-//!   owner, attempt); a job's concurrency permit is released only once its outcome is written;
+//!   owner, attempt);
 //! - **maintenance** rescues expired leases, deletes finished jobs past retention in bounded batches and
 //!   refreshes the depth gauges.
 //!
-//! Shutdown: claims stop at once; in-flight jobs get `shutdown_grace` to finish; the rest are stopped and
-//! handed back (lease released, attempt not counted), not left to expire.
+//! A handler slot is free again as soon as its handler returns, so a slot never waits for a database
+//! round trip: claims run ahead of the slots and completions are written behind them. Two bounds keep
+//! that finite: the jobs claimed but not started are at most what the slots free during one claim round
+//! trip (measured: `concurrency × claim time / handler time`, at most `claim_batch`), and the jobs this
+//! worker holds a lease on (queued, running, or finished and not yet written) are at most
+//! `2 × (concurrency + claim_batch)`: when the completer falls behind, claims wait for it.
+//!
+//! Shutdown: claims stop at once; jobs queued but not started are handed back at once; in-flight jobs get
+//! `shutdown_grace` to finish; the rest are stopped and handed back (lease released, attempt not
+//! counted), not left to expire.
 
 use std::{
     collections::HashMap,
@@ -172,10 +182,59 @@ struct Done {
     kind: String,
     /// None: hand the job back.
     finish: Option<Finish>,
-    /// The job's concurrency permit, released only once the outcome is written: until then the job is
-    /// still running in the database, and claiming more meanwhile would let finished-but-unrecorded jobs
-    /// pile up without bound whenever the completer falls behind.
-    _permit: OwnedSemaphorePermit,
+    /// The job's lease permit, released only once the outcome is written: until then the job is still
+    /// running in the database, and claiming more meanwhile would let finished-but-unrecorded jobs pile
+    /// up without bound whenever the completer falls behind.
+    _lease: OwnedSemaphorePermit,
+}
+
+/// A claimed job waiting for a handler slot.
+struct Ready {
+    job: ClaimedJob,
+    stop: CancellationToken,
+    reason: Arc<Mutex<Option<StopReason>>>,
+    finishing: Arc<AtomicBool>,
+    lease: OwnedSemaphorePermit,
+}
+
+/// What sizes the claims: jobs claimed and not started, and how long claims and handlers take.
+#[derive(Default)]
+struct Ahead {
+    /// Jobs claimed (or being claimed) and not yet started.
+    queued: usize,
+    /// Moving average of one claim statement's time, seconds.
+    claim_secs: f64,
+    /// Moving average of one handler's time, seconds; None until a handler has returned.
+    handler_secs: Option<f64>,
+}
+
+/// Weight of the newest sample in the moving averages of [`Ahead`].
+const AHEAD_EWMA: f64 = 0.1;
+
+impl Ahead {
+    /// Jobs worth claiming now: the free slots, plus what the slots free while one claim is under way,
+    /// less what is already queued; at most `batch`, and 0 until at least half the target is missing
+    /// (or a whole batch), so the local queue is refilled by a few claims rather than one per job.
+    fn reserve(&mut self, free_slots: usize, concurrency: usize, max_ahead: usize, batch: usize) -> usize {
+        let ahead = match self.handler_secs {
+            Some(h) if h > 0.0 => {
+                ((concurrency as f64 * self.claim_secs / h).round() as usize).min(max_ahead)
+            }
+            Some(_) => max_ahead,
+            None => 0,
+        };
+        let target = free_slots + ahead;
+        let n = target.saturating_sub(self.queued).min(batch);
+        if n == 0 || (n < batch && 2 * n < target) {
+            return 0;
+        }
+        self.queued += n;
+        n
+    }
+}
+
+fn ewma(old: f64, sample: f64) -> f64 {
+    old + AHEAD_EWMA * (sample - old)
 }
 
 struct Shared<H> {
@@ -186,6 +245,9 @@ struct Shared<H> {
     inflight: Mutex<HashMap<Uuid, InFlight>>,
     settings: Mutex<HashMap<String, QueueSettings>>,
     wake: Notify,
+    ahead: Mutex<Ahead>,
+    /// Notified whenever a handler slot frees up.
+    room: Notify,
 }
 
 impl<H> Shared<H> {
@@ -242,6 +304,8 @@ impl<H: Handler> Worker<H> {
             inflight: Mutex::new(HashMap::new()),
             settings: Mutex::new(HashMap::new()),
             wake: Notify::new(),
+            ahead: Mutex::new(Ahead::default()),
+            room: Notify::new(),
         });
         if !prepare_queues(&shared, &shutdown).await {
             return Ok(());
@@ -256,29 +320,61 @@ impl<H: Handler> Worker<H> {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let completer = tokio::spawn(complete(shared.clone(), done_rx, shutdown.clone()));
 
-        let permits = Arc::new(Semaphore::new(shared.opts.concurrency.max(1)));
-        let mut job_sets: Vec<JoinSet<()>> =
-            (0..shared.opts.claimers.max(1)).map(|_| JoinSet::new()).collect();
-        futures::future::join_all(
-            job_sets
-                .iter_mut()
-                .enumerate()
-                .map(|(i, jobs)| claim_loop(&shared, &permits, i, &shutdown, &done_tx, jobs)),
-        )
-        .await;
+        let concurrency = shared.opts.concurrency.max(1);
+        let slots = Arc::new(Semaphore::new(concurrency));
+        let leases = Arc::new(Semaphore::new(2 * (concurrency + max_ahead(&shared.opts))));
+        let (ready_tx, mut ready_rx) = mpsc::unbounded_channel::<Ready>();
+        let mut jobs: JoinSet<()> = JoinSet::new();
+        let claims = futures::future::join_all(
+            (0..shared.opts.claimers.max(1))
+                .map(|i| claim_loop(&shared, &slots, &leases, i, &shutdown, &ready_tx)),
+        );
+        // The dispatcher: queued jobs start in claim order as slots free up.
+        let dispatch = async {
+            loop {
+                while jobs.try_join_next().is_some() {}
+                let ready = tokio::select! {
+                    r = ready_rx.recv() => match r {
+                        Some(r) => r,
+                        None => return None,
+                    },
+                    _ = shutdown.cancelled() => return None,
+                };
+                let slot = tokio::select! {
+                    p = slots.clone().acquire_owned() => p.expect("semaphore open"),
+                    _ = shutdown.cancelled() => return Some(ready),
+                };
+                shared.ahead.lock().expect("ahead lock").queued -= 1;
+                let (shared, done_tx) = (shared.clone(), done_tx.clone());
+                jobs.spawn(async move { run_job(&shared, ready, slot, &done_tx).await });
+            }
+        };
+        let (_, unstarted) = tokio::join!(claims, dispatch);
+        drop(ready_tx);
 
-        // Drain: in-flight jobs get the grace period, then are handed back.
+        // Drain: jobs claimed but not started are handed back at once; in-flight jobs get the grace
+        // period, then are handed back.
+        for ready in unstarted
+            .into_iter()
+            .chain(std::iter::from_fn(|| ready_rx.try_recv().ok()))
+        {
+            let _ = done_tx.send(Done {
+                id: ready.job.id,
+                attempt: ready.job.attempt,
+                queue: ready.job.queue,
+                kind: ready.job.kind,
+                finish: None,
+                _lease: ready.lease,
+            });
+        }
         let deadline = tokio::time::Instant::now() + shared.opts.shutdown_grace;
-        let in_flight: usize = job_sets.iter().map(JoinSet::len).sum();
-        tracing::info!(in_flight, "worker stopping: no more claims");
+        tracing::info!(in_flight = jobs.len(), "worker stopping: no more claims");
         let mut grace_over = false;
-        for jobs in &mut job_sets {
-            while !grace_over {
-                match tokio::time::timeout_at(deadline, jobs.join_next()).await {
-                    Ok(Some(_)) => continue,
-                    Ok(None) => break,
-                    Err(_) => grace_over = true,
-                }
+        while !grace_over {
+            match tokio::time::timeout_at(deadline, jobs.join_next()).await {
+                Ok(Some(_)) => continue,
+                Ok(None) => break,
+                Err(_) => grace_over = true,
             }
         }
         if grace_over {
@@ -292,9 +388,7 @@ impl<H: Handler> Worker<H> {
                     f.stop(StopReason::Shutdown);
                 }
             }
-            for jobs in &mut job_sets {
-                while jobs.join_next().await.is_some() {}
-            }
+            while jobs.join_next().await.is_some() {}
         }
         drop(done_tx);
         let _ = completer.await;
@@ -336,34 +430,60 @@ async fn load_settings<H>(shared: &Shared<H>, create: bool) -> Result<()> {
     Ok(())
 }
 
-/// One claim loop; `claimers` of them share the concurrency permits, so claims overlap with each other
-/// (and with completions) instead of queueing behind one connection.
+/// Most jobs claimed ahead of the free handler slots: one claim's worth.
+fn max_ahead(opts: &WorkerOptions) -> usize {
+    opts.claim_batch.max(1) as usize
+}
+
+/// One claim loop; `claimers` of them share the handler slots and lease permits, so claims overlap with
+/// each other (and with completions) instead of queueing behind one connection.
 async fn claim_loop<H: Handler>(
     shared: &Arc<Shared<H>>,
-    permits: &Arc<Semaphore>,
+    slots: &Semaphore,
+    leases: &Arc<Semaphore>,
     index: usize,
     shutdown: &CancellationToken,
-    done_tx: &mpsc::UnboundedSender<Done>,
-    jobs: &mut JoinSet<()>,
+    ready_tx: &mpsc::UnboundedSender<Ready>,
 ) {
     let opts = &shared.opts;
-    let batch = (opts.claim_batch.max(1) as usize).min(opts.concurrency.max(1));
+    let concurrency = opts.concurrency.max(1);
+    let batch = opts.claim_batch.max(1) as usize;
     let mut idle = opts.poll_interval;
     let mut next_queue = index;
     loop {
-        // Reap finished job tasks so the set does not grow.
-        while jobs.try_join_next().is_some() {}
+        // A lease permit first: when the completer falls behind, claims wait for it.
         let first = tokio::select! {
-            p = permits.clone().acquire_owned() => p.expect("semaphore open"),
+            p = leases.clone().acquire_owned() => p.expect("semaphore open"),
             _ = shutdown.cancelled() => return,
         };
+        // Then room: free slots, plus those that free up while this claim is under way.
+        let want = loop {
+            let room = shared.room.notified();
+            let mut room = std::pin::pin!(room);
+            room.as_mut().enable();
+            let n = shared.ahead.lock().expect("ahead lock").reserve(
+                slots.available_permits(),
+                concurrency,
+                max_ahead(opts),
+                batch,
+            );
+            if n > 0 {
+                break n;
+            }
+            tokio::select! {
+                _ = room => {}
+                _ = shutdown.cancelled() => return,
+            }
+        };
         let mut held = vec![first];
-        while held.len() < batch {
-            match permits.clone().try_acquire_owned() {
+        while held.len() < want {
+            match leases.clone().try_acquire_owned() {
                 Ok(p) => held.push(p),
                 Err(_) => break,
             }
         }
+        let reserved = want;
+        let mut queued = 0;
         let mut claimed_any = false;
         let mut failed = false;
         for i in 0..opts.queues.len() {
@@ -372,19 +492,23 @@ async fn claim_loop<H: Handler>(
             }
             let queue = &opts.queues[(next_queue + i) % opts.queues.len()];
             let lease = shared.settings(queue).lease();
-            match shared
+            let t0 = Instant::now();
+            let result = shared
                 .store
                 .claim_batch(queue, &opts.owner, held.len() as u32, lease)
-                .await
+                .await;
             {
+                let mut ahead = shared.ahead.lock().expect("ahead lock");
+                ahead.claim_secs = ewma(ahead.claim_secs, t0.elapsed().as_secs_f64());
+            }
+            match result {
                 Ok(claimed) => {
                     shared.metrics.claimed(queue, claimed.len());
                     claimed_any |= !claimed.is_empty();
                     for job in claimed {
-                        let permit = held.pop().expect("claimed no more than the permits held");
-                        let shared = shared.clone();
-                        let done_tx = done_tx.clone();
-                        jobs.spawn(async move { run_job(&shared, job, permit, &done_tx).await });
+                        let lease = held.pop().expect("claimed no more than the permits held");
+                        queued += 1;
+                        let _ = ready_tx.send(register(shared, job, lease));
                     }
                 }
                 Err(e) => {
@@ -393,6 +517,7 @@ async fn claim_loop<H: Handler>(
                 }
             }
         }
+        shared.ahead.lock().expect("ahead lock").queued -= reserved - queued;
         next_queue = next_queue.wrapping_add(1);
         drop(held);
         if claimed_any {
@@ -410,12 +535,9 @@ async fn claim_loop<H: Handler>(
     }
 }
 
-async fn run_job<H: Handler>(
-    shared: &Shared<H>,
-    job: ClaimedJob,
-    permit: OwnedSemaphorePermit,
-    done_tx: &mpsc::UnboundedSender<Done>,
-) {
+/// Tracks a claimed job from now on: the heartbeat extends its lease and delivers cancellation even
+/// before its handler starts.
+fn register<H>(shared: &Shared<H>, job: ClaimedJob, lease: OwnedSemaphorePermit) -> Ready {
     let stop = CancellationToken::new();
     let reason = Arc::new(Mutex::new(None));
     let finishing = Arc::new(AtomicBool::new(false));
@@ -429,29 +551,61 @@ async fn run_job<H: Handler>(
             finishing: finishing.clone(),
         },
     );
-    let (id, attempt, queue, kind) = (job.id, job.attempt, job.queue.clone(), job.kind.clone());
-    shared.metrics.started(&queue, &kind);
-    let started = Instant::now();
-    let timeout = shared.opts.job_timeout;
-    let timed_out = |_| Outcome::Retry(format!("handler timed out after {timeout:?}"));
-    let mut attempt_fut = std::pin::pin!(tokio::time::timeout(
-        timeout,
-        shared.handler.handle(job, stop.clone())
-    ));
-    let mut outcome = tokio::select! {
-        r = &mut attempt_fut => Some(r.unwrap_or_else(timed_out)),
-        _ = stop.cancelled() => None,
-    };
-    let stopped_for = *reason.lock().expect("reason lock");
-    if outcome.is_none() && stopped_for == Some(StopReason::Cancel) {
-        // A cancelled handler gets a moment to notice its token and clean up; then it is dropped.
-        if let Ok(r) = tokio::time::timeout(CANCEL_GRACE, &mut attempt_fut).await {
-            outcome = Some(r.unwrap_or_else(timed_out));
-        }
+    Ready {
+        job,
+        stop,
+        reason,
+        finishing,
+        lease,
     }
-    shared
-        .metrics
-        .handled(&queue, &kind, started.elapsed().as_secs_f64());
+}
+
+async fn run_job<H: Handler>(
+    shared: &Shared<H>,
+    ready: Ready,
+    slot: OwnedSemaphorePermit,
+    done_tx: &mpsc::UnboundedSender<Done>,
+) {
+    let Ready {
+        job,
+        stop,
+        reason,
+        finishing,
+        lease,
+    } = ready;
+    let (id, attempt, queue, kind) = (job.id, job.attempt, job.queue.clone(), job.kind.clone());
+    // Cancelled or lost while queued: the handler never starts.
+    let outcome = if stop.is_cancelled() {
+        None
+    } else {
+        shared.metrics.started(&queue, &kind);
+        let started = Instant::now();
+        let timeout = shared.opts.job_timeout;
+        let timed_out = |_| Outcome::Retry(format!("handler timed out after {timeout:?}"));
+        let mut attempt_fut = std::pin::pin!(tokio::time::timeout(
+            timeout,
+            shared.handler.handle(job, stop.clone())
+        ));
+        let mut outcome = tokio::select! {
+            r = &mut attempt_fut => Some(r.unwrap_or_else(timed_out)),
+            _ = stop.cancelled() => None,
+        };
+        let stopped_for = *reason.lock().expect("reason lock");
+        if outcome.is_none() && stopped_for == Some(StopReason::Cancel) {
+            // A cancelled handler gets a moment to notice its token and clean up; then it is dropped.
+            if let Ok(r) = tokio::time::timeout(CANCEL_GRACE, &mut attempt_fut).await {
+                outcome = Some(r.unwrap_or_else(timed_out));
+            }
+        }
+        let secs = started.elapsed().as_secs_f64();
+        shared.metrics.handled(&queue, &kind, secs);
+        let mut ahead = shared.ahead.lock().expect("ahead lock");
+        ahead.handler_secs = Some(ahead.handler_secs.map_or(secs, |h| ewma(h, secs)));
+        outcome
+    };
+    // The slot is free for the next job now; the outcome is written behind it.
+    drop(slot);
+    shared.room.notify_waiters();
     finishing.store(true, Ordering::SeqCst);
     // Read the reason again: it may have been set while the handler was returning. A lost lease
     // discards whatever the handler said; at shutdown only a success counts (the handler saw its token
@@ -491,7 +645,7 @@ async fn run_job<H: Handler>(
         queue,
         kind,
         finish,
-        _permit: permit,
+        _lease: lease,
     });
 }
 
@@ -520,7 +674,7 @@ async fn complete<H: Send + Sync + 'static>(
 }
 
 /// Records one batch of finished attempts, retrying while the database is away; then frees their
-/// concurrency permits (dropped with the batch).
+/// lease permits (dropped with the batch).
 async fn record<H>(shared: Arc<Shared<H>>, batch: Vec<Done>, shutdown: CancellationToken) {
     let owner = &shared.opts.owner;
     let (finish, release): (Vec<Done>, Vec<Done>) = batch.into_iter().partition(|d| d.finish.is_some());
