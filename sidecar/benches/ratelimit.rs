@@ -240,13 +240,14 @@ async fn run(s: &Settings, notes: Vec<String>) -> String {
         ("nginx limit_req (not hit)", nginx_limit_addr, None),
     ];
     targets.extend(sidecars.iter().map(|(name, p, addr)| (*name, *addr, Some(p))));
-    let mut samples: Vec<Vec<Row>> = vec![Vec::new(); targets.len() + 1];
+    let mut samples: Vec<Vec<Row>> = vec![Vec::new(); targets.len() + 2];
     for round in 0..s.rounds {
         eprintln!("-- round {} of {}", round + 1, s.rounds);
         for (i, (name, addr, _)) in targets.iter().enumerate() {
             samples[i].push(measure(s, name, *addr).await);
         }
-        samples[targets.len()].push(measure_saturation(s, MANY_KEYS_ROW, many_keys_addr, &script));
+        samples[targets.len()].push(measure_saturation(s, NGINX_MANY_KEYS_ROW, nginx_addr, &script));
+        samples[targets.len() + 1].push(measure_saturation(s, MANY_KEYS_ROW, many_keys_addr, &script));
     }
     let mut rows: Vec<Row> = samples.iter().map(|rounds| median(rounds)).collect();
     for (row, (_, addr, sidecar)) in rows.iter_mut().zip(&targets) {
@@ -300,6 +301,9 @@ limits:
 "#;
 
 const MANY_KEYS_ROW: &str = "sidecar, fixedWindow in Redis, 10,000 keys (wrk script)";
+const NGINX_MANY_KEYS_ROW: &str = "nginx proxy_pass, 10,000 keys (same wrk script)";
+// 10^8 per hour and key: never hit, and the default ceiling per client IP (10× the limit) still fits the
+// scripts' exact counts (validation refuses 10^9: 10^10 × 3.6·10^6 ms is over 2^53).
 const MANY_KEYS: &str = r#"
 version: 1
 policy: {namespace: bench, name: bench, generation: 1}
@@ -308,7 +312,7 @@ limits:
   - name: per-client
     key: [{type: header, name: x-client}]
     algorithm: fixedWindow
-    limit: {requests: 1000000000, window: 1h}
+    limit: {requests: 100000000, window: 1h}
 "#;
 const MANY_KEYS_WRK: &str = r#"
 math.randomseed(42)
@@ -674,7 +678,8 @@ fn render(s: &Settings, rows: &[Row], notes: &[String]) -> String {
          is measured after the others, in rounds of its own. \
          nginx: `worker_processes auto`, upstream keepalive 128, access log off; `limit_req` at 1,000,000 r/s \
          burst 1,000,000 nodelay (never hit). Sidecar: default config (tokio on all cores), limits never hit \
-         (10⁹ per hour), client-IP key, `failureMode: local`; \"Redis down\" = the redis-server killed before \
+         (10⁹ per hour; 10⁸ per key for the 10,000-key rule, a header key, which nginx is measured against \
+         with the same wrk script), client-IP key, `failureMode: local`; \"Redis down\" = the redis-server killed before \
          the sidecar starts, so the circuit breaker is open and decisions come from the local fallback. The \
          load generator, the upstream and the proxy share the machine's cores.\n",
         s.rounds,
@@ -688,7 +693,7 @@ fn render(s: &Settings, rows: &[Row], notes: &[String]) -> String {
     );
     let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
-        let fixed_rate = if r.name == MANY_KEYS_ROW {
+        let fixed_rate = if r.name == MANY_KEYS_ROW || r.name == NGINX_MANY_KEYS_ROW {
             "– | – | – / ".to_owned()
         } else {
             format!(
@@ -745,8 +750,8 @@ fn render(s: &Settings, rows: &[Row], notes: &[String]) -> String {
     );
     let _ = writeln!(
         out,
-        "| sidecar fixedWindow in Redis, 10,000 keys / nginx proxy_pass throughput | {:.2}× | – |",
-        ratio(find(MANY_KEYS_ROW).rps, nginx.rps)
+        "| sidecar fixedWindow in Redis, 10,000 keys / nginx proxy_pass throughput, same wrk script | {:.2}× | ≥ 0.8× |",
+        ratio(find(MANY_KEYS_ROW).rps, find(NGINX_MANY_KEYS_ROW).rps)
     );
     let _ = writeln!(
         out,
