@@ -853,3 +853,48 @@ async fn maintenance<H>(shared: Arc<Shared<H>>, stop: CancellationToken) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Ahead;
+
+    #[test]
+    fn claims_ahead_only_what_the_slots_free_during_one_claim() {
+        // No handler has returned yet: the free slots only.
+        let mut a = Ahead {
+            claim_secs: 0.002,
+            ..Ahead::default()
+        };
+        assert_eq!(a.reserve(16, 16, 100, 100), 16);
+        assert_eq!(a.queued, 16);
+
+        // Handlers ten times quicker than a claim: a whole claim's worth ahead, no more.
+        let mut a = Ahead {
+            queued: 0,
+            claim_secs: 0.002,
+            handler_secs: Some(0.000_2),
+        };
+        assert_eq!(a.reserve(0, 16, 100, 100), 100);
+        assert_eq!(a.reserve(0, 16, 100, 100), 0, "the queue is full");
+
+        // Handlers of a second: nothing ahead, a busy worker holds no job it cannot start.
+        let mut a = Ahead {
+            queued: 0,
+            claim_secs: 0.002,
+            handler_secs: Some(1.0),
+        };
+        assert_eq!(a.reserve(0, 16, 100, 100), 0);
+        assert_eq!(a.reserve(1, 16, 100, 100), 1);
+
+        // Refilled once half of the target is gone, not one job per freed slot.
+        let mut a = Ahead {
+            queued: 10,
+            claim_secs: 0.002,
+            handler_secs: Some(0.002),
+        };
+        assert_eq!(a.reserve(0, 16, 100, 100), 0, "6 of 16 missing");
+        a.queued = 8;
+        assert_eq!(a.reserve(0, 16, 100, 100), 8, "half missing");
+        assert_eq!(a.queued, 16);
+    }
+}
