@@ -34,7 +34,7 @@ impl Default for JobQueueMetrics {
         let activation = Histogram::new([0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 30.0]);
         registry.register(
             "jobqueue_depth",
-            "Jobs per JobQueue and state (ready, scheduled, running, retrying, dead), at the last read",
+            "Jobs per JobQueue and state (ready, blocked, scheduled, running, retrying, dead), at the last read",
             depth.clone(),
         );
         registry.register(
@@ -67,6 +67,7 @@ impl JobQueueMetrics {
     pub fn set_depth(&self, namespace: &str, name: &str, d: &Depth) {
         for (state, v) in [
             ("ready", d.ready),
+            ("blocked", d.blocked),
             ("scheduled", d.scheduled),
             ("running", d.running),
             ("retrying", d.retrying),
@@ -84,7 +85,7 @@ impl JobQueueMetrics {
 
     /// Forgets the depth of a deleted JobQueue.
     pub fn forget(&self, namespace: &str, name: &str) {
-        for state in ["ready", "scheduled", "running", "retrying", "dead"] {
+        for state in ["ready", "blocked", "scheduled", "running", "retrying", "dead"] {
             self.depth.remove(&vec![
                 ("namespace", namespace.to_owned()),
                 ("jobqueue", name.to_owned()),
@@ -139,7 +140,7 @@ mod tests {
         let d = Depth {
             queue: "emails".into(),
             ready: 7,
-            blocked: 0,
+            blocked: 5,
             scheduled: 1,
             retrying: 2,
             running: 3,
@@ -154,6 +155,12 @@ mod tests {
         assert!(
             text.contains(
                 r#"sluice_operator_jobqueue_depth{namespace="shop",jobqueue="emails",state="ready"} 7"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"sluice_operator_jobqueue_depth{namespace="shop",jobqueue="emails",state="blocked"} 5"#
             ),
             "{text}"
         );

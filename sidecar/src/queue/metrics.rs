@@ -91,7 +91,7 @@ impl QueueMetrics {
         );
         registry.register(
             "sluice_queue_depth",
-            "Jobs per queue and state (ready, scheduled, retrying, running, dead)",
+            "Jobs per queue and state (ready, blocked, scheduled, retrying, running, dead)",
             depth.clone(),
         );
         Self {
@@ -150,6 +150,7 @@ impl QueueMetrics {
     pub fn set_depth(&self, d: &sluice_queue::Depth) {
         for (state, v) in [
             ("ready", d.ready),
+            ("blocked", d.blocked),
             ("scheduled", d.scheduled),
             ("retrying", d.retrying),
             ("running", d.running),
@@ -166,5 +167,34 @@ impl QueueMetrics {
         let mut out = String::new();
         let _ = encode(&mut out, &self.registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn depth_gauges_include_blocked() {
+        let m = QueueMetrics::new();
+        m.set_depth(&sluice_queue::Depth {
+            queue: "emails".into(),
+            ready: 7,
+            blocked: 5,
+            scheduled: 1,
+            retrying: 2,
+            running: 3,
+            dead: 4,
+            oldest_ready_age_ms: 0,
+            paused: false,
+        });
+        let text = m.render();
+        for line in [
+            r#"sluice_queue_depth{queue="emails",state="ready"} 7"#,
+            r#"sluice_queue_depth{queue="emails",state="blocked"} 5"#,
+            r#"sluice_queue_depth{queue="emails",state="dead"} 4"#,
+        ] {
+            assert!(text.contains(line), "{line} not in {text}");
+        }
     }
 }
