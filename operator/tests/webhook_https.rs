@@ -453,6 +453,76 @@ async fn a_job_queue_is_allowed_only_to_users_who_may_create_its_workers_and_use
 }
 
 #[tokio::test]
+async fn a_job_queue_with_a_schedule_that_cannot_be_read_is_refused_with_a_message_naming_it() {
+    let b = bundle();
+    let deployments = r#"create deployments.apps in namespace "shop""#.to_string();
+    let authorizer = Arc::new(Granted(Some(vec![("alice", deployments)]), Mutex::default()));
+    let hook = start_with(&b, authorizer).await;
+    let ca = &b.ca_bundle_pem;
+    let with_schedule = |cron: &str, zone: &str| {
+        let mut jq = job_queue(None, 4);
+        jq["spec"]["schedules"] =
+            json!([{"name": "nightly", "cron": cron, "timeZone": zone, "kind": "report"}]);
+        jq
+    };
+
+    let ok = check(
+        &hook,
+        ca,
+        &job_queue_review(
+            "s1",
+            "alice",
+            "CREATE",
+            with_schedule("30 2 * * *", "Europe/Berlin"),
+            Value::Null,
+        ),
+    )
+    .await;
+    assert_eq!(ok["allowed"], true, "{ok}");
+
+    let no = check(
+        &hook,
+        ca,
+        &job_queue_review(
+            "s2",
+            "alice",
+            "CREATE",
+            with_schedule("30 25 * * *", "Europe/Berlin"),
+            Value::Null,
+        ),
+    )
+    .await;
+    assert_eq!(no["allowed"], false, "{no}");
+    assert_eq!(no["status"]["code"], 422, "{no}");
+    assert!(
+        no["status"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with(r#"spec.schedules[0] ("nightly"): cron "30 25 * * *""#),
+        "{no}"
+    );
+
+    let no = check(
+        &hook,
+        ca,
+        &job_queue_review(
+            "s3",
+            "alice",
+            "UPDATE",
+            with_schedule("30 2 * * *", "Europe/Berlinn"),
+            with_schedule("30 2 * * *", "Europe/Berlin"),
+        ),
+    )
+    .await;
+    assert_eq!(no["allowed"], false, "{no}");
+    assert_eq!(
+        no["status"]["message"],
+        r#"spec.schedules[0] ("nightly"): timeZone "Europe/Berlinn": not an IANA time zone (e.g. Europe/Berlin)"#,
+        "{no}"
+    );
+}
+
+#[tokio::test]
 async fn a_job_queue_is_refused_when_access_cannot_be_checked() {
     let b = bundle();
     let hook = start_with(&b, Arc::new(Granted(None, Mutex::default()))).await;

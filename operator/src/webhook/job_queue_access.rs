@@ -19,6 +19,9 @@
 //!
 //! Checked on CREATE, and on UPDATE when `spec` changes (pausing through an annotation needs no more than
 //! RBAC on JobQueues). Denials name what is missing; a review that cannot be made denies (fail closed).
+//!
+//! The same request also refuses `spec.schedules[]` whose cron expression or time zone cannot be read
+//! (422, naming the schedule), with the parser the workers use to decide fire times.
 
 use std::{collections::BTreeMap, sync::Arc};
 
@@ -83,6 +86,23 @@ pub fn service_account(job_queue: &Value) -> Option<String> {
     ["serviceAccountName", "serviceAccount"]
         .iter()
         .find_map(|k| spec[*k].as_str().filter(|s| !s.is_empty()).map(String::from))
+}
+
+/// Why `spec.schedules[]` of `job_queue` cannot run, naming the first schedule that cannot, if any: its
+/// cron expression or time zone cannot be read by [`sluice_queue::schedule::CronSchedule::parse`], the
+/// parser the workers use.
+pub fn schedules_problem(job_queue: &Value) -> Option<String> {
+    let schedules = job_queue["spec"]["schedules"].as_array()?;
+    schedules.iter().enumerate().find_map(|(i, s)| {
+        let cron = s["cron"].as_str().unwrap_or_default();
+        let time_zone = s["timeZone"].as_str();
+        sluice_queue::schedule::CronSchedule::parse(cron, time_zone)
+            .err()
+            .map(|e| {
+                let name = s["name"].as_str().unwrap_or_default();
+                format!("spec.schedules[{i}] ({name:?}): {e}")
+            })
+    })
 }
 
 /// What an authorizer answered.
@@ -165,6 +185,9 @@ pub async fn review(
         }
         _ => return response,
     }
+    if let Some(problem) = schedules_problem(&new) {
+        return invalid(response, problem);
+    }
     let namespace = request.namespace.clone().unwrap_or_default();
     let user = &request.user_info;
     let who = user.username.as_deref().unwrap_or("(unknown user)");
@@ -211,6 +234,15 @@ fn forbidden(response: AdmissionResponse, message: String) -> AdmissionResponse 
     response
 }
 
+/// `response` refusing with `message` because the JobQueue's spec cannot work: 422, as the API server
+/// answers a spec its schema refuses.
+fn invalid(response: AdmissionResponse, message: String) -> AdmissionResponse {
+    let mut response = response.deny(message);
+    response.result.code = 422;
+    response.result.reason = "Invalid".into();
+    response
+}
+
 /// `response` refusing with `message` because nobody could be asked: 503, try again.
 fn unavailable(response: AdmissionResponse, message: String) -> AdmissionResponse {
     let mut response = response.deny(message);
@@ -238,6 +270,37 @@ mod tests {
         assert_eq!(
             describe(&both[1]),
             "impersonate serviceaccounts \"mailer\" in namespace \"shop\""
+        );
+    }
+
+    #[test]
+    fn schedules_that_cannot_be_read_are_named() {
+        let jq = |schedules: Value| json!({"spec": {"schedules": schedules}});
+        assert_eq!(schedules_problem(&json!({"spec": {}})), None);
+        assert_eq!(
+            schedules_problem(&jq(json!([
+                {"name": "nightly", "cron": "30 2 * * *", "timeZone": "Europe/Berlin"},
+                {"name": "often", "cron": "*/10 * * * * *"}
+            ]))),
+            None
+        );
+        let bad_cron = schedules_problem(&jq(json!([
+            {"name": "nightly", "cron": "30 2 * * *"},
+            {"name": "broken", "cron": "61 2 * * *"}
+        ])))
+        .unwrap();
+        assert!(
+            bad_cron.starts_with(r#"spec.schedules[1] ("broken"): cron "61 2 * * *""#),
+            "{bad_cron}"
+        );
+        assert_eq!(
+            schedules_problem(&jq(json!([
+                {"name": "nightly", "cron": "30 2 * * *", "timeZone": "Mars/Olympus"}
+            ]))),
+            Some(
+                r#"spec.schedules[0] ("nightly"): timeZone "Mars/Olympus": not an IANA time zone (e.g. Europe/Berlin)"#
+                    .into()
+            )
         );
     }
 
