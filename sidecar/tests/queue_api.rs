@@ -336,6 +336,32 @@ async fn an_api_given_queues_serves_only_those() {
     );
     let (status, _) = api.post(&format!("/v1/jobs/{elsewhere}/cancel"), json!({})).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+    let unknown = format!("depends_on: job {elsewhere} does not exist");
+    let (status, err) = api
+        .post(
+            "/v1/queues/emails/jobs",
+            json!({"kind": "receipt", "payload": {}, "dependsOn": [elsewhere]}),
+        )
+        .await;
+    assert_eq!(
+        (status, err["error"]["message"].as_str()),
+        (StatusCode::BAD_REQUEST, Some(unknown.as_str())),
+        "a parent in another queue reads as unknown: {err}"
+    );
+    let (status, err) = api
+        .post(
+            "/v1/queues/emails/jobs/graph",
+            json!({"jobs": [
+                {"ref": "a", "kind": "render", "payload": {}},
+                {"ref": "b", "kind": "send", "payload": {}, "dependsOn": ["a", elsewhere]}
+            ]}),
+        )
+        .await;
+    assert_eq!(
+        (status, err["error"]["message"].as_str()),
+        (StatusCode::BAD_REQUEST, Some(unknown.as_str())),
+        "{err}"
+    );
     let (_, list) = api.get("/v1/queues").await;
     let names: Vec<&str> = list["queues"]
         .as_array()

@@ -7,7 +7,8 @@
 //!
 //! An API given a list of queues ([`ApiState::queues`], from `SLUICE_QUEUES` / `queue.queues`) serves
 //! only those: a queue outside it is 403 naming the queues it serves, a job in another queue reads as
-//! unknown (404), and the queue list shows only its own. Without a list it serves the whole database.
+//! unknown (404), as does a parent in another queue named by `dependsOn` (400, as an unknown id), and the
+//! queue list shows only its own. Without a list it serves the whole database.
 
 use std::{collections::BTreeSet, future::Future, sync::Arc};
 
@@ -81,6 +82,25 @@ impl ApiState {
             )),
             _ => Ok(()),
         }
+    }
+
+    /// Refuses parents (`dependsOn` ids) in queues this API does not serve, with the answer an unknown id
+    /// gets: a caller limited to some queues learns nothing of jobs in others.
+    async fn check_parents(&self, ids: impl IntoIterator<Item = Uuid>) -> ApiResult<()> {
+        if self.queues.is_none() {
+            return Ok(());
+        }
+        for id in ids {
+            if self
+                .store
+                .get(id)
+                .await?
+                .is_some_and(|job| !self.serves(&job.queue))
+            {
+                return Err(Error::Invalid(format!("depends_on: job {id} does not exist")).into());
+            }
+        }
+        Ok(())
     }
 
     /// The job `id`, if it exists in a queue this API serves.
@@ -232,6 +252,7 @@ async fn enqueue_one(
         job.idempotency_key = Some(key);
     }
     check_new_job(&job)?;
+    st.check_parents(job.depends_on.iter().copied()).await?;
     let done = st.store.enqueue(&queue, &job).await?;
     let stored = st
         .store
@@ -272,6 +293,15 @@ async fn enqueue_graph(
     for (i, j) in graph.jobs.iter().enumerate() {
         check_payload_size(&j.as_new_job(), &format!("jobs[{i}]."))?;
     }
+    let refs: BTreeSet<&str> = graph.jobs.iter().map(|j| j.reference.as_str()).collect();
+    let parents: Vec<Uuid> = graph
+        .jobs
+        .iter()
+        .flat_map(|j| &j.depends_on)
+        .filter(|d| !refs.contains(d.as_str()))
+        .filter_map(|d| Uuid::parse_str(d).ok())
+        .collect();
+    st.check_parents(parents).await?;
     let ids = st.store.enqueue_graph(&queue, &graph.jobs).await?;
     let jobs: Vec<Value> = ids
         .into_iter()
@@ -458,7 +488,7 @@ pub fn openapi_document() -> Value {
     json!({
         "openapi": "3.1.0",
         "info": {"title": "Sluice queue API", "version": "v1",
-                 "description": "Served by the sluice sidecar on localhost for the app. Errors are JSON: {\"error\": {\"code\", \"message\"}}. A sidecar given a queue list (SLUICE_QUEUES) answers 403 for any other queue and 404 for jobs of other queues."},
+                 "description": "Served by the sluice sidecar on localhost for the app. Errors are JSON: {\"error\": {\"code\", \"message\"}}. A sidecar given a queue list (SLUICE_QUEUES) answers 403 for any other queue, 404 for jobs of other queues, and 400 (as for an unknown id) for dependsOn naming a job of another queue."},
         "paths": {
             "/v1/queues": {"get": {"summary": "Depth of every queue", "responses": {"200": {"description": "{queues: [Depth]}"}}}},
             "/v1/queues/{queue}": {
