@@ -3,8 +3,76 @@
 //! leaves nothing behind — no process started from its temp dirs, no temp dir but PostgreSQL's shared
 //! `initdb` template cache.
 
+use std::io::Read;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Setup (Redis, PostgreSQL, the in-memory API server, the chart, the examples Ready) plus the 10 s demo
+/// and the shutdown: about 20 s on an idle 2-core machine. Well under the test runner's own limit, so a
+/// sandbox that does not finish fails here with what it printed, not as a bare timeout.
+const RUN_DEADLINE: Duration = Duration::from_secs(150);
+/// How long the sandbox may take to stop everything after SIGTERM before it is killed.
+const STOP_DEADLINE: Duration = Duration::from_secs(20);
+
+/// Reads a child's pipe to the end on a thread of its own (so a full pipe never blocks the child).
+fn drain(pipe: impl Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut out = vec![];
+        let mut pipe = pipe;
+        let _ = pipe.read_to_end(&mut out);
+        out
+    })
+}
+
+/// Polls the child until it exits or `deadline` passes; `None` if it is still running.
+fn wait_until(child: &mut Child, deadline: Instant) -> Option<std::process::ExitStatus> {
+    loop {
+        if let Some(status) = child.try_wait().expect("wait for the sandbox") {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Runs the sandbox to its end within [`RUN_DEADLINE`]; past it, stops it as Ctrl-C would (SIGTERM, then
+/// SIGKILL) and fails with everything it printed, which says how far it got.
+fn run_sandbox(mut cmd: Command) -> Output {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start sluice-sandbox");
+    let stdout = drain(child.stdout.take().expect("piped stdout"));
+    let stderr = drain(child.stderr.take().expect("piped stderr"));
+    let finished = wait_until(&mut child, Instant::now() + RUN_DEADLINE);
+    if finished.is_none() {
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        if wait_until(&mut child, Instant::now() + STOP_DEADLINE).is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+    let stdout = stdout.join().expect("stdout reader");
+    let stderr = stderr.join().expect("stderr reader");
+    let Some(status) = finished else {
+        panic!(
+            "the sandbox did not finish within {RUN_DEADLINE:?}; it printed:\n{}\n{}",
+            String::from_utf8_lossy(&stdout),
+            String::from_utf8_lossy(&stderr)
+        );
+    };
+    Output {
+        status,
+        stdout,
+        stderr,
+    }
+}
 
 /// Processes whose working directory or command line lies under `dir`.
 fn processes_under(dir: &Path) -> Vec<String> {
@@ -40,16 +108,16 @@ fn the_sandbox_shows_progress_and_leaves_nothing_behind() {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice-sandbox"))
+    let mut sandbox = Command::new(env!("CARGO_BIN_EXE_sluice-sandbox"));
+    sandbox
         .args([
             "--duration",
             "10",
             "--demo-app",
             env!("CARGO_BIN_EXE_sluice-demo-app"),
         ])
-        .env("TMPDIR", tmp.path())
-        .output()
-        .unwrap();
+        .env("TMPDIR", tmp.path());
+    let out = run_sandbox(sandbox);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "exit {}\n{stdout}\n{stderr}", out.status);
