@@ -65,12 +65,14 @@ pub struct RateLimitPolicySpec {
 
     /// What the sidecar does with requests while Redis cannot answer within `redis.timeout`:
     /// `open` lets them through unlimited, `closed` rejects them with 429, `local` limits each
-    /// replica in memory at `requests / expectedReplicas` until Redis is back.
+    /// replica in memory at `requests / pods` until Redis is back, `pods` being the count of pods
+    /// enforcing the policy that the operator publishes (`expectedReplicas` until a sidecar has read it).
     #[serde(default = "default_failure_mode")]
     pub failure_mode: FailureMode,
 
-    /// How many replicas share the limits; used only by `failureMode: local` to divide each limit
-    /// between replicas while Redis is unreachable. Set it to the workload's usual replica count.
+    /// How many replicas share the limits under `failureMode: local` until a sidecar has read the
+    /// operator's own count of enforcing pods (published in Redis; a sidecar that started while Redis
+    /// was away has not). Set it to the workload's usual replica count.
     #[serde(default = "default_expected_replicas")]
     #[schemars(range(min = 1, max = 10000))]
     pub expected_replicas: u32,

@@ -882,3 +882,67 @@ async fn one_replica_leads_and_another_takes_over_when_it_stops_or_dies() {
     );
     drop(b_stop);
 }
+
+/// `injected_pod`, then marked running.
+async fn running_injected_pod(ns: &TestNamespace, name: &str, policy: &str) {
+    injected_pod(ns, name, policy).await;
+    ns.api::<Pod>()
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Running"}})),
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn the_count_of_enforcing_pods_is_published_signed_and_follows_the_pods() {
+    let signer = Arc::new(ConfigSigner::generate());
+    let f = fixture_with(|_| rate_limit_policy::State {
+        signer: Some(signer.clone()),
+        ..rate_limit_policy::State::default()
+    })
+    .await;
+    let ns = f.ns.name().to_string();
+    f.ns.api::<RateLimitPolicy>()
+        .create(&PostParams::default(), &policy("api", "redis", 100))
+        .await
+        .unwrap();
+    ready_reason(&f.ns, "api", "NoPods").await;
+    let key = format!("sluice:{{{ns}/api}}:pods");
+    assert_eq!(
+        f.redis.command(&format!("EXISTS {key}")).trim_end(),
+        ":0",
+        "nothing while no pod runs"
+    );
+
+    let published = |pods: u32| {
+        let expected = format!("{}\r\n", signer.sign(&format!("{ns}/api {pods}")));
+        let (redis, key) = (&f.redis, key.clone());
+        async move {
+            wait_for(&format!("{pods} enforcing pods published"), DEADLINE, || {
+                let (expected, key) = (expected.clone(), key.clone());
+                async move {
+                    let got = redis.command(&format!("GET {key}"));
+                    got.contains(&expected).then_some(())
+                }
+            })
+            .await
+            .unwrap();
+        }
+    };
+    running_injected_pod(&f.ns, "web-1", "api").await;
+    running_injected_pod(&f.ns, "web-2", "api").await;
+    published(2).await;
+    // Labelled but without the sidecar (not injected), or not running yet: not enforcing.
+    running_pod(&f.ns, "no-sidecar", "api").await;
+    injected_pod(&f.ns, "pending", "api").await;
+    running_injected_pod(&f.ns, "web-3", "api").await;
+    published(3).await;
+    f.ns.api::<Pod>()
+        .delete("web-1", &DeleteParams::default())
+        .await
+        .unwrap();
+    published(2).await;
+}

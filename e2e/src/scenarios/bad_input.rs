@@ -36,19 +36,22 @@ spec:
       limit: {requests: 100, window: 1m}
 "#;
 
-/// Five mistakes in one policy; the API server reports every one.
+/// Seven mistakes in one policy; the API server reports every one.
 const BAD_POLICY: &str = r#"
 apiVersion: sluice.dev/v1alpha1
 kind: RateLimitPolicy
 metadata: {name: broken}
 spec:
   redis: {secretRef: {name: redis}, timeout: 10s, prefetch: 200000}
+  clientTimeouts: {idle: 0s}
   rules:
     - name: a
       algorithm: slidingLog
       limit: {requests: 100, window: 1m, burst: 5}
     - name: a
       limit: {requests: 0, window: 1m}
+    - name: daily
+      limit: {requests: 1000000000, window: 24h}
 "#;
 
 /// A valid change (the limit) together with an invalid one (the window): refused as a whole.
@@ -164,6 +167,9 @@ pub async fn run(system: &SluiceSystem) {
             "limit.burst is only allowed with algorithm tokenBucket",
             "redis.timeout must be between 1ms and 5s",
             "spec.redis.prefetch",
+            "clientTimeouts.idle must be between 1ms and 24h",
+            "spec.rules[2].limit",
+            "must stay below 2^53",
         ],
     );
     assert!(policies.get_opt("broken").await.unwrap().is_none());

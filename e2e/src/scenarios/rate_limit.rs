@@ -1,9 +1,10 @@
 //! Scenario 1 of issue #7, the whole system: `kubectl apply` a RateLimitPolicy and an annotated
 //! Deployment → the operator's webhook injects the sidecar → the kubelet stand-in runs the sidecar and
 //! the demo app → traffic through the sidecar gets 429 after the limit with the quota headers; a limit
-//! changed with kubectl is enforced and visible in status; with Redis stopped traffic follows the
-//! failure mode (`local`: limit ÷ expectedReplicas per pod); with Redis back the limits return, with what
-//! the pod allowed meanwhile counted in Redis.
+//! changed with kubectl is enforced and visible in status; scaled to two replicas, the operator publishes
+//! the count of enforcing pods and the sidecar reads it; with Redis stopped traffic follows the failure
+//! mode (`local`: the limit ÷ the published count per pod, not ÷ `expectedReplicas`); with Redis back
+//! the limits return, with what the pod allowed meanwhile counted in Redis.
 //!
 //! The real `sluice-operator` and `sluice-sidecar` binaries run as processes; Redis is a real
 //! `redis-server` the scenario starts.
@@ -13,7 +14,8 @@ use std::time::Duration;
 use crate::http::{self, Response};
 use crate::system::SluiceSystem;
 use crate::{TestNamespace, wait_for};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::{core::v1::Pod, networking::v1::NetworkPolicy};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, ListParams};
 use sluice_crds::rate_limit_policy::RateLimitPolicy;
 use sluice_testsupport::RedisServer;
@@ -33,7 +35,7 @@ spec:
   selector: {{matchLabels: {{app: web}}}}
   redis: {{secretRef: {{name: redis}}}}
   failureMode: local
-  expectedReplicas: 2
+  expectedReplicas: 4
   rules:
     - name: per-client
       algorithm: slidingLog
@@ -101,6 +103,24 @@ async fn ready_pod(system: &SluiceSystem, ns: &TestNamespace) -> (Pod, u16, u16)
     })
     .await
     .unwrap()
+}
+
+/// Waits until the sidecar on `admin` has read the operator's count of enforcing pods as `pods`.
+async fn enforcing_pods_read(admin: u16, pods: u32) {
+    let line = format!("sluice_config_enforcing_pods {pods}");
+    wait_for(
+        &format!("the sidecar read {pods} enforcing pods"),
+        DEADLINE,
+        || {
+            let line = line.clone();
+            async move {
+                let metrics = http::get(admin, "/metrics").await.ok()?;
+                metrics.body.lines().any(|l| l.trim_end() == line).then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
 }
 
 /// Waits until the sidecar's circuit breaker is closed (it reaches Redis): decisions are Redis's.
@@ -209,6 +229,35 @@ pub async fn run(system: &SluiceSystem) {
     let status = enforced(&ns, 1).await.status.unwrap();
     assert_eq!(status.enforcing.as_deref(), Some("1/1"), "{status:?}");
 
+    // The NetworkPolicy the operator rendered, as the API server stored it: ingress to the governed
+    // pods only on the sidecar's ports, by name (the app's own port is not among them).
+    let np = ns
+        .api::<NetworkPolicy>()
+        .get("sluice-policy-web")
+        .await
+        .unwrap()
+        .spec
+        .unwrap();
+    let selector = np.pod_selector.unwrap().match_labels.unwrap();
+    assert_eq!(selector.get("sluice.dev/policy").map(String::as_str), Some("web"));
+    assert_eq!(np.policy_types.as_deref(), Some(&["Ingress".to_string()][..]));
+    let ingress = np.ingress.unwrap();
+    assert_eq!(ingress.len(), 1, "{ingress:?}");
+    let mut ports: Vec<String> = ingress[0]
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| {
+            assert_eq!(p.protocol.as_deref(), Some("TCP"), "{p:?}");
+            match p.port.clone().unwrap() {
+                IntOrString::String(name) => name,
+                IntOrString::Int(n) => n.to_string(),
+            }
+        })
+        .collect();
+    ports.sort();
+    assert_eq!(ports, ["http", "sluice", "sluice-admin"]);
+
     // Five pass, the sixth gets 429 with the quota headers.
     let got = burst(port, 6).await;
     assert_eq!(statuses(&got), [200, 200, 200, 200, 200, 429]);
@@ -243,7 +292,17 @@ pub async fn run(system: &SluiceSystem) {
         .unwrap();
     assert!(table.contains("1/1"), "kubectl get shows who enforces: {table}");
 
-    // Redis gone: failureMode local, 8 ÷ expectedReplicas 2 = 4 per pod, decided in process.
+    // One pod enforces the policy, and the operator says so (signed, in Redis); scaled to two, the count
+    // follows and the sidecar reads it.
+    enforcing_pods_read(admin, 1).await;
+    system
+        .kubectl_ok(&["scale", "-n", n, "deployment/web", "--replicas=2"], None)
+        .await
+        .unwrap();
+    enforcing_pods_read(admin, 2).await;
+
+    // Redis gone: failureMode local, 8 ÷ the 2 pods the operator counted = 4 per pod, decided in
+    // process (`expectedReplicas: 4` would have made it 2).
     redis.kill();
     let got = burst(port, 6).await;
     assert_eq!(statuses(&got), [200, 200, 200, 200, 429, 429]);

@@ -7,8 +7,10 @@
 //! the Services that target the app's port around the sidecar (`AppPortExposed`); read the Redis URL
 //! from the policy's Secret (that Secret only, by its explicit reference); `publish` the config, signed,
 //! to Redis, where running sidecars pick it up within a second (republished at once if the key holds
-//! anything else), and read back their reports; count the running governed pods that report enforcing
-//! the current generation ([`enforcement`]); `write_status`. While pods lag it requeues every
+//! anything else), and read back their reports; publish the count of pods enforcing the policy
+//! ([`enforcing_pods`], signed, when it changes) for the sidecars' share under `failureMode: local`;
+//! count the running governed pods that report enforcing the current generation ([`enforcement`]);
+//! `write_status`. While pods lag it requeues every
 //! [`PROPAGATION_POLL`], so status shows the change reaching every pod; afterwards every [`RESYNC`].
 //!
 //! User errors (invalid spec, missing Secret or key, a same-named ConfigMap or NetworkPolicy the policy
@@ -37,9 +39,10 @@ use sha2::Digest;
 use sluice_crds::{
     conditions::{APP_PORT_EXPOSED, DEGRADED, READY, reason},
     contract::{
+        SIDECAR_CONTAINER,
         label::{MANAGED_BY, MANAGED_BY_VALUE, POLICY as POLICY_LABEL},
         path::POLICY_CONFIG_FILE as CONFIG_KEY,
-        redis::Report,
+        redis::{EnforcingPods, Report},
     },
     rate_limit_policy::{GenerationCount, RateLimitPolicy, RateLimitPolicyStatus},
 };
@@ -83,6 +86,17 @@ pub struct State {
     pub namespaces: Namespaces,
     /// When each policy generation was first published, to tell "still propagating" from "lagging".
     pub published: Mutex<HashMap<(String, String), Published>>,
+    /// The count of enforcing pods last published per policy, and when.
+    pub pods_published: Mutex<HashMap<(String, String), PodsPublished>>,
+}
+
+/// A count of enforcing pods the controller published, and when.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PodsPublished {
+    /// The count.
+    pub pods: u32,
+    /// Published at (Unix ms); republished now and then in case Redis lost the key.
+    pub last_ms: i64,
 }
 
 /// A generation the controller published, and when.
@@ -168,6 +182,7 @@ async fn steps(policy: &RateLimitPolicy, ctx: &Context<State>) -> Result<Action>
     .await?;
     let (reports, published_ms) = publish(policy, ctx, &url, &yaml).await?;
     let selected = running(&governed);
+    publish_pods(policy, ctx, &url, enforcing_pods(&governed)).await?;
     let generation = policy.metadata.generation.unwrap_or_default();
     let e = enforcement(generation, &selected, &reports, ctx.now_ms(), published_ms);
     let exposed = app_port_exposed(&exposed, network_policy.as_deref());
@@ -253,6 +268,69 @@ async fn publish(
             );
     }
     Ok((reports, first_ms))
+}
+
+/// How many pods enforce the policy, for sidecars to divide each limit by under `failureMode: local`:
+/// the governed pods that run with the injected sidecar, Ready or not. Readiness is left out on
+/// purpose: a sidecar that cannot reach Redis reports itself not ready, and those are exactly the
+/// pods limiting in process that need the count to be right. A pod being deleted no longer counts.
+pub fn enforcing_pods(governed: &[Pod]) -> u32 {
+    let count = governed
+        .iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .filter(|p| {
+            // Injected as a native sidecar (an init container that keeps running), or beside the app.
+            p.spec.as_ref().is_some_and(|s| {
+                s.init_containers
+                    .iter()
+                    .flatten()
+                    .chain(&s.containers)
+                    .any(|c| c.name == SIDECAR_CONTAINER)
+            })
+        })
+        .count();
+    u32::try_from(count).unwrap_or(u32::MAX)
+}
+
+/// Publishes the count of enforcing pods (signed like the config) when it changed, and now and then
+/// in case Redis lost the key. Nothing while no pod enforces the policy: no sidecar reads it then, and
+/// the next pod to start publishes its count.
+async fn publish_pods(policy: &RateLimitPolicy, ctx: &Context<State>, url: &str, pods: u32) -> Result<()> {
+    if pods == 0 {
+        return Ok(());
+    }
+    let key = (policy.namespace().unwrap_or_default(), policy.name_any());
+    let now = ctx.now_ms();
+    let previous = ctx
+        .state
+        .pods_published
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&key)
+        .copied();
+    if previous.is_some_and(|p| p.pods == pods && now - p.last_ms < REPUBLISH_MS) {
+        return Ok(());
+    }
+    let body = EnforcingPods {
+        namespace: key.0.clone(),
+        name: key.1.clone(),
+        pods,
+    }
+    .encode();
+    let text = match &ctx.state.signer {
+        Some(signer) => signer.sign(&body),
+        None => body,
+    };
+    ctx.state
+        .publisher
+        .publish_pods(url, &key.0, &key.1, &text)
+        .await?;
+    ctx.state
+        .pods_published
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, PodsPublished { pods, last_ms: now });
+    Ok(())
 }
 
 /// The pods the policy governs (those the webhook labelled with its name) that are not being deleted,

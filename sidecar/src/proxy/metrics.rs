@@ -56,6 +56,8 @@ pub struct ProxyMetrics {
     pub config_generation: Gauge,
     /// Configs applied since start (the first load counts).
     pub config_applies: Counter,
+    /// Pods enforcing the policy, as the operator last published it (0: not known yet).
+    pub enforcing_pods: Gauge,
     /// Rejections that were not logged because the rejection log was over its per-second budget.
     pub rejections_unlogged: Counter,
     /// Client connections open now.
@@ -82,6 +84,7 @@ impl ProxyMetrics {
             reloads: Family::default(),
             config_generation: Gauge::default(),
             config_applies: Counter::default(),
+            enforcing_pods: Gauge::default(),
             rejections_unlogged: Counter::default(),
             connections_open: Gauge::default(),
             connections_refused: Counter::default(),
@@ -124,6 +127,12 @@ impl ProxyMetrics {
             "sluice_config_applies",
             "Configs applied since start",
             m.config_applies.clone(),
+        );
+        registry.register(
+            "sluice_config_enforcing_pods",
+            "Pods enforcing the policy as the operator last published it, which failureMode local divides \
+             each limit by (0: not known yet; expectedReplicas divides it)",
+            m.enforcing_pods.clone(),
         );
         registry.register(
             "sluice_rejections_unlogged",

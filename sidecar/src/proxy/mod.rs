@@ -133,8 +133,11 @@ pub fn spawn_config_sources(
             env,
             clock: state.clock.clone(),
             on_enforcing_pods: {
-                let limiter = state.limiter.clone();
-                Arc::new(move |pods| limiter.set_enforcing_pods(pods))
+                let (limiter, gauge) = (state.limiter.clone(), state.metrics.enforcing_pods.clone());
+                Arc::new(move |pods| {
+                    limiter.set_enforcing_pods(pods);
+                    gauge.set(i64::from(pods));
+                })
             },
         };
         let applied = state.generation_changes();
