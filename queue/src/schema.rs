@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
 /// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
 /// which the workspace does not enable).
-const MIGRATIONS: [(i64, &str, &str); 6] = [
+const MIGRATIONS: [(i64, &str, &str); 7] = [
     (
         1,
         "queue tables",
@@ -45,6 +45,11 @@ const MIGRATIONS: [(i64, &str, &str); 6] = [
         6,
         "schedules",
         include_str!("../../migrations/0006_schedules.sql"),
+    ),
+    (
+        7,
+        "replace after running",
+        include_str!("../../migrations/0007_replace_after_running.sql"),
     ),
 ];
 

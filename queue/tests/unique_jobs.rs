@@ -157,13 +157,52 @@ async fn a_running_holder_is_returned_by_preserve_and_left_alone_by_replace() {
     assert_eq!((old.state.as_str(), old.payload), ("running", json!({"n": 1})));
     assert_eq!(old.unique_key, None, "the running job gave the key up");
 
-    // The running job's completion still counts, and the new job now holds the key.
+    // The new job is queued after the running one: nothing to claim while it runs, and a second replace
+    // changes the waiting job in place.
+    let queued = store.get(next.id).await.unwrap().unwrap();
+    assert_eq!(queued.state, "blocked", "the new job waits for the running one");
+    let claimed = store
+        .claim_batch("q", "w1", 10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(claimed.is_empty(), "claimed while the holder runs: {claimed:?}");
+    let replaced = store
+        .enqueue("q", &job(5).unique("k", UniqueMode::Replace))
+        .await
+        .unwrap();
+    assert_eq!((replaced.id, replaced.created), (next.id, false));
+
+    // The running job's completion still counts, releases the new one at once, which holds the key.
     finish(&store, running, Finish::Succeeded).await;
     let again = store
         .enqueue("q", &job(4).unique("k", UniqueMode::Preserve))
         .await
         .unwrap();
     assert_eq!((again.id, again.created), (next.id, false));
+    let (id, _) = claim_one(&store).await;
+    assert_eq!(id, next.id);
+    let ran = store.get(next.id).await.unwrap().unwrap();
+    assert_eq!(ran.payload, json!({"n": 5}), "the last replace's payload");
+}
+
+#[tokio::test]
+async fn a_job_queued_after_a_running_holder_runs_whatever_the_holder_ends_with() {
+    let (_pg, store) = setup().await;
+    let first = store
+        .enqueue("q", &job(1).unique("k", UniqueMode::Replace))
+        .await
+        .unwrap();
+    let running = claim_one(&store).await;
+    let next = store
+        .enqueue("q", &job(2).unique("k", UniqueMode::Replace))
+        .await
+        .unwrap();
+    assert!(next.created);
+    // The holder fails for good: the job queued after it still runs.
+    finish(&store, running, Finish::Permanent { error: "boom".into() }).await;
+    assert_eq!(store.get(first.id).await.unwrap().unwrap().state, "dead");
+    let (id, _) = claim_one(&store).await;
+    assert_eq!(id, next.id, "released by the holder's end, not cancelled");
 }
 
 #[tokio::test]
