@@ -555,6 +555,16 @@ impl ScalingSpec {
 }
 
 impl JobQueueSpec {
+    /// The fewest workers the queue runs: `minReplicaCount`, but at least one while it has schedules,
+    /// since the workers fire them and no job exists before its fire time to wake a queue at zero.
+    pub fn min_replicas(&self) -> i32 {
+        if self.schedules.is_empty() {
+            self.scaling.min_replica_count
+        } else {
+            self.scaling.min_replica_count.max(1)
+        }
+    }
+
     /// The queue settings row the operator registers for queue `name`.
     pub fn queue_settings(&self, name: &str) -> sidecar_config::QueueSettingsSpec {
         sidecar_config::QueueSettingsSpec {
@@ -651,5 +661,16 @@ mod tests {
         let s = jq.queue_settings("emails");
         assert_eq!(s.max_attempts, 25);
         assert_eq!(s.lease_duration, Duration::from_secs(30));
+        assert_eq!(jq.min_replicas(), 0, "scales to zero without schedules");
+    }
+
+    #[test]
+    fn a_job_queue_with_schedules_keeps_a_worker_to_fire_them() {
+        let jq: JobQueueSpec = serde_yaml::from_str(
+            "database: {secretRef: {name: pg}}\nworker:\n  template:\n    spec:\n      containers: [{name: app, image: app:1}]\nschedules: [{name: nightly, cron: '0 3 * * *', kind: report}]\n",
+        )
+        .unwrap();
+        assert_eq!(jq.scaling.min_replica_count, 0);
+        assert_eq!(jq.min_replicas(), 1);
     }
 }

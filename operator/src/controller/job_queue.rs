@@ -401,7 +401,7 @@ async fn choose_autoscaler(
 fn policy(jq: &JobQueue, autoscaler: Autoscaler) -> Policy {
     let scaling = &jq.spec.scaling;
     Policy {
-        min: scaling.min_replica_count,
+        min: jq.spec.min_replicas(),
         max: scaling.max_replica_count,
         target: scaling.target(jq.spec.worker.concurrency),
         activation: i64::from(scaling.activation_threshold),

@@ -45,7 +45,7 @@ pub fn render_scaled_object(jq: &JobQueue) -> Value {
             "name": worker_name(jq),
             "envSourceContainerName": SIDECAR_CONTAINER_NAME,
         },
-        "minReplicaCount": s.min_replica_count,
+        "minReplicaCount": jq.spec.min_replicas(),
         "maxReplicaCount": s.max_replica_count,
         "pollingInterval": s.polling_interval.get().as_secs().max(1),
         "cooldownPeriod": s.cooldown_period.get().as_secs(),
