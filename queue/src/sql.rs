@@ -326,11 +326,12 @@ SELECT handled_until, now() AS now
    FOR UPDATE SKIP LOCKED
 "#;
 
-/// Moves a schedule's watermark to `$3` after a pass, with the latest fire time enqueued (`$4`, `$5` its
+/// Moves a schedule's watermark forward to `$3` after a pass (never back: a pass whose transaction began
+/// before another worker's pass committed reads an older `now()`), with the latest fire time enqueued (`$4`, `$5` its
 /// job; NULL keeps the earlier ones) and the next fire time `$6`.
 pub const SCHEDULE_ADVANCE: &str = r#"
 UPDATE sluice.schedules
-   SET handled_until = $3,
+   SET handled_until = greatest(handled_until, $3),
        last_fire_at = coalesce($4, last_fire_at),
        last_job_id = coalesce($5, last_job_id),
        next_fire_at = $6,
