@@ -299,7 +299,7 @@ pub enum UniqueMode {
     /// Return the holder, waiting or running; change nothing.
     Preserve,
     /// A waiting holder takes the new kind, payload, priority, run time and max attempts; a running
-    /// holder is left alone and a new job takes the key.
+    /// holder is left alone and a new job takes the key, queued after it (`blocked` until it ends).
     Replace,
     /// As replace, and the run time becomes now + `debounce`, pushed again by every enqueue.
     Debounce,

@@ -294,13 +294,19 @@ async fn enqueue_graph(
         check_payload_size(&j.as_new_job(), &format!("jobs[{i}]."))?;
     }
     let refs: BTreeSet<&str> = graph.jobs.iter().map(|j| j.reference.as_str()).collect();
-    let parents: Vec<Uuid> = graph
-        .jobs
-        .iter()
-        .flat_map(|j| &j.depends_on)
-        .filter(|d| !refs.contains(d.as_str()))
-        .filter_map(|d| Uuid::parse_str(d).ok())
-        .collect();
+    // Every dependency that is not a ref of the graph must be a job id, read here (not only by
+    // PostgreSQL, which also reads forms this parser does not), so that each one passes the queue check.
+    let mut parents: Vec<Uuid> = vec![];
+    for (i, j) in graph.jobs.iter().enumerate() {
+        for d in j.depends_on.iter().filter(|d| !refs.contains(d.as_str())) {
+            let id = Uuid::parse_str(d).map_err(|_| {
+                ApiError::bad_request(format!(
+                    "jobs[{i}].dependsOn: {d:?} is neither a ref of this graph nor a job id"
+                ))
+            })?;
+            parents.push(id);
+        }
+    }
     st.check_parents(parents).await?;
     let ids = st.store.enqueue_graph(&queue, &graph.jobs).await?;
     let jobs: Vec<Value> = ids
@@ -545,7 +551,7 @@ pub fn openapi_document() -> Value {
                     "delayMs": {"type": "integer", "minimum": 0},
                     "maxAttempts": {"type": "integer", "minimum": 1, "maximum": 1000},
                     "uniqueKey": {"type": "string", "minLength": 1, "maxLength": 255, "description": "at most one job of the queue holds the key: while one waits or runs (or succeeded less than uniqueFor ago), uniqueMode says what this enqueue does; not with an Idempotency-Key, not in a batch"},
-                    "uniqueMode": {"type": "string", "enum": ["preserve", "replace", "debounce"], "description": "preserve (default): return the holder, change nothing; replace: a waiting holder takes this job's kind, payload, priority, run time and maxAttempts, a running one is left alone and a new job takes the key; debounce: as replace, and the run time becomes now + debounce"},
+                    "uniqueMode": {"type": "string", "enum": ["preserve", "replace", "debounce"], "description": "preserve (default): return the holder, change nothing; replace: a waiting holder takes this job's kind, payload, priority, run time and maxAttempts, a running one is left alone and a new job takes the key, blocked until the running one ends; debounce: as replace, and the run time becomes now + debounce"},
                     "uniqueFor": {"type": "string", "example": "1h", "description": "keep the key this long after the job succeeded (default: released when it finishes; a dead or cancelled job always releases it)"},
                     "debounce": {"type": "string", "example": "10s", "description": "with uniqueMode debounce (implied when only this is given): run this long after the latest enqueue with the key; not with runAt or delayMs"},
                     "dependsOn": {"type": "array", "maxItems": 1000, "items": {"type": "string", "format": "uuid"}, "description": "jobs that must succeed first; the job is blocked until then; not with uniqueKey, not in a batch"},
