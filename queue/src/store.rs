@@ -780,6 +780,10 @@ pub fn check_new_job(job: &NewJob) -> Result<()> {
 }
 
 /// The unique-key options must fit together; the SQL API checks the same, this names the JSON fields.
+/// The longest `uniqueFor` and `debounce`: beyond it a run time or key expiry leaves PostgreSQL's range
+/// of timestamps long before it means anything.
+const MAX_UNIQUE_PERIOD: Duration = Duration::from_secs(366 * 24 * 3600);
+
 fn check_unique(job: &NewJob) -> Result<()> {
     let Some(key) = &job.unique_key else {
         if job.unique_mode.is_some() || job.unique_for.is_some() || job.debounce.is_some() {
@@ -791,6 +795,11 @@ fn check_unique(job: &NewJob) -> Result<()> {
     };
     if key.is_empty() || key.len() > 255 {
         return Err(Error::Invalid("uniqueKey: must be 1-255 characters".into()));
+    }
+    for (field, period) in [("uniqueFor", job.unique_for), ("debounce", job.debounce)] {
+        if period.is_some_and(|p| p.get() > MAX_UNIQUE_PERIOD) {
+            return Err(Error::Invalid(format!("{field}: at most 366 days")));
+        }
     }
     if job.idempotency_key.is_some() {
         return Err(Error::Invalid(

@@ -328,6 +328,13 @@ async fn inconsistent_unique_options_are_refused_by_name_and_change_nothing() {
             job(1).unique("k", UniqueMode::Preserve).idempotency_key("i"),
             "cannot be combined",
         ),
+        (
+            NewJob {
+                unique_for: Some(Duration::from_secs(400 * 24 * 3600).into()),
+                ..job(1).unique("k", UniqueMode::Preserve)
+            },
+            "uniqueFor: at most 366 days",
+        ),
         (job(1).unique("", UniqueMode::Preserve), "1-255"),
     ];
     for (j, want) in cases {
