@@ -310,7 +310,8 @@ impl QueueStore {
 
     /// Runs the scheduler for `schedules` (queue, schedule) until `shutdown`: a pass over every schedule
     /// each [`SCHEDULER_TICK`] (a pass with nothing due is one short transaction per schedule). A failed
-    /// pass is logged and the next one tries again; fire times are never lost, only late.
+    /// pass is logged and the next one tries again: a fire time it missed is enqueued late if a pass succeeds
+    /// within 60 s of it, and after that is a missed run (`missedRuns` decides).
     pub async fn run_schedules(self, schedules: Vec<(String, Schedule)>, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(SCHEDULER_TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
