@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
 /// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
 /// which the workspace does not enable).
-const MIGRATIONS: [(i64, &str, &str); 7] = [
+const MIGRATIONS: [(i64, &str, &str); 8] = [
     (
         1,
         "queue tables",
@@ -50,6 +50,11 @@ const MIGRATIONS: [(i64, &str, &str); 7] = [
         7,
         "replace after running",
         include_str!("../../migrations/0007_replace_after_running.sql"),
+    ),
+    (
+        8,
+        "release dependents iteratively",
+        include_str!("../../migrations/0008_release_dependents_iteratively.sql"),
     ),
 ];
 

@@ -104,6 +104,43 @@ async fn a_child_is_blocked_until_every_parent_succeeded_then_ready_at_once() {
 }
 
 #[tokio::test]
+async fn a_failure_cascades_down_a_long_chain_without_nesting_a_call_per_level() {
+    let (_pg, store) = setup().await;
+    let root = store.enqueue("q", &job("root")).await.unwrap().id;
+    // 1,000 levels: far past what one nested trigger call per level fits in PostgreSQL's default stack.
+    let pool = sqlx::PgPool::connect(&_pg.url()).await.unwrap();
+    let last: Uuid = sqlx::query_scalar(
+        "WITH RECURSIVE chain(n, id) AS (SELECT 0, $1::uuid UNION ALL \
+         SELECT n + 1, (SELECT e.id FROM sluice.enqueue_job('q', 'link', '{}'::jsonb, \
+                        p_depends_on => ARRAY[chain.id]) e) FROM chain WHERE n < 1000) \
+         SELECT id FROM chain WHERE n = 1000",
+    )
+    .bind(root)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let claimed = claim_all(&store, "w1").await;
+    assert_eq!(claimed.len(), 1, "only the root is ready");
+    finish(
+        &store,
+        "w1",
+        claimed[0],
+        Finish::Permanent {
+            error: "broken".into(),
+        },
+    )
+    .await;
+    let cancelled: i64 = sqlx::query_scalar("SELECT count(*) FROM sluice.jobs WHERE state = 'cancelled'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(cancelled, 1000, "every link cancelled");
+    let reason = store.get(last).await.unwrap().unwrap().last_error.unwrap();
+    assert!(reason.starts_with("cancelled: parent job "), "{reason}");
+    assert!(reason.ends_with(" is cancelled"), "{reason}");
+}
+
+#[tokio::test]
 async fn a_failed_parent_cancels_its_descendants_naming_it_unless_they_run_anyway() {
     let (_pg, store) = setup().await;
     let parent = store.enqueue("q", &job("parent")).await.unwrap().id;
