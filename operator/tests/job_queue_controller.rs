@@ -738,6 +738,45 @@ async fn between_one_and_n_the_replicas_are_the_hpas_and_never_reapplied_by_the_
 }
 
 #[tokio::test]
+async fn a_count_decided_before_the_hpas_scale_is_not_applied_over_it() {
+    // The race a reconcile can lose: it reads the Deployment at 0 workers and decides on 1; meanwhile a
+    // NOTIFY wake-up scales to 1 and the HPA to 3. Its count is applied on the version it read, so the
+    // API server refuses it and the HPA's 3 stands (before, a late apply put back 1).
+    let f = fixture(OPERATOR_NS).await;
+    f.apply(&job_queue_yaml(SCALING)).await;
+    f.wait_condition("Ready", "True", None).await;
+    let deployments = f.ns.api::<Deployment>();
+    let read = deployments.get("emails-worker").await.unwrap();
+    let read_at = read.metadata.resource_version.clone();
+    deployments
+        .patch_scale(
+            "emails-worker",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 3}})),
+        )
+        .await
+        .unwrap();
+    let applied = job_queue::apply_replicas(&deployments, "emails-worker", 1, read_at.as_deref())
+        .await
+        .unwrap();
+    assert!(!applied, "a count decided on an older version is refused");
+    let now = deployments.get("emails-worker").await.unwrap();
+    assert_eq!(now.spec.unwrap().replicas, Some(3), "the HPA's count stands");
+
+    // On the version it holds now, the operator's count lands.
+    let applied = job_queue::apply_replicas(
+        &deployments,
+        "emails-worker",
+        0,
+        now.metadata.resource_version.as_deref(),
+    )
+    .await
+    .unwrap();
+    assert!(applied);
+    f.wait_replicas(0, DEADLINE).await;
+}
+
+#[tokio::test]
 async fn before_scaling_in_idle_workers_are_marked_cheaper_to_delete() {
     // KEDA owns the metrics API, so the operator applies the HPA formula itself and scale-in is its own.
     let f = fixture("keda").await;

@@ -37,7 +37,7 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Resource, ResourceExt,
-    api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams},
+    api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams},
     runtime::{
         Controller,
         controller::{self as runtime, Action},
@@ -237,7 +237,11 @@ async fn steps(jq: &JobQueue, ctx: &Context<State>) -> Result<Action> {
     check_ownership(jq, ctx, autoscaler).await?;
     let policy = policy(jq, autoscaler);
     let decision = decide(seen.observation(now), policy);
-    let replicas = apply_workers(jq, ctx, &url, &seen, &decision).await?;
+    let Some(replicas) = apply_workers(jq, ctx, &url, &seen, &decision).await? else {
+        // The Deployment changed after it was read (an HPA's or a wake-up's scale): decide again on
+        // what it holds now rather than write a count decided on what it held before.
+        return Ok(Action::requeue(RECHECK_FLOOR));
+    };
     let keda_problem = apply_autoscaler(jq, ctx, autoscaler).await?;
     remember(jq, ctx, &url, &seen, policy, replicas);
     let degraded = metrics_note.or_else(|| keda_problem.map(|m| (reason::KEDA_UNAVAILABLE, m)));
@@ -286,6 +290,9 @@ struct Seen {
     replicas: i32,
     /// Whether the worker Deployment exists.
     deployed: bool,
+    /// The worker Deployment's `resourceVersion` when it was read: the operator's replica count is
+    /// applied only on top of that version.
+    resource_version: Option<String>,
     /// Whether the Deployment's own apply ([`FIELD_MANAGER`]) still owns `spec.replicas` (written so
     /// by earlier versions; see [`apply_workers`]).
     replicas_in_main_apply: bool,
@@ -352,6 +359,9 @@ async fn observe(jq: &JobQueue, ctx: &Context<State>, url: &str, now_ms: i64) ->
         depth,
         replicas,
         deployed: existing.is_some(),
+        resource_version: existing
+            .as_ref()
+            .and_then(|d| d.metadata.resource_version.clone()),
         replicas_in_main_apply: existing.as_ref().is_some_and(|d| owns_replicas(d, FIELD_MANAGER)),
         last_active_ms: now_ms,
         schedules,
@@ -414,6 +424,32 @@ fn policy(jq: &JobQueue, autoscaler: Autoscaler) -> Policy {
 /// The field manager of the worker Deployment's `spec.replicas` (see `apply_workers`).
 pub const REPLICAS_FIELD_MANAGER: &str = "sluice-operator-replicas";
 
+/// Applies the operator's count to the worker Deployment `name`'s `spec.replicas` as
+/// [`REPLICAS_FIELD_MANAGER`]; with `read_at`, only on top of that `resourceVersion`. `false` (and nothing
+/// written) when the Deployment changed since: someone else scaled it, and the count decided on the
+/// earlier version must not overwrite theirs.
+pub async fn apply_replicas(
+    deployments: &Api<Deployment>,
+    name: &str,
+    replicas: i32,
+    read_at: Option<&str>,
+) -> Result<bool> {
+    let mut replicas_only = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {"replicas": replicas},
+    });
+    if let Some(rv) = read_at {
+        replicas_only["metadata"]["resourceVersion"] = json!(rv);
+    }
+    let pp = PatchParams::apply(REPLICAS_FIELD_MANAGER).force();
+    match deployments.patch(name, &pp, &Patch::Apply(&replicas_only)).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Whether `manager`'s apply owns the Deployment's `spec.replicas` (per `metadata.managedFields`).
 pub fn owns_replicas(deployment: &Deployment, manager: &str) -> bool {
     deployment.metadata.managed_fields.iter().flatten().any(|entry| {
@@ -474,7 +510,7 @@ async fn apply_workers(
     url: &str,
     seen: &Seen,
     decision: &Decision,
-) -> Result<i32> {
+) -> Result<Option<i32>> {
     let ns = jq.namespace().unwrap_or_default();
     // spec.replicas has a field manager of its own (REPLICAS_FIELD_MANAGER), applied only with the
     // operator's own decisions (and when the Deployment is created), never with a value read earlier: an
@@ -482,7 +518,10 @@ async fn apply_workers(
     // cluster, with NOTIFY wake-ups and short polling intervals, that raced the HPA often enough to
     // scale workers down under it again and again. The Deployment's own apply leaves the field out once
     // the Deployment exists; the replicas manager keeps owning the last count the operator set, so
-    // leaving it out never resets it to the default of 1 (seen with KEDA at zero).
+    // leaving it out never resets it to the default of 1 (seen with KEDA at zero). The count is applied
+    // with the resourceVersion the decision was made on: when an HPA (or a NOTIFY wake-up) scaled the
+    // Deployment after this reconcile read it, the API server refuses the apply (409) and the reconcile
+    // decides again on the new count, rather than put back 1 over the HPA's 3.
     let replicas = decision.scale_to.unwrap_or(seen.replicas);
     // Before replicas go down (by the HPA or by us), make idle workers the cheapest to delete.
     if decision.desired < seen.replicas
@@ -497,24 +536,13 @@ async fn apply_workers(
         .patch(&config_map.name_any(), &pp, &Patch::Apply(&config_map))
         .await?;
     let deployments = Api::<Deployment>::namespaced(ctx.client.clone(), &ns);
-    let apply_replicas = || async {
-        let replicas_only = json!({
-            "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": worker_name(jq)},
-            "spec": {"replicas": replicas},
-        });
-        deployments
-            .patch(
-                &worker_name(jq),
-                &PatchParams::apply(REPLICAS_FIELD_MANAGER).force(),
-                &Patch::Apply(&replicas_only),
-            )
-            .await
-    };
     // Before the Deployment's apply drops the field (also when taking it over from an earlier version's
     // apply), so that it is never left without an owner.
     if seen.deployed && (decision.scale_to.is_some() || seen.replicas_in_main_apply) {
-        apply_replicas().await?;
+        let name = worker_name(jq);
+        if !apply_replicas(&deployments, &name, replicas, seen.resource_version.as_deref()).await? {
+            return Ok(None);
+        }
     }
     let deployment = render_worker_deployment(
         jq,
@@ -525,12 +553,12 @@ async fn apply_workers(
         .patch(&worker_name(jq), &pp, &Patch::Apply(&deployment))
         .await?;
     if !seen.deployed {
-        apply_replicas().await?;
+        apply_replicas(&deployments, &worker_name(jq), replicas, None).await?;
     }
     if decision.scale_to.is_some() && seen.deployed {
         ctx.state.settings.metrics.scaled(decision.reason.as_str());
     }
-    Ok(replicas)
+    Ok(Some(replicas))
 }
 
 /// Applies the HPA or the KEDA `ScaledObject` (and removes the HPA when it is not wanted). Returns why
@@ -926,17 +954,21 @@ async fn wake_up(
     };
     let deployments: Api<Deployment> =
         Api::namespaced(ctx.client.clone(), oref.namespace.as_deref().unwrap_or_default());
-    let scale = deployments.get_scale(&memory.deployment).await?;
-    if scale.spec.and_then(|s| s.replicas).unwrap_or(0) > 0 {
+    let mut scale = deployments.get_scale(&memory.deployment).await?;
+    if scale.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0) > 0 {
         return Ok(());
     }
-    deployments
-        .patch_scale(
-            &memory.deployment,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"replicas": to}})),
-        )
-        .await?;
+    // Replaced on the version just read (its resourceVersion kept): if a reconcile or an HPA scaled the
+    // workers in between, the API server refuses (409) and their count stands.
+    scale.spec.get_or_insert_with(Default::default).replicas = Some(to);
+    match deployments
+        .replace_scale(&memory.deployment, &PostParams::default(), &scale)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
     let metrics = &ctx.state.settings.metrics;
     metrics.activation(at.elapsed().as_secs_f64());
     metrics.scaled(decision.reason.as_str());
