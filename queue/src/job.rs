@@ -254,11 +254,27 @@ pub struct GraphJob {
     /// What a parent that ends dead or cancelled does to this job (default: cancel it).
     #[serde(default)]
     pub on_parent_failure: Option<OnParentFailure>,
+    /// Idempotency key: a retried graph is answered with the jobs the first one made.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+    /// Unique key (see [`NewJob::unique_key`]): a job whose key is held is the holder.
+    #[serde(default)]
+    pub unique_key: Option<String>,
+    /// What an enqueue does when a job holds the unique key.
+    #[serde(default)]
+    pub unique_mode: Option<UniqueMode>,
+    /// Keep the unique key for this long after the job succeeded.
+    #[serde(default)]
+    pub unique_for: Option<sluice_crds::duration::Duration>,
+    /// With `uniqueMode: debounce`: run this long after the latest enqueue with the key.
+    #[serde(default)]
+    pub debounce: Option<sluice_crds::duration::Duration>,
 }
 
 impl GraphJob {
-    /// Job `job` named `reference` within its graph (its kind, payload, priority, run time, attempts
-    /// and failure policy are taken; dependencies are given with [`GraphJob::depends_on`]).
+    /// Job `job` named `reference` within its graph: all of it is taken (kind, payload, priority, run
+    /// time, attempts, keys, parents by id and failure policy); refs of the graph are added with
+    /// [`GraphJob::depends_on`].
     pub fn new(reference: impl Into<String>, job: NewJob) -> Self {
         Self {
             reference: reference.into(),
@@ -270,6 +286,11 @@ impl GraphJob {
             max_attempts: job.max_attempts,
             depends_on: job.depends_on.iter().map(Uuid::to_string).collect(),
             on_parent_failure: job.on_parent_failure,
+            idempotency_key: job.idempotency_key,
+            unique_key: job.unique_key,
+            unique_mode: job.unique_mode,
+            unique_for: job.unique_for,
+            debounce: job.debounce,
         }
     }
 
@@ -287,6 +308,11 @@ impl GraphJob {
             delay_ms: self.delay_ms,
             max_attempts: self.max_attempts,
             on_parent_failure: self.on_parent_failure,
+            idempotency_key: self.idempotency_key.clone(),
+            unique_key: self.unique_key.clone(),
+            unique_mode: self.unique_mode,
+            unique_for: self.unique_for,
+            debounce: self.debounce,
             ..NewJob::new(self.kind.clone(), self.payload.clone())
         }
     }

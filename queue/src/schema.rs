@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
 /// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
 /// which the workspace does not enable).
-const MIGRATIONS: [(i64, &str, &str); 8] = [
+const MIGRATIONS: [(i64, &str, &str); 9] = [
     (
         1,
         "queue tables",
@@ -55,6 +55,11 @@ const MIGRATIONS: [(i64, &str, &str); 8] = [
         8,
         "release dependents iteratively",
         include_str!("../../migrations/0008_release_dependents_iteratively.sql"),
+    ),
+    (
+        9,
+        "keys on every enqueue path",
+        include_str!("../../migrations/0009_keys_on_every_enqueue_path.sql"),
     ),
 ];
 

@@ -155,8 +155,8 @@ SELECT id, created
 "#;
 
 /// Enqueues a graph of jobs through the SQL API (`sluice.enqueue_graph`, `$2` a JSON array of jobs with
-/// refs): returns (ref, id) in input order.
-pub const JOB_ENQUEUE_GRAPH: &str = "SELECT ref, id FROM sluice.enqueue_graph($1, $2)";
+/// refs): returns (ref, id, created) in input order.
+pub const JOB_ENQUEUE_GRAPH: &str = "SELECT ref, id, created FROM sluice.enqueue_graph($1, $2)";
 
 /// The jobs job `$1` depends on, with their states (NULL: deleted by retention), in id order.
 pub const JOB_PARENTS: &str = r#"
@@ -168,7 +168,16 @@ SELECT d.parent_id AS id, p.state
 "#;
 
 /// Enqueues many jobs in one statement through the SQL API (`sluice.enqueue_many`): returns the ids.
-pub const JOB_ENQUEUE_MANY: &str = "SELECT id FROM sluice.enqueue_many($1, $2, $3, $4, $5, $6, $7) AS id";
+/// `$8`-`$10` the idempotency keys, unique keys and unique modes, `$11` (unique for) and `$12` (debounce)
+/// in milliseconds; all NULL for a batch without keys.
+pub const JOB_ENQUEUE_MANY: &str = r#"
+SELECT id
+  FROM sluice.enqueue_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
+         (SELECT array_agg(u.ms * interval '1 millisecond' ORDER BY u.n)
+            FROM unnest($11::bigint[]) WITH ORDINALITY AS u(ms, n)),
+         (SELECT array_agg(u.ms * interval '1 millisecond' ORDER BY u.n)
+            FROM unnest($12::bigint[]) WITH ORDINALITY AS u(ms, n))) AS id
+"#;
 
 /// One job by id.
 pub const JOB_GET: &str = "SELECT * FROM sluice.jobs WHERE id = $1";

@@ -243,7 +243,7 @@ impl QueueStore {
     }
 
     /// Enqueues a graph of jobs in one call (see [`enqueue_graph`]).
-    pub async fn enqueue_graph(&self, queue: &str, jobs: &[GraphJob]) -> Result<Vec<(String, Uuid)>> {
+    pub async fn enqueue_graph(&self, queue: &str, jobs: &[GraphJob]) -> Result<Vec<(String, Enqueued)>> {
         enqueue_graph_at(&self.pool, queue, jobs, self.now()).await
     }
 
@@ -597,9 +597,11 @@ async fn enqueue_at<'e>(
     })
 }
 
-/// Enqueues many jobs in one statement (`sluice.enqueue_many`, an UNNEST insert) on any executor; returns
-/// their ids in order. Idempotency keys are not supported in bulk (a job carrying one is refused), and
-/// all jobs must share one `max_attempts` (absent: the queue's setting).
+/// Enqueues many jobs in one statement (`sluice.enqueue_many`) on any executor; returns their ids in
+/// order. Without keys it is one UNNEST insert; jobs may carry idempotency and unique keys (then each job
+/// is enqueued by the rules of [`enqueue`], keyed jobs in key order, and a job whose key was held gets the
+/// holder's id). Dependencies take a graph ([`enqueue_graph`]); all jobs share one `max_attempts`
+/// (absent: the queue's setting).
 pub async fn enqueue_many<'e>(exec: impl PgExecutor<'e>, queue: &str, jobs: &[NewJob]) -> Result<Vec<Uuid>> {
     enqueue_many_at(exec, queue, jobs, Utc::now()).await
 }
@@ -624,16 +626,6 @@ async fn enqueue_many_at<'e>(
                 "jobs[{i}].maxAttempts: all jobs of a batch share one maxAttempts (that of jobs[0])"
             )));
         }
-        if j.idempotency_key.is_some() {
-            return Err(Error::Invalid(format!(
-                "jobs[{i}].idempotencyKey: not supported in a batch; enqueue it alone"
-            )));
-        }
-        if j.unique_key.is_some() {
-            return Err(Error::Invalid(format!(
-                "jobs[{i}].uniqueKey: not supported in a batch; enqueue it alone"
-            )));
-        }
         if !j.depends_on.is_empty() || j.on_parent_failure.is_some() {
             return Err(Error::Invalid(format!(
                 "jobs[{i}].dependsOn: not supported in a batch; enqueue a graph instead"
@@ -642,9 +634,15 @@ async fn enqueue_many_at<'e>(
         payloads.push(&j.payload);
         kinds.push(j.kind.as_str());
         priorities.push(i32::from(j.priority));
-        run_ats.push(j.effective_run_at(now).unwrap_or(now));
+        run_ats.push(j.effective_run_at(now));
     }
     let all_now = jobs.iter().all(|j| j.run_at.is_none() && j.delay_ms.is_none());
+    // The key arrays only when some job has a key: without, the SQL function inserts all rows at once.
+    let keyed = jobs
+        .iter()
+        .any(|j| j.idempotency_key.is_some() || j.unique_key.is_some());
+    let keys = |f: fn(&NewJob) -> Option<String>| keyed.then(|| jobs.iter().map(f).collect::<Vec<_>>());
+    let periods = |f: fn(&NewJob) -> Option<i64>| keyed.then(|| jobs.iter().map(f).collect::<Vec<_>>());
     let rows = sqlx::query(sql::JOB_ENQUEUE_MANY)
         .bind(queue)
         .bind(payloads)
@@ -655,6 +653,11 @@ async fn enqueue_many_at<'e>(
         .bind((!all_now).then_some(run_ats))
         .bind(jobs[0].max_attempts)
         .bind(jobs.iter().map(|_| Uuid::now_v7()).collect::<Vec<_>>())
+        .bind(keys(|j| j.idempotency_key.clone()))
+        .bind(keys(|j| j.unique_key.clone()))
+        .bind(keys(|j| j.unique_mode.map(|m| m.as_str().to_owned())))
+        .bind(periods(|j| j.unique_for.map(millis)))
+        .bind(periods(|j| j.debounce.map(millis)))
         .fetch_all(exec)
         .await
         .map_err(map_db_error)?;
@@ -668,8 +671,10 @@ pub const MAX_PARENTS: usize = 1000;
 
 /// Enqueues a small graph of jobs (at most [`MAX_GRAPH_JOBS`]) in one call through
 /// `sluice.enqueue_graph`, on any executor: parents before children, all or nothing. Each job has a
-/// `ref` unique within the graph and depends on other jobs by ref or on existing jobs by id. Returns
-/// (ref, id) in input order.
+/// `ref` unique within the graph and depends on other jobs by ref or on existing jobs by id. Jobs may
+/// carry idempotency and unique keys, with the rules of [`enqueue`]: a job whose key is held is answered
+/// by the holder (its id is returned for the ref, and the graph's children of the ref depend on it).
+/// Returns (ref, what the enqueue did) in input order.
 ///
 /// Errors: [`Error::Invalid`] naming the job for a cycle, a duplicate or unknown ref, an unknown job id
 /// or bad input; [`Error::NotFound`] for an unknown queue.
@@ -677,7 +682,7 @@ pub async fn enqueue_graph<'e>(
     exec: impl PgExecutor<'e>,
     queue: &str,
     jobs: &[GraphJob],
-) -> Result<Vec<(String, Uuid)>> {
+) -> Result<Vec<(String, Enqueued)>> {
     enqueue_graph_at(exec, queue, jobs, Utc::now()).await
 }
 
@@ -686,7 +691,7 @@ async fn enqueue_graph_at<'e>(
     queue: &str,
     jobs: &[GraphJob],
     now: DateTime<Utc>,
-) -> Result<Vec<(String, Uuid)>> {
+) -> Result<Vec<(String, Enqueued)>> {
     if jobs.is_empty() {
         return Err(Error::Invalid("jobs: must hold at least one job".into()));
     }
@@ -717,6 +722,11 @@ async fn enqueue_graph_at<'e>(
             "maxAttempts": j.max_attempts,
             "dependsOn": j.depends_on,
             "onParentFailure": j.on_parent_failure.map(OnParentFailure::as_str),
+            "idempotencyKey": j.idempotency_key,
+            "uniqueKey": j.unique_key,
+            "uniqueMode": j.unique_mode.map(UniqueMode::as_str),
+            "uniqueFor": j.unique_for.map(|d| format!("{} milliseconds", millis(d))),
+            "debounce": j.debounce.map(|d| format!("{} milliseconds", millis(d))),
         }));
     }
     let rows = sqlx::query(sql::JOB_ENQUEUE_GRAPH)
@@ -726,7 +736,13 @@ async fn enqueue_graph_at<'e>(
         .await
         .map_err(map_db_error)?;
     rows.iter()
-        .map(|r| Ok((r.try_get("ref")?, r.try_get("id")?)))
+        .map(|r| {
+            let done = Enqueued {
+                id: r.try_get("id")?,
+                created: r.try_get("created")?,
+            };
+            Ok((r.try_get("ref")?, done))
+        })
         .collect()
 }
 
@@ -764,11 +780,6 @@ pub fn check_new_job(job: &NewJob) -> Result<()> {
             "dependsOn: at most {MAX_PARENTS} parents"
         )));
     }
-    if !job.depends_on.is_empty() && job.unique_key.is_some() {
-        return Err(Error::Invalid(
-            "dependsOn: cannot be combined with a uniqueKey".into(),
-        ));
-    }
     let size = serde_json::to_vec(&job.payload)
         .map(|v| v.len())
         .unwrap_or(usize::MAX);
@@ -801,11 +812,6 @@ fn check_unique(job: &NewJob) -> Result<()> {
         if period.is_some_and(|p| p.get() > MAX_UNIQUE_PERIOD) {
             return Err(Error::Invalid(format!("{field}: at most 366 days")));
         }
-    }
-    if job.idempotency_key.is_some() {
-        return Err(Error::Invalid(
-            "uniqueKey: cannot be combined with an idempotency key; use one of them".into(),
-        ));
     }
     let debounce_mode = job.unique_mode == Some(UniqueMode::Debounce)
         || (job.unique_mode.is_none() && job.debounce.is_some());

@@ -255,7 +255,7 @@ async fn a_graph_is_enqueued_parents_first_and_refused_whole_when_it_is_not_a_da
     let ids = store.enqueue_graph("q", &graph).await.unwrap();
     let refs: Vec<_> = ids.iter().map(|(r, _)| r.as_str()).collect();
     assert_eq!(refs, ["bind", "page-2", "page-1", "cover"], "input order");
-    let id = |r: &str| ids.iter().find(|(x, _)| x == r).unwrap().1;
+    let id = |r: &str| ids.iter().find(|(x, _)| x == r).unwrap().1.id;
     assert_eq!(state(&store, id("cover")).await, "pending");
     for r in ["bind", "page-1", "page-2"] {
         assert_eq!(state(&store, id(r)).await, "blocked", "{r}");
@@ -311,7 +311,7 @@ async fn a_graph_is_enqueued_parents_first_and_refused_whole_when_it_is_not_a_da
 }
 
 #[tokio::test]
-async fn unknown_parents_and_dependencies_with_unique_keys_are_refused() {
+async fn unknown_parents_and_dependencies_in_a_batch_are_refused() {
     let (_pg, store) = setup().await;
     let missing = Uuid::now_v7();
     match store.enqueue("q", &job("c").depends_on([missing])).await {
@@ -319,10 +319,6 @@ async fn unknown_parents_and_dependencies_with_unique_keys_are_refused() {
         other => panic!("expected invalid, got {other:?}"),
     }
     let parent = store.enqueue("q", &job("p")).await.unwrap().id;
-    let keyed = job("c")
-        .depends_on([parent])
-        .unique("k", sluice_queue::UniqueMode::Preserve);
-    assert!(matches!(store.enqueue("q", &keyed).await, Err(Error::Invalid(_))));
     assert!(matches!(
         store.enqueue_many("q", &[job("c").depends_on([parent])]).await,
         Err(Error::Invalid(_))

@@ -325,10 +325,6 @@ async fn inconsistent_unique_options_are_refused_by_name_and_change_nothing() {
             "not with debounce",
         ),
         (
-            job(1).unique("k", UniqueMode::Preserve).idempotency_key("i"),
-            "cannot be combined",
-        ),
-        (
             NewJob {
                 unique_for: Some(Duration::from_secs(400 * 24 * 3600).into()),
                 ..job(1).unique("k", UniqueMode::Preserve)
@@ -344,8 +340,8 @@ async fn inconsistent_unique_options_are_refused_by_name_and_change_nothing() {
         }
     }
     assert!(matches!(
-        store.enqueue_many("q", &[job(1).unique("k", UniqueMode::Preserve)]).await,
-        Err(Error::Invalid(m)) if m.contains("uniqueKey")
+        store.enqueue_many("q", &[job(1), job(2).unique("", UniqueMode::Preserve)]).await,
+        Err(Error::Invalid(m)) if m.contains("jobs[1]") && m.contains("uniqueKey")
     ));
     assert_eq!(count(&store).await, 0);
 }

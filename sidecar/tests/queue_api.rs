@@ -438,21 +438,86 @@ async fn unique_keys_answer_201_for_a_new_job_and_200_for_the_holder() {
         let message = err["error"]["message"].as_str().unwrap_or_default();
         assert!(message.contains(want), "{message:?} should say {want:?}");
     }
-    let (status, err) = api
-        .call(
-            Method::POST,
-            "/v1/queues/search/jobs",
-            &[("idempotency-key", "i-1")],
-            json!({"kind": "k", "payload": {}, "uniqueKey": "x"})
-                .to_string()
-                .into_bytes(),
+    assert_eq!(job_count(&store).await, 1);
+
+    // An Idempotency-Key with a uniqueKey: the idempotency key answers the retry, the unique key decides
+    // a new request; a job with parents keeps them.
+    let keyed = |key: &'static str, body: Value| {
+        let api = &api;
+        async move {
+            api.call(
+                Method::POST,
+                "/v1/queues/search/jobs",
+                &[("idempotency-key", key)],
+                body.to_string().into_bytes(),
+            )
+            .await
+        }
+    };
+    let body = json!({"kind": "k", "payload": {}, "uniqueKey": "x", "dependsOn": [first["id"]]});
+    let (status, made) = keyed("i-1", body.clone()).await;
+    assert_eq!(status, StatusCode::CREATED, "{made}");
+    assert_eq!(
+        (made["state"].clone(), made["parents"][0]["id"].clone()),
+        (json!("blocked"), first["id"].clone())
+    );
+    let (status, retry) = keyed("i-1", body).await;
+    assert_eq!(
+        (status, retry["id"].clone()),
+        (StatusCode::OK, made["id"].clone())
+    );
+    let (status, err) = keyed(
+        "i-1",
+        json!({"kind": "k", "payload": {"other": 1}, "uniqueKey": "x"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{err}");
+    let (status, holder) = keyed("i-2", json!({"kind": "k", "payload": {"v": 2}, "uniqueKey": "x"})).await;
+    assert_eq!(
+        (status, holder["id"].clone()),
+        (StatusCode::OK, made["id"].clone())
+    );
+    assert_eq!(job_count(&store).await, 2);
+
+    // A batch takes keys: a held key answers with the holder's id.
+    let (status, batch) = api
+        .post(
+            "/v1/queues/search/jobs/batch",
+            json!({"jobs": [
+                {"kind": "k", "payload": {}, "uniqueKey": "x"},
+                {"kind": "k", "payload": {}, "uniqueKey": "y"},
+                {"kind": "k", "payload": {}, "idempotencyKey": "i-3"},
+            ]}),
         )
         .await;
-    assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
-    assert_eq!(job_count(&store).await, 1);
+    assert_eq!(status, StatusCode::CREATED, "{batch}");
+    assert_eq!(batch["ids"][0], made["id"]);
+    assert_eq!(job_count(&store).await, 4);
+    // A graph too: a held key is the holder (created false), a new one is created.
+    let (status, graph) = api
+        .post(
+            "/v1/queues/search/jobs/graph",
+            json!({"jobs": [
+                {"ref": "a", "kind": "k", "payload": {}, "uniqueKey": "y"},
+                {"ref": "b", "kind": "k", "payload": {}, "uniqueKey": "z", "dependsOn": ["a"]},
+            ]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{graph}");
+    assert_eq!(
+        (
+            graph["jobs"][0]["id"].clone(),
+            graph["jobs"][0]["created"].clone()
+        ),
+        (batch["ids"][1].clone(), json!(false))
+    );
+    assert_eq!(graph["jobs"][1]["created"], json!(true));
+    assert_eq!(job_count(&store).await, 5);
 
     let (_, doc) = api.get("/openapi.json").await;
     let new_job = &doc["components"]["schemas"]["NewJob"]["properties"];
+    assert!(new_job["idempotencyKey"].is_object());
+    assert!(doc["components"]["schemas"]["GraphJob"]["properties"]["uniqueKey"].is_object());
     for field in ["uniqueKey", "uniqueMode", "uniqueFor", "debounce"] {
         assert!(new_job[field].is_object(), "the OpenAPI document lists {field}");
     }

@@ -311,7 +311,7 @@ async fn enqueue_graph(
     let ids = st.store.enqueue_graph(&queue, &graph.jobs).await?;
     let jobs: Vec<Value> = ids
         .into_iter()
-        .map(|(reference, id)| json!({"ref": reference, "id": id}))
+        .map(|(reference, done)| json!({"ref": reference, "id": done.id, "created": done.created}))
         .collect();
     Ok((StatusCode::CREATED, Json(json!({ "jobs": jobs }))).into_response())
 }
@@ -523,15 +523,15 @@ pub fn openapi_document() -> Value {
             },
             "/v1/queues/{queue}/jobs/batch": {
                 "parameters": [queue],
-                "post": {"summary": "Enqueue many jobs in one statement (no idempotency keys)",
+                "post": {"summary": "Enqueue many jobs in one call; each may carry idempotencyKey, uniqueKey and its options (not dependsOn: use a graph); jobs with keys follow the rules of a single enqueue, in key order",
                          "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "required": ["jobs"], "properties": {"jobs": {"type": "array", "items": {"$ref": "#/components/schemas/NewJob"}}}}}}},
-                         "responses": {"201": {"description": "{ids: [uuid]}"}, "400": err, "404": err, "413": err}}
+                         "responses": {"201": {"description": "{ids: [uuid]} in input order; a job whose idempotency or unique key was held gets the id of the job that answered it"}, "400": err, "404": err, "409": err, "413": err}}
             },
             "/v1/queues/{queue}/jobs/graph": {
                 "parameters": [queue],
                 "post": {"summary": "Enqueue a small graph of jobs (at most 100) in one transaction, parents first; all or nothing",
                          "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "required": ["jobs"], "properties": {"jobs": {"type": "array", "maxItems": MAX_GRAPH_JOBS, "items": {"$ref": "#/components/schemas/GraphJob"}}}}}}},
-                         "responses": {"201": {"description": "{jobs: [{ref, id}]} in input order"}, "400": err, "404": err, "413": err},
+                         "responses": {"201": {"description": "{jobs: [{ref, id, created}]} in input order; created is false for a job answered by its idempotency or unique key (the graph's children of that ref depend on the job that answered)"}, "400": err, "404": err, "409": err, "413": err},
                          "description": "400 names a cycle, a duplicate or unknown ref, an unknown job id or bad input; nothing is enqueued then"}
             },
             "/v1/jobs/{id}": {"parameters": [id], "get": {"summary": "A job, with the jobs it depends on", "responses": {"200": {"description": "Job", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Job"}}}}, "404": err}}},
@@ -550,11 +550,12 @@ pub fn openapi_document() -> Value {
                     "runAt": {"type": "string", "format": "date-time"},
                     "delayMs": {"type": "integer", "minimum": 0},
                     "maxAttempts": {"type": "integer", "minimum": 1, "maximum": 1000},
-                    "uniqueKey": {"type": "string", "minLength": 1, "maxLength": 255, "description": "at most one job of the queue holds the key: while one waits or runs (or succeeded less than uniqueFor ago), uniqueMode says what this enqueue does; not with an Idempotency-Key, not in a batch"},
+                    "idempotencyKey": {"type": "string", "minLength": 1, "maxLength": 255, "description": "answers a retried request: the same key with the same kind and payload within the queue's window returns the job the first request got (even once it finished); with another kind or payload 409. Checked before uniqueKey. For one job the Idempotency-Key header takes precedence; in a batch or graph, per job"},
+                    "uniqueKey": {"type": "string", "minLength": 1, "maxLength": 255, "description": "at most one job of the queue holds the key: while one waits or runs (or succeeded less than uniqueFor ago), uniqueMode says what this enqueue does. When an existing job answers, this request's dependsOn is ignored (the job keeps its parents) and its idempotency key is recorded on that job if it has none"},
                     "uniqueMode": {"type": "string", "enum": ["preserve", "replace", "debounce"], "description": "preserve (default): return the holder, change nothing; replace: a waiting holder takes this job's kind, payload, priority, run time and maxAttempts, a running one is left alone and a new job takes the key, blocked until the running one ends; debounce: as replace, and the run time becomes now + debounce"},
                     "uniqueFor": {"type": "string", "example": "1h", "description": "keep the key this long after the job succeeded (default: released when it finishes; a dead or cancelled job always releases it)"},
                     "debounce": {"type": "string", "example": "10s", "description": "with uniqueMode debounce (implied when only this is given): run this long after the latest enqueue with the key; not with runAt or delayMs"},
-                    "dependsOn": {"type": "array", "maxItems": 1000, "items": {"type": "string", "format": "uuid"}, "description": "jobs that must succeed first; the job is blocked until then; not with uniqueKey, not in a batch"},
+                    "dependsOn": {"type": "array", "maxItems": 1000, "items": {"type": "string", "format": "uuid"}, "description": "jobs that must succeed first; the job is blocked until then. With a uniqueKey: taken by a new job only (one replacing a running holder waits for the holder too, whatever its outcome). Not in a batch (use a graph)"},
                     "onParentFailure": {"type": "string", "enum": ["cancel", "run"], "default": "cancel", "description": "when a parent ends dead or cancelled: cancel this job (naming the parent) or run it anyway"}}},
                 "GraphJob": {"type": "object", "required": ["ref", "kind", "payload"], "additionalProperties": false, "properties": {
                     "ref": {"type": "string", "minLength": 1, "maxLength": 255, "description": "the caller's name for the job, unique within the graph"},
@@ -563,7 +564,12 @@ pub fn openapi_document() -> Value {
                     "runAt": {"type": "string", "format": "date-time"}, "delayMs": {"type": "integer", "minimum": 0},
                     "maxAttempts": {"type": "integer", "minimum": 1, "maximum": 1000},
                     "dependsOn": {"type": "array", "items": {"type": "string"}, "description": "refs of other jobs of the graph, or ids of existing jobs"},
-                    "onParentFailure": {"type": "string", "enum": ["cancel", "run"], "default": "cancel"}}},
+                    "onParentFailure": {"type": "string", "enum": ["cancel", "run"], "default": "cancel"},
+                    "idempotencyKey": {"type": "string", "minLength": 1, "maxLength": 255, "description": "as NewJob's: a retried graph gets this job's first answer"},
+                    "uniqueKey": {"type": "string", "minLength": 1, "maxLength": 255, "description": "as NewJob's; a job whose key is held is the holder, and the graph's children of this ref depend on it"},
+                    "uniqueMode": {"type": "string", "enum": ["preserve", "replace", "debounce"]},
+                    "uniqueFor": {"type": "string", "example": "1h"},
+                    "debounce": {"type": "string", "example": "10s"}}},
                 "Job": {"type": "object", "properties": {
                     "id": {"type": "string", "format": "uuid"}, "queue": {"type": "string"}, "kind": {"type": "string"}, "payload": {},
                     "state": {"$ref": "#/components/schemas/JobState"}, "priority": {"type": "integer"}, "attempt": {"type": "integer"},
