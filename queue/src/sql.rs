@@ -89,6 +89,37 @@ UPDATE sluice.jobs j
 RETURNING j.id, j.state
 "#;
 
+/// Locks the owner's running jobs among `$1` (a finish batch, `$2` the owner) in id order before
+/// [`JOB_FINISH_FENCED`] writes them, and returns those with dependents, whose children
+/// [`JOB_LOCK_CHILDREN`] locks next. The finish's trigger releases children parent by parent; two batches
+/// finishing parents of shared children reached them in opposite orders and deadlocked (PostgreSQL
+/// aborted one after `deadlock_timeout` and its worker retried the batch). Locking every batch's jobs,
+/// then their children, each in id order, gives all batches one order.
+pub const JOB_LOCK_FINISHING: &str = r#"
+WITH locked AS (
+    SELECT j.id, j.has_dependents
+      FROM sluice.jobs j
+     WHERE j.id = ANY ($1)
+       AND j.lease_owner = $2
+       AND j.lease_expires_at IS NOT NULL
+     ORDER BY j.id
+       FOR NO KEY UPDATE
+)
+SELECT locked.id FROM locked WHERE locked.has_dependents
+"#;
+
+/// Locks the waiting children of the jobs `$1` (blocked, with an unresolved edge to one of them) in id
+/// order: the second step of [`JOB_LOCK_FINISHING`].
+pub const JOB_LOCK_CHILDREN: &str = r#"
+SELECT c.id
+  FROM sluice.jobs c
+ WHERE c.id IN (SELECT d.job_id FROM sluice.job_dependencies d
+                 WHERE d.parent_id = ANY ($1) AND NOT d.resolved)
+   AND c.state = 'blocked'
+ ORDER BY c.id
+   FOR NO KEY UPDATE
+"#;
+
 /// Extends the leases of the owner's running jobs (`$1` ids, `$2` attempts) by `$4` ms from now. Returns
 /// the jobs still held, with their cancellation flag; a job missing from the result was lost.
 /// Only `lease_expires_at` changes, which no index covers: a HOT update.

@@ -429,6 +429,10 @@ impl QueueStore {
 
     /// Records finished attempts in one statement, fenced on (id, running, owner, attempt). Returns the
     /// jobs written with their new state; a job missing from the result was no longer this owner's.
+    ///
+    /// Before the write, the batch's jobs and then the children waiting on them are locked, each in id
+    /// order ([`sql::JOB_LOCK_FINISHING`]), so two batches finishing parents of shared children never
+    /// deadlock: one waits for the other. One more round trip per batch, two when a job has dependents.
     pub async fn finish_batch(&self, owner: &str, done: &[Finished]) -> Result<Vec<(Uuid, String)>> {
         let mut done: Vec<&Finished> = done.iter().collect();
         done.sort_by_key(|d| d.id);
@@ -450,14 +454,29 @@ impl QueueStore {
             delays.push(delay);
             errors.push(err);
         }
-        let query = sqlx::query(sql::JOB_FINISH_FENCED)
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(sql::PLAN_GENERIC).execute(&mut *tx).await?;
+        let parents: Vec<Uuid> = sqlx::query_scalar(sql::JOB_LOCK_FINISHING)
+            .bind(&ids)
+            .bind(owner)
+            .fetch_all(&mut *tx)
+            .await?;
+        if !parents.is_empty() {
+            sqlx::query(sql::JOB_LOCK_CHILDREN)
+                .bind(&parents)
+                .execute(&mut *tx)
+                .await?;
+        }
+        let rows = sqlx::query(sql::JOB_FINISH_FENCED)
             .bind(ids)
             .bind(attempts)
             .bind(outcomes)
             .bind(delays)
             .bind(errors)
-            .bind(owner);
-        let rows = self.fetch_planned_generically(query).await?;
+            .bind(owner)
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
         rows.iter()
             .map(|r| Ok((r.try_get("id")?, r.try_get("state")?)))
             .collect()

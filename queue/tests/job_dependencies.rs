@@ -325,3 +325,64 @@ async fn unknown_parents_and_dependencies_in_a_batch_are_refused() {
     ));
     assert!(JobState::ALL.contains(&JobState::Blocked));
 }
+
+/// Two completion batches (two workers) finishing parents of shared children: each batch's parents are
+/// children-first in opposite orders (the first batch reaches the children from the lowest id up, the
+/// second from the highest down), which used to deadlock: PostgreSQL aborted one after
+/// `deadlock_timeout` and its worker retried the whole batch. The children are locked in id order before
+/// any is released, so both batches now finish at the first try, every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn completion_batches_sharing_children_never_deadlock() {
+    let (_pg, store) = setup().await;
+    const N: usize = 40;
+    for round in 0..5 {
+        // Parents 0..2N in id order; the even ones go to worker "wa", the odd ones to "wb".
+        let mut parents = Vec::new();
+        for i in 0..2 * N {
+            let p = job("p").priority(if i % 2 == 0 { 1 } else { 0 });
+            parents.push(store.enqueue("q", &p).await.unwrap().id);
+        }
+        // Child k waits for wa's k-th parent and wb's (N-1-k)-th.
+        let mut children = Vec::new();
+        for k in 0..N {
+            let c = job("c").depends_on([parents[2 * k], parents[2 * (N - 1 - k) + 1]]);
+            children.push(store.enqueue("q", &c).await.unwrap().id);
+        }
+        let claim = |owner: &'static str| {
+            let store = store.clone();
+            async move {
+                store
+                    .claim_batch("q", owner, N as u32, Duration::from_secs(60))
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|j| Finished {
+                        id: j.id,
+                        attempt: j.attempt,
+                        finish: Finish::Succeeded,
+                    })
+                    .collect::<Vec<_>>()
+            }
+        };
+        let a = claim("wa").await;
+        let b = claim("wb").await;
+        assert!(a.iter().all(|f| parents.iter().step_by(2).any(|p| *p == f.id)));
+        assert_eq!(b.len(), N);
+        let (sa, sb) = (store.clone(), store.clone());
+        let (ra, rb) = tokio::join!(
+            tokio::spawn(async move { sa.finish_batch("wa", &a).await }),
+            tokio::spawn(async move { sb.finish_batch("wb", &b).await }),
+        );
+        let (ra, rb) = (ra.unwrap(), rb.unwrap());
+        assert!(ra.is_ok() && rb.is_ok(), "round {round}: {ra:?} / {rb:?}");
+        assert_eq!((ra.unwrap().len(), rb.unwrap().len()), (N, N));
+        for c in &children {
+            assert_eq!(state(&store, *c).await, "pending", "round {round}");
+        }
+        // Leave the queue empty for the next round.
+        sqlx::query("DELETE FROM sluice.jobs")
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
+}

@@ -136,6 +136,12 @@ async fn batch_statements_look_jobs_up_by_primary_key_in_a_large_table() {
             format!("{ids}, {ones}, {s}, {zeros}, {empty}, 'w'"),
         ),
         (
+            "finish_lock",
+            "uuid[], text",
+            sql::JOB_LOCK_FINISHING,
+            format!("{ids}, 'w'"),
+        ),
+        (
             "heartbeat",
             "uuid[], integer[], text, bigint",
             sql::JOB_HEARTBEAT,
@@ -271,6 +277,7 @@ async fn the_store_runs_the_batch_statements_with_their_generic_plan() {
 
     for (name, statement) in [
         ("finish", sql::JOB_FINISH_FENCED),
+        ("finish_lock", sql::JOB_LOCK_FINISHING),
         ("heartbeat", sql::JOB_HEARTBEAT),
         ("release", sql::JOB_RELEASE_FENCED),
     ] {
