@@ -210,6 +210,9 @@ SELECT id
             FROM unnest($12::bigint[]) WITH ORDINALITY AS u(ms, n))) AS id
 "#;
 
+/// The queues of the jobs `$1` (ids that are no job are left out).
+pub const JOB_QUEUES: &str = "SELECT id, queue FROM sluice.jobs WHERE id = ANY ($1)";
+
 /// One job by id.
 pub const JOB_GET: &str = "SELECT * FROM sluice.jobs WHERE id = $1";
 

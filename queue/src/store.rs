@@ -342,6 +342,15 @@ impl QueueStore {
             .await?)
     }
 
+    /// The queue of each of the jobs `ids` that exists, in one query.
+    pub async fn queues_of(&self, ids: &[Uuid]) -> Result<std::collections::HashMap<Uuid, String>> {
+        let rows: Vec<(Uuid, String)> = sqlx::query_as(sql::JOB_QUEUES)
+            .bind(ids)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.into_iter().collect())
+    }
+
     /// One job, if it exists.
     pub async fn get(&self, id: Uuid) -> Result<Option<Job>> {
         Ok(sqlx::query_as::<_, Job>(sql::JOB_GET)

@@ -303,7 +303,7 @@ async fn an_api_given_queues_serves_only_those() {
         .id;
     let api = Api::serve(api::ApiState::new(store.clone()).serving(&["emails".to_owned()])).await;
 
-    let (status, _) = api
+    let (status, welcome) = api
         .post(
             "/v1/queues/emails/jobs",
             json!({"kind": "welcome", "payload": {}}),
@@ -347,6 +347,18 @@ async fn an_api_given_queues_serves_only_those() {
         (status, err["error"]["message"].as_str()),
         (StatusCode::BAD_REQUEST, Some(unknown.as_str())),
         "a parent in another queue reads as unknown: {err}"
+    );
+    // Several parents, checked in one query: a served one passes, the one elsewhere is named as unknown.
+    let (status, err) = api
+        .post(
+            "/v1/queues/emails/jobs",
+            json!({"kind": "receipt", "payload": {}, "dependsOn": [welcome["id"], elsewhere]}),
+        )
+        .await;
+    assert_eq!(
+        (status, err["error"]["message"].as_str()),
+        (StatusCode::BAD_REQUEST, Some(unknown.as_str())),
+        "{err}"
     );
     let (status, err) = api
         .post(

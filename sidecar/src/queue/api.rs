@@ -85,22 +85,23 @@ impl ApiState {
     }
 
     /// Refuses parents (`dependsOn` ids) in queues this API does not serve, with the answer an unknown id
-    /// gets: a caller limited to some queues learns nothing of jobs in others.
+    /// gets: a caller limited to some queues learns nothing of jobs in others. One query for all of them.
     async fn check_parents(&self, ids: impl IntoIterator<Item = Uuid>) -> ApiResult<()> {
         if self.queues.is_none() {
             return Ok(());
         }
-        for id in ids {
-            if self
-                .store
-                .get(id)
-                .await?
-                .is_some_and(|job| !self.serves(&job.queue))
-            {
-                return Err(Error::Invalid(format!("depends_on: job {id} does not exist")).into());
-            }
+        let ids: Vec<Uuid> = ids.into_iter().collect();
+        if ids.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        let queues = self.store.queues_of(&ids).await?;
+        match ids
+            .iter()
+            .find(|id| queues.get(id).is_some_and(|q| !self.serves(q)))
+        {
+            Some(id) => Err(Error::Invalid(format!("depends_on: job {id} does not exist")).into()),
+            None => Ok(()),
+        }
     }
 
     /// The job `id`, if it exists in a queue this API serves.
