@@ -38,6 +38,7 @@ lint:
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	./e2e/apiserver/proto/update.sh --check
+	./proto/update.sh --check && ./examples/grpc-worker/update.sh --check
 
 unit:
 	$(CARGO) nextest run --workspace --locked --profile $(NEXTEST_PROFILE) -E 'not binary(real_control_plane)'

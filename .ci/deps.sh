@@ -67,6 +67,15 @@ if ! python3 -c "import helm_python, kubernetes_validate, yaml" >/dev/null 2>&1;
   }
 fi
 
+# The gRPC example worker (examples/grpc-worker: its test and its stubs' check); pinned like its requirements.txt.
+if ! python3 -c "import grpc, grpc_tools" >/dev/null 2>&1; then
+  echo "deps: installing grpcio, grpcio-tools and protobuf from PyPI"
+  python3 -m pip install --quiet --disable-pip-version-check -r "$(dirname "$0")/../examples/grpc-worker/requirements.txt" || {
+    echo "deps: pip could not install examples/grpc-worker/requirements.txt" >&2
+    exit 1
+  }
+fi
+
 # The machine's own PostgreSQL refuses to run as root; the tests run it as this user.
 if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
   echo "deps: running as root but there is no 'postgres' user to run PostgreSQL as" >&2

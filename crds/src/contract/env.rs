@@ -54,6 +54,9 @@ pub const WORKER_CONCURRENCY: &str = "SLUICE_WORKER_CONCURRENCY";
 pub const API_LISTEN: &str = "SLUICE_API_LISTEN";
 /// `queue.worker.metricsListen`.
 pub const METRICS_LISTEN: &str = "SLUICE_METRICS_LISTEN";
+/// `queue.grpc.listen`: where the gRPC worker API is served (unset: not served; jobs are POSTed to the
+/// handler).
+pub const GRPC_LISTEN: &str = "SLUICE_GRPC_LISTEN";
 
 /// Set by the webhook in app containers of pods that enqueue through the sidecar: the queue API's base
 /// URL (`http://127.0.0.1:7070`). Read by the app, not by Sluice.

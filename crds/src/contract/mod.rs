@@ -26,6 +26,8 @@ pub mod port {
     pub const WORKER_METRICS: u16 = 9902;
     /// The queue HTTP API in pods that enqueue through the sidecar, on `127.0.0.1` only.
     pub const QUEUE_API: u16 = 7070;
+    /// The worker sidecar's gRPC worker API (`queue.grpc.listen`), when turned on.
+    pub const WORKER_GRPC: u16 = 9903;
 }
 
 /// Names of the injected sidecar's container ports. Injection refuses pods that use them already, so on

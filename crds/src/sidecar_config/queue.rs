@@ -32,6 +32,13 @@ pub const METRICS_LISTEN_DEFAULT: &str = "0.0.0.0:9902";
 pub const MAX_ENQUEUE_BATCH_DEFAULT: u32 = 1000;
 /// Default connections in the worker's pool.
 pub const POOL_SIZE_DEFAULT: u32 = 8;
+/// Default address of the gRPC worker API when it is turned on: loopback, port
+/// [`crate::contract::port::WORKER_GRPC`].
+pub const GRPC_LISTEN_DEFAULT: &str = "127.0.0.1:9903";
+/// Default most gRPC worker streams served at once.
+pub const GRPC_MAX_STREAMS_DEFAULT: u32 = 8;
+/// Default largest gRPC message, either way (a job whose message would be larger fails for good).
+pub const GRPC_MAX_MESSAGE_BYTES_DEFAULT: u32 = 4 << 20;
 
 /// Job queue settings. The database URL normally comes from `SLUICE_DATABASE_URL`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -59,6 +66,10 @@ pub struct QueueConfig {
     /// The queue HTTP API for the app.
     #[serde(default)]
     pub api: QueueApiConfig,
+    /// The gRPC worker API (`sluice.v1.Worker`): workers connect and jobs are pushed to them over a
+    /// stream, instead of being POSTed to `handler.url`.
+    #[serde(default)]
+    pub grpc: GrpcConfig,
     /// Periodic jobs this worker's scheduler enqueues (every worker runs it; PostgreSQL makes sure each
     /// fire time makes one job).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -203,6 +214,32 @@ impl Default for QueueApiConfig {
     }
 }
 
+/// The gRPC worker API of the worker role.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GrpcConfig {
+    /// Address to serve on (`SLUICE_GRPC_LISTEN`, usually [`GRPC_LISTEN_DEFAULT`]). Absent: not served,
+    /// and jobs are POSTed to `handler.url`; set: jobs go to the workers connected here only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    /// Most worker streams at once; more are refused (`RESOURCE_EXHAUSTED`).
+    #[serde(default = "default_grpc_max_streams")]
+    pub max_streams: u32,
+    /// Largest message in either direction, bytes.
+    #[serde(default = "default_grpc_max_message_bytes")]
+    pub max_message_bytes: u32,
+}
+
+impl Default for GrpcConfig {
+    fn default() -> Self {
+        Self {
+            listen: None,
+            max_streams: GRPC_MAX_STREAMS_DEFAULT,
+            max_message_bytes: GRPC_MAX_MESSAGE_BYTES_DEFAULT,
+        }
+    }
+}
+
 /// Settings of one queue (the `sluice.queues` row). Absent fields take the defaults below.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -308,6 +345,12 @@ fn default_handler_url() -> String {
 }
 fn default_job_timeout() -> Duration {
     JOB_TIMEOUT_DEFAULT
+}
+fn default_grpc_max_streams() -> u32 {
+    GRPC_MAX_STREAMS_DEFAULT
+}
+fn default_grpc_max_message_bytes() -> u32 {
+    GRPC_MAX_MESSAGE_BYTES_DEFAULT
 }
 fn default_max_batch() -> u32 {
     MAX_ENQUEUE_BATCH_DEFAULT

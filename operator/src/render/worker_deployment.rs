@@ -120,6 +120,7 @@ pub fn render_worker_config(jq: &JobQueue) -> SidecarConfig {
                 permanent_failure_statuses: w.handler.permanent_failure_statuses.clone(),
             },
             api: QueueApiConfig::default(),
+            grpc: Default::default(),
             schedules: worker_schedules(jq),
         }),
     }

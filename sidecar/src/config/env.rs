@@ -113,7 +113,8 @@ pub fn apply(config: &mut SidecarConfig, env: &dyn Env) -> Result<EnvSettings, C
 }
 
 /// Applies the queue overrides (`SLUICE_DATABASE_URL`, `SLUICE_QUEUES`, `SLUICE_HANDLER_URL`,
-/// `SLUICE_WORKER_CONCURRENCY`, `SLUICE_API_LISTEN`, `SLUICE_METRICS_LISTEN`) to the `queue:` section:
+/// `SLUICE_WORKER_CONCURRENCY`, `SLUICE_API_LISTEN`, `SLUICE_METRICS_LISTEN`, `SLUICE_GRPC_LISTEN`) to the
+/// `queue:` section:
 /// the worker role's whole config when it runs without a file, and the proxy role's queue API.
 pub fn apply_queue(cfg: &mut QueueConfig, env: &dyn Env) -> Result<(), ConfigErrors> {
     let mut errs = ConfigErrors::default();
@@ -149,6 +150,15 @@ pub fn apply_queue(cfg: &mut QueueConfig, env: &dyn Env) -> Result<(), ConfigErr
             Err(_) => errs.push(
                 METRICS_LISTEN,
                 format!("{v:?} is not an address like 0.0.0.0:9902"),
+            ),
+        }
+    }
+    if let Some(v) = env.var(GRPC_LISTEN) {
+        match v.trim().parse() {
+            Ok(addr) => cfg.grpc.listen = Some(addr),
+            Err(_) => errs.push(
+                GRPC_LISTEN,
+                format!("{v:?} is not an address like 127.0.0.1:9903"),
             ),
         }
     }

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::{
     api,
     dispatch::HttpHandler,
+    grpc,
     metrics::QueueMetrics,
     worker::{CLAIMERS_DEFAULT, Worker, WorkerOptions, default_owner},
 };
@@ -107,7 +108,8 @@ pub async fn serve_api(cfg: &QueueConfig, shutdown: CancellationToken) -> Result
 
 /// Runs the worker role until `shutdown`: migrates (a no-op when the operator did it already), applies
 /// `queue.queueSettings`, serves `/metrics` and `/healthz` (and the queue API when configured), and
-/// runs the engine with the HTTP dispatcher.
+/// runs the engine with the HTTP dispatcher, or, when `queue.grpc.listen` is set, serves the gRPC worker
+/// API instead (each connected worker's stream runs the engine).
 pub async fn run_worker(cfg: QueueConfig, shutdown: CancellationToken) -> Result<()> {
     let url = cfg
         .database_url
@@ -144,13 +146,7 @@ pub async fn run_worker(cfg: QueueConfig, shutdown: CancellationToken) -> Result
             shutdown.clone().cancelled_owned(),
         ));
     }
-    let handler = HttpHandler::new(
-        &cfg.handler.url,
-        cfg.handler.timeout.get(),
-        cfg.handler.permanent_failure_statuses.clone(),
-        Arc::new(SystemClock),
-    )?;
-    let opts = WorkerOptions {
+    let engine = WorkerOptions {
         queues: cfg.queues.clone(),
         concurrency: cfg.worker.concurrency as usize,
         claim_batch: cfg.worker.claim_batch,
@@ -163,6 +159,28 @@ pub async fn run_worker(cfg: QueueConfig, shutdown: CancellationToken) -> Result
         heartbeat_interval: cfg.worker.heartbeat_interval.map(|d| d.get()),
         owner: default_owner(),
     };
+    if let Some(addr) = cfg.grpc.listen {
+        // gRPC workers connect and take jobs; nothing is POSTed to the handler URL.
+        let listener = bind("queue.grpc.listen", addr).await?;
+        let opts = grpc::GrpcOptions {
+            database_url: url.to_owned(),
+            queues: cfg.queues.clone(),
+            engine,
+            max_streams: cfg.grpc.max_streams,
+            max_message_bytes: cfg.grpc.max_message_bytes as usize,
+        };
+        tracing::info!(%addr, queues = ?cfg.queues, "worker starting: jobs go to gRPC workers");
+        grpc::serve(listener, opts, metrics, shutdown).await?;
+        tracing::info!("worker stopped");
+        return Ok(());
+    }
+    let handler = HttpHandler::new(
+        &cfg.handler.url,
+        cfg.handler.timeout.get(),
+        cfg.handler.permanent_failure_statuses.clone(),
+        Arc::new(SystemClock),
+    )?;
+    let opts = engine;
     tracing::info!(owner = %opts.owner, queues = ?opts.queues, handler = %cfg.handler.url, "worker starting");
     Worker::new(store, handler, opts)
         .with_metrics(metrics)

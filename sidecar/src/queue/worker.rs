@@ -78,6 +78,8 @@ pub enum Outcome {
     Succeeded,
     /// Failed; retry with backoff (dead after the last attempt).
     Retry(String),
+    /// Failed; retry after the given delay instead of the queue's backoff (dead after the last attempt).
+    RetryAfter(Duration, String),
     /// Failed for good: dead at once.
     Permanent(String),
     /// Stopped because cancellation was requested.
@@ -628,6 +630,7 @@ async fn run_job<H: Handler>(
                 .delay(attempt.max(1) as u32, rand::random::<f64>());
             Some(Finish::Retry { delay, error })
         }
+        Some(Outcome::RetryAfter(delay, error)) => Some(Finish::Retry { delay, error }),
         None => match stopped_for {
             Some(StopReason::Cancel) => Some(Finish::Cancelled),
             Some(StopReason::Shutdown) | None => None,

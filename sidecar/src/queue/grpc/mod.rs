@@ -1,0 +1,648 @@
+//! The gRPC worker API (`sluice.v1.Worker`, proto/sluice/v1/worker.proto): workers in any language open
+//! a bidirectional stream, and the sidecar pushes them jobs as their slots free up.
+//!
+//! Each stream runs the worker engine of [`super::worker`] with a handler that hands jobs to the stream
+//! ([`StreamHandler`]): claims, lease renewal, cancellation, fenced batch completion, retries and backoff,
+//! lease rescue and shutdown are the engine's, exactly as for the HTTP push worker; this module only
+//! carries jobs and outcomes over the stream. On top of the engine's lease renewal, the worker must name
+//! each job in a heartbeat at least once per the queue's lease: a job it goes silent about is taken back
+//! (its attempt fails and is retried), so a hung worker does not hold jobs for ever.
+//!
+//! Fencing: a job the stream stopped holding (lease lost to a rescue, deadline passed, heartbeat missed,
+//! cancel unanswered, or the stream's shutdown grace over) is announced with `lease_lost`, and an outcome
+//! or heartbeat for it is answered with `refused` naming why. An outcome taken is written fenced on
+//! (id, owner, attempt) like every other: if the lease was lost after the sidecar's last renewal the
+//! write matches no row and the result is discarded (`sluice_jobs_lease_lost_total`).
+//!
+//! Also served: `grpc.health.v1.Health` (`sluice.v1.Worker` and `""` are `SERVING` until shutdown) and
+//! server reflection (v1). Plaintext HTTP/2, meant for loopback or the pod network, like the queue HTTP
+//! API.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    net::SocketAddr,
+    pin::Pin,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use chrono::Utc;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio_stream::{Stream, wrappers::ReceiverStream};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+use uuid::Uuid;
+
+use sluice_queue::{ClaimedJob, QueueSettings, QueueStore};
+
+use super::{
+    metrics::QueueMetrics,
+    worker::{CANCEL_GRACE, Handler, Outcome, Worker, WorkerOptions, default_owner},
+};
+use crate::error::Result;
+
+/// The code generated from proto/sluice/v1/worker.proto by proto/update.sh (checked in; no protoc at
+/// build time).
+#[allow(missing_docs, clippy::all)]
+pub mod proto {
+    include!("generated/sluice.v1.rs");
+
+    /// The encoded `FileDescriptorSet` of the `sluice.v1` package, served by reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!("generated/sluice.v1.bin");
+}
+
+use proto::{
+    JobRef, SidecarMessage, WorkerMessage, outcome,
+    sidecar_message::Msg as Out,
+    worker_message::Msg as In,
+    worker_server::{Worker as WorkerService, WorkerServer},
+};
+
+/// Most jobs one stream may run at once (`subscribe.slots`).
+pub const MAX_SLOTS: u32 = 1024;
+/// Connections of the database pool each stream's engine uses (LISTEN, claims, completions,
+/// heartbeats, maintenance).
+pub const STREAM_POOL_SIZE: u32 = 4;
+/// How long a new stream may take to send `subscribe`.
+pub const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most characters of a worker's error kept as the job's `last_error` (as for the HTTP handler).
+const ERROR_LIMIT: usize = 2048;
+/// Ended jobs whose reason a stream remembers, to say why a late outcome is refused.
+const ENDED_MEMORY: usize = 4096;
+/// Longest retry delay a worker may ask for.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(366 * 86_400);
+
+/// How the gRPC worker API runs.
+#[derive(Clone, Debug)]
+pub struct GrpcOptions {
+    /// Each stream's engine connects here (a pool of [`STREAM_POOL_SIZE`] per stream).
+    pub database_url: String,
+    /// Queues the sidecar serves; a stream takes all of them or a subset.
+    pub queues: Vec<String>,
+    /// The engine's options for each stream (`queues`, `concurrency` and `owner` are set per stream).
+    pub engine: WorkerOptions,
+    /// Most streams at once.
+    pub max_streams: u32,
+    /// Largest message either way, bytes.
+    pub max_message_bytes: usize,
+}
+
+struct Inner {
+    opts: GrpcOptions,
+    streams: Arc<Semaphore>,
+    metrics: Arc<QueueMetrics>,
+    shutdown: CancellationToken,
+}
+
+/// The `sluice.v1.Worker` service.
+#[derive(Clone)]
+pub struct GrpcWorker {
+    inner: Arc<Inner>,
+}
+
+impl GrpcWorker {
+    /// A service whose streams stop (drain, then end) when `shutdown` fires.
+    pub fn new(opts: GrpcOptions, metrics: Arc<QueueMetrics>, shutdown: CancellationToken) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                streams: Arc::new(Semaphore::new(opts.max_streams.max(1) as usize)),
+                opts,
+                metrics,
+                shutdown,
+            }),
+        }
+    }
+
+    /// The tonic service, with the message size limits applied.
+    pub fn into_server(self) -> WorkerServer<Self> {
+        let max = self.inner.opts.max_message_bytes;
+        WorkerServer::new(self)
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max)
+    }
+}
+
+/// Serves `sluice.v1.Worker`, health and reflection on `listener` until `shutdown`; returns once the
+/// streams have drained.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    opts: GrpcOptions,
+    metrics: Arc<QueueMetrics>,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let max_streams = opts.max_streams;
+    let service = GrpcWorker::new(opts, metrics, shutdown.clone());
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<WorkerServer<GrpcWorker>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| crate::Error::Config(format!("gRPC reflection: {e}")))?;
+    let addr: Option<SocketAddr> = listener.local_addr().ok();
+    tracing::info!(?addr, "gRPC worker API serving");
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let stop = shutdown.clone();
+    let health_stop = health.clone();
+    let signal = async move {
+        stop.cancelled().await;
+        health_stop.set_not_serving::<WorkerServer<GrpcWorker>>().await;
+    };
+    tonic::transport::Server::builder()
+        // A worker that vanished without closing its connection (a partition, a frozen node) is noticed
+        // by the keepalive, which ends its stream: its jobs are retried.
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .max_concurrent_streams(max_streams.saturating_add(4))
+        .tcp_nodelay(true)
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(service.into_server())
+        .serve_with_incoming_shutdown(incoming, signal)
+        .await
+        .map_err(|e| crate::Error::Io(std::io::Error::other(format!("gRPC server: {e}"))))?;
+    Ok(())
+}
+
+type Outbound = mpsc::Sender<std::result::Result<SidecarMessage, Status>>;
+
+/// A job pushed to the worker and not yet answered.
+struct Held {
+    attempt: i32,
+    outcome: oneshot::Sender<Outcome>,
+    beat: Arc<Notify>,
+}
+
+/// Why recently ended jobs are no longer held, by (id, attempt), and the order to forget them in.
+type Ended = (HashMap<(Uuid, i32), String>, VecDeque<(Uuid, i32)>);
+
+/// One worker stream.
+struct Session {
+    tx: Outbound,
+    held: Mutex<HashMap<Uuid, Held>>,
+    /// Why recently ended jobs are no longer held, by (id, attempt).
+    ended: Mutex<Ended>,
+    /// The worker's side of the stream is gone (closed, broken or refused).
+    gone: CancellationToken,
+    /// Draining: no more jobs come; a job taken back now is handed back.
+    draining: AtomicBool,
+    leases: HashMap<String, Duration>,
+    job_timeout: Duration,
+    max_message_bytes: usize,
+}
+
+impl Session {
+    fn send(&self, msg: Out) {
+        // Informational messages must not wait behind a full stream (callers hold no lock, but a
+        // worker that stopped reading would stall them); they are sent from a task of their own.
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let _ = tx.send(Ok(SidecarMessage { msg: Some(msg) })).await;
+        });
+    }
+
+    fn remember(&self, id: Uuid, attempt: i32, reason: String) {
+        let mut ended = self.ended.lock().expect("ended lock");
+        let (map, order) = &mut *ended;
+        if map.insert((id, attempt), reason).is_none() {
+            order.push_back((id, attempt));
+        }
+        while order.len() > ENDED_MEMORY {
+            if let Some(k) = order.pop_front() {
+                map.remove(&k);
+            }
+        }
+    }
+
+    fn why_not_held(&self, id: Uuid, attempt: i32) -> String {
+        let ended = self.ended.lock().expect("ended lock");
+        match ended.0.get(&(id, attempt)) {
+            Some(reason) => reason.clone(),
+            None => format!("job {id} attempt {attempt} is not held by this stream"),
+        }
+    }
+
+    /// Takes the worker's outcome for a held job; false when the job is not held.
+    fn deliver(&self, id: Uuid, attempt: i32, outcome: Outcome) -> bool {
+        let mut held = self.held.lock().expect("held lock");
+        match held.get(&id) {
+            Some(h) if h.attempt == attempt => {
+                let h = held.remove(&id).expect("present");
+                self.remember(
+                    id,
+                    attempt,
+                    format!("job {id} attempt {attempt} already has an outcome"),
+                );
+                let _ = h.outcome.send(outcome);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn beat(&self, id: Uuid, attempt: i32) -> bool {
+        let held = self.held.lock().expect("held lock");
+        match held.get(&id) {
+            Some(h) if h.attempt == attempt => {
+                h.beat.notify_one();
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Hands each job to the stream and waits for the worker's outcome.
+pub struct StreamHandler {
+    session: Arc<Session>,
+}
+
+/// Takes a job back when its handler future ends without the worker's outcome (returned or dropped by
+/// the engine), and tells the worker.
+struct Release<'a> {
+    session: &'a Session,
+    id: Uuid,
+    attempt: i32,
+    reason: Option<String>,
+    deadline: tokio::time::Instant,
+    cancelled_at: Option<tokio::time::Instant>,
+}
+
+impl Release<'_> {
+    fn default_reason(&self) -> String {
+        let now = tokio::time::Instant::now();
+        if self.session.draining.load(Ordering::SeqCst) {
+            "handed back: the stream is draining and its grace period is over".into()
+        } else if now >= self.deadline {
+            "its deadline passed: the attempt failed and will be retried".into()
+        } else if self.cancelled_at.is_some_and(|t| now >= t + CANCEL_GRACE) {
+            format!("cancelled: no outcome within {CANCEL_GRACE:?} of the cancel")
+        } else {
+            "lease lost: the job's lease expired and another worker may hold it now".into()
+        }
+    }
+}
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        let removed = {
+            let mut held = self.session.held.lock().expect("held lock");
+            match held.get(&self.id) {
+                Some(h) if h.attempt == self.attempt => held.remove(&self.id).is_some(),
+                _ => false,
+            }
+        };
+        if !removed {
+            return; // the worker's outcome was taken
+        }
+        let reason = self.reason.take().unwrap_or_else(|| self.default_reason());
+        let (id, attempt) = (self.id, self.attempt);
+        self.session
+            .remember(id, attempt, format!("job {id} attempt {attempt}: {reason}"));
+        if !self.session.gone.is_cancelled() {
+            self.session.send(Out::LeaseLost(proto::LeaseLost {
+                job_id: id.to_string(),
+                attempt,
+                reason,
+            }));
+        }
+    }
+}
+
+impl Handler for StreamHandler {
+    async fn handle(&self, job: ClaimedJob, cancel: CancellationToken) -> Outcome {
+        let s = &*self.session;
+        let (id, attempt) = (job.id, job.attempt);
+        let payload_json = match serde_json::to_string(&job.payload) {
+            Ok(p) => p,
+            Err(e) => return Outcome::Permanent(format!("payload is not serialisable: {e}")),
+        };
+        // The message carries the payload plus a few hundred bytes of fields.
+        let size = payload_json.len() + job.queue.len() + job.kind.len() + 256;
+        if size > s.max_message_bytes {
+            return Outcome::Permanent(format!(
+                "the job's message ({size} bytes) exceeds the gRPC worker API's largest message ({} bytes)",
+                s.max_message_bytes
+            ));
+        }
+        let lease = s
+            .leases
+            .get(&job.queue)
+            .copied()
+            .unwrap_or_else(|| QueueSettings::defaults(&job.queue).lease());
+        let now = tokio::time::Instant::now();
+        let deadline_unix_ms = Utc::now().timestamp_millis() + s.job_timeout.as_millis() as i64;
+        let (otx, mut orx) = oneshot::channel();
+        let beat = Arc::new(Notify::new());
+        s.held.lock().expect("held lock").insert(
+            id,
+            Held {
+                attempt,
+                outcome: otx,
+                beat: beat.clone(),
+            },
+        );
+        let mut release = Release {
+            session: s,
+            id,
+            attempt,
+            reason: None,
+            deadline: now + s.job_timeout,
+            cancelled_at: None,
+        };
+        let msg = SidecarMessage {
+            msg: Some(Out::Job(proto::Job {
+                job_id: id.to_string(),
+                queue: job.queue,
+                kind: job.kind,
+                payload_json,
+                attempt,
+                max_attempts: job.max_attempts,
+                deadline_unix_ms,
+                heartbeat_within_ms: lease.as_millis() as i64,
+            })),
+        };
+        tokio::select! {
+            r = s.tx.send(Ok(msg)) => if r.is_err() {
+                release.reason = Some("the stream ended before the job was sent".into());
+                return Outcome::Retry("the gRPC worker's stream ended before the job was sent".into());
+            },
+            _ = s.gone.cancelled() => {
+                release.reason = Some("the stream ended before the job was sent".into());
+                return Outcome::Retry("the gRPC worker's stream ended before the job was sent".into());
+            }
+        }
+        let mut beat_deadline = tokio::time::Instant::now() + lease;
+        loop {
+            tokio::select! {
+                o = &mut orx => {
+                    return match o {
+                        Ok(o) => o,
+                        Err(_) => Outcome::Retry("the gRPC worker's outcome was lost".into()),
+                    };
+                }
+                _ = beat.notified() => beat_deadline = tokio::time::Instant::now() + lease,
+                _ = tokio::time::sleep_until(beat_deadline) => {
+                    release.reason = Some(format!("no heartbeat within the lease ({lease:?}): the attempt failed and will be retried"));
+                    return Outcome::Retry(format!("the gRPC worker sent no heartbeat for the job within its lease ({lease:?})"));
+                }
+                _ = cancel.cancelled(), if release.cancelled_at.is_none() => {
+                    release.cancelled_at = Some(tokio::time::Instant::now());
+                    s.send(Out::Cancel(proto::Cancel { job_id: id.to_string(), attempt }));
+                }
+                _ = s.gone.cancelled() => {
+                    release.reason = Some("the stream ended before its outcome".into());
+                    return Outcome::Retry("the gRPC worker's stream ended before it sent an outcome".into());
+                }
+            }
+        }
+    }
+}
+
+fn truncate(mut s: String) -> String {
+    if s.len() > ERROR_LIMIT {
+        let mut end = ERROR_LIMIT;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    s
+}
+
+/// The engine's outcome for a worker's `outcome` message; Err names what is wrong with it.
+fn outcome_of(result: Option<outcome::Result>) -> std::result::Result<Outcome, &'static str> {
+    Ok(match result.ok_or("outcome without a result")? {
+        outcome::Result::Succeeded(_) => Outcome::Succeeded,
+        outcome::Result::Retry(r) => match r.delay_ms {
+            Some(ms) => {
+                Outcome::RetryAfter(Duration::from_millis(ms).min(MAX_RETRY_DELAY), truncate(r.error))
+            }
+            None => Outcome::Retry(truncate(r.error)),
+        },
+        outcome::Result::Fail(f) => Outcome::Permanent(truncate(f.error)),
+        outcome::Result::Cancelled(_) => Outcome::Cancelled,
+    })
+}
+
+impl GrpcWorker {
+    /// Checks a `subscribe`; the queues the stream takes.
+    fn subscription(&self, sub: &proto::Subscribe) -> std::result::Result<Vec<String>, Status> {
+        let served = &self.inner.opts.queues;
+        if !sub.kinds.is_empty() {
+            return Err(Status::invalid_argument(
+                "subscribe.kinds: taking only some kinds is not supported; leave it empty and give kinds a worker does not handle a queue of their own",
+            ));
+        }
+        if sub.slots == 0 || sub.slots > MAX_SLOTS {
+            return Err(Status::invalid_argument(format!(
+                "subscribe.slots: {} is not between 1 and {MAX_SLOTS}",
+                sub.slots
+            )));
+        }
+        if sub.queues.is_empty() {
+            return Ok(served.clone());
+        }
+        let mut queues = Vec::new();
+        for q in &sub.queues {
+            if !served.contains(q) {
+                return Err(Status::invalid_argument(format!(
+                    "subscribe.queues: this sidecar does not serve queue {q:?} (it serves {})",
+                    served.join(", ")
+                )));
+            }
+            if !queues.contains(q) {
+                queues.push(q.clone());
+            }
+        }
+        Ok(queues)
+    }
+}
+
+type WorkStream = Pin<Box<dyn Stream<Item = std::result::Result<SidecarMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl WorkerService for GrpcWorker {
+    type WorkStream = WorkStream;
+
+    async fn work(
+        &self,
+        request: Request<Streaming<WorkerMessage>>,
+    ) -> std::result::Result<Response<WorkStream>, Status> {
+        let permit = self.inner.streams.clone().try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted(format!(
+                "this sidecar serves at most {} worker streams at once",
+                self.inner.opts.max_streams
+            ))
+        })?;
+        let mut inbound = request.into_inner();
+        let first = tokio::time::timeout(SUBSCRIBE_TIMEOUT, inbound.message())
+            .await
+            .map_err(|_| Status::deadline_exceeded(format!("no subscribe within {SUBSCRIBE_TIMEOUT:?}")))??
+            .ok_or_else(|| Status::invalid_argument("the stream ended before subscribe"))?;
+        let Some(In::Subscribe(sub)) = first.msg else {
+            return Err(Status::invalid_argument("the first message must be subscribe"));
+        };
+        let queues = self.subscription(&sub)?;
+
+        let opts = &self.inner.opts;
+        let pool = sluice_queue::pool::connect_lazy(&opts.database_url, STREAM_POOL_SIZE)
+            .map_err(|e| Status::internal(format!("database pool: {e}")))?;
+        let store = QueueStore::new(pool);
+        let mut leases = HashMap::new();
+        for q in &queues {
+            let lease = match store.queue(q).await {
+                Ok(Some(s)) => s.lease(),
+                Ok(None) => QueueSettings::defaults(q).lease(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "gRPC worker stream: reading queue settings failed");
+                    return Err(Status::unavailable("the queue database is unavailable"));
+                }
+            };
+            leases.insert(q.clone(), lease);
+        }
+        let engine_opts = WorkerOptions {
+            queues: queues.clone(),
+            concurrency: sub.slots as usize,
+            claimers: 1,
+            owner: default_owner(),
+            ..opts.engine.clone()
+        };
+        let (tx, rx) = mpsc::channel(2 * sub.slots as usize + 16);
+        let session = Arc::new(Session {
+            tx: tx.clone(),
+            held: Mutex::new(HashMap::new()),
+            ended: Mutex::new((HashMap::new(), VecDeque::new())),
+            gone: CancellationToken::new(),
+            draining: AtomicBool::new(false),
+            leases,
+            job_timeout: engine_opts.job_timeout,
+            max_message_bytes: opts.max_message_bytes,
+        });
+        let _ = tx
+            .send(Ok(SidecarMessage {
+                msg: Some(Out::Subscribed(proto::Subscribed {
+                    owner: engine_opts.owner.clone(),
+                    queues,
+                    slots: sub.slots,
+                })),
+            }))
+            .await;
+        tracing::info!(owner = %engine_opts.owner, worker = %sub.worker_name, slots = sub.slots, queues = ?engine_opts.queues, "gRPC worker subscribed");
+        let engine = Worker::new(
+            store,
+            StreamHandler {
+                session: session.clone(),
+            },
+            engine_opts,
+        )
+        .with_metrics(self.inner.metrics.clone());
+        tokio::spawn(run_session(
+            session,
+            inbound,
+            engine,
+            self.inner.shutdown.clone(),
+            permit,
+        ));
+        drop(tx);
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// Runs one stream: the engine, and the worker's messages, until both are done.
+async fn run_session(
+    session: Arc<Session>,
+    mut inbound: Streaming<WorkerMessage>,
+    engine: Worker<StreamHandler>,
+    shutdown: CancellationToken,
+    _permit: OwnedSemaphorePermit,
+) {
+    let stop = CancellationToken::new();
+    let mut engine = tokio::spawn(engine.run(stop.clone()));
+    let drain = |session: &Session, stop: &CancellationToken| {
+        if !session.draining.swap(true, Ordering::SeqCst) {
+            session.send(Out::Draining(proto::Draining {}));
+        }
+        stop.cancel();
+    };
+    let mut reading = true;
+    loop {
+        tokio::select! {
+            r = &mut engine => {
+                if let Ok(Err(e)) = r {
+                    tracing::warn!(error = %e, "gRPC worker stream: the engine stopped");
+                }
+                break;
+            }
+            _ = shutdown.cancelled(), if !stop.is_cancelled() => drain(&session, &stop),
+            m = inbound.message(), if reading => match m {
+                Ok(Some(m)) => {
+                    if let Err(status) = on_message(&session, m, &stop, &drain).await {
+                        let _ = session.tx.send(Err(status)).await;
+                        reading = false;
+                        session.gone.cancel();
+                        stop.cancel();
+                    }
+                }
+                Ok(None) | Err(_) => {
+                    // The worker closed its side or the stream broke (or sent what could not be
+                    // decoded, which it is told): no outcome can come any more.
+                    if let Err(status) = m {
+                        let _ = session.tx.try_send(Err(status));
+                    }
+                    reading = false;
+                    session.gone.cancel();
+                    stop.cancel();
+                }
+            },
+        }
+    }
+    session.gone.cancel();
+}
+
+async fn on_message(
+    s: &Session,
+    m: WorkerMessage,
+    stop: &CancellationToken,
+    drain: &impl Fn(&Session, &CancellationToken),
+) -> std::result::Result<(), Status> {
+    let refuse = |job_id: String, attempt: i32, reason: String| {
+        s.send(Out::Refused(proto::Refused {
+            job_id,
+            attempt,
+            reason,
+        }))
+    };
+    match m.msg {
+        None => return Err(Status::invalid_argument("a message without content")),
+        Some(In::Subscribe(_)) => return Err(Status::invalid_argument("subscribe was sent twice")),
+        Some(In::Drain(_)) => drain(s, stop),
+        Some(In::Heartbeat(h)) => {
+            for JobRef { job_id, attempt } in h.jobs {
+                match Uuid::parse_str(&job_id) {
+                    Ok(id) if s.beat(id, attempt) => {}
+                    Ok(id) => refuse(job_id, attempt, s.why_not_held(id, attempt)),
+                    Err(_) => refuse(job_id, attempt, "job_id is not a UUID".into()),
+                }
+            }
+        }
+        Some(In::Outcome(o)) => {
+            let Ok(id) = Uuid::parse_str(&o.job_id) else {
+                refuse(o.job_id, o.attempt, "job_id is not a UUID".into());
+                return Ok(());
+            };
+            match outcome_of(o.result) {
+                Err(why) => refuse(o.job_id, o.attempt, why.into()),
+                Ok(outcome) => {
+                    if !s.deliver(id, o.attempt, outcome) {
+                        refuse(o.job_id, o.attempt, s.why_not_held(id, o.attempt));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
