@@ -66,6 +66,9 @@ pub mod reason {
     pub const EXTERNAL_METRICS_UNAVAILABLE: &str = "ExternalMetricsUnavailable";
     /// `JobQueue`: KEDA's `ScaledObject` could not be applied (KEDA not installed?).
     pub const KEDA_UNAVAILABLE: &str = "KedaUnavailable";
+    /// `JobQueue` `Degraded`: a schedule's cron expression or time zone cannot be read (stored where the
+    /// admission webhook is off); that schedule does not fire, the others do. The message names it.
+    pub const INVALID_SCHEDULE: &str = "InvalidSchedule";
     /// `JobQueue` `Active`: ready or running jobs, and workers.
     pub const WORKING: &str = "Working";
     /// `JobQueue` `Active`: no ready or running jobs.

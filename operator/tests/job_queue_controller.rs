@@ -493,6 +493,58 @@ async fn a_missing_secret_sets_ready_false_with_an_event_and_recovers() {
     );
 }
 
+/// Without the admission webhook a schedule the operator cannot read is stored: status, a condition and
+/// a Warning Event name it and say why.
+#[tokio::test]
+async fn a_schedule_that_cannot_be_read_is_reported_by_name_in_a_condition_and_an_event() {
+    let f = fixture(OPERATOR_NS).await;
+    let good = "    - {name: hourly, cron: \"0 * * * *\", kind: report}\n";
+    let bad = "    - {name: nightly, cron: \"0 2 * * *\", timeZone: Mars/Olympus, kind: report}\n";
+    f.apply(&(job_queue_yaml(SCALING) + "  schedules:\n" + good + bad))
+        .await;
+    let jq = f
+        .wait_condition("Degraded", "True", Some("InvalidSchedule"))
+        .await;
+    let degraded = jq.condition("Degraded").unwrap();
+    assert!(
+        degraded.message.contains("\"nightly\"") && degraded.message.contains("Mars/Olympus"),
+        "{}",
+        degraded.message
+    );
+    assert!(!degraded.message.contains("hourly"), "{}", degraded.message);
+    let schedules = jq.status.unwrap().schedules;
+    assert!(
+        schedules[1]
+            .message
+            .as_deref()
+            .unwrap_or("")
+            .contains("Mars/Olympus")
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> = f.ns.api();
+    wait_for("an InvalidSchedule Warning event", DEADLINE, || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some("InvalidSchedule")
+                        && e.type_.as_deref() == Some("Warning")
+                        && e.note.as_deref().is_some_and(|n| n.contains("nightly"))
+                })
+                .then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    // Fixed: no longer degraded.
+    f.apply(
+        &(job_queue_yaml(SCALING) + "  schedules:\n" + good + &bad.replace("Mars/Olympus", "Europe/Paris")),
+    )
+    .await;
+    f.wait_condition("Degraded", "False", None).await;
+}
+
 #[tokio::test]
 async fn an_external_metrics_api_owned_by_keda_is_left_alone_and_reported() {
     let f = fixture("keda").await;

@@ -244,7 +244,9 @@ async fn steps(jq: &JobQueue, ctx: &Context<State>) -> Result<Action> {
     };
     let keda_problem = apply_autoscaler(jq, ctx, autoscaler).await?;
     remember(jq, ctx, &url, &seen, policy, replicas);
-    let degraded = metrics_note.or_else(|| keda_problem.map(|m| (reason::KEDA_UNAVAILABLE, m)));
+    let degraded = metrics_note
+        .or_else(|| keda_problem.map(|m| (reason::KEDA_UNAVAILABLE, m)))
+        .or_else(|| schedule_problems(jq).map(|m| (reason::INVALID_SCHEDULE, m)));
     let outcome = Outcome {
         seen,
         decision,
@@ -835,6 +837,18 @@ fn depth_status(d: &Depth) -> DepthStatus {
         retrying: d.retrying,
         dead: d.dead,
     }
+}
+
+/// The schedules that cannot run, each named with why (`Degraded=True` and a Warning Event say so; the
+/// admission webhook refuses such a spec where it runs, so this is for clusters without it).
+fn schedule_problems(jq: &JobQueue) -> Option<String> {
+    let bad: Vec<String> = jq
+        .spec
+        .schedules
+        .iter()
+        .filter_map(|s| schedule_problem(s).map(|p| format!("schedule {:?}: {p}", s.name)))
+        .collect();
+    (!bad.is_empty()).then(|| format!("{}; it does not fire (the other schedules do)", bad.join("; ")))
 }
 
 /// A schedule's status: its last and next fire time as the database records them (the next one worked
