@@ -68,6 +68,8 @@ pub const MAX_SLOTS: u32 = 1024;
 pub const STREAM_POOL_SIZE: u32 = 4;
 /// How long a new stream may take to send `subscribe`.
 pub const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest wait for room on a stream the worker does not read before the stream is ended.
+const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most characters of a worker's error kept as the job's `last_error` (as for the HTTP handler).
 const ERROR_LIMIT: usize = 2048;
 /// Ended jobs whose reason a stream remembers, to say why a late outcome is refused.
@@ -581,7 +583,7 @@ async fn run_session(
             m = inbound.message(), if reading => match m {
                 Ok(Some(m)) => {
                     if let Err(status) = on_message(&session, m, &stop, &drain).await {
-                        let _ = session.tx.send(Err(status)).await;
+                        let _ = session.tx.try_send(Err(status));
                         reading = false;
                         session.gone.cancel();
                         stop.cancel();
@@ -609,12 +611,13 @@ async fn on_message(
     stop: &CancellationToken,
     drain: &impl Fn(&Session, &CancellationToken),
 ) -> std::result::Result<(), Status> {
-    let refuse = |job_id: String, attempt: i32, reason: String| {
-        s.send(Out::Refused(proto::Refused {
+    let mut refused = Vec::new();
+    let mut refuse = |job_id: String, attempt: i32, reason: String| {
+        refused.push(proto::Refused {
             job_id,
             attempt,
             reason,
-        }))
+        })
     };
     match m.msg {
         None => return Err(Status::invalid_argument("a message without content")),
@@ -641,6 +644,21 @@ async fn on_message(
                         refuse(o.job_id, o.attempt, s.why_not_held(id, o.attempt));
                     }
                 }
+            }
+        }
+    }
+    // Refusals wait for room on the stream: a worker that keeps sending without reading is read no
+    // further, and one that stops reading altogether loses its stream.
+    for r in refused {
+        let msg = SidecarMessage {
+            msg: Some(Out::Refused(r)),
+        };
+        match tokio::time::timeout(SEND_TIMEOUT, s.tx.send(Ok(msg))).await {
+            Ok(_) => {}
+            Err(_) => {
+                return Err(Status::resource_exhausted(format!(
+                    "the worker has not read its stream for {SEND_TIMEOUT:?}"
+                )));
             }
         }
     }
