@@ -1,7 +1,9 @@
 //! The limiter while Redis is killed, frozen (SIGSTOP) or not there yet, under concurrent load: requests
 //! keep flowing as the failure mode says, none waits longer than the Redis deadline, and enforcement through
 //! Redis resumes within a second of Redis coming back — with what the local fallback allowed meanwhile
-//! counted in Redis, so the window's limit holds across the transition.
+//! counted in Redis, so the window's limit holds across the transition. In the other direction, the
+//! local fallback starts each key from what Redis last said it had left, so a window split by an outage
+//! does not allow what Redis counted plus a whole local share.
 
 mod limiter_common;
 
@@ -163,8 +165,9 @@ mod limiter {
             m.fallbacks(FallbackMode::local, DecisionOutcome::allowed),
             m.fallbacks(FallbackMode::local, DecisionOutcome::rejected),
         );
-        // Each client gets its replica's share (20 / 2) in process while Redis is gone.
-        assert!(ok > 0 && ok <= (CLIENTS as u64) * 10, "locally allowed {ok}");
+        // Each client gets at most its replica's share (20 / 2) in process while Redis is gone: its share
+        // of what Redis last said it had left (none, for a client that used its 20 through Redis).
+        assert!(ok <= (CLIENTS as u64) * 10, "locally allowed {ok}");
         assert!(no > 0, "local limits rejected nothing");
         assert_enforced_through_redis(&l, &redis).await;
     }
@@ -266,6 +269,10 @@ mod limiter {
 
     /// A limiter with one replica's share the whole limit (`requests` a minute), its Redis deadline short.
     async fn local_fallback_limiter(redis: &RedisServer, requests: u64) -> Limiter {
+        local_fallback_limiter_on(redis, requests, &ManualClock::at(T0)).await
+    }
+
+    async fn local_fallback_limiter_on(redis: &RedisServer, requests: u64, clock: &ManualClock) -> Limiter {
         let l = limiter(
             &with_deadline(
                 config(
@@ -275,7 +282,7 @@ mod limiter {
                 DEADLINE.as_millis() as u64,
             ),
             Some(&redis.url()),
-            &ManualClock::at(T0),
+            clock,
         );
         healthy(&l).await;
         l
@@ -342,6 +349,88 @@ mod limiter {
             "{after} allowed after the freeze ({failed_calls} calls failed during it)"
         );
         assert_eq!(l.metrics().carried_over.get(), 15);
+    }
+
+    #[tokio::test]
+    async fn when_redis_is_killed_mid_window_the_fallback_allows_only_what_redis_had_left() {
+        let mut redis = RedisServer::start();
+        let l = local_fallback_limiter(&redis, 30).await;
+        assert_eq!(allowed_of(&l, "198.51.100.9", 20).await, 20);
+        redis.kill();
+        // Redis had 10 left for this client: the fallback starts there, not from a fresh 30.
+        assert_eq!(allowed_of(&l, "198.51.100.9", 40).await, 10);
+        assert!(!l.redis_healthy());
+        // A client Redis never saw gets the whole local share.
+        assert_eq!(allowed_of(&l, "198.51.100.10", 40).await, 30);
+    }
+
+    #[tokio::test]
+    async fn each_enforcing_pod_takes_its_share_of_what_redis_had_left() {
+        let mut redis = RedisServer::start();
+        let l = local_fallback_limiter(&redis, 30).await;
+        l.set_enforcing_pods(2);
+        assert_eq!(allowed_of(&l, "198.51.100.11", 20).await, 20);
+        redis.kill();
+        // 10 left in Redis, shared by 2 pods: 5 here (from zero it would have been 30 ÷ 2 = 15).
+        assert_eq!(allowed_of(&l, "198.51.100.11", 40).await, 5);
+    }
+
+    #[tokio::test]
+    async fn a_window_split_by_a_freeze_allows_no_more_than_its_limit_in_all() {
+        let redis = RedisServer::start();
+        let l = local_fallback_limiter(&redis, 30).await;
+        assert_eq!(allowed_of(&l, "198.51.100.12", 20).await, 20);
+        redis.pause();
+        let during = allowed_of(&l, "198.51.100.12", 40).await;
+        assert!(!l.redis_healthy());
+        assert_eq!(during, 10, "Redis had 10 left");
+        redis.resume();
+        healthy(&l).await;
+        // 20 through Redis, 10 in process, carried over: nothing left in the window.
+        assert_eq!(allowed_of(&l, "198.51.100.12", 30).await, 0);
+        assert_eq!(l.metrics().carried_over.get(), 10);
+    }
+
+    #[tokio::test]
+    async fn a_second_outage_in_the_window_starts_from_what_redis_said_since() {
+        let redis = RedisServer::start();
+        let l = local_fallback_limiter(&redis, 30).await;
+        let ip = "198.51.100.13";
+        assert_eq!(allowed_of(&l, ip, 5).await, 5);
+        redis.pause();
+        let first = allow_locally(&l, ip, 10).await;
+        redis.resume();
+        healthy(&l).await;
+        // Redis counts the 10 (and perhaps calls that timed out during the freeze, counted twice).
+        let through_redis = allowed_of(&l, ip, 5).await as u64;
+        assert!(
+            through_redis <= 5 && through_redis + first >= 5,
+            "{through_redis}"
+        );
+        redis.pause();
+        // The bucket of the first outage (25 left when it started, 10 spent) would allow 15; Redis said
+        // it had at most 10 left.
+        let second = allowed_of(&l, ip, 40).await as u64;
+        redis.resume();
+        healthy(&l).await;
+        let after = allowed_of(&l, ip, 40).await as u64;
+        let total = 5 + 10 + through_redis + second + after;
+        assert!(
+            total <= 30,
+            "{total} allowed in a window of 30 (through Redis {through_redis}, second outage {second}, after {after})"
+        );
+        assert!(second <= 10, "{second} allowed in the second outage");
+    }
+
+    #[tokio::test]
+    async fn what_redis_said_of_a_past_window_does_not_shrink_the_next_one() {
+        let mut redis = RedisServer::start();
+        let clock = ManualClock::at(T0);
+        let l = local_fallback_limiter_on(&redis, 30, &clock).await;
+        assert_eq!(allowed_of(&l, "198.51.100.14", 30).await, 30);
+        redis.kill();
+        clock.set(next_edge(T0, 60_000));
+        assert_eq!(allowed_of(&l, "198.51.100.14", 40).await, 30);
     }
 
     #[tokio::test]

@@ -3,8 +3,9 @@
 //! the demo app → traffic through the sidecar gets 429 after the limit with the quota headers; a limit
 //! changed with kubectl is enforced and visible in status; scaled to two replicas, the operator publishes
 //! the count of enforcing pods and the sidecar reads it; with Redis stopped traffic follows the failure
-//! mode (`local`: the limit ÷ the published count per pod, not ÷ `expectedReplicas`); with Redis back
-//! the limits return, with what the pod allowed meanwhile counted in Redis.
+//! mode (`local`: what Redis last said the client had left ÷ the published count per pod, not ÷
+//! `expectedReplicas`, and not the whole limit again); with Redis back the limits return, with what the
+//! pod allowed meanwhile counted in Redis.
 //!
 //! The real `sluice-operator` and `sluice-sidecar` binaries run as processes; Redis is a real
 //! `redis-server` the scenario starts.
@@ -292,6 +293,17 @@ pub async fn run(system: &SluiceSystem) {
         .unwrap();
     assert!(table.contains("1/1"), "kubectl get shows who enforces: {table}");
 
+    // The limit raised to 16 and one more request through Redis: it has 7 left for this client.
+    system
+        .kubectl_ok(&["apply", "-n", n, "-f", "-"], Some(&policy(&redis.url(), 16)))
+        .await
+        .unwrap();
+    enforced(&ns, 3).await;
+    let got = burst(port, 1).await;
+    assert_eq!(statuses(&got), [200]);
+    assert_eq!(got[0].header("x-ratelimit-limit"), Some("16"));
+    assert_eq!(got[0].header("x-ratelimit-remaining"), Some("7"));
+
     // One pod enforces the policy, and the operator says so (signed, in Redis); scaled to two, the count
     // follows and the sidecar reads it.
     enforcing_pods_read(admin, 1).await;
@@ -301,23 +313,27 @@ pub async fn run(system: &SluiceSystem) {
         .unwrap();
     enforcing_pods_read(admin, 2).await;
 
-    // Redis gone: failureMode local, 8 ÷ the 2 pods the operator counted = 4 per pod, decided in
-    // process (`expectedReplicas: 4` would have made it 2).
+    // Redis gone: failureMode local. The pod starts the client's bucket from what Redis last said (7
+    // left) and takes its share of it: 7 ÷ the 2 pods the operator counted = 3 (`expectedReplicas: 4`
+    // would have made it 1; starting from zero, 16 ÷ 2 = 8 would have passed).
     redis.kill();
     let got = burst(port, 6).await;
-    assert_eq!(statuses(&got), [200, 200, 200, 200, 429, 429]);
+    assert_eq!(statuses(&got), [200, 200, 200, 429, 429, 429]);
 
-    // Redis back (empty): the limit of 8 applies again through Redis, with the 4 the pod allowed while
-    // Redis was gone carried over into it, so the window's 8 hold across the outage: 4 more pass.
+    // Redis back, empty (the 9 it had counted are lost with it): the limit of 16 applies again through
+    // Redis, with the 3 the pod allowed while Redis was gone carried over into it: 13 more pass.
     redis.restart();
     let first = wait_for("a request allowed through Redis again", DEADLINE, || async move {
         http::get(port, "/").await.ok().filter(|r| r.status == 200)
     })
     .await
     .unwrap();
-    assert_eq!(first.header("x-ratelimit-limit"), Some("8"));
-    let got = burst(port, 4).await;
-    assert_eq!(statuses(&got), [200, 200, 200, 429]);
+    assert_eq!(first.header("x-ratelimit-limit"), Some("16"));
+    assert_eq!(first.header("x-ratelimit-remaining"), Some("12"));
+    let got = burst(port, 13).await;
+    let mut expected = vec![200; 12];
+    expected.push(429);
+    assert_eq!(statuses(&got), expected);
 
     drop(ns);
 }

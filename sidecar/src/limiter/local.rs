@@ -5,6 +5,12 @@
 //! eviction never hands an abuser a fresh quota early). When a shard is full of active buckets, a new key
 //! is decided by its rule's shared overflow bucket (the rule's limit for all such clients together): new
 //! clients stay limited and memory stays bounded. Evictions and overflow decisions are counted.
+//!
+//! Under `failureMode: local` a key's bucket starts from what Redis last said for it
+//! ([`super::last_said`]): of the requests Redis had left, this pod's share (÷ the enforcing pods) is
+//! left to the bucket and the rest of its per-pod limit is spent at once. A bucket seen again after Redis
+//! answered for its key since it started (a later outage in the same window) starts again from the newer
+//! answer, which counts what the bucket allowed (carried over before Redis decided again).
 
 use std::{
     collections::HashMap,
@@ -19,6 +25,7 @@ use sluice_crds::sidecar_config::Algorithm as AlgorithmKind;
 use super::{
     algorithm::{LocalState, Outcome, Params},
     key::KeyHash,
+    last_said::Said,
     metrics::Metrics,
 };
 
@@ -32,6 +39,8 @@ const SWEEP_BACKOFF_MS: u64 = 100;
 struct Entry {
     state: LocalState,
     params: Params,
+    /// The version of Redis's answer the bucket started from (`None`: it started from zero).
+    seeded_from: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -77,12 +86,36 @@ impl LocalStore {
 
     /// Decides one request for counter `key` of rule `rule`.
     pub fn decide(&self, rule: &str, key: &KeyHash, kind: AlgorithmKind, p: Params, now: u64) -> Outcome {
+        self.decide_from(rule, key, kind, p, now, None, 1)
+    }
+
+    /// Decides one request of the local fallback for counter `key` of rule `rule` (`p`: the per-pod
+    /// share of `replicas`): as [`decide`](Self::decide), but the key's bucket starts from `said`, what
+    /// Redis last said for the key, when that answer still applies and is newer than the one the bucket
+    /// started from: `said.remaining ÷ replicas` requests are left to it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn decide_from(
+        &self,
+        rule: &str,
+        key: &KeyHash,
+        kind: AlgorithmKind,
+        p: Params,
+        now: u64,
+        said: Option<Said>,
+        replicas: u32,
+    ) -> Outcome {
+        let said = said.filter(|s| s.applies(kind, p.window_ms, now));
+        let budget = |s: Said| s.remaining / u64::from(replicas.max(1));
         let index = usize::from(key[0]) % SHARDS;
         let cap = self.shard_cap(index);
         let mut shard = lock(&self.shards[index]);
         let k = (*key, p.window_ms);
         if let Some(e) = shard.map.get_mut(&k) {
             e.params = p;
+            if let Some(s) = said.filter(|s| e.seeded_from.is_none_or(|v| s.version > v)) {
+                e.state = seeded(kind, &p, budget(s), now);
+                e.seeded_from = Some(s.version);
+            }
             return e.state.decide(kind, &p, now);
         }
         if shard.map.len() >= cap && now >= shard.next_sweep {
@@ -96,9 +129,19 @@ impl LocalStore {
             self.metrics.local_buckets.dec_by(evicted as i64);
         }
         if shard.map.len() < cap {
-            let mut state = LocalState::new(kind);
+            let mut state = match said {
+                Some(s) => seeded(kind, &p, budget(s), now),
+                None => LocalState::new(kind),
+            };
             let outcome = state.decide(kind, &p, now);
-            shard.map.insert(k, Entry { state, params: p });
+            shard.map.insert(
+                k,
+                Entry {
+                    state,
+                    params: p,
+                    seeded_from: said.map(|s| s.version),
+                },
+            );
             self.metrics.local_buckets.inc();
             return outcome;
         }
@@ -110,6 +153,7 @@ impl LocalStore {
             .or_insert_with(|| Entry {
                 state: LocalState::new(kind),
                 params: p,
+                seeded_from: None,
             });
         e.params = p;
         e.state.decide(kind, &p, now)
@@ -120,6 +164,20 @@ impl LocalStore {
         let cap = self.cap.load(Ordering::Relaxed);
         cap / SHARDS + usize::from(index < cap % SHARDS)
     }
+}
+
+/// A fresh bucket of `kind` for `p` with `budget` requests left at `now`: the hits a fresh bucket would
+/// allow beyond the budget are spent at `now` (one decision each, at most the bucket's capacity).
+fn seeded(kind: AlgorithmKind, p: &Params, budget: u64, now: u64) -> LocalState {
+    let mut state = LocalState::new(kind);
+    // What a fresh bucket allows at once: the first decision's remaining, plus that decision.
+    let capacity = LocalState::new(kind).decide(kind, p, now).remaining + 1;
+    for _ in 0..capacity.saturating_sub(budget) {
+        if !state.decide(kind, p, now).allowed {
+            break;
+        }
+    }
+    state
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -14,6 +14,7 @@
 //! | `sluice_limiter_local_overflow_total` | | decisions made by a rule's shared overflow bucket because the cap was full of active buckets |
 //! | `sluice_limiter_carried_over_total` | | requests the local fallback allowed, counted into Redis once it answered again |
 //! | `sluice_limiter_carry_unnoted_total` | | requests the local fallback allowed that could not be noted for the carry-over (`localMaxKeys` keys noted) |
+//! | `sluice_limiter_last_said_unnoted_total` | | Redis answers not remembered to seed the local fallback (`localMaxKeys` keys remembered) |
 //!
 //! Per-rule counters are created once when rules are compiled, so the hot path neither allocates labels
 //! nor takes the family's lock.
@@ -131,6 +132,8 @@ pub struct Metrics {
     pub carried_over: Counter,
     /// Requests allowed by the local fallback that the carry-over ledger had no room for.
     pub carry_unnoted: Counter,
+    /// Redis answers that could not be remembered to seed the local fallback (map full).
+    pub last_said_unnoted: Counter,
 }
 
 impl Metrics {
@@ -203,6 +206,11 @@ impl Metrics {
             "Requests the local fallback allowed that could not be noted for the carry-over (localMaxKeys keys noted)",
             m.carry_unnoted.clone(),
         );
+        r.register(
+            "last_said_unnoted",
+            "Redis answers not remembered to seed the local fallback (localMaxKeys keys remembered)",
+            m.last_said_unnoted.clone(),
+        );
         m
     }
 
@@ -222,6 +230,7 @@ impl Metrics {
             prefetched: Counter::default(),
             carried_over: Counter::default(),
             carry_unnoted: Counter::default(),
+            last_said_unnoted: Counter::default(),
         }
     }
 

@@ -8,12 +8,15 @@
 //! sliding counter, token bucket: Lua script and in-process math each), [`redis_store`] (fred pool,
 //! `EVALSHA`), [`coalesce`] and `remote` (one call in flight per key; requests arriving meanwhile decided
 //! together by the next call), [`breaker`], [`local`] (bounded in-process buckets), [`carry`] (what the
-//! local fallback allowed, counted into Redis once it answers again), [`metrics`].
+//! local fallback allowed, counted into Redis once it answers again), [`last_said`] (what Redis last
+//! said per key, which the local fallback starts from), [`metrics`].
 //!
 //! Hot path: rules and settings are read through one `ArcSwap` load; matching and key hashing allocate
 //! nothing; per applying rule there is one key string and at most one script call (a hot key shares its
 //! call with the requests that arrived while the previous one was in flight). The in-process store takes
-//! one shard lock per rule, and only when Redis is absent or cannot decide.
+//! one shard lock per rule, and only when Redis is absent or cannot decide. Under `failureMode: local`,
+//! each decision Redis makes is also remembered ([`last_said`]: one shard lock and no allocation once
+//! the key is known).
 
 pub mod algorithm;
 pub mod breaker;
@@ -21,6 +24,7 @@ pub mod carry;
 pub mod client_ip;
 pub mod coalesce;
 pub mod key;
+pub mod last_said;
 pub mod local;
 pub mod metrics;
 pub mod redis_store;
@@ -52,6 +56,7 @@ use self::{
     carry::Ledger,
     coalesce::Coalescer,
     key::KeyHash,
+    last_said::LastSaid,
     local::LocalStore,
     metrics::{DecisionOutcome, FallbackMode, Metrics},
     redis_store::RedisStore,
@@ -168,6 +173,8 @@ struct Shared {
     local: LocalStore,
     /// Requests the local fallback allowed, owed to Redis.
     carry: Ledger,
+    /// What Redis last said per key, for the local fallback to start from.
+    last_said: LastSaid,
     coalescer: Coalescer<remote::Answer>,
     metrics: Metrics,
     instance: u64,
@@ -282,6 +289,7 @@ impl Limiter {
             breaker: Breaker::new_open(metrics.breaker_open.clone()),
             local: LocalStore::new(config.local_max_keys, metrics.clone()),
             carry: Ledger::default(),
+            last_said: LastSaid::default(),
             coalescer: Coalescer::default(),
             metrics,
             redis,
@@ -397,7 +405,20 @@ impl Limiter {
             Some(redis) => {
                 let base = rule.key.redis_base(hash);
                 match remote::decide(&self.shared, redis, settings, rule, base, now).await {
-                    Some(o) => (o, Source::Redis),
+                    Some(o) => {
+                        if settings.failure_mode == FailureMode::Local
+                            && !self.shared.last_said.record(
+                                hash,
+                                rule.params.window_ms,
+                                o.remaining,
+                                now,
+                                settings.local_max_keys,
+                            )
+                        {
+                            self.shared.metrics.last_said_unnoted.inc();
+                        }
+                        (o, Source::Redis)
+                    }
                     None => self.fallback(settings, rule, hash, now),
                 }
             }
@@ -435,8 +456,14 @@ impl Limiter {
                 )
             }
             FailureMode::Local => {
-                let p = rule.params.per_replica(self.shared.replicas(settings));
-                let o = self.shared.local.decide(&rule.name, hash, rule.algorithm, p, now);
+                let replicas = self.shared.replicas(settings);
+                let p = rule.params.per_replica(replicas);
+                // The bucket starts from this pod's share of what Redis had left for the key.
+                let said = self.shared.last_said.get(hash, rule.params.window_ms);
+                let o =
+                    self.shared
+                        .local
+                        .decide_from(&rule.name, hash, rule.algorithm, p, now, said, replicas);
                 if o.allowed
                     && !self
                         .shared

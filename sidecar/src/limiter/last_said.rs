@@ -1,0 +1,179 @@
+//! What Redis last said for each key: the requests it had left when it last decided one of this pod's
+//! requests. When Redis stops answering, `failureMode: local` starts a key's in-process bucket from it
+//! (its share of what was left, see [`super::local`]) instead of from zero, so a window split by an
+//! outage does not allow what Redis counted before it plus a whole local share after it.
+//!
+//! Bounded like the local store (`localMaxKeys` keys, in shards): when a shard is full, answers that can
+//! no longer seed anything (older than their window) are dropped first; past that, new keys are not
+//! remembered (counted in `last_said_unnoted_total`) and their buckets start from zero.
+
+use std::{
+    collections::HashMap,
+    sync::{Mutex, MutexGuard, PoisonError},
+};
+
+use sluice_crds::sidecar_config::Algorithm as AlgorithmKind;
+
+use super::key::KeyHash;
+
+/// Shards of the map (as the local store's).
+const SHARDS: usize = 16;
+
+/// One answer of Redis for one key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Said {
+    /// Requests Redis had left for the key after the request it decided (0 when it refused it).
+    pub remaining: u64,
+    /// When it decided (limiter clock, ms).
+    pub at: u64,
+    /// Increases with every answer remembered for the key (many can share a millisecond): a bucket
+    /// started from an answer starts again only from a later one.
+    pub version: u64,
+}
+
+impl Said {
+    /// Whether this answer still bounds what the key may do at `now`: for a fixed window, only within the
+    /// same aligned window (a new one starts from zero); for the sliding algorithms and the token bucket,
+    /// for one window after it (room only grows as hits leave the window or tokens refill, so an older
+    /// answer is stricter than Redis would be, never looser).
+    pub fn applies(&self, kind: AlgorithmKind, window_ms: u64, now: u64) -> bool {
+        let window_ms = window_ms.max(1);
+        match kind {
+            AlgorithmKind::FixedWindow => self.at / window_ms == now / window_ms,
+            _ => now.saturating_sub(self.at) < window_ms,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    map: HashMap<(KeyHash, u64), Said>,
+    /// The next answer's version (a key always falls in the same shard).
+    next: u64,
+}
+
+/// The last answer of Redis per key (the key hash names the rule) and window length.
+#[derive(Debug)]
+pub struct LastSaid {
+    shards: Vec<Mutex<Shard>>,
+}
+
+impl Default for LastSaid {
+    fn default() -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+        }
+    }
+}
+
+impl LastSaid {
+    /// Remembers that Redis had `remaining` requests left for `key` at `now`; `false` when the map is full
+    /// (`cap` keys) and the key is new.
+    pub fn record(&self, key: &KeyHash, window_ms: u64, remaining: u64, now: u64, cap: usize) -> bool {
+        let mut guard = lock(&self.shards[usize::from(key[0]) % SHARDS]);
+        let shard = &mut *guard;
+        shard.next += 1;
+        let said = Said {
+            remaining,
+            at: now,
+            version: shard.next,
+        };
+        if let Some(slot) = shard.map.get_mut(&(*key, window_ms)) {
+            if now >= slot.at {
+                *slot = said;
+            }
+            return true;
+        }
+        let shard_cap = cap.div_ceil(SHARDS);
+        if shard.map.len() >= shard_cap {
+            // Answers older than their window seed nothing any more.
+            shard
+                .map
+                .retain(|(_, w), s| now.saturating_sub(s.at) < (*w).max(1));
+            if shard.map.len() >= shard_cap {
+                return false;
+            }
+        }
+        shard.map.insert((*key, window_ms), said);
+        true
+    }
+
+    /// The last answer for `key`, if one is remembered.
+    pub fn get(&self, key: &KeyHash, window_ms: u64) -> Option<Said> {
+        lock(&self.shards[usize::from(key[0]) % SHARDS])
+            .map
+            .get(&(*key, window_ms))
+            .copied()
+    }
+
+    /// Keys remembered.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).map.len()).sum()
+    }
+
+    /// Whether nothing is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(i: u8) -> KeyHash {
+        [i; 16]
+    }
+
+    #[test]
+    fn the_latest_answer_per_key_is_kept() {
+        let said = LastSaid::default();
+        assert!(said.record(&key(1), 1_000, 7, 1_100, 10));
+        assert!(said.record(&key(1), 1_000, 5, 1_200, 10));
+        // An answer that arrives late (an older decision) does not replace a newer one.
+        assert!(said.record(&key(1), 1_000, 6, 1_150, 10));
+        let last = said.get(&key(1), 1_000).unwrap();
+        assert_eq!((last.remaining, last.at), (5, 1_200));
+        // Answers within one millisecond are told apart by their version.
+        assert!(said.record(&key(1), 1_000, 4, 1_200, 10));
+        let newer = said.get(&key(1), 1_000).unwrap();
+        assert_eq!(newer.remaining, 4);
+        assert!(newer.version > last.version);
+        assert_eq!(said.get(&key(1), 2_000), None, "another window length");
+        assert_eq!(said.get(&key(2), 1_000), None);
+    }
+
+    #[test]
+    fn a_full_map_drops_answers_older_than_their_window_then_refuses_new_keys() {
+        let said = LastSaid::default();
+        // Cap 16: one key a shard (the shard is the key's first byte).
+        for i in 0..16 {
+            assert!(said.record(&key(i), 1_000, 1, 1_000, 16));
+        }
+        assert!(!said.record(&key(16), 1_000, 1, 1_500, 16), "shard 0 is full");
+        assert!(
+            said.record(&key(16), 1_000, 1, 2_000, 16),
+            "key 0's answer is a window old"
+        );
+        assert_eq!(said.get(&key(0), 1_000), None);
+        assert_eq!(said.len(), 16);
+    }
+
+    #[test]
+    fn an_answer_applies_within_its_fixed_window_or_for_one_sliding_window() {
+        let s = Said {
+            remaining: 3,
+            at: 1_900,
+            version: 1,
+        };
+        assert!(s.applies(AlgorithmKind::FixedWindow, 1_000, 1_999));
+        assert!(!s.applies(AlgorithmKind::FixedWindow, 1_000, 2_000));
+        assert!(s.applies(AlgorithmKind::SlidingLog, 1_000, 2_899));
+        assert!(!s.applies(AlgorithmKind::SlidingLog, 1_000, 2_900));
+        assert!(s.applies(AlgorithmKind::TokenBucket, 1_000, 2_000));
+    }
+}
