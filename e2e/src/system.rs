@@ -470,9 +470,49 @@ impl SluiceSystem {
             }
         }
         keep.push(namespace.to_string());
+        self.upgrade(|values| values["rbac"]["secretNamespaces"] = json!(keep))
+            .await
+    }
+
+    /// Confines the operator to `namespaces` as a user does (`watchNamespaces`: Roles there in place of
+    /// the ClusterRole's namespaced rules, webhooks scoped to them) and lets it read Secrets there alone
+    /// (`rbac.secretNamespaces`); `helm upgrade --wait` on a real control plane, then waits until the
+    /// operator's one pod is the upgraded one and Ready.
+    pub async fn confine_to(&self, namespaces: &[&str]) -> Result<()> {
+        self.upgrade(|values| {
+            values["watchNamespaces"] = json!(namespaces);
+            values["rbac"]["secretNamespaces"] = json!(namespaces);
+        })
+        .await?;
+        let pods: Api<Pod> = Api::namespaced(self.env.client(), RELEASE_NAMESPACE);
+        let watched = namespaces.join(",");
+        wait_for("the upgraded operator pod alone", INSTALL_DEADLINE, || {
+            let (pods, watched) = (pods.clone(), watched.clone());
+            async move {
+                let list = pods.list(&ListParams::default()).await.ok()?.items;
+                let operators: Vec<_> = list
+                    .iter()
+                    .filter_map(|p| p.spec.as_ref()?.containers.iter().find(|c| c.name == "operator"))
+                    .collect();
+                let upgraded = operators.iter().all(|c| {
+                    c.env
+                        .iter()
+                        .flatten()
+                        .any(|e| e.name == "SLUICE_WATCH_NAMESPACES" && e.value.as_deref() == Some(&watched))
+                });
+                (operators.len() == 1 && upgraded).then_some(())
+            }
+        })
+        .await?;
+        self.wait_operator_ready(INSTALL_DEADLINE).await
+    }
+
+    /// Changes the installed values with `change` and upgrades the release (`helm upgrade --wait` on a
+    /// real control plane; rendered and applied on the in-memory one).
+    pub async fn upgrade(&self, change: impl FnOnce(&mut Value)) -> Result<()> {
         let values = {
             let mut values = self.values.lock().unwrap_or_else(|p| p.into_inner());
-            values["rbac"]["secretNamespaces"] = json!(keep);
+            change(&mut values);
             values.clone()
         };
         match &self.helm_home {

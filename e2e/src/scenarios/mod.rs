@@ -5,6 +5,7 @@
 //! Each scenario works in a namespace of its own and starts the Redis or PostgreSQL it needs, so several
 //! run one after the other on one installed system. A scenario panics, naming what failed.
 
+pub mod access;
 pub mod bad_input;
 pub mod job_queue;
 pub mod rate_limit;
@@ -37,6 +38,19 @@ pub const ALL: &[Scenario] = &[
     Scenario {
         name: "bad input",
         run: |s| Box::pin(bad_input::run(s)),
+    },
+];
+
+/// Scenarios that need the real RBAC authorizer and Helm, run after [`ALL`] on the real control plane
+/// only; the last one upgrades the release to `watchNamespaces`.
+pub const REAL_ONLY: &[Scenario] = &[
+    Scenario {
+        name: "job queue authors (RBAC users)",
+        run: |s| Box::pin(access::job_queue_authors(s)),
+    },
+    Scenario {
+        name: "watchNamespaces (helm upgrade)",
+        run: |s| Box::pin(access::watch_namespaces(s)),
     },
 ];
 
