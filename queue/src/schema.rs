@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
 /// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
 /// which the workspace does not enable).
-const MIGRATIONS: [(i64, &str, &str); 9] = [
+const MIGRATIONS: [(i64, &str, &str); 10] = [
     (
         1,
         "queue tables",
@@ -60,6 +60,11 @@ const MIGRATIONS: [(i64, &str, &str); 9] = [
         9,
         "keys on every enqueue path",
         include_str!("../../migrations/0009_keys_on_every_enqueue_path.sql"),
+    ),
+    (
+        10,
+        "idempotency window and cancelled replacements",
+        include_str!("../../migrations/0010_idempotency_window_and_cancelled_replacements.sql"),
     ),
 ];
 

@@ -403,3 +403,88 @@ async fn the_sql_functions_take_keys_and_dependencies_together() {
     let y = store.get(graph[1].1).await.unwrap().unwrap();
     assert_eq!(y.unique_for_ms, Some(3_600_000));
 }
+
+/// The unique key of job `id`.
+async fn unique_key(store: &QueueStore, id: Uuid) -> Option<String> {
+    sqlx::query_scalar("SELECT unique_key FROM sluice.jobs WHERE id = $1")
+        .bind(id)
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_idempotency_key_recorded_on_an_old_holder_counts_its_window_from_then() {
+    let (_pg, store) = setup().await;
+    let window_h = QueueSettings::defaults("q").idempotency_window_ms / 3_600_000;
+    let holder = store
+        .enqueue("q", &job(1).unique("k", UniqueMode::Preserve))
+        .await
+        .unwrap()
+        .id;
+    // The holder was made longer ago than the idempotency window.
+    sqlx::query("UPDATE sluice.jobs SET created_at = now() - $1 * interval '1 hour' WHERE id = $2")
+        .bind(window_h as f64 + 1.0)
+        .bind(holder)
+        .execute(store.pool())
+        .await
+        .unwrap();
+
+    // The request is answered by the holder, which records its idempotency key now.
+    let request = job(2).unique("k", UniqueMode::Preserve).idempotency_key("x");
+    let first = store.enqueue("q", &request).await.unwrap();
+    assert_eq!((first.id, first.created), (holder, false));
+    let c = claim(&store).await;
+    assert_eq!(c[0].0, holder);
+    finish(&store, c[0], Finish::Succeeded).await;
+
+    // A retry within the window (from the recording) is answered by the same job, although the job
+    // finished and gave its unique key up: the request does not run twice.
+    let retry = store.enqueue("q", &request).await.unwrap();
+    assert_eq!((retry.id, retry.created), (holder, false));
+    assert_eq!(count(&store).await, 1);
+
+    // Once the window has passed since the recording, the key is forgotten: a new job.
+    sqlx::query("UPDATE sluice.jobs SET idempotency_at = now() - $1 * interval '1 hour' WHERE id = $2")
+        .bind(window_h as f64 + 1.0)
+        .bind(holder)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let later = store.enqueue("q", &request).await.unwrap();
+    assert!(later.created);
+    assert_ne!(later.id, holder);
+}
+
+#[tokio::test]
+async fn a_replacement_created_cancelled_leaves_the_key_with_the_running_holder() {
+    let (_pg, store) = setup().await;
+    let holder = store
+        .enqueue("q", &job(1).unique("k", UniqueMode::Replace))
+        .await
+        .unwrap()
+        .id;
+    let running = claim(&store).await;
+    assert_eq!(running[0].0, holder);
+    let parent = store.enqueue("q", &job(2)).await.unwrap().id;
+    store.cancel(parent).await.unwrap();
+    assert_eq!(state(&store, parent).await, "cancelled");
+
+    // Its parent is already cancelled: the new job is made cancelled, without the key.
+    let next = store
+        .enqueue("q", &job(3).unique("k", UniqueMode::Replace).depends_on([parent]))
+        .await
+        .unwrap();
+    assert!(next.created);
+    assert_eq!(state(&store, next.id).await, "cancelled");
+    assert_eq!(unique_key(&store, next.id).await, None);
+    assert_eq!(unique_key(&store, holder).await.as_deref(), Some("k"));
+
+    // The running holder still holds the key: no second job runs beside it.
+    let again = store
+        .enqueue("q", &job(4).unique("k", UniqueMode::Preserve))
+        .await
+        .unwrap();
+    assert_eq!((again.id, again.created), (holder, false));
+    assert!(claim(&store).await.is_empty(), "nothing else to run");
+}
