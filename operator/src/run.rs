@@ -395,15 +395,15 @@ pub async fn run_with(client: Client, args: RunArgs, shutdown: CancellationToken
 
     // Leadership, then controllers on the leader only.
     let (leading_tx, leading) = watch::channel(!args.leader_election);
-    if args.leader_election {
+    let election = args.leader_election.then(|| {
         let settings = leader::LeaseSettings::new(&args.namespace, &args.lease_name, &identity);
         tokio::spawn(leader::run(
             client.clone(),
             settings,
             leading_tx,
             shutdown.clone().cancelled_owned(),
-        ));
-    }
+        ))
+    });
     let controllers = Controllers {
         client: client.clone(),
         identity,
@@ -420,9 +420,19 @@ pub async fn run_with(client: Client, args: RunArgs, shutdown: CancellationToken
         },
     };
     supervise_controllers(controllers, leading, shutdown.clone()).await;
+    // The election releases the Lease on shutdown: wait for it (briefly), or the process exits first and
+    // the next operator (a rolling update's new pod) waits out the Lease's duration before it leads.
+    if let Some(election) = election
+        && tokio::time::timeout(LEASE_RELEASE_GRACE, election).await.is_err()
+    {
+        tracing::warn!("the Lease was not released in time; the next leader waits for it to expire");
+    }
     let _ = webhook.await;
     Ok(())
 }
+
+/// How long a stopping operator waits for the election to hand its Lease back.
+const LEASE_RELEASE_GRACE: Duration = Duration::from_secs(5);
 
 /// What the leader runs the controllers with. Their contexts are made fresh at each term of leadership,
 /// so a new leader starts with no stale memory of policies or queues.

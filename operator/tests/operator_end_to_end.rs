@@ -10,6 +10,7 @@ use clap::Parser;
 use k8s_openapi::api::{
     admissionregistration::v1::MutatingWebhookConfiguration,
     apps::v1::Deployment,
+    coordination::v1::Lease,
     core::v1::{Pod, Secret},
 };
 use kube::{Api, api::PostParams};
@@ -128,6 +129,7 @@ async fn the_operator_serves_a_trusted_webhook_that_injects_pods_created_through
     };
     let stop = CancellationToken::new();
     let operator = tokio::spawn(sluice_operator::run::run_with(env.client(), *args, stop.clone()));
+    let leases = Api::<Lease>::namespaced(env.client(), OPERATOR_NS);
 
     // Ready only once the certificate is generated, the caBundle patched and the policy cache synced.
     wait_for("/readyz 200", DEADLINE, || async {
@@ -284,8 +286,22 @@ async fn the_operator_serves_a_trusted_webhook_that_injects_pods_created_through
     assert!(text.contains("sluice_operator_reconcile_total"), "{text}");
     assert_eq!(text.matches("# EOF").count(), 1, "one exposition: {text}");
 
+    // A graceful stop hands the Lease back before the process would exit, so that the next operator (a
+    // rolling update's new pod) leads at once instead of waiting for the Lease to expire.
+    let held = leases.get("sluice-operator").await.unwrap();
+    assert_eq!(
+        held.spec.unwrap().holder_identity.as_deref(),
+        Some("operator-0"),
+        "the only replica leads"
+    );
     stop.cancel();
     operator.await.unwrap().unwrap();
+    let released = leases.get("sluice-operator").await.unwrap();
+    assert_eq!(
+        released.spec.unwrap().holder_identity,
+        None,
+        "released when run_with returned"
+    );
 }
 
 #[tokio::test]
