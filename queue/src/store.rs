@@ -232,19 +232,32 @@ impl QueueStore {
 
     // ---- enqueue ------------------------------------------------------------------------------------
 
-    /// Enqueues one job (see [`enqueue`]).
+    /// Enqueues one job (see [`enqueue`]). A deadlock (two calls taking keys in opposite orders) is
+    /// retried once: the call is its own transaction, so the aborted attempt left nothing behind.
     pub async fn enqueue(&self, queue: &str, job: &NewJob) -> Result<Enqueued> {
-        enqueue_at(&self.pool, queue, job, self.now()).await
+        match enqueue_at(&self.pool, queue, job, self.now()).await {
+            Err(e) if is_deadlock(&e) => enqueue_at(&self.pool, queue, job, self.now()).await,
+            done => done,
+        }
     }
 
-    /// Enqueues many jobs in one statement (see [`enqueue_many`]).
+    /// Enqueues many jobs in one statement (see [`enqueue_many`]). A deadlock with another call taking
+    /// the same keys (batches with both unique and idempotency keys can take them in opposite orders) is
+    /// retried once: the call is its own transaction, so the aborted attempt left nothing behind.
     pub async fn enqueue_many(&self, queue: &str, jobs: &[NewJob]) -> Result<Vec<Uuid>> {
-        enqueue_many_at(&self.pool, queue, jobs, self.now()).await
+        match enqueue_many_at(&self.pool, queue, jobs, self.now()).await {
+            Err(e) if is_deadlock(&e) => enqueue_many_at(&self.pool, queue, jobs, self.now()).await,
+            done => done,
+        }
     }
 
-    /// Enqueues a graph of jobs in one call (see [`enqueue_graph`]).
+    /// Enqueues a graph of jobs in one call (see [`enqueue_graph`]). A deadlock is retried once, as for
+    /// [`QueueStore::enqueue_many`].
     pub async fn enqueue_graph(&self, queue: &str, jobs: &[GraphJob]) -> Result<Vec<(String, Enqueued)>> {
-        enqueue_graph_at(&self.pool, queue, jobs, self.now()).await
+        match enqueue_graph_at(&self.pool, queue, jobs, self.now()).await {
+            Err(e) if is_deadlock(&e) => enqueue_graph_at(&self.pool, queue, jobs, self.now()).await,
+            done => done,
+        }
     }
 
     // ---- periodic jobs ------------------------------------------------------------------------------
@@ -630,6 +643,10 @@ async fn enqueue_at<'e>(
 /// is enqueued by the rules of [`enqueue`], keyed jobs in key order, and a job whose key was held gets the
 /// holder's id). Dependencies take a graph ([`enqueue_graph`]); all jobs share one `max_attempts`
 /// (absent: the queue's setting).
+///
+/// Batches whose jobs carry both a unique and an idempotency key can take keys in opposite orders and
+/// deadlock: PostgreSQL aborts one transaction ([`is_deadlock`]); roll it back and run it again
+/// ([`QueueStore::enqueue_many`] does so once by itself).
 pub async fn enqueue_many<'e>(exec: impl PgExecutor<'e>, queue: &str, jobs: &[NewJob]) -> Result<Vec<Uuid>> {
     enqueue_many_at(exec, queue, jobs, Utc::now()).await
 }
@@ -861,6 +878,11 @@ fn check_unique(job: &NewJob) -> Result<()> {
 
 fn millis(d: sluice_crds::duration::Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Whether `e` is PostgreSQL's deadlock error (40P01): the transaction was aborted and can be run again.
+pub fn is_deadlock(e: &Error) -> bool {
+    matches!(e, Error::Database(sqlx::Error::Database(db)) if db.code().as_deref() == Some("40P01"))
 }
 
 /// Maps the SQL API's SQLSTATEs to the crate's errors: SL404 → not found, SL409 → conflict, constraint

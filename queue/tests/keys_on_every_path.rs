@@ -488,3 +488,68 @@ async fn a_replacement_created_cancelled_leaves_the_key_with_the_running_holder(
     assert_eq!((again.id, again.created), (holder, false));
     assert!(claim(&store).await.is_empty(), "nothing else to run");
 }
+
+#[tokio::test]
+async fn a_deadlocked_enqueue_is_retried_once() {
+    let (_pg, store) = setup().await;
+    // The first job insert fails as a deadlock victim would (a sequence is not rolled back with it).
+    sqlx::raw_sql(
+        "CREATE SEQUENCE test_inserts;
+         CREATE FUNCTION test_deadlock_once() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF nextval('test_inserts') = 1 THEN
+                 RAISE EXCEPTION 'deadlock detected' USING ERRCODE = '40P01';
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER test_deadlock_once BEFORE INSERT ON sluice.jobs
+             FOR EACH ROW EXECUTE FUNCTION test_deadlock_once();",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let reset = || async {
+        sqlx::query("SELECT setval('test_inserts', 1, false)")
+            .execute(store.pool())
+            .await
+            .unwrap();
+    };
+
+    let ids = store
+        .enqueue_many(
+            "q",
+            &[
+                job(1).unique("a", UniqueMode::Preserve).idempotency_key("z"),
+                job(2).unique("b", UniqueMode::Preserve),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(ids.len(), 2);
+    reset().await;
+    let one = store
+        .enqueue("q", &job(3).unique("c", UniqueMode::Preserve))
+        .await
+        .unwrap();
+    assert!(one.created);
+    reset().await;
+    let graph = store
+        .enqueue_graph("q", &[GraphJob::new("g", job(4))])
+        .await
+        .unwrap();
+    assert!(graph[0].1.created);
+    assert_eq!(count(&store).await, 4);
+
+    // A second deadlock in a row is the caller's.
+    sqlx::query(
+        "CREATE OR REPLACE FUNCTION test_deadlock_once() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             RAISE EXCEPTION 'deadlock detected' USING ERRCODE = '40P01';
+         END $$",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let err = store.enqueue("q", &job(5)).await.unwrap_err();
+    assert!(sluice_queue::store::is_deadlock(&err), "{err}");
+}

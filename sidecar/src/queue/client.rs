@@ -29,7 +29,7 @@ pub use sluice_queue::{
     ClaimedJob, Enqueued, GraphJob, Job, JobState, NewJob, OnParentFailure, Parent, QueueSettings,
     QueueStore, UniqueMode,
     schema::migrate,
-    store::{enqueue, enqueue_graph, enqueue_many},
+    store::{enqueue, enqueue_graph, enqueue_many, is_deadlock},
 };
 
 pub use super::worker::{Handler, Outcome, Worker, WorkerOptions};
