@@ -67,8 +67,9 @@ pub struct QueueConfig {
     #[serde(default)]
     pub api: QueueApiConfig,
     /// The gRPC worker API (`sluice.v1.Worker`): workers connect and jobs are pushed to them over a
-    /// stream, instead of being POSTed to `handler.url`.
-    #[serde(default)]
+    /// stream, instead of being POSTed to `handler.url`. Left out when written at its defaults, so
+    /// configs rendered for sidecars that predate it stay readable by them.
+    #[serde(default, skip_serializing_if = "GrpcConfig::is_default")]
     pub grpc: GrpcConfig,
     /// Periodic jobs this worker's scheduler enqueues (every worker runs it; PostgreSQL makes sure each
     /// fire time makes one job).
@@ -228,6 +229,13 @@ pub struct GrpcConfig {
     /// Largest message in either direction, bytes.
     #[serde(default = "default_grpc_max_message_bytes")]
     pub max_message_bytes: u32,
+}
+
+impl GrpcConfig {
+    /// Whether every field is at its default (the API off).
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 impl Default for GrpcConfig {

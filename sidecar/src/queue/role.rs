@@ -305,6 +305,26 @@ queue:
     }
 
     #[test]
+    fn the_grpc_api_is_off_unless_its_address_is_set() {
+        let base = [(var::DATABASE_URL, "postgres://x/y"), (var::QUEUES, "a")];
+        let cfg = load_worker_config(None, &base).unwrap();
+        assert_eq!(cfg.grpc.listen, None);
+        assert!(
+            !serde_yaml::to_string(&cfg).unwrap().contains("grpc"),
+            "defaults are not written"
+        );
+        let env = [base[0], base[1], (var::GRPC_LISTEN, "127.0.0.1:9903")];
+        let cfg = load_worker_config(None, &env).unwrap();
+        assert_eq!(cfg.grpc.listen, Some("127.0.0.1:9903".parse().unwrap()));
+        let file = "queue:\n  grpc: {listen: 127.0.0.1:9903, maxStreams: 2}\n";
+        let cfg = load_worker_config(Some(file), &base).unwrap();
+        assert_eq!((cfg.grpc.listen.is_some(), cfg.grpc.max_streams), (true, 2));
+        let bad = [base[0], base[1], (var::GRPC_LISTEN, "nine")];
+        let err = load_worker_config(None, &bad).unwrap_err().to_string();
+        assert!(err.contains(var::GRPC_LISTEN), "{err}");
+    }
+
+    #[test]
     fn env_overrides_the_file() {
         let file = "queue:\n  databaseUrl: postgres://file/db\n  queues: [a]\n  worker: {concurrency: 2}\n";
         let cfg = load_worker_config(Some(file), &[(var::QUEUES, "b")]).unwrap();
