@@ -543,7 +543,7 @@ fn register<H>(shared: &Shared<H>, job: ClaimedJob, lease: OwnedSemaphorePermit)
     let stop = CancellationToken::new();
     let reason = Arc::new(Mutex::new(None));
     let finishing = Arc::new(AtomicBool::new(false));
-    shared.inflight.lock().expect("inflight lock").insert(
+    let earlier = shared.inflight.lock().expect("inflight lock").insert(
         job.id,
         InFlight {
             attempt: job.attempt,
@@ -553,6 +553,11 @@ fn register<H>(shared: &Shared<H>, job: ClaimedJob, lease: OwnedSemaphorePermit)
             finishing: finishing.clone(),
         },
     );
+    // This worker claimed the job again while an earlier attempt of it still runs here: that attempt's
+    // lease was taken back (the database answered too late for its heartbeat), so it is lost.
+    if let Some(earlier) = earlier.filter(|e| e.attempt != job.attempt) {
+        earlier.stop(StopReason::Lost);
+    }
     Ready {
         job,
         stop,
@@ -635,7 +640,7 @@ async fn run_job<H: Handler>(
             Some(StopReason::Cancel) => Some(Finish::Cancelled),
             Some(StopReason::Shutdown) | None => None,
             Some(StopReason::Lost) => {
-                shared.inflight.lock().expect("inflight lock").remove(&id);
+                forget(&mut shared.inflight.lock().expect("inflight lock"), id, attempt);
                 shared.metrics.lease_lost(&queue);
                 tracing::warn!(%id, attempt, "lease lost: another worker owns the job now");
                 return;
@@ -714,7 +719,15 @@ async fn record<H>(shared: Arc<Shared<H>>, batch: Vec<Done>, shutdown: Cancellat
     }
     let mut inflight = shared.inflight.lock().expect("inflight lock");
     for d in finish.iter().chain(&release) {
-        inflight.remove(&d.id);
+        forget(&mut inflight, d.id, d.attempt);
+    }
+}
+
+/// Stops tracking `attempt` of job `id`, but not a later attempt of it this worker claimed meanwhile
+/// (whose lease the heartbeat must keep renewing).
+fn forget(inflight: &mut HashMap<Uuid, InFlight>, id: Uuid, attempt: i32) {
+    if inflight.get(&id).is_some_and(|f| f.attempt == attempt) {
+        inflight.remove(&id);
     }
 }
 
@@ -859,7 +872,34 @@ async fn maintenance<H>(shared: Arc<Shared<H>>, stop: CancellationToken) {
 
 #[cfg(test)]
 mod tests {
-    use super::Ahead;
+    use std::{
+        collections::HashMap,
+        sync::{Arc, Mutex, atomic::AtomicBool},
+    };
+
+    use tokio_util::sync::CancellationToken;
+    use uuid::Uuid;
+
+    use super::{Ahead, InFlight, forget};
+
+    #[test]
+    fn an_earlier_attempts_end_does_not_forget_a_later_attempt_of_the_job() {
+        // Attempt 1's lease was taken back and this worker claimed attempt 2; attempt 1's handler
+        // returning afterwards must leave attempt 2 tracked (its lease renewed by the heartbeat).
+        let id = Uuid::from_u128(7);
+        let attempt = |n| InFlight {
+            attempt: n,
+            queue: "emails".into(),
+            stop: CancellationToken::new(),
+            reason: Arc::new(Mutex::new(None)),
+            finishing: Arc::new(AtomicBool::new(false)),
+        };
+        let mut inflight = HashMap::from([(id, attempt(2))]);
+        forget(&mut inflight, id, 1);
+        assert_eq!(inflight.get(&id).map(|f| f.attempt), Some(2));
+        forget(&mut inflight, id, 2);
+        assert!(inflight.is_empty());
+    }
 
     #[test]
     fn claims_ahead_only_what_the_slots_free_during_one_claim() {
