@@ -30,6 +30,7 @@ use std::{
 };
 
 use chrono::Utc;
+use futures::StreamExt as _;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tokio_util::sync::CancellationToken;
@@ -70,6 +71,8 @@ pub const STREAM_POOL_SIZE: u32 = 4;
 pub const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest wait for room on a stream the worker does not read before the stream is ended.
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a finished stream's last messages (an error saying why it ended) wait to be read.
+const FINAL_MESSAGES_GRACE: Duration = Duration::from_secs(5);
 /// Most characters of a worker's error kept as the job's `last_error` (as for the HTTP handler).
 const ERROR_LIMIT: usize = 2048;
 /// Ended jobs whose reason a stream remembers, to say why a late outcome is refused.
@@ -200,9 +203,13 @@ impl Session {
     fn send(&self, msg: Out) {
         // Informational messages must not wait behind a full stream (callers hold no lock, but a
         // worker that stopped reading would stall them); they are sent from a task of their own.
-        let tx = self.tx.clone();
+        // Such a task ends with the stream, so that a worker that never reads cannot keep it alive.
+        let (tx, gone) = (self.tx.clone(), self.gone.clone());
         tokio::spawn(async move {
-            let _ = tx.send(Ok(SidecarMessage { msg: Some(msg) })).await;
+            tokio::select! {
+                _ = tx.send(Ok(SidecarMessage { msg: Some(msg) })) => {}
+                () = gone.cancelled() => {}
+            }
         });
     }
 
@@ -368,9 +375,18 @@ impl Handler for StreamHandler {
             })),
         };
         tokio::select! {
-            r = s.tx.send(Ok(msg)) => if r.is_err() {
-                release.reason = Some("the stream ended before the job was sent".into());
-                return Outcome::Retry("the gRPC worker's stream ended before the job was sent".into());
+            r = tokio::time::timeout(SEND_TIMEOUT, s.tx.send(Ok(msg))) => match r {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => {
+                    release.reason = Some("the stream ended before the job was sent".into());
+                    return Outcome::Retry("the gRPC worker's stream ended before the job was sent".into());
+                }
+                Err(_) => {
+                    // The worker has not read its stream for that long: it loses the stream.
+                    s.gone.cancel();
+                    release.reason = Some(format!("the worker has not read its stream for {SEND_TIMEOUT:?}"));
+                    return Outcome::Retry(format!("the gRPC worker has not read its stream for {SEND_TIMEOUT:?}"));
+                }
             },
             _ = s.gone.cancelled() => {
                 release.reason = Some("the stream ended before the job was sent".into());
@@ -379,7 +395,11 @@ impl Handler for StreamHandler {
         }
         let mut beat_deadline = tokio::time::Instant::now() + lease;
         loop {
+            // An outcome the worker sent wins over a deadline or the stream's end in the same poll: it
+            // was taken from the jobs held (so never refused) and must not be dropped in favour of a
+            // retry.
             tokio::select! {
+                biased;
                 o = &mut orx => {
                     return match o {
                         Ok(o) => o,
@@ -388,6 +408,9 @@ impl Handler for StreamHandler {
                 }
                 _ = beat.notified() => beat_deadline = tokio::time::Instant::now() + lease,
                 _ = tokio::time::sleep_until(beat_deadline) => {
+                    if let Ok(o) = orx.try_recv() {
+                        return o;
+                    }
                     release.reason = Some(format!("no heartbeat within the lease ({lease:?}): the attempt failed and will be retried"));
                     return Outcome::Retry(format!("the gRPC worker sent no heartbeat for the job within its lease ({lease:?})"));
                 }
@@ -396,6 +419,9 @@ impl Handler for StreamHandler {
                     s.send(Out::Cancel(proto::Cancel { job_id: id.to_string(), attempt }));
                 }
                 _ = s.gone.cancelled() => {
+                    if let Ok(o) = orx.try_recv() {
+                        return o;
+                    }
                     release.reason = Some("the stream ended before its outcome".into());
                     return Outcome::Retry("the gRPC worker's stream ended before it sent an outcome".into());
                 }
@@ -542,6 +568,7 @@ impl WorkerService for GrpcWorker {
             engine_opts,
         )
         .with_metrics(self.inner.metrics.clone());
+        let gone = session.gone.clone();
         tokio::spawn(run_session(
             session,
             inbound,
@@ -550,7 +577,13 @@ impl WorkerService for GrpcWorker {
             permit,
         ));
         drop(tx);
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        // The reply stream ends shortly after the session does, read or not: a worker that stopped
+        // reading cannot keep what is queued for it in memory by keeping its connection open.
+        let ended = async move {
+            gone.cancelled().await;
+            tokio::time::sleep(FINAL_MESSAGES_GRACE).await;
+        };
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx).take_until(ended))))
     }
 }
 
