@@ -36,6 +36,8 @@ e2e-tools:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
+	@# fuzz/ is a workspace of its own: its lock file must take the crates' new dependencies too.
+	$(CARGO) metadata --locked --manifest-path fuzz/Cargo.toml --format-version 1 > /dev/null
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	./e2e/apiserver/proto/update.sh --check
 	./proto/update.sh --check && ./examples/grpc-worker/update.sh --check
