@@ -204,6 +204,11 @@ pub struct WorkerSpec {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HandlerSpec {
+    /// How jobs reach the handler: `http` (POSTed to `port` and `path`) or `grpc` (the handler connects
+    /// to the sidecar's `sluice.v1.Worker` service at 127.0.0.1:9903 and takes jobs over a stream;
+    /// `port` and `path` are then unused). Default `http`.
+    #[serde(default, skip_serializing_if = "HandlerProtocol::is_http")]
+    pub protocol: HandlerProtocol,
     /// The container that handles jobs. Default: the template's first container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63))]
@@ -223,9 +228,28 @@ pub struct HandlerSpec {
     pub permanent_failure_statuses: Vec<u16>,
 }
 
+/// How jobs reach a JobQueue's handler.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum HandlerProtocol {
+    /// The sidecar POSTs each job to the handler.
+    #[default]
+    Http,
+    /// The handler takes jobs from the sidecar's gRPC worker API (docs/queue.md, "gRPC worker API").
+    Grpc,
+}
+
+impl HandlerProtocol {
+    /// Whether this is the default, `http`.
+    pub fn is_http(&self) -> bool {
+        *self == Self::Http
+    }
+}
+
 impl Default for HandlerSpec {
     fn default() -> Self {
         Self {
+            protocol: HandlerProtocol::Http,
             container: None,
             port: HANDLER_PORT_DEFAULT,
             path: HANDLER_PATH_DEFAULT.into(),

@@ -22,9 +22,10 @@ use k8s_openapi::{
 use kube::{Resource, ResourceExt, api::ObjectMeta};
 use sha2::{Digest, Sha256};
 use sluice_crds::{
-    job_queue::{JobQueue, JobQueueSchedule},
+    job_queue::{HandlerProtocol, JobQueue, JobQueueSchedule},
     sidecar_config::{
-        CONFIG_VERSION, HandlerConfig, QueueApiConfig, QueueConfig, ScheduleSpec, SidecarConfig, WorkerConfig,
+        CONFIG_VERSION, GrpcConfig, HandlerConfig, QueueApiConfig, QueueConfig, ScheduleSpec, SidecarConfig,
+        WorkerConfig,
     },
 };
 
@@ -34,7 +35,7 @@ use sluice_crds::contract::{
     env,
     label::{JOB_QUEUE as JOB_QUEUE_LABEL, MANAGED_BY},
     path::{CONFIG_DIR as WORKER_CONFIG_DIR, WORKER_CONFIG_FILE as WORKER_CONFIG_KEY},
-    port::WORKER_METRICS as WORKER_METRICS_PORT,
+    port::{self, WORKER_METRICS as WORKER_METRICS_PORT},
 };
 
 use super::sidecar_container::{SidecarContainer, SidecarSettings, env_from_secret, http_probe};
@@ -120,7 +121,14 @@ pub fn render_worker_config(jq: &JobQueue) -> SidecarConfig {
                 permanent_failure_statuses: w.handler.permanent_failure_statuses.clone(),
             },
             api: QueueApiConfig::default(),
-            grpc: Default::default(),
+            grpc: match w.handler.protocol {
+                HandlerProtocol::Http => GrpcConfig::default(),
+                // Loopback: only the pod's own handler container takes jobs from it.
+                HandlerProtocol::Grpc => GrpcConfig {
+                    listen: Some(([127, 0, 0, 1], port::WORKER_GRPC).into()),
+                    ..GrpcConfig::default()
+                },
+            },
             schedules: worker_schedules(jq),
         }),
     }
@@ -428,6 +436,28 @@ worker:
         assert_eq!(schedules[0].payload, serde_json::json!({}));
         let problem = schedule_problem(&jq.spec.schedules[1]).unwrap();
         assert!(problem.contains("61 * * * *"), "{problem}");
+    }
+
+    #[test]
+    fn a_grpc_handler_takes_jobs_from_the_sidecars_worker_api_on_loopback() {
+        let http = render_worker_config(&job_queue(BASIC));
+        assert_eq!(
+            http.queue.unwrap().grpc.listen,
+            None,
+            "http by default: jobs are POSTed"
+        );
+        let jq = job_queue(&BASIC.replace("handler: {port: 8080", "handler: {protocol: grpc, port: 8080"));
+        let config = render_worker_config(&jq);
+        let grpc = config.queue.unwrap().grpc;
+        assert_eq!(grpc.listen, Some(([127, 0, 0, 1], port::WORKER_GRPC).into()));
+        // What the worker reads back says the same (the field is written, not left at its default).
+        let text = serde_yaml::to_string(&render_worker_config(&jq)).unwrap();
+        assert!(text.contains("127.0.0.1:9903"), "{text}");
+        let err = serde_yaml::from_str::<JobQueueSpec>(
+            &BASIC.replace("handler: {port: 8080", "handler: {protocol: soap, port: 8080"),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("soap"), "{err}");
     }
 
     #[test]
