@@ -7,14 +7,17 @@
 //! `succeeded` at once). The medians go into the section between `<!-- bench:queue-grpc:start -->` and
 //! `<!-- bench:queue-grpc:end -->` of BENCHMARKS.md. `-- --short` runs 10,000 jobs and only prints.
 
+mod queue_setup;
 mod report;
+
+use queue_setup::{cpu_secs, fill, pg_bin, wait_drained};
 
 use std::{
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
-use sluice_queue::{NewJob, QueueSettings, QueueStore, schema, sql};
+use sluice_queue::{QueueStore, schema, sql};
 use sluice_sidecar::queue::grpc::proto::{
     self, SidecarMessage, WorkerMessage, outcome, sidecar_message::Msg as Out, worker_client::WorkerClient,
     worker_message::Msg as In,
@@ -101,63 +104,6 @@ async fn main() {
     if !short {
         report::write_section(START, END, &section);
     }
-}
-
-async fn fill(store: &QueueStore, queue: &str, n: usize) {
-    store.upsert_queue(&QueueSettings::defaults(queue)).await.unwrap();
-    let chunk: Vec<NewJob> = (0..5000)
-        .map(|i| NewJob::new("noop", serde_json::json!({ "i": i })))
-        .collect();
-    let mut left = n;
-    while left > 0 {
-        let k = left.min(chunk.len());
-        store.enqueue_many(queue, &chunk[..k]).await.unwrap();
-        left -= k;
-    }
-    sqlx::query("VACUUM ANALYZE sluice.jobs")
-        .execute(store.pool())
-        .await
-        .unwrap();
-}
-
-async fn wait_drained(store: &QueueStore, queue: &str) {
-    loop {
-        let busy: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM sluice.jobs WHERE queue = $1 AND state IN ('pending', 'retrying')) \
-                 OR EXISTS (SELECT 1 FROM sluice.jobs WHERE queue = $1 AND state = 'running')",
-        )
-        .bind(queue)
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-        if !busy {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// CPU seconds (user + system) process `pid` has used so far.
-fn cpu_secs(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
-        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-    ticks / 100.0
-}
-
-fn pg_bin(name: &str) -> String {
-    [
-        "/usr/lib/postgresql/15/bin",
-        "/usr/lib/postgresql/16/bin",
-        "/usr/lib/postgresql/17/bin",
-        "/usr/bin",
-    ]
-    .iter()
-    .map(|d| format!("{d}/{name}"))
-    .find(|p| std::path::Path::new(p).exists())
-    .unwrap_or_else(|| name.to_owned())
 }
 
 /// The queue benchmark's raw SQL limit: pgbench clients claim 100 jobs with the worker's claim statement
