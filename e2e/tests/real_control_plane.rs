@@ -122,3 +122,212 @@ async fn sluice_installed_with_helm_passes_every_scenario_on_a_real_control_plan
         refused.join("\n")
     );
 }
+
+/// The queue API's gatekeeper (`sluice_sidecar::queue::auth`) against a real kube-apiserver with RBAC:
+/// tokens minted by `kubectl create token --audience sluice` are accepted, a token for another audience
+/// is not, and a SubjectAccessReview on `jobqueues/jobs` allows exactly what a Role grants — to the
+/// ServiceAccount it names, not to another one, nor to one of the same name in another namespace. The
+/// sidecar itself needs the reviewer rights the chart's ClusterRole gives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_api_checks_callers_by_token_review_and_subject_access_review_on_a_real_api_server() {
+    use std::sync::Arc;
+
+    use sluice_crds::sidecar_config::LoopbackCallers;
+    use sluice_sidecar::queue::auth::{Access, ApiServer, Authenticator, Origin, Refusal};
+
+    let plane = ControlPlane::start(ControlPlaneOptions::default()).await.unwrap();
+    let kubectl = |args: &[&str], stdin: Option<&str>| {
+        use std::io::Write;
+        let mut child = std::process::Command::new(&plane.binaries().kubectl)
+            .arg("--kubeconfig")
+            .arg(plane.kubeconfig_path())
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.unwrap_or_default().as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    // What docs/queue.md tells users to write, and the reviewer rights the chart gives sidecars.
+    kubectl(
+        &["apply", "-f", "-"],
+        Some(
+            r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: shop}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: other}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: web, namespace: shop}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: stranger, namespace: shop}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: web, namespace: other}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: unbound, namespace: other}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: enqueue-emails, namespace: shop}
+rules:
+  - apiGroups: [sluice.dev]
+    resources: [jobqueues/jobs]
+    resourceNames: [emails]
+    verbs: [create, get, list]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: web-enqueues-emails, namespace: shop}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: enqueue-emails}
+subjects:
+  - {kind: ServiceAccount, name: web, namespace: shop}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: sluice-queue-api-reviewer}
+rules:
+  - apiGroups: [authentication.k8s.io]
+    resources: [tokenreviews]
+    verbs: [create]
+  - apiGroups: [authorization.k8s.io]
+    resources: [subjectaccessreviews]
+    verbs: [create]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: sluice-queue-api-reviewer-shop}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: sluice-queue-api-reviewer}
+subjects:
+  - {kind: Group, apiGroup: rbac.authorization.k8s.io, name: "system:serviceaccounts:shop"}
+"#,
+        ),
+    );
+    let token = |ns: &str, sa: &str, audience: Option<&str>| {
+        let mut args = vec!["create", "token", sa, "-n", ns, "--duration", "10m"];
+        if let Some(a) = audience {
+            args.extend(["--audience", a]);
+        }
+        kubectl(&args, None)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let gate_as = |ns: &str, sa: &str| {
+        // The sidecar of a pod running as `sa`, with that ServiceAccount's API credentials.
+        let file = dir.path().join(format!("{ns}-{sa}"));
+        std::fs::write(&file, token(ns, sa, None)).unwrap();
+        let server = ApiServer::new(plane.url(), plane.ca_pem().as_bytes(), &file).unwrap();
+        Authenticator::new(Arc::new(server), ns, Some(sa), LoopbackCallers::Pod)
+    };
+    let gate = gate_as("shop", "web");
+    fn remote(authorization: Option<&str>) -> Origin<'_> {
+        Origin {
+            authorization: authorization.map(str::as_bytes),
+            peer: "10.0.0.7:40000".parse().unwrap(),
+            local: "0.0.0.0:7070".parse().unwrap(),
+        }
+    }
+    let bearer = |t: &str| format!("Bearer {t}");
+    let emails = Access::jobs("create", "emails");
+
+    // A token for audience sluice: the ServiceAccount, allowed what its Role grants and nothing else.
+    let web = bearer(&token("shop", "web", Some("sluice")));
+    let user = gate.authenticate(remote(Some(&web))).await.unwrap();
+    assert_eq!(user.name, "system:serviceaccount:shop:web");
+    assert!(!user.uid.is_empty(), "the TokenReview's uid is kept: {user:?}");
+    gate.authorize(&user, &emails).await.unwrap();
+    gate.authorize(&user, &Access::jobs("list", "emails"))
+        .await
+        .unwrap();
+    for denied in [
+        Access::jobs("create", "reports"),
+        Access::jobs("update", "emails"),
+        Access::settings("emails"),
+    ] {
+        let refused = gate.authorize(&user, &denied).await.unwrap_err();
+        assert!(
+            matches!(refused, Refusal::Forbidden(_)),
+            "{denied:?}: {refused:?}"
+        );
+    }
+
+    // The same ServiceAccount's token for the API server's audience is refused.
+    let wrong_audience = bearer(&token("shop", "web", None));
+    let refused = gate
+        .authenticate(remote(Some(&wrong_audience)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&refused, Refusal::Unauthenticated(m) if m.contains("audience")),
+        "{refused:?}"
+    );
+    let refused = gate
+        .authenticate(remote(Some("Bearer not-a-token")))
+        .await
+        .unwrap_err();
+    assert!(matches!(refused, Refusal::Unauthenticated(_)), "{refused:?}");
+
+    // Another ServiceAccount of the namespace, and the same name in another namespace: valid tokens,
+    // no right.
+    for (ns, sa) in [("shop", "stranger"), ("other", "web")] {
+        let t = bearer(&token(ns, sa, Some("sluice")));
+        let user = gate.authenticate(remote(Some(&t))).await.unwrap();
+        assert_eq!(user.name, format!("system:serviceaccount:{ns}:{sa}"));
+        let refused = gate.authorize(&user, &emails).await.unwrap_err();
+        let Refusal::Forbidden(message) = refused else {
+            panic!("{ns}/{sa}: {refused:?}")
+        };
+        assert!(
+            message.contains("create jobqueues/jobs of JobQueue \"emails\""),
+            "{message}"
+        );
+    }
+
+    // The pod's own loopback without a token is the pod's ServiceAccount, judged by the same Role.
+    let local = Origin {
+        authorization: None,
+        peer: "127.0.0.1:40000".parse().unwrap(),
+        local: "127.0.0.1:7070".parse().unwrap(),
+    };
+    let pod = gate.authenticate(local).await.unwrap();
+    gate.authorize(&pod, &emails).await.unwrap();
+    let stranger = gate_as("shop", "stranger");
+    let pod = stranger.authenticate(local).await.unwrap();
+    assert!(matches!(
+        stranger.authorize(&pod, &emails).await,
+        Err(Refusal::Forbidden(_))
+    ));
+
+    // A sidecar whose ServiceAccount lacks the reviewer rights cannot check anyone: 503, naming why.
+    let unbound = gate_as("other", "unbound");
+    let refused = unbound.authenticate(remote(Some(&web))).await.unwrap_err();
+    let Refusal::Unavailable(message) = refused else {
+        panic!("{refused:?}")
+    };
+    assert!(
+        message.contains("403") && message.contains("tokenreviews"),
+        "{message}"
+    );
+}

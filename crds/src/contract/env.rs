@@ -52,6 +52,17 @@ pub const HANDLER_URL: &str = "SLUICE_HANDLER_URL";
 pub const WORKER_CONCURRENCY: &str = "SLUICE_WORKER_CONCURRENCY";
 /// `queue.api.listen`: where the queue HTTP API is served (unset: not served).
 pub const API_LISTEN: &str = "SLUICE_API_LISTEN";
+/// `queue.api.auth.mode`: `kubernetes` checks the queue API's callers (ServiceAccount tokens, RBAC),
+/// `off` does not.
+pub const API_AUTH: &str = "SLUICE_API_AUTH";
+/// `queue.api.auth.loopback`: `pod` (tokenless callers on loopback are the pod's ServiceAccount) or
+/// `token` (every caller needs a token).
+pub const API_AUTH_LOOPBACK: &str = "SLUICE_API_AUTH_LOOPBACK";
+/// `queue.api.auth.namespace`: the pod's namespace (the downward API's `metadata.namespace`).
+pub const POD_NAMESPACE: &str = "SLUICE_POD_NAMESPACE";
+/// `queue.api.auth.serviceAccount`: the pod's ServiceAccount (the downward API's
+/// `spec.serviceAccountName`).
+pub const POD_SERVICE_ACCOUNT: &str = "SLUICE_POD_SERVICE_ACCOUNT";
 /// `queue.worker.metricsListen`.
 pub const METRICS_LISTEN: &str = "SLUICE_METRICS_LISTEN";
 /// `queue.grpc.listen`: where the gRPC worker API is served (unset: not served; jobs are POSTed to the
@@ -61,3 +72,7 @@ pub const GRPC_LISTEN: &str = "SLUICE_GRPC_LISTEN";
 /// Set by the webhook in app containers of pods that enqueue through the sidecar: the queue API's base
 /// URL (`http://127.0.0.1:7070`). Read by the app, not by Sluice.
 pub const QUEUE_API: &str = "SLUICE_QUEUE_API";
+/// Set by the webhook beside [`QUEUE_API`] when the API checks callers: the file holding the app's
+/// ServiceAccount token for it (audience `sluice`, refreshed by the kubelet; read it for each request or
+/// every few minutes, and send it as `Authorization: Bearer <token>`). Read by the app, not by Sluice.
+pub const QUEUE_API_TOKEN_FILE: &str = "SLUICE_QUEUE_API_TOKEN_FILE";

@@ -204,6 +204,10 @@ pub struct QueueApiConfig {
     /// Most jobs in one batch enqueue request.
     #[serde(default = "default_max_batch")]
     pub max_batch: u32,
+    /// Who may call the API. Left out when written at its default (off), so configs rendered for
+    /// sidecars that predate it stay readable by them.
+    #[serde(default, skip_serializing_if = "ApiAuthConfig::is_default")]
+    pub auth: ApiAuthConfig,
 }
 
 impl Default for QueueApiConfig {
@@ -211,8 +215,63 @@ impl Default for QueueApiConfig {
         Self {
             listen: None,
             max_batch: MAX_ENQUEUE_BATCH_DEFAULT,
+            auth: ApiAuthConfig::default(),
         }
     }
+}
+
+/// The audience a caller's projected ServiceAccount token must be minted for.
+pub const API_TOKEN_AUDIENCE: &str = "sluice";
+
+/// How the queue HTTP API authenticates and authorizes callers (docs/queue.md, "Who may call the API").
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApiAuthConfig {
+    /// `off` (default for a sidecar run by hand) or `kubernetes` (`SLUICE_API_AUTH`).
+    #[serde(default)]
+    pub mode: ApiAuthMode,
+    /// What a request without a token from a loopback address on a loopback listener is
+    /// (`SLUICE_API_AUTH_LOOPBACK`).
+    #[serde(default)]
+    pub loopback: LoopbackCallers,
+    /// The pod's namespace: where the JobQueues named in paths are (`SLUICE_POD_NAMESPACE`; default: the
+    /// namespace file of the pod's ServiceAccount credentials).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// The pod's ServiceAccount name (`SLUICE_POD_SERVICE_ACCOUNT`): who tokenless loopback callers are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account: Option<String>,
+}
+
+impl ApiAuthConfig {
+    /// Whether every field is at its default (auth off).
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// Whether callers of the queue API are checked.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ApiAuthMode {
+    /// Anyone who reaches the listener may call it (out-of-cluster use, tests).
+    #[default]
+    Off,
+    /// A ServiceAccount token (audience [`API_TOKEN_AUDIENCE`]) checked by TokenReview, and a
+    /// SubjectAccessReview per queue and verb.
+    Kubernetes,
+}
+
+/// Who a request without a token is, in `kubernetes` mode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum LoopbackCallers {
+    /// From a loopback address to a loopback listener: the pod's own ServiceAccount (authorized like
+    /// anyone else). Any other tokenless request is refused.
+    #[default]
+    Pod,
+    /// Every request needs a token (pods on the host network, whose loopback is the node's).
+    Token,
 }
 
 /// The gRPC worker API of the worker role.

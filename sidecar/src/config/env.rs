@@ -8,7 +8,10 @@ use std::collections::HashMap;
 
 use sluice_crds::{
     contract::env::*,
-    sidecar_config::{ConfigErrors, QueueConfig, SidecarConfig, TierLimits, validate::check_upstream_url},
+    sidecar_config::{
+        ApiAuthMode, ConfigErrors, LoopbackCallers, QueueConfig, SidecarConfig, TierLimits,
+        validate::check_upstream_url,
+    },
 };
 
 /// Where overrides are read from: the process environment in the binary, a map in tests.
@@ -113,7 +116,8 @@ pub fn apply(config: &mut SidecarConfig, env: &dyn Env) -> Result<EnvSettings, C
 }
 
 /// Applies the queue overrides (`SLUICE_DATABASE_URL`, `SLUICE_QUEUES`, `SLUICE_HANDLER_URL`,
-/// `SLUICE_WORKER_CONCURRENCY`, `SLUICE_API_LISTEN`, `SLUICE_METRICS_LISTEN`, `SLUICE_GRPC_LISTEN`) to the
+/// `SLUICE_WORKER_CONCURRENCY`, `SLUICE_API_LISTEN`, `SLUICE_API_AUTH`, `SLUICE_API_AUTH_LOOPBACK`,
+/// `SLUICE_POD_NAMESPACE`, `SLUICE_POD_SERVICE_ACCOUNT`, `SLUICE_METRICS_LISTEN`, `SLUICE_GRPC_LISTEN`) to the
 /// `queue:` section:
 /// the worker role's whole config when it runs without a file, and the proxy role's queue API.
 pub fn apply_queue(cfg: &mut QueueConfig, env: &dyn Env) -> Result<(), ConfigErrors> {
@@ -152,6 +156,26 @@ pub fn apply_queue(cfg: &mut QueueConfig, env: &dyn Env) -> Result<(), ConfigErr
                 format!("{v:?} is not an address like 0.0.0.0:9902"),
             ),
         }
+    }
+    if let Some(v) = env.var(API_AUTH) {
+        match v.trim() {
+            "off" => cfg.api.auth.mode = ApiAuthMode::Off,
+            "kubernetes" => cfg.api.auth.mode = ApiAuthMode::Kubernetes,
+            _ => errs.push(API_AUTH, format!("{v:?} is neither `kubernetes` nor `off`")),
+        }
+    }
+    if let Some(v) = env.var(API_AUTH_LOOPBACK) {
+        match v.trim() {
+            "pod" => cfg.api.auth.loopback = LoopbackCallers::Pod,
+            "token" => cfg.api.auth.loopback = LoopbackCallers::Token,
+            _ => errs.push(API_AUTH_LOOPBACK, format!("{v:?} is neither `pod` nor `token`")),
+        }
+    }
+    if let Some(v) = env.var(POD_NAMESPACE).filter(|v| !v.trim().is_empty()) {
+        cfg.api.auth.namespace = Some(v.trim().to_owned());
+    }
+    if let Some(v) = env.var(POD_SERVICE_ACCOUNT).filter(|v| !v.trim().is_empty()) {
+        cfg.api.auth.service_account = Some(v.trim().to_owned());
     }
     if let Some(v) = env.var(GRPC_LISTEN) {
         match v.trim().parse() {
@@ -240,5 +264,26 @@ mod tests {
             err.contains(WORKER_CONCURRENCY) && err.contains(API_LISTEN),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_api_auth_variables_set_the_mode_loopback_callers_and_the_pods_identity() {
+        let env = &[
+            (API_AUTH, "kubernetes"),
+            (API_AUTH_LOOPBACK, "token"),
+            (POD_NAMESPACE, "shop"),
+            (POD_SERVICE_ACCOUNT, "web"),
+        ];
+        let mut cfg = QueueConfig::default();
+        apply_queue(&mut cfg, env).unwrap();
+        assert_eq!(cfg.api.auth.mode, ApiAuthMode::Kubernetes);
+        assert_eq!(cfg.api.auth.loopback, LoopbackCallers::Token);
+        assert_eq!(cfg.api.auth.namespace.as_deref(), Some("shop"));
+        assert_eq!(cfg.api.auth.service_account.as_deref(), Some("web"));
+        let bad = &[(API_AUTH, "on"), (API_AUTH_LOOPBACK, "anyone")];
+        let err = apply_queue(&mut QueueConfig::default(), bad)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(API_AUTH) && err.contains(API_AUTH_LOOPBACK), "{err}");
     }
 }

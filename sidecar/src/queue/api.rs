@@ -9,14 +9,25 @@
 //! only those: a queue outside it is 403 naming the queues it serves, a job in another queue reads as
 //! unknown (404), as does a parent in another queue named by `dependsOn` (400, as an unknown id), and the
 //! queue list shows only its own. Without a list it serves the whole database.
+//!
+//! With an [`Authenticator`] (`queue.api.auth.mode: kubernetes`), a layer in front of every route but
+//! `/openapi.json` authenticates the caller (401) and authorizes it on the queue the request names, or,
+//! for `/v1/jobs/{id}...`, the job's queue (403); `GET /v1/queues` lists the queues the caller may `get`.
+//! [`super::auth`] says how.
 
-use std::{collections::BTreeSet, future::Future, sync::Arc};
+use std::{
+    collections::{BTreeSet, HashMap},
+    future::Future,
+    net::SocketAddr,
+    sync::Arc,
+};
 
 use axum::{
-    Json, Router,
+    Extension, Json, Router,
     body::{Body, to_bytes},
-    extract::{DefaultBodyLimit, Path, Query, State},
-    http::{HeaderMap, StatusCode},
+    extract::{DefaultBodyLimit, Path, Query, Request, State},
+    http::{HeaderMap, Method, StatusCode},
+    middleware::{self, Next},
     response::{IntoResponse, Response},
     routing::{get, post},
 };
@@ -29,6 +40,7 @@ use sluice_queue::{
     store::{MAX_GRAPH_JOBS, check_new_job},
 };
 
+use super::auth::{Access, Authenticator, Origin, Refusal, User};
 use crate::error::Error;
 
 /// Default most jobs in one batch request.
@@ -47,6 +59,9 @@ pub struct ApiState {
     pub max_batch: usize,
     /// The queues this API serves; `None`: every queue in the database.
     pub queues: Option<Arc<BTreeSet<String>>>,
+    /// Checks callers (`queue.api.auth.mode: kubernetes`); `None`: anyone who reaches the listener may
+    /// call.
+    pub auth: Option<Arc<Authenticator>>,
 }
 
 impl ApiState {
@@ -56,7 +71,14 @@ impl ApiState {
             store,
             max_batch: MAX_BATCH_DEFAULT,
             queues: None,
+            auth: None,
         }
+    }
+
+    /// Checks callers with `auth`.
+    pub fn with_auth(mut self, auth: Arc<Authenticator>) -> Self {
+        self.auth = Some(auth);
+        self
     }
 
     /// Serves only `queues` (all of them when the list is empty).
@@ -165,11 +187,27 @@ impl From<sluice_queue::Error> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (
+        let mut response = (
             self.status,
             Json(json!({"error": {"code": self.code, "message": self.message}})),
         )
-            .into_response()
+            .into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                http::header::WWW_AUTHENTICATE,
+                http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        response
+    }
+}
+
+impl From<Refusal> for ApiError {
+    fn from(r: Refusal) -> Self {
+        if let Refusal::Unavailable(m) = &r {
+            tracing::warn!(error = %m, "queue api: the API server could not check a caller");
+        }
+        Self::new(r.status(), r.code(), r.message())
     }
 }
 
@@ -177,8 +215,7 @@ type ApiResult<T> = Result<T, ApiError>;
 
 /// The API's routes over `state`.
 pub fn router(state: ApiState) -> Router {
-    Router::new()
-        .route("/openapi.json", get(openapi))
+    let checked = Router::new()
         .route("/v1/queues", get(list_queues))
         .route("/v1/queues/{queue}", get(get_queue).put(put_queue))
         .route("/v1/queues/{queue}/stats", get(get_queue))
@@ -190,6 +227,10 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/jobs/{id}", get(get_job))
         .route("/v1/jobs/{id}/cancel", post(cancel_job))
         .route("/v1/jobs/{id}/retry", post(retry_job))
+        .route_layer(middleware::from_fn_with_state(state.clone(), gate));
+    Router::new()
+        .route("/openapi.json", get(openapi))
+        .merge(checked)
         // Bodies are read by the handlers themselves so that limits answer with JSON errors.
         .layer(DefaultBodyLimit::disable())
         .with_state(state)
@@ -201,9 +242,101 @@ pub async fn serve(
     state: ApiState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let bound = Listener(listener.local_addr()?);
+    axum::serve(
+        listener,
+        router(state)
+            .layer(Extension(bound))
+            .into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
+}
+
+/// The address the API's listener is bound to (`0.0.0.0:7070` is not loopback, even for a connection
+/// that reached it on 127.0.0.1).
+#[derive(Clone, Copy, Debug)]
+struct Listener(SocketAddr);
+
+/// The caller of a request the gate let through (absent when auth is off).
+#[derive(Clone, Debug)]
+struct Caller(User);
+
+/// Authenticates every request and authorizes it on the queue it names (see the module doc). Runs after
+/// routing, so it knows the route and its parameters.
+async fn gate(
+    State(st): State<ApiState>,
+    params: Option<Path<HashMap<String, String>>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let Some(auth) = st.auth.clone() else {
+        return next.run(request).await;
+    };
+    // Without connection info (a router served by other means) the caller is not on loopback.
+    let unknown: SocketAddr = ([0, 0, 0, 0], 0).into();
+    let origin = Origin {
+        authorization: request
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .map(|v| v.as_bytes()),
+        peer: request
+            .extensions()
+            .get::<axum::extract::ConnectInfo<SocketAddr>>()
+            .map_or(unknown, |c| c.0),
+        local: request.extensions().get::<Listener>().map_or(unknown, |l| l.0),
+    };
+    let user = match auth.authenticate(origin).await {
+        Ok(user) => user,
+        Err(refusal) => return ApiError::from(refusal).into_response(),
+    };
+    let params = params.map(|Path(p)| p).unwrap_or_default();
+    let path = request.uri().path().to_owned();
+    match access(&st, request.method(), &path, &params).await {
+        Ok(Some(access)) => {
+            if let Err(refusal) = auth.authorize(&user, &access).await {
+                return ApiError::from(refusal).into_response();
+            }
+        }
+        Ok(None) => {}
+        Err(e) => return e.into_response(),
+    }
+    request.extensions_mut().insert(Caller(user));
+    next.run(request).await
+}
+
+/// What a request for `path` (a route of [`router`], with its parameters) asks to do, or `None` when no
+/// single queue is concerned (the queue list, filtered by its handler; a job id that names no job, which
+/// its handler answers 404).
+async fn access(
+    st: &ApiState,
+    method: &Method,
+    path: &str,
+    params: &HashMap<String, String>,
+) -> ApiResult<Option<Access>> {
+    if let Some(queue) = params.get("queue") {
+        // `/v1/queues/{queue}` and what follows it: literal segments only.
+        let rest: Vec<&str> = path.split('/').skip(4).collect();
+        let access = match (method, rest.as_slice()) {
+            (&Method::PUT, []) | (&Method::POST, ["pause" | "resume"]) => Access::settings(queue),
+            (&Method::POST, _) => Access::jobs("create", queue),
+            (_, ["jobs"]) => Access::jobs("list", queue),
+            _ => Access::jobs("get", queue),
+        };
+        return Ok(Some(access));
+    }
+    let Some(id) = params.get("id") else {
+        return Ok(None);
+    };
+    let id = parse_id(id)?;
+    let Some(queue) = st.store.queues_of(&[id]).await?.remove(&id) else {
+        return Ok(None);
+    };
+    Ok(Some(if method == Method::GET {
+        Access::jobs("get", queue)
+    } else {
+        Access::jobs("update", queue)
+    }))
 }
 
 async fn read_body(body: Body, limit: usize) -> ApiResult<bytes::Bytes> {
@@ -431,9 +564,22 @@ async fn get_queue(State(st): State<ApiState>, Path(queue): Path<String>) -> Api
     Ok(Json(depth).into_response())
 }
 
-async fn list_queues(State(st): State<ApiState>) -> ApiResult<Response> {
+async fn list_queues(State(st): State<ApiState>, caller: Option<Extension<Caller>>) -> ApiResult<Response> {
     let mut queues = st.store.depth_all().await?;
     queues.retain(|d| st.serves(&d.queue));
+    if let (Some(auth), Some(Extension(Caller(user)))) = (&st.auth, caller) {
+        let mut readable = Vec::with_capacity(queues.len());
+        for d in queues {
+            if auth
+                .decide(&user, &Access::jobs("get", d.queue.clone()))
+                .await?
+                .allowed
+            {
+                readable.push(d);
+            }
+        }
+        queues = readable;
+    }
     Ok(Json(json!({ "queues": queues })).into_response())
 }
 
@@ -495,7 +641,7 @@ pub fn openapi_document() -> Value {
     json!({
         "openapi": "3.1.0",
         "info": {"title": "Sluice queue API", "version": "v1",
-                 "description": "Served by the sluice sidecar on localhost for the app. Errors are JSON: {\"error\": {\"code\", \"message\"}}. A sidecar given a queue list (SLUICE_QUEUES) answers 403 for any other queue, 404 for jobs of other queues, and 400 (as for an unknown id) for dependsOn naming a job of another queue."},
+                 "description": "Served by the sluice sidecar on localhost for the app. Errors are JSON: {\"error\": {\"code\", \"message\"}}. A sidecar given a queue list (SLUICE_QUEUES) answers 403 for any other queue, 404 for jobs of other queues, and 400 (as for an unknown id) for dependsOn naming a job of another queue. With SLUICE_API_AUTH=kubernetes every path but this one needs `Authorization: Bearer <ServiceAccount token, audience sluice>` (or a tokenless call from the pod's own loopback) and the RBAC verb on jobqueues/jobs or jobqueues/settings of the JobQueue: 401 unauthenticated, 403 forbidden."},
         "paths": {
             "/v1/queues": {"get": {"summary": "Depth of every queue", "responses": {"200": {"description": "{queues: [Depth]}"}}}},
             "/v1/queues/{queue}": {

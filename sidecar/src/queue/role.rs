@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     api,
+    auth::Authenticator,
     dispatch::HttpHandler,
     grpc,
     metrics::QueueMetrics,
@@ -101,8 +102,9 @@ pub async fn serve_api(cfg: &QueueConfig, shutdown: CancellationToken) -> Result
         ))
     })?;
     let store = QueueStore::new(pool(url, cfg)?);
+    let state = api_state(cfg, store)?;
     let listener = bind("queue.api.listen", addr).await?;
-    api::serve(listener, api_state(cfg, store), shutdown.cancelled_owned()).await?;
+    api::serve(listener, state, shutdown.cancelled_owned()).await?;
     Ok(())
 }
 
@@ -139,12 +141,9 @@ pub async fn run_worker(cfg: QueueConfig, shutdown: CancellationToken) -> Result
     let metrics = Arc::new(QueueMetrics::new());
     serve_admin(&cfg, metrics.clone(), &shutdown).await?;
     if let Some(addr) = cfg.api.listen {
+        let state = api_state(&cfg, store.clone())?;
         let listener = bind("queue.api.listen", addr).await?;
-        tokio::spawn(api::serve(
-            listener,
-            api_state(&cfg, store.clone()),
-            shutdown.clone().cancelled_owned(),
-        ));
+        tokio::spawn(api::serve(listener, state, shutdown.clone().cancelled_owned()));
     }
     let engine = WorkerOptions {
         queues: cfg.queues.clone(),
@@ -244,12 +243,23 @@ fn pool(url: &str, cfg: &QueueConfig) -> Result<sqlx::PgPool> {
     )?)
 }
 
-fn api_state(cfg: &QueueConfig, store: QueueStore) -> api::ApiState {
-    api::ApiState {
+/// The API's state: its store, limits, queues and, with `queue.api.auth.mode: kubernetes`, the
+/// gatekeeper (an error names what it lacks: in-cluster credentials, the namespace).
+fn api_state(cfg: &QueueConfig, store: QueueStore) -> Result<api::ApiState> {
+    let state = api::ApiState {
         max_batch: cfg.api.max_batch as usize,
         ..api::ApiState::new(store)
     }
-    .serving(&cfg.queues)
+    .serving(&cfg.queues);
+    match Authenticator::from_config(&cfg.api.auth)
+        .map_err(|e| Error::Config(format!("queue.api.auth: {e}")))?
+    {
+        Some(auth) => {
+            tracing::info!(namespace = auth.namespace(), loopback = ?cfg.api.auth.loopback, "queue api: callers are checked by TokenReview and SubjectAccessReview");
+            Ok(state.with_auth(Arc::new(auth)))
+        }
+        None => Ok(state),
+    }
 }
 
 /// Binds `addr`, naming the config field it came from when that fails.

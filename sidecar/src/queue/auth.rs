@@ -1,0 +1,790 @@
+//! Who may call the queue HTTP API (`queue.api.auth.mode: kubernetes`): callers are Kubernetes
+//! ServiceAccounts, authenticated by their projected token and authorized per queue by the cluster's RBAC.
+//!
+//! 1. **Authentication.** `Authorization: Bearer <token>`, a token minted for audience
+//!    [`API_TOKEN_AUDIENCE`] (a projected ServiceAccount token volume), is checked with a `TokenReview`
+//!    (`spec.audiences: ["sluice"]`). A request without a token is the pod's own ServiceAccount only
+//!    when it comes from a loopback address to a loopback listener and `loopback: pod` (the default;
+//!    pods on the host network get `token`, since their loopback is the node's); anything else is 401.
+//! 2. **Authorization.** A `SubjectAccessReview` for the caller on the JobQueue named in the path, in the
+//!    pod's namespace: group `sluice.dev`, resource `jobqueues`, subresource `jobs` with verb `create`
+//!    (enqueue), `get` (a job, a queue's depth), `list` (a queue's jobs) or `update` (cancel, retry), and
+//!    subresource `settings` with verb `update` (settings, pause, resume). Refused: 403.
+//!
+//! Answers are cached, bounded ([`CACHE_CAPACITY`] entries each): a token's review by the SHA-256 of
+//! the token (never the token itself), accepted for [`ALLOW_TTL`], rejected for [`DENY_TTL`]; a
+//! decision likewise. An API server that cannot be asked is 503 and nothing is cached. Tokens are never
+//! logged.
+//!
+//! The API server is reached with the pod's credentials ([`ApiServer::in_cluster`]: the
+//! `KUBERNETES_SERVICE_*` variables and the files in [`SERVICE_ACCOUNT_DIR`]), over one TLS connection
+//! per review; the sidecar's ServiceAccount needs `create` on `tokenreviews` and
+//! `subjectaccessreviews` (docs/security.md, "The queue API's callers").
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    hash::Hash,
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use http::{Method, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use rustls::{ClientConfig, RootCertStore, pki_types::CertificateDer, pki_types::ServerName};
+use rustls_pki_types::pem::PemObject;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use sluice_crds::sidecar_config::{API_TOKEN_AUDIENCE, ApiAuthConfig, ApiAuthMode, LoopbackCallers};
+
+/// How long an accepted token or an allowed decision is reused.
+pub const ALLOW_TTL: Duration = Duration::from_secs(10);
+/// How long a rejected token or a denied decision is reused (shorter: a fixed RoleBinding takes effect
+/// soon).
+pub const DENY_TTL: Duration = Duration::from_secs(5);
+/// Most answers kept in each cache.
+pub const CACHE_CAPACITY: usize = 4096;
+/// Where a pod's ServiceAccount credentials are mounted (`token`, `ca.crt`, `namespace`).
+pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// The API group of the JobQueues whose subresources callers are authorized on.
+pub const GROUP: &str = "sluice.dev";
+/// The resource.
+pub const RESOURCE: &str = "jobqueues";
+/// Deadline of one review, connection included.
+const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest review answer read.
+const MAX_ANSWER_BYTES: usize = 1 << 20;
+
+/// An authenticated caller, as the TokenReview named it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct User {
+    /// `system:serviceaccount:<namespace>:<name>`.
+    pub name: String,
+    /// The user's uid, when known.
+    pub uid: String,
+    /// Groups.
+    pub groups: Vec<String>,
+    /// Extra attributes (the pod the token is bound to, ...), passed on to the SubjectAccessReview.
+    pub extra: BTreeMap<String, Vec<String>>,
+}
+
+impl User {
+    /// The ServiceAccount `name` of `namespace`, with the groups the API server gives ServiceAccounts.
+    pub fn service_account(namespace: &str, name: &str) -> Self {
+        Self {
+            name: format!("system:serviceaccount:{namespace}:{name}"),
+            uid: String::new(),
+            groups: vec![
+                "system:serviceaccounts".into(),
+                format!("system:serviceaccounts:{namespace}"),
+                "system:authenticated".into(),
+            ],
+            extra: BTreeMap::new(),
+        }
+    }
+}
+
+/// What a request asks to do to a queue.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Access {
+    /// `create`, `get`, `list` or `update`.
+    pub verb: &'static str,
+    /// `jobs` or `settings`.
+    pub subresource: &'static str,
+    /// The JobQueue (the queue's name).
+    pub queue: String,
+}
+
+impl Access {
+    /// `verb` on the jobs of `queue`.
+    pub fn jobs(verb: &'static str, queue: impl Into<String>) -> Self {
+        Self {
+            verb,
+            subresource: "jobs",
+            queue: queue.into(),
+        }
+    }
+
+    /// `update` on the settings of `queue` (settings, pause, resume).
+    pub fn settings(queue: impl Into<String>) -> Self {
+        Self {
+            verb: "update",
+            subresource: "settings",
+            queue: queue.into(),
+        }
+    }
+
+    /// `verb jobqueues/subresource "queue"`, for messages.
+    pub fn describe(&self, namespace: &str) -> String {
+        format!(
+            "{} {RESOURCE}/{} of JobQueue {:?} in namespace {namespace:?} (group {GROUP})",
+            self.verb, self.subresource, self.queue
+        )
+    }
+}
+
+/// A TokenReview's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TokenAnswer {
+    /// The token is valid for the audience: this user.
+    Valid(User),
+    /// It is not; why (the API server's words).
+    Invalid(String),
+}
+
+/// A SubjectAccessReview's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether the request may proceed.
+    pub allowed: bool,
+    /// The authorizer's reason, when it gave one.
+    pub reason: String,
+}
+
+/// The API server could not be asked (unreachable, an error status, an unreadable answer).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Unavailable(pub String);
+
+/// Asks the API server. [`ApiServer`] in the sidecar; a stand-in in tests.
+pub trait Reviews: Send + Sync {
+    /// A TokenReview of `token` for audience [`API_TOKEN_AUDIENCE`].
+    fn review_token<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<TokenAnswer, Unavailable>>;
+    /// A SubjectAccessReview of `user` doing `access` in `namespace`.
+    fn review_access<'a>(
+        &'a self,
+        user: &'a User,
+        namespace: &'a str,
+        access: &'a Access,
+    ) -> BoxFuture<'a, Result<Decision, Unavailable>>;
+}
+
+/// Why a request is refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// 401: no token, or a token the API server did not accept.
+    Unauthenticated(String),
+    /// 403: the caller may not do it.
+    Forbidden(String),
+    /// 503: the API server could not be asked.
+    Unavailable(String),
+}
+
+impl Refusal {
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Refusal::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+            Refusal::Forbidden(_) => StatusCode::FORBIDDEN,
+            Refusal::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The stable error code of the JSON body.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Refusal::Unauthenticated(_) => "unauthenticated",
+            Refusal::Forbidden(_) => "forbidden",
+            Refusal::Unavailable(_) => "auth_unavailable",
+        }
+    }
+
+    /// The message of the JSON body.
+    pub fn message(&self) -> &str {
+        match self {
+            Refusal::Unauthenticated(m) | Refusal::Forbidden(m) | Refusal::Unavailable(m) => m,
+        }
+    }
+}
+
+/// Where a request came from and what it carried.
+#[derive(Clone, Copy, Debug)]
+pub struct Origin<'a> {
+    /// The `Authorization` header, if any.
+    pub authorization: Option<&'a [u8]>,
+    /// The peer's address.
+    pub peer: SocketAddr,
+    /// The address the listener is bound to.
+    pub local: SocketAddr,
+}
+
+/// The queue API's gatekeeper: authenticates and authorizes with a [`Reviews`], caching the answers.
+pub struct Authenticator {
+    reviews: Arc<dyn Reviews>,
+    namespace: String,
+    pod_account: Option<User>,
+    loopback: LoopbackCallers,
+    tokens: TtlCache<[u8; 32], TokenAnswer>,
+    decisions: TtlCache<(User, Access), Decision>,
+}
+
+impl std::fmt::Debug for Authenticator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authenticator")
+            .field("namespace", &self.namespace)
+            .field("pod_account", &self.pod_account.as_ref().map(|u| &u.name))
+            .field("loopback", &self.loopback)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Authenticator {
+    /// Checks callers of JobQueues in `namespace` with `reviews`. `pod_service_account`: who tokenless
+    /// loopback callers are under [`LoopbackCallers::Pod`] (`None`: nobody, they need a token too).
+    pub fn new(
+        reviews: Arc<dyn Reviews>,
+        namespace: impl Into<String>,
+        pod_service_account: Option<&str>,
+        loopback: LoopbackCallers,
+    ) -> Self {
+        let namespace = namespace.into();
+        Self {
+            pod_account: pod_service_account.map(|sa| User::service_account(&namespace, sa)),
+            reviews,
+            namespace,
+            loopback,
+            tokens: TtlCache::new(CACHE_CAPACITY),
+            decisions: TtlCache::new(CACHE_CAPACITY),
+        }
+    }
+
+    /// The gatekeeper `cfg` asks for: `Ok(None)` when auth is off; with `kubernetes`, one reviewing
+    /// through the pod's in-cluster credentials. An error names what is missing.
+    pub fn from_config(cfg: &ApiAuthConfig) -> Result<Option<Self>, String> {
+        if cfg.mode == ApiAuthMode::Off {
+            return Ok(None);
+        }
+        let dir = PathBuf::from(SERVICE_ACCOUNT_DIR);
+        let namespace = match &cfg.namespace {
+            Some(ns) => ns.clone(),
+            None => std::fs::read_to_string(dir.join("namespace"))
+                .map(|s| s.trim().to_owned())
+                .map_err(|e| {
+                    format!(
+                        "queue.api.auth.namespace: not set (set SLUICE_POD_NAMESPACE) and {}/namespace \
+                         is unreadable: {e}",
+                        dir.display()
+                    )
+                })?,
+        };
+        let server = ApiServer::in_cluster()?;
+        Ok(Some(Self::new(
+            Arc::new(server),
+            namespace,
+            cfg.service_account.as_deref(),
+            cfg.loopback,
+        )))
+    }
+
+    /// The namespace whose JobQueues are checked.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// Who is calling: the token's user, or the pod's ServiceAccount for a tokenless loopback call.
+    pub async fn authenticate(&self, origin: Origin<'_>) -> Result<User, Refusal> {
+        let Some(header) = origin.authorization else {
+            let local = origin.peer.ip().is_loopback() && origin.local.ip().is_loopback();
+            return match (&self.pod_account, self.loopback) {
+                (Some(pod), LoopbackCallers::Pod) if local => Ok(pod.clone()),
+                _ => Err(Refusal::Unauthenticated(format!(
+                    "no token: send `Authorization: Bearer <token>` with a ServiceAccount token for \
+                     audience {API_TOKEN_AUDIENCE:?} (the injected pod has it in the file named by \
+                     SLUICE_QUEUE_API_TOKEN_FILE){}",
+                    if local {
+                        ""
+                    } else {
+                        "; only calls from the pod's own loopback may come without one"
+                    }
+                ))),
+            };
+        };
+        let token = std::str::from_utf8(header)
+            .ok()
+            .and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")))
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| {
+                Refusal::Unauthenticated("the Authorization header is not `Bearer <token>`".into())
+            })?;
+        let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let answer = match self.tokens.get(&key) {
+            Some(answer) => answer,
+            None => {
+                let answer = self
+                    .reviews
+                    .review_token(token)
+                    .await
+                    .map_err(|e| Refusal::Unavailable(format!("the token could not be checked: {e}")))?;
+                let ttl = match answer {
+                    TokenAnswer::Valid(_) => ALLOW_TTL,
+                    TokenAnswer::Invalid(_) => DENY_TTL,
+                };
+                self.tokens.insert(key, answer.clone(), ttl);
+                answer
+            }
+        };
+        match answer {
+            TokenAnswer::Valid(user) => Ok(user),
+            TokenAnswer::Invalid(why) => Err(Refusal::Unauthenticated(format!(
+                "the token is not a valid ServiceAccount token for audience {API_TOKEN_AUDIENCE:?}: {why}"
+            ))),
+        }
+    }
+
+    /// Whether `user` may do `access`: `Ok` or the 403 (or 503) naming what is missing.
+    pub async fn authorize(&self, user: &User, access: &Access) -> Result<(), Refusal> {
+        let decision = self.decide(user, access).await?;
+        if decision.allowed {
+            return Ok(());
+        }
+        Err(Refusal::Forbidden(format!(
+            "{} may not {}: grant it with a Role and RoleBinding in namespace {:?}{}",
+            user.name,
+            access.describe(&self.namespace),
+            self.namespace,
+            if decision.reason.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", decision.reason)
+            }
+        )))
+    }
+
+    /// Whether `user` may do `access` (cached).
+    pub async fn decide(&self, user: &User, access: &Access) -> Result<Decision, Refusal> {
+        let key = (user.clone(), access.clone());
+        if let Some(d) = self.decisions.get(&key) {
+            return Ok(d);
+        }
+        let decision = self
+            .reviews
+            .review_access(user, &self.namespace, access)
+            .await
+            .map_err(|e| Refusal::Unavailable(format!("the request could not be authorized: {e}")))?;
+        let ttl = if decision.allowed { ALLOW_TTL } else { DENY_TTL };
+        self.decisions.insert(key, decision.clone(), ttl);
+        Ok(decision)
+    }
+}
+
+/// The Kubernetes API server, reached with a bearer token read from a file (re-read for each review, so
+/// a rotated token is used at once) over TLS verified against a CA bundle.
+pub struct ApiServer {
+    host: String,
+    port: u16,
+    token_file: PathBuf,
+    tls: Arc<ClientConfig>,
+}
+
+impl ApiServer {
+    /// The API server at `url` (`https://host:port`), trusting the PEM certificates in `ca_pem`, with the
+    /// bearer token in `token_file`.
+    pub fn new(url: &str, ca_pem: &[u8], token_file: impl Into<PathBuf>) -> Result<Self, String> {
+        let uri: http::Uri = url.parse().map_err(|e| format!("API server URL {url:?}: {e}"))?;
+        if uri.scheme_str() != Some("https") {
+            return Err(format!("API server URL {url:?}: must be https://"));
+        }
+        let host = uri
+            .host()
+            .ok_or_else(|| format!("API server URL {url:?}: no host"))?
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        let mut roots = RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(ca_pem) {
+            let cert = cert.map_err(|e| format!("API server CA: {e}"))?;
+            roots.add(cert).map_err(|e| format!("API server CA: {e}"))?;
+        }
+        if roots.is_empty() {
+            return Err("API server CA: no certificate".into());
+        }
+        let tls = ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Ok(Self {
+            host,
+            port: uri.port_u16().unwrap_or(443),
+            token_file: token_file.into(),
+            tls: Arc::new(tls),
+        })
+    }
+
+    /// The API server a pod reaches: `KUBERNETES_SERVICE_HOST`/`_PORT`, the CA and token in
+    /// [`SERVICE_ACCOUNT_DIR`].
+    pub fn in_cluster() -> Result<Self, String> {
+        let var = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| format!("{name} is not set: queue.api.auth.mode kubernetes runs in a pod"))
+        };
+        let host = var("KUBERNETES_SERVICE_HOST")?;
+        let port = var("KUBERNETES_SERVICE_PORT")?;
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host
+        };
+        let dir = PathBuf::from(SERVICE_ACCOUNT_DIR);
+        let ca = std::fs::read(dir.join("ca.crt")).map_err(|e| format!("{}/ca.crt: {e}", dir.display()))?;
+        Self::new(&format!("https://{host}:{port}"), &ca, dir.join("token"))
+    }
+
+    /// POSTs `body` to `path` and returns the answer's JSON.
+    async fn create(&self, path: &str, body: Value) -> Result<Value, Unavailable> {
+        tokio::time::timeout(REVIEW_TIMEOUT, self.create_now(path, body))
+            .await
+            .map_err(|_| Unavailable(format!("the API server did not answer within {REVIEW_TIMEOUT:?}")))?
+    }
+
+    async fn create_now(&self, path: &str, body: Value) -> Result<Value, Unavailable> {
+        let fail = |what: &str, e: &dyn std::fmt::Display| Unavailable(format!("{what}: {e}"));
+        let token = std::fs::read_to_string(&self.token_file)
+            .map_err(|e| fail(&format!("reading {}", self.token_file.display()), &e))?;
+        let tcp = tokio::net::TcpStream::connect((self.host.as_str(), self.port))
+            .await
+            .map_err(|e| fail("connecting to the API server", &e))?;
+        let name = ServerName::try_from(self.host.clone()).map_err(|e| fail("API server name", &e))?;
+        let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
+            .connect(name, tcp)
+            .await
+            .map_err(|e| fail("TLS to the API server", &e))?;
+        let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .map_err(|e| fail("HTTP to the API server", &e))?;
+        tokio::spawn(conn);
+        let request = http::Request::builder()
+            .method(Method::POST)
+            .uri(path)
+            .header(http::header::HOST, format!("{}:{}", self.host, self.port))
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(http::header::ACCEPT, "application/json")
+            .header(http::header::AUTHORIZATION, format!("Bearer {}", token.trim()))
+            .body(Full::new(Bytes::from(body.to_string())))
+            .map_err(|e| fail("building the request", &e))?;
+        let answer = send
+            .send_request(request)
+            .await
+            .map_err(|e| fail("the API server", &e))?;
+        let status = answer.status();
+        let bytes = Limited::new(answer.into_body(), MAX_ANSWER_BYTES)
+            .collect()
+            .await
+            .map_err(|e| fail("reading the API server's answer", &*e))?
+            .to_bytes();
+        let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        if !status.is_success() {
+            let message = value["message"].as_str().unwrap_or("no message");
+            return Err(Unavailable(format!(
+                "the API server answered {status} to {path}: {message}"
+            )));
+        }
+        Ok(value)
+    }
+}
+
+impl Reviews for ApiServer {
+    fn review_token<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<TokenAnswer, Unavailable>> {
+        Box::pin(async move {
+            let review = json!({
+                "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                "spec": {"token": token, "audiences": [API_TOKEN_AUDIENCE]},
+            });
+            let answer = self
+                .create("/apis/authentication.k8s.io/v1/tokenreviews", review)
+                .await?;
+            Ok(token_answer(&answer["status"]))
+        })
+    }
+
+    fn review_access<'a>(
+        &'a self,
+        user: &'a User,
+        namespace: &'a str,
+        access: &'a Access,
+    ) -> BoxFuture<'a, Result<Decision, Unavailable>> {
+        Box::pin(async move {
+            let mut spec = json!({
+                "user": user.name, "groups": user.groups, "extra": user.extra,
+                "resourceAttributes": {
+                    "namespace": namespace, "group": GROUP, "resource": RESOURCE,
+                    "subresource": access.subresource, "verb": access.verb, "name": access.queue,
+                },
+            });
+            if !user.uid.is_empty() {
+                spec["uid"] = json!(user.uid);
+            }
+            let review = json!({
+                "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec,
+            });
+            let answer = self
+                .create("/apis/authorization.k8s.io/v1/subjectaccessreviews", review)
+                .await?;
+            let status = &answer["status"];
+            Ok(Decision {
+                allowed: status["allowed"] == json!(true) && status["denied"] != json!(true),
+                reason: status["reason"]
+                    .as_str()
+                    .or(status["evaluationError"].as_str())
+                    .unwrap_or_default()
+                    .to_owned(),
+            })
+        })
+    }
+}
+
+/// A TokenReview's `status` read: valid only when authenticated for [`API_TOKEN_AUDIENCE`].
+pub fn token_answer(status: &Value) -> TokenAnswer {
+    if status["authenticated"] != json!(true) {
+        let why = status["error"].as_str().unwrap_or("not authenticated");
+        return TokenAnswer::Invalid(why.to_owned());
+    }
+    // When the review names audiences, the answer's are those the token is valid for.
+    if let Some(audiences) = status["audiences"].as_array()
+        && !audiences.iter().any(|a| a == API_TOKEN_AUDIENCE)
+    {
+        return TokenAnswer::Invalid(format!("the token's audiences {audiences:?} do not include it"));
+    }
+    let u = &status["user"];
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_owned)).collect())
+            .unwrap_or_default()
+    };
+    TokenAnswer::Valid(User {
+        name: u["username"].as_str().unwrap_or_default().to_owned(),
+        uid: u["uid"].as_str().unwrap_or_default().to_owned(),
+        groups: strings(&u["groups"]),
+        extra: u["extra"]
+            .as_object()
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), strings(v))).collect())
+            .unwrap_or_default(),
+    })
+}
+
+/// A small map whose entries expire. Bounded: when full, expired entries are dropped, and if none are,
+/// everything is (the next requests ask again).
+struct TtlCache<K, V> {
+    entries: Mutex<HashMap<K, (Instant, V)>>,
+    capacity: usize,
+}
+
+impl<K: Eq + Hash, V: Clone> TtlCache<K, V> {
+    fn new(capacity: usize) -> Self {
+        Self {
+            entries: Mutex::default(),
+            capacity,
+        }
+    }
+
+    fn get(&self, key: &K) -> Option<V> {
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries
+            .get(key)
+            .filter(|(expires, _)| Instant::now() < *expires)
+            .map(|(_, v)| v.clone())
+    }
+
+    fn insert(&self, key: K, value: V, ttl: Duration) {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if entries.len() >= self.capacity {
+            let now = Instant::now();
+            entries.retain(|_, (expires, _)| now < *expires);
+            if entries.len() >= self.capacity {
+                entries.clear();
+            }
+        }
+        entries.insert(key, (Instant::now() + ttl, value));
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.entries.lock().unwrap().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Tokens `good-<name>` are ServiceAccount `<name>` of `shop`; `down` cannot be asked about;
+    /// anything else is invalid. Users in `allowed` may do anything; counts the reviews.
+    #[derive(Default)]
+    struct Stand {
+        allowed: Vec<String>,
+        token_reviews: AtomicUsize,
+        access_reviews: AtomicUsize,
+    }
+
+    impl Reviews for Stand {
+        fn review_token<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<TokenAnswer, Unavailable>> {
+            self.token_reviews.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async move {
+                match token.strip_prefix("good-") {
+                    Some(sa) => Ok(TokenAnswer::Valid(User::service_account("shop", sa))),
+                    None if token == "down" => Err(Unavailable("connection refused".into())),
+                    None => Ok(TokenAnswer::Invalid("token has expired".into())),
+                }
+            })
+        }
+        fn review_access<'a>(
+            &'a self,
+            user: &'a User,
+            _: &'a str,
+            _: &'a Access,
+        ) -> BoxFuture<'a, Result<Decision, Unavailable>> {
+            self.access_reviews.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async move {
+                Ok(Decision {
+                    allowed: self.allowed.contains(&user.name),
+                    reason: String::new(),
+                })
+            })
+        }
+    }
+
+    fn origin<'a>(authorization: Option<&'a str>, peer: &str, local: &str) -> Origin<'a> {
+        Origin {
+            authorization: authorization.map(str::as_bytes),
+            peer: peer.parse().unwrap(),
+            local: local.parse().unwrap(),
+        }
+    }
+
+    fn gate(stand: Arc<Stand>, loopback: LoopbackCallers) -> Authenticator {
+        Authenticator::new(stand, "shop", Some("web"), loopback)
+    }
+
+    #[tokio::test]
+    async fn tokenless_callers_are_the_pod_only_from_loopback_to_a_loopback_listener() {
+        let g = gate(Arc::default(), LoopbackCallers::Pod);
+        let pod = g
+            .authenticate(origin(None, "127.0.0.1:5000", "127.0.0.1:7070"))
+            .await
+            .unwrap();
+        assert_eq!(pod.name, "system:serviceaccount:shop:web");
+        assert!(pod.groups.contains(&"system:serviceaccounts:shop".to_owned()));
+        for (peer, local) in [
+            ("10.0.0.7:5000", "0.0.0.0:7070"),
+            ("127.0.0.1:5000", "0.0.0.0:7070"),
+            ("10.0.0.7:5000", "127.0.0.1:7070"),
+        ] {
+            let refused = g.authenticate(origin(None, peer, local)).await.unwrap_err();
+            assert_eq!(refused.status(), StatusCode::UNAUTHORIZED, "{peer} → {local}");
+            assert!(refused.message().contains("no token"), "{refused:?}");
+        }
+        let strict = gate(Arc::default(), LoopbackCallers::Token);
+        let refused = strict
+            .authenticate(origin(None, "127.0.0.1:5000", "127.0.0.1:7070"))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+        let nobody = Authenticator::new(Arc::new(Stand::default()), "shop", None, LoopbackCallers::Pod);
+        assert!(
+            nobody
+                .authenticate(origin(None, "127.0.0.1:5000", "127.0.0.1:7070"))
+                .await
+                .is_err()
+        );
+    }
+
+    #[tokio::test]
+    async fn tokens_are_reviewed_once_per_ttl_keyed_by_their_hash_and_outages_are_not_cached() {
+        let stand = Arc::new(Stand::default());
+        let g = gate(stand.clone(), LoopbackCallers::Pod);
+        let any = |a| origin(Some(a), "10.0.0.7:5000", "0.0.0.0:7070");
+        for _ in 0..3 {
+            let user = g.authenticate(any("Bearer good-mailer")).await.unwrap();
+            assert_eq!(user.name, "system:serviceaccount:shop:mailer");
+        }
+        assert_eq!(stand.token_reviews.load(Ordering::SeqCst), 1);
+        for _ in 0..2 {
+            let refused = g.authenticate(any("Bearer stale")).await.unwrap_err();
+            assert_eq!(refused.code(), "unauthenticated");
+            assert!(refused.message().contains("token has expired"), "{refused:?}");
+        }
+        assert_eq!(stand.token_reviews.load(Ordering::SeqCst), 2);
+        for _ in 0..2 {
+            let refused = g.authenticate(any("Bearer down")).await.unwrap_err();
+            assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+        }
+        assert_eq!(
+            stand.token_reviews.load(Ordering::SeqCst),
+            4,
+            "an outage is asked again"
+        );
+        let refused = g.authenticate(any("Basic dTpw")).await.unwrap_err();
+        assert!(refused.message().contains("Bearer"), "{refused:?}");
+        // The cache holds digests, never a token.
+        let keys: Vec<[u8; 32]> = g.tokens.entries.lock().unwrap().keys().copied().collect();
+        assert_eq!(keys.len(), 2);
+        assert!(keys.contains(&Sha256::digest(b"good-mailer").into()));
+    }
+
+    #[tokio::test]
+    async fn decisions_are_cached_per_user_and_access_and_a_refusal_names_what_to_grant() {
+        let stand = Arc::new(Stand {
+            allowed: vec!["system:serviceaccount:shop:web".into()],
+            ..Stand::default()
+        });
+        let g = gate(stand.clone(), LoopbackCallers::Pod);
+        let web = User::service_account("shop", "web");
+        let other = User::service_account("shop", "other");
+        for _ in 0..3 {
+            g.authorize(&web, &Access::jobs("create", "emails"))
+                .await
+                .unwrap();
+        }
+        assert_eq!(stand.access_reviews.load(Ordering::SeqCst), 1);
+        g.authorize(&web, &Access::jobs("get", "emails")).await.unwrap();
+        assert_eq!(stand.access_reviews.load(Ordering::SeqCst), 2);
+        let refused = g
+            .authorize(&other, &Access::settings("emails"))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+        assert_eq!(
+            refused.message(),
+            "system:serviceaccount:shop:other may not update jobqueues/settings of JobQueue \"emails\" \
+             in namespace \"shop\" (group sluice.dev): grant it with a Role and RoleBinding in namespace \"shop\""
+        );
+    }
+
+    #[test]
+    fn the_cache_stays_bounded_and_entries_expire() {
+        let cache = TtlCache::new(2);
+        cache.insert("a", 1, Duration::from_secs(60));
+        cache.insert("gone", 0, Duration::ZERO);
+        assert_eq!(cache.get(&"a"), Some(1));
+        assert_eq!(cache.get(&"gone"), None, "expired");
+        cache.insert("b", 2, Duration::from_secs(60));
+        cache.insert("c", 3, Duration::from_secs(60));
+        assert_eq!(cache.get(&"c"), Some(3));
+        assert!(cache.len() <= 2);
+    }
+
+    #[test]
+    fn a_token_review_is_valid_only_when_authenticated_for_the_sluice_audience() {
+        let ok = json!({"authenticated": true, "audiences": ["sluice"],
+            "user": {"username": "system:serviceaccount:shop:web", "uid": "u1",
+                     "groups": ["system:serviceaccounts"], "extra": {"authentication.kubernetes.io/pod-name": ["web-1"]}}});
+        let TokenAnswer::Valid(user) = token_answer(&ok) else {
+            panic!("valid")
+        };
+        assert_eq!(user.uid, "u1");
+        assert_eq!(user.extra["authentication.kubernetes.io/pod-name"], vec!["web-1"]);
+        let wrong =
+            json!({"authenticated": true, "audiences": ["https://kubernetes.default.svc"], "user": {}});
+        assert!(matches!(token_answer(&wrong), TokenAnswer::Invalid(m) if m.contains("audiences")));
+        let bad = json!({"authenticated": false, "error": "[invalid bearer token, token audiences [\"api\"] is invalid for the target audiences [\"sluice\"]]"});
+        assert!(matches!(token_answer(&bad), TokenAnswer::Invalid(m) if m.contains("invalid bearer token")));
+    }
+}

@@ -1,0 +1,313 @@
+//! The queue HTTP API with callers checked (`queue.api.auth.mode: kubernetes`), over real HTTP and a
+//! real PostgreSQL, with a stand-in for the API server's reviews: who gets 401 and 403, with which JSON
+//! body, and that what they asked for did not happen. The reviews themselves against a real
+//! kube-apiserver are in `e2e/tests/real_control_plane.rs`.
+
+mod queue_support;
+
+use std::{collections::BTreeSet, sync::Arc};
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+use queue_support::*;
+use serde_json::{Value, json};
+use sluice_crds::sidecar_config::LoopbackCallers;
+use sluice_sidecar::queue::{
+    QueueStore, api,
+    auth::{Access, Authenticator, Decision, Reviews, TokenAnswer, Unavailable, User},
+};
+use tokio_util::sync::CancellationToken;
+
+/// Token `t-<name>` is ServiceAccount `<name>` of `shop`; `(name, verb, subresource, queue)` in `grants`
+/// is allowed.
+struct Rbac {
+    grants: BTreeSet<(String, String, String, String)>,
+}
+
+impl Rbac {
+    fn new(grants: &[(&str, &str, &str, &str)]) -> Arc<Self> {
+        Arc::new(Self {
+            grants: grants
+                .iter()
+                .map(|(a, b, c, d)| ((*a).into(), (*b).into(), (*c).into(), (*d).into()))
+                .collect(),
+        })
+    }
+}
+
+impl Reviews for Rbac {
+    fn review_token<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<TokenAnswer, Unavailable>> {
+        Box::pin(async move {
+            Ok(match token.strip_prefix("t-") {
+                Some(sa) => TokenAnswer::Valid(User::service_account("shop", sa)),
+                None => TokenAnswer::Invalid("invalid bearer token".into()),
+            })
+        })
+    }
+    fn review_access<'a>(
+        &'a self,
+        user: &'a User,
+        namespace: &'a str,
+        access: &'a Access,
+    ) -> BoxFuture<'a, Result<Decision, Unavailable>> {
+        Box::pin(async move {
+            assert_eq!(namespace, "shop");
+            let sa = user.name.rsplit(':').next().unwrap_or_default().to_owned();
+            let key = (
+                sa,
+                access.verb.to_owned(),
+                access.subresource.to_owned(),
+                access.queue.clone(),
+            );
+            Ok(Decision {
+                allowed: self.grants.contains(&key),
+                reason: String::new(),
+            })
+        })
+    }
+}
+
+struct Api {
+    base: String,
+    client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+    stop: CancellationToken,
+}
+
+impl Api {
+    async fn serve(state: api::ApiState) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let stop = CancellationToken::new();
+        let s = stop.clone();
+        tokio::spawn(api::serve(listener, state, async move { s.cancelled().await }));
+        Self {
+            base,
+            client: Client::builder(TokioExecutor::new()).build_http(),
+            stop,
+        }
+    }
+
+    /// `method path` with `token` (if any); status, `WWW-Authenticate` and JSON body.
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Value,
+    ) -> (StatusCode, Option<String>, Value) {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base))
+            .header("content-type", "application/json");
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let body = if body.is_null() {
+            Bytes::new()
+        } else {
+            Bytes::from(body.to_string())
+        };
+        let resp = self
+            .client
+            .request(req.body(Full::new(body)).unwrap())
+            .await
+            .unwrap();
+        let status = resp.status();
+        let challenge = resp
+            .headers()
+            .get("www-authenticate")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        (
+            status,
+            challenge,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+}
+
+impl Drop for Api {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn job_count(store: &QueueStore) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM sluice.jobs")
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
+fn job() -> Value {
+    json!({"kind": "welcome", "payload": {"to": "a"}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_without_a_valid_token_or_the_right_get_401_or_403_and_change_nothing() {
+    let (_pg, pool) = pg().await;
+    let store = QueueStore::new(pool);
+    queue(&store, "emails").await;
+    queue(&store, "reports").await;
+    let rbac = Rbac::new(&[
+        // The pod's own ServiceAccount enqueues and reads emails.
+        ("web", "create", "jobs", "emails"),
+        ("web", "get", "jobs", "emails"),
+        // A reader lists and reads emails, and may do nothing else.
+        ("reader", "list", "jobs", "emails"),
+        ("reader", "get", "jobs", "emails"),
+        // An operator of reports changes its settings.
+        ("ops", "update", "settings", "reports"),
+        ("ops", "get", "jobs", "reports"),
+    ]);
+    let gate = Authenticator::new(rbac.clone(), "shop", Some("web"), LoopbackCallers::Pod);
+    let api = Api::serve(api::ApiState::new(store.clone()).with_auth(Arc::new(gate))).await;
+
+    // The pod itself, on loopback without a token: allowed what its ServiceAccount is.
+    let (status, _, created) = api
+        .call(Method::POST, "/v1/queues/emails/jobs", None, job())
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    let (status, _, body) = api
+        .call(Method::POST, "/v1/queues/reports/jobs", None, job())
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(body["error"]["code"], "forbidden");
+    assert_eq!(
+        body["error"]["message"],
+        "system:serviceaccount:shop:web may not create jobqueues/jobs of JobQueue \"reports\" in \
+         namespace \"shop\" (group sluice.dev): grant it with a Role and RoleBinding in namespace \"shop\""
+    );
+
+    // A token the API server does not accept: 401 with a Bearer challenge, naming why.
+    let (status, challenge, body) = api
+        .call(Method::POST, "/v1/queues/emails/jobs", Some("forged"), job())
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(challenge.as_deref(), Some("Bearer"));
+    assert_eq!(body["error"]["code"], "unauthenticated");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("invalid bearer token") && message.contains("\"sluice\""),
+        "{message}"
+    );
+    assert!(
+        !message.contains("forged"),
+        "the token is never echoed: {message}"
+    );
+
+    // The reader: reads, but may neither enqueue, nor cancel, nor pause.
+    let reader = Some("t-reader");
+    let (status, _, _) = api
+        .call(Method::GET, "/v1/queues/emails/jobs", reader, Value::Null)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, got) = api
+        .call(Method::GET, &format!("/v1/jobs/{id}"), reader, Value::Null)
+        .await;
+    assert_eq!((status, got["id"].as_str()), (StatusCode::OK, Some(id.as_str())));
+    for (method, path, what) in [
+        (
+            Method::POST,
+            "/v1/queues/emails/jobs".to_owned(),
+            "create jobqueues/jobs",
+        ),
+        (
+            Method::POST,
+            "/v1/queues/emails/jobs/batch".to_owned(),
+            "create jobqueues/jobs",
+        ),
+        (
+            Method::POST,
+            format!("/v1/jobs/{id}/cancel"),
+            "update jobqueues/jobs",
+        ),
+        (
+            Method::POST,
+            "/v1/queues/emails/pause".to_owned(),
+            "update jobqueues/settings",
+        ),
+        (
+            Method::PUT,
+            "/v1/queues/emails".to_owned(),
+            "update jobqueues/settings",
+        ),
+        (
+            Method::GET,
+            "/v1/queues/reports/jobs".to_owned(),
+            "list jobqueues/jobs",
+        ),
+    ] {
+        let body = if method == Method::POST && path.ends_with("batch") {
+            json!({"jobs": [job()]})
+        } else if method == Method::GET {
+            Value::Null
+        } else {
+            job()
+        };
+        let (status, _, refused) = api.call(method.clone(), &path, reader, body).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{method} {path}: {refused}");
+        let message = refused["error"]["message"].as_str().unwrap();
+        assert!(message.contains(what), "{method} {path}: {message}");
+    }
+    assert_eq!(job_count(&store).await, 1, "nothing was enqueued");
+    let (_, _, still) = api
+        .call(Method::GET, &format!("/v1/jobs/{id}"), reader, Value::Null)
+        .await;
+    assert_eq!(still["state"], "pending", "not cancelled");
+
+    // The queue list shows the queues the caller may read.
+    let names = |body: &Value| -> Vec<String> {
+        body["queues"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|q| q["queue"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let (_, _, list) = api.call(Method::GET, "/v1/queues", reader, Value::Null).await;
+    assert_eq!(names(&list), ["emails"]);
+    let (_, _, list) = api
+        .call(Method::GET, "/v1/queues", Some("t-ops"), Value::Null)
+        .await;
+    assert_eq!(names(&list), ["reports"]);
+    let (status, _, paused) = api
+        .call(
+            Method::POST,
+            "/v1/queues/reports/pause",
+            Some("t-ops"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!((status, &paused["paused"]), (StatusCode::OK, &json!(true)));
+
+    // The OpenAPI document is public.
+    let (status, _, doc) = api.call(Method::GET, "/openapi.json", None, Value::Null).await;
+    assert_eq!((status, doc["openapi"].as_str()), (StatusCode::OK, Some("3.1.0")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_loopback_token_even_the_pods_own_loopback_needs_a_token() {
+    let (_pg, pool) = pg().await;
+    let store = QueueStore::new(pool);
+    queue(&store, "emails").await;
+    let rbac = Rbac::new(&[("web", "create", "jobs", "emails")]);
+    let gate = Authenticator::new(rbac, "shop", Some("web"), LoopbackCallers::Token);
+    let api = Api::serve(api::ApiState::new(store.clone()).with_auth(Arc::new(gate))).await;
+    let (status, _, body) = api
+        .call(Method::POST, "/v1/queues/emails/jobs", None, job())
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.starts_with("no token"), "{message}");
+    assert!(message.contains("SLUICE_QUEUE_API_TOKEN_FILE"), "{message}");
+    assert_eq!(job_count(&store).await, 0);
+    let (status, _, _) = api
+        .call(Method::POST, "/v1/queues/emails/jobs", Some("t-web"), job())
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+}
