@@ -5,7 +5,8 @@
 //! schedule fires: pure) and [`job`] (jobs, queue settings, depth: plain types); [`sql`] (named statements, entity first) and [`schema`] (the
 //! migrations in `migrations/`, applied under an advisory lock); [`store`] ([`QueueStore`]: every
 //! statement behind a typed function, plus enqueue over any executor so apps can enqueue in their own
-//! transaction); [`listen`] (`LISTEN sluice_jobs` with reconnects); [`pool`] (connection pools with a
+//! transaction); [`listen`] (`LISTEN sluice_jobs` with reconnects); [`events`] (job state change
+//! notifications and the snapshots they are ordered against); [`pool`] (connection pools with a
 //! short acquire deadline); [`error`].
 //!
 //! It knows nothing of HTTP, Redis, Kubernetes or either binary: the worker engine and the queue HTTP
@@ -13,6 +14,7 @@
 
 pub mod backoff;
 pub mod error;
+pub mod events;
 pub mod job;
 pub mod listen;
 pub mod pool;

@@ -2,6 +2,9 @@
 //! jobs ready now) on one connection of a pool, reconnecting with backoff, until stopped. Used by the
 //! worker (to claim at once) and by the operator (to scale a sleeping queue from 0 to 1). NOTIFY is only
 //! a hint: whoever listens also polls, since PgBouncer in transaction mode and replicas cannot LISTEN.
+//!
+//! [`listen_on`] is the same loop for any channel (the sidecar's job event streams listen on
+//! [`crate::events::JOB_EVENTS_CHANNEL`]).
 
 use std::{ops::ControlFlow, time::Duration};
 
@@ -21,7 +24,8 @@ const RETRY_MAX: Duration = Duration::from_secs(5);
 pub enum Event<'a> {
     /// Listening (again): anything enqueued while nobody listened has to be found by a poll.
     Listening,
-    /// A job was enqueued on this queue.
+    /// A job was enqueued on this queue (on another channel than `sluice_jobs`: a notification, with
+    /// this payload).
     Enqueued(&'a str),
 }
 
@@ -32,13 +36,24 @@ pub async fn listen(
     pool: &PgPool,
     what: &str,
     stop: &CancellationToken,
+    on_event: impl FnMut(Event<'_>) -> ControlFlow<()>,
+) {
+    listen_on(pool, NOTIFY_CHANNEL, what, stop, on_event).await
+}
+
+/// [`listen`] on `channel`: [`Event::Enqueued`] carries each notification's payload.
+pub async fn listen_on(
+    pool: &PgPool,
+    channel: &str,
+    what: &str,
+    stop: &CancellationToken,
     mut on_event: impl FnMut(Event<'_>) -> ControlFlow<()>,
 ) {
     let mut wait = RETRY_FIRST;
     loop {
         let connected = async {
             let mut l = PgListener::connect_with(pool).await?;
-            l.listen(NOTIFY_CHANNEL).await?;
+            l.listen(channel).await?;
             Ok::<_, sqlx::Error>(l)
         };
         let listener = tokio::select! {

@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
 /// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
 /// which the workspace does not enable).
-const MIGRATIONS: [(i64, &str, &str); 10] = [
+const MIGRATIONS: [(i64, &str, &str); 11] = [
     (
         1,
         "queue tables",
@@ -65,6 +65,11 @@ const MIGRATIONS: [(i64, &str, &str); 10] = [
         10,
         "idempotency window and cancelled replacements",
         include_str!("../../migrations/0010_idempotency_window_and_cancelled_replacements.sql"),
+    ),
+    (
+        11,
+        "job events",
+        include_str!("../../migrations/0011_job_events.sql"),
     ),
 ];
 

@@ -389,3 +389,25 @@ SELECT queue, name, handled_until, last_fire_at, last_job_id, next_fire_at
  WHERE queue = $1
  ORDER BY name
 "#;
+
+/// Renews the event subscriptions of subscriber `$2` (one sidecar process) to queues `$1` until `$3` ms
+/// from now: while a queue has a live row, its jobs' state changes are notified (migration 0011).
+pub const EVENT_SUBSCRIBE: &str = r#"
+INSERT INTO sluice.event_subscriptions (queue, subscriber, expires_at)
+SELECT q, $2, now() + $3 * interval '1 millisecond' FROM unnest($1::text[]) AS q
+ON CONFLICT (queue, subscriber) DO UPDATE SET expires_at = EXCLUDED.expires_at
+"#;
+
+/// Drops subscriber `$2`'s rows for queues other than `$1`, and every row expired a minute ago or more
+/// (left by a process that stopped without dropping them).
+pub const EVENT_UNSUBSCRIBE_OTHERS: &str = r#"
+DELETE FROM sluice.event_subscriptions
+ WHERE (subscriber = $2 AND NOT (queue = ANY ($1::text[])))
+    OR expires_at < now() - interval '1 minute'
+"#;
+
+/// A job's queue, state and attempt, with the snapshot of the read (`pg_current_snapshot()`, which in
+/// an autocommit statement is the statement's own).
+pub const JOB_STATUS: &str = r#"
+SELECT queue, state, attempt, pg_current_snapshot()::text AS snapshot FROM sluice.jobs WHERE id = $1
+"#;

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     Error, Result,
+    events::JobStatus,
     job::{
         CancelOutcome, ClaimedJob, Depth, Enqueued, GraphJob, Job, JobState, MAX_PAYLOAD_BYTES, NewJob,
         OnParentFailure, Parent, QueueSettings, UniqueMode, valid_queue_name,
@@ -423,6 +424,51 @@ impl QueueStore {
                 ))),
             },
         }
+    }
+
+    // ---- job events ---------------------------------------------------------------------------------
+
+    /// Makes the state changes of `queues`' jobs notified on [`crate::events::JOB_EVENTS_CHANNEL`] for
+    /// `ttl` from now, on behalf of `subscriber` (one row per queue; call again before `ttl` passes to
+    /// keep them), and stops `subscriber`'s subscriptions to other queues. Also deletes rows that expired
+    /// a minute ago or more.
+    pub async fn subscribe_events(&self, subscriber: &str, queues: &[String], ttl: Duration) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        if !queues.is_empty() {
+            sqlx::query(sql::EVENT_SUBSCRIBE)
+                .bind(queues)
+                .bind(subscriber)
+                .bind(ttl.as_millis() as i64)
+                .execute(&mut *tx)
+                .await?;
+        }
+        sqlx::query(sql::EVENT_UNSUBSCRIBE_OTHERS)
+            .bind(queues)
+            .bind(subscriber)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// A job's queue, state and attempt, with the snapshot they were read under; None when it does not
+    /// exist.
+    pub async fn job_status(&self, id: Uuid) -> Result<Option<JobStatus>> {
+        let Some(row) = sqlx::query(sql::JOB_STATUS)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let state: String = row.try_get("state")?;
+        let snapshot: String = row.try_get("snapshot")?;
+        Ok(Some(JobStatus {
+            queue: row.try_get("queue")?,
+            state: state.parse().map_err(Error::Invalid)?,
+            attempt: row.try_get("attempt")?,
+            snapshot: snapshot.parse().map_err(Error::Invalid)?,
+        }))
     }
 
     // ---- worker side --------------------------------------------------------------------------------

@@ -285,6 +285,8 @@ async fn the_api_enqueues_reads_lists_cancels_and_manages_queues() {
     let (status, doc) = api.get("/openapi.json").await;
     assert_eq!(status, StatusCode::OK);
     assert!(doc["paths"]["/v1/queues/{queue}/jobs"]["post"].is_object());
+    assert!(doc["paths"]["/v1/queues/{queue}/jobs/{id}/events"]["get"].is_object());
+    assert!(doc["paths"]["/v1/queues/{queue}/events"]["get"].is_object());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

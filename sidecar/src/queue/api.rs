@@ -41,6 +41,7 @@ use sluice_queue::{
 };
 
 use super::auth::{Access, Authenticator, Origin, Refusal, User};
+use super::events::{self, EventHub};
 use crate::error::Error;
 
 /// Default most jobs in one batch request.
@@ -62,12 +63,15 @@ pub struct ApiState {
     /// Checks callers (`queue.api.auth.mode: kubernetes`); `None`: anyone who reaches the listener may
     /// call.
     pub auth: Option<Arc<Authenticator>>,
+    /// The job and queue event streams.
+    pub events: EventHub,
 }
 
 impl ApiState {
     /// State over `store` with the default batch limit, serving every queue.
     pub fn new(store: QueueStore) -> Self {
         Self {
+            events: EventHub::new(store.clone()),
             store,
             max_batch: MAX_BATCH_DEFAULT,
             queues: None,
@@ -92,7 +96,7 @@ impl ApiState {
     }
 
     /// 403 unless this API serves `queue`.
-    fn check_queue(&self, queue: &str) -> ApiResult<()> {
+    pub(super) fn check_queue(&self, queue: &str) -> ApiResult<()> {
         match &self.queues {
             Some(served) if !served.contains(queue) => Err(ApiError::new(
                 StatusCode::FORBIDDEN,
@@ -224,6 +228,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/queues/{queue}/jobs", post(enqueue_one).get(list_jobs))
         .route("/v1/queues/{queue}/jobs/batch", post(enqueue_batch))
         .route("/v1/queues/{queue}/jobs/graph", post(enqueue_graph))
+        .route("/v1/queues/{queue}/jobs/{id}/events", get(events::job_events))
+        .route("/v1/queues/{queue}/events", get(events::queue_events))
         .route("/v1/jobs/{id}", get(get_job))
         .route("/v1/jobs/{id}/cancel", post(cancel_job))
         .route("/v1/jobs/{id}/retry", post(retry_job))
@@ -243,6 +249,12 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let bound = Listener(listener.local_addr()?);
+    // Event streams never end by themselves: they are ended when shutdown begins.
+    let events = state.events.clone();
+    let shutdown = async move {
+        shutdown.await;
+        events.close();
+    };
     axum::serve(
         listener,
         router(state)
@@ -488,7 +500,7 @@ async fn get_job(State(st): State<ApiState>, Path(id): Path<String>) -> ApiResul
     Ok(Json(with_parents(&st, job).await?).into_response())
 }
 
-fn parse_id(id: &str) -> ApiResult<Uuid> {
+pub(super) fn parse_id(id: &str) -> ApiResult<Uuid> {
     id.parse()
         .map_err(|_| ApiError::bad_request(format!("job id {id:?} is not a UUID")))
 }
@@ -680,6 +692,19 @@ pub fn openapi_document() -> Value {
                          "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "required": ["jobs"], "properties": {"jobs": {"type": "array", "maxItems": MAX_GRAPH_JOBS, "items": {"$ref": "#/components/schemas/GraphJob"}}}}}}},
                          "responses": {"201": {"description": "{jobs: [{ref, id, created}]} in input order; created is false for a job answered by its idempotency or unique key (the graph's children of that ref depend on the job that answered)"}, "400": err, "404": err, "409": err, "413": err},
                          "description": "400 names a cycle, a duplicate or unknown ref, an unknown job id or bad input; nothing is enqueued then"}
+            },
+            "/v1/queues/{queue}/jobs/{id}/events": {
+                "parameters": [queue, id],
+                "get": {"summary": "Stream a job's state changes (Server-Sent Events) until it finishes",
+                        "description": "The first event is the job's current state; then one `state` event per change, in commit order; the stream ends after a terminal state (succeeded, dead, cancelled). `event: state` with `data: {id, queue, state, attempt}`; `event: gone` when the job was deleted while streamed. A client too slow to keep up, or any client after the sidecar lost its database notifications for a while, gets the state as it is now rather than every change in between. Comments (`: keep-alive`) every 15 s. 404 for a job that is not in this queue.",
+                        "responses": {"200": {"description": "text/event-stream", "content": {"text/event-stream": {"schema": {"type": "string"}, "example": "event: state\ndata: {\"id\":\"01939f5e-…\",\"queue\":\"emails\",\"state\":\"running\",\"attempt\":1}\n\n"}}},
+                                      "400": err, "403": err, "404": err, "503": err}}
+            },
+            "/v1/queues/{queue}/events": {
+                "parameters": [queue],
+                "get": {"summary": "Stream a queue's counts every second (Server-Sent Events)",
+                        "description": "`event: counts` with `data:` the queue's Depth, every second, until the client goes away; the stream ends if the queue is deleted. A client that falls behind gets the latest counts, not every one it missed.",
+                        "responses": {"200": {"description": "text/event-stream", "content": {"text/event-stream": {"schema": {"type": "string"}}}}, "403": err, "404": err}}
             },
             "/v1/jobs/{id}": {"parameters": [id], "get": {"summary": "A job, with the jobs it depends on", "responses": {"200": {"description": "Job", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Job"}}}}, "404": err}}},
             "/v1/jobs/{id}/cancel": {"parameters": [id], "post": {"summary": "Cancel a job",
