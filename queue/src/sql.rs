@@ -55,6 +55,34 @@ RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempt
           j.created_at
 "#;
 
+/// [`JOB_CLAIM_BATCH`] for jobs of the kinds `$5` only (a worker that handles some kinds). A statement of
+/// its own, so that the claim of a whole queue keeps its plan. The claim index does not hold the kind:
+/// the scan walks the queue's ready jobs in claim order and skips other kinds, so a worker taking a
+/// rare kind behind a long backlog of others reads through that backlog on each claim.
+pub const JOB_CLAIM_BATCH_OF_KINDS: &str = r#"
+WITH picked AS (
+    SELECT j.id
+      FROM sluice.jobs j
+     WHERE j.queue = $1
+       AND j.state IN ('pending', 'retrying')
+       AND j.run_at <= now()
+       AND j.kind = ANY ($5::text[])
+       AND NOT EXISTS (SELECT 1 FROM sluice.queues q WHERE q.name = $1 AND q.paused)
+     ORDER BY j.priority DESC, j.run_at
+     LIMIT $3
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE sluice.jobs j
+   SET state = 'running',
+       attempt = j.attempt + 1,
+       lease_owner = $2,
+       lease_expires_at = now() + $4 * interval '1 millisecond',
+       started_at = now()
+ WHERE j.id = ANY (ARRAY(SELECT picked.id FROM picked))
+RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts, j.lease_expires_at,
+          j.created_at
+"#;
+
 /// Finishes a batch of running jobs in one statement. Per job: id, attempt (the fence), outcome
 /// (`s` succeeded, `r` retry, `p` permanent failure, `c` cancelled by its handler), retry delay in ms and
 /// error text. A retry past `max_attempts` or a permanent failure makes the job `dead`; a failing job

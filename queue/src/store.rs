@@ -481,13 +481,34 @@ impl QueueStore {
         limit: u32,
         lease: Duration,
     ) -> Result<Vec<ClaimedJob>> {
-        let mut jobs = sqlx::query_as::<_, ClaimedJob>(sql::JOB_CLAIM_BATCH)
+        self.claim_batch_of_kinds(queue, &[], owner, limit, lease).await
+    }
+
+    /// [`QueueStore::claim_batch`] of jobs whose kind is one of `kinds` (all kinds when empty). Jobs of
+    /// other kinds stay for other workers; see [`sql::JOB_CLAIM_BATCH_OF_KINDS`] for what the filter
+    /// costs.
+    pub async fn claim_batch_of_kinds(
+        &self,
+        queue: &str,
+        kinds: &[String],
+        owner: &str,
+        limit: u32,
+        lease: Duration,
+    ) -> Result<Vec<ClaimedJob>> {
+        let statement = if kinds.is_empty() {
+            sql::JOB_CLAIM_BATCH
+        } else {
+            sql::JOB_CLAIM_BATCH_OF_KINDS
+        };
+        let mut query = sqlx::query_as::<_, ClaimedJob>(statement)
             .bind(queue)
             .bind(owner)
             .bind(i64::from(limit))
-            .bind(lease.as_millis() as i64)
-            .fetch_all(&self.pool)
-            .await?;
+            .bind(lease.as_millis() as i64);
+        if !kinds.is_empty() {
+            query = query.bind(kinds);
+        }
+        let mut jobs = query.fetch_all(&self.pool).await?;
         // `UPDATE … RETURNING` gives rows back in no particular order; handler slots are handed out in
         // this order, so restore the claim's: highest priority first, then oldest (UUIDv7 ids sort by
         // enqueue time).

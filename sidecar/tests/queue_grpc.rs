@@ -230,6 +230,65 @@ async fn an_outcome_after_the_lease_was_lost_is_refused_naming_why() {
 }
 
 #[tokio::test]
+async fn a_stream_subscribed_to_some_kinds_takes_only_jobs_of_those_kinds() {
+    let (pgs, pool) = pg().await;
+    let store = QueueStore::new(pool.clone());
+    queue(&store, "mixed").await;
+    let server = serve(&pgs.url(), &["mixed"], 4, 1 << 20).await;
+    let mut first = subscribe(&["mixed"], 4);
+    if let Some(In::Subscribe(s)) = &mut first.msg {
+        s.kinds = vec!["resize".into(), "crop".into(), "resize".into()];
+    }
+    let mut w = Stream::open(server.addr, first).await.unwrap();
+    match w.next().await {
+        Out::Subscribed(sub) => assert_eq!(sub.kinds, ["resize", "crop"]),
+        other => panic!("expected subscribed, got {other:?}"),
+    }
+    // Jobs of another kind, ahead of those the stream takes in claim order (higher priority).
+    let mut others = Vec::new();
+    for i in 0..3 {
+        let job = NewJob {
+            priority: 10,
+            ..NewJob::new("email", serde_json::json!({ "i": i }))
+        };
+        others.push(store.enqueue("mixed", &job).await.unwrap().id);
+    }
+    let mut wanted = Vec::new();
+    for kind in ["resize", "crop", "resize"] {
+        let job = NewJob::new(kind, serde_json::json!({}));
+        wanted.push(store.enqueue("mixed", &job).await.unwrap().id.to_string());
+    }
+    let mut got = Vec::new();
+    while got.len() < wanted.len() {
+        let job = w.job().await;
+        assert_ne!(job.kind, "email", "a job of a kind the stream did not ask for");
+        w.send(succeeded(&job)).await;
+        got.push(job.job_id);
+    }
+    got.sort();
+    wanted.sort();
+    assert_eq!(got, wanted);
+    for id in &wanted {
+        wait_state(&store, id.parse().unwrap(), "succeeded").await;
+    }
+    // The other kind's jobs were left alone, waiting, for a worker that takes them: one that names no
+    // kinds takes every kind.
+    for id in &others {
+        let job = store.get(*id).await.unwrap().unwrap();
+        assert_eq!((job.state.as_str(), job.attempt), ("pending", 0));
+    }
+    let mut all = Stream::subscribe(server.addr, &["mixed"], 4).await;
+    for _ in 0..others.len() {
+        let job = all.job().await;
+        assert_eq!(job.kind, "email");
+        all.send(succeeded(&job)).await;
+    }
+    for id in &others {
+        wait_state(&store, *id, "succeeded").await;
+    }
+}
+
+#[tokio::test]
 async fn heartbeats_keep_a_job_past_its_lease_and_silence_loses_it() {
     let (pgs, pool) = pg().await;
     let store = QueueStore::new(pool);
@@ -330,15 +389,21 @@ async fn bad_messages_are_refused_and_say_why() {
         s.code() == Code::InvalidArgument && s.message().contains("\"other\""),
         "{s:?}"
     );
-    let mut kinds = subscribe(&["bad"], 1);
-    if let Some(In::Subscribe(s)) = &mut kinds.msg {
-        s.kinds = vec!["a".into()];
+    for bad_kinds in [
+        vec![String::new()],
+        vec!["k".repeat(201)],
+        (0..101).map(|i| i.to_string()).collect(),
+    ] {
+        let mut kinds = subscribe(&["bad"], 1);
+        if let Some(In::Subscribe(s)) = &mut kinds.msg {
+            s.kinds = bad_kinds;
+        }
+        let s = refused(Stream::open(server.addr, kinds).await);
+        assert!(
+            s.code() == Code::InvalidArgument && s.message().contains("subscribe.kinds"),
+            "{s:?}"
+        );
     }
-    let s = refused(Stream::open(server.addr, kinds).await);
-    assert!(
-        s.code() == Code::InvalidArgument && s.message().contains("kinds"),
-        "{s:?}"
-    );
 
     // Outcomes and heartbeats for jobs the stream does not hold are refused; the stream goes on.
     let mut w = Stream::subscribe(server.addr, &["bad"], 1).await;

@@ -157,6 +157,7 @@ pub async fn run_worker(cfg: QueueConfig, shutdown: CancellationToken) -> Result
         shutdown_grace: cfg.worker.shutdown_grace.get(),
         heartbeat_interval: cfg.worker.heartbeat_interval.map(|d| d.get()),
         owner: default_owner(),
+        kinds: Vec::new(),
     };
     if let Some(addr) = cfg.grpc.listen {
         // gRPC workers connect and take jobs; nothing is POSTed to the handler URL.

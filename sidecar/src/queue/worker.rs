@@ -119,6 +119,8 @@ pub struct WorkerOptions {
     pub heartbeat_interval: Option<Duration>,
     /// The lease owner written on claimed jobs (see [`default_owner`]).
     pub owner: String,
+    /// Claim only jobs of these kinds (empty: every kind).
+    pub kinds: Vec<String>,
 }
 
 /// Claim loops a worker runs at once: two keep claims flowing while one waits for its query.
@@ -139,6 +141,7 @@ impl WorkerOptions {
             shutdown_grace: SHUTDOWN_GRACE_DEFAULT.get(),
             heartbeat_interval: None,
             owner: default_owner(),
+            kinds: Vec::new(),
         }
     }
 }
@@ -497,7 +500,7 @@ async fn claim_loop<H: Handler>(
             let t0 = Instant::now();
             let result = shared
                 .store
-                .claim_batch(queue, &opts.owner, held.len() as u32, lease)
+                .claim_batch_of_kinds(queue, &opts.kinds, &opts.owner, held.len() as u32, lease)
                 .await;
             {
                 let mut ahead = shared.ahead.lock().expect("ahead lock");

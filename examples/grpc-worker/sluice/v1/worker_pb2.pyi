@@ -103,14 +103,16 @@ class SidecarMessage(_message.Message):
     def __init__(self, subscribed: _Optional[_Union[Subscribed, _Mapping]] = ..., job: _Optional[_Union[Job, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., lease_lost: _Optional[_Union[LeaseLost, _Mapping]] = ..., refused: _Optional[_Union[Refused, _Mapping]] = ..., draining: _Optional[_Union[Draining, _Mapping]] = ...) -> None: ...
 
 class Subscribed(_message.Message):
-    __slots__ = ("owner", "queues", "slots")
+    __slots__ = ("owner", "queues", "slots", "kinds")
     OWNER_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
+    KINDS_FIELD_NUMBER: _ClassVar[int]
     owner: str
     queues: _containers.RepeatedScalarFieldContainer[str]
     slots: int
-    def __init__(self, owner: _Optional[str] = ..., queues: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ...) -> None: ...
+    kinds: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, owner: _Optional[str] = ..., queues: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ..., kinds: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("job_id", "queue", "kind", "payload_json", "attempt", "max_attempts", "deadline_unix_ms", "heartbeat_within_ms")

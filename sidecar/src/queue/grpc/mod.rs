@@ -62,6 +62,8 @@ use proto::{
     worker_server::{Worker as WorkerService, WorkerServer},
 };
 
+/// Most kinds one stream may name (`subscribe.kinds`).
+pub const MAX_KINDS: usize = 100;
 /// Most jobs one stream may run at once (`subscribe.slots`).
 pub const MAX_SLOTS: u32 = 1024;
 /// Connections of the database pool each stream's engine uses (LISTEN, claims, completions,
@@ -457,13 +459,28 @@ fn outcome_of(result: Option<outcome::Result>) -> std::result::Result<Outcome, &
 }
 
 impl GrpcWorker {
-    /// Checks a `subscribe`; the queues the stream takes.
-    fn subscription(&self, sub: &proto::Subscribe) -> std::result::Result<Vec<String>, Status> {
+    /// Checks a `subscribe`; the queues and kinds the stream takes (no kinds: all of them).
+    fn subscription(
+        &self,
+        sub: &proto::Subscribe,
+    ) -> std::result::Result<(Vec<String>, Vec<String>), Status> {
         let served = &self.inner.opts.queues;
-        if !sub.kinds.is_empty() {
-            return Err(Status::invalid_argument(
-                "subscribe.kinds: taking only some kinds is not supported; leave it empty and give kinds a worker does not handle a queue of their own",
-            ));
+        if sub.kinds.len() > MAX_KINDS {
+            return Err(Status::invalid_argument(format!(
+                "subscribe.kinds: {} kinds is over the limit of {MAX_KINDS}",
+                sub.kinds.len()
+            )));
+        }
+        let mut kinds: Vec<String> = Vec::new();
+        for k in &sub.kinds {
+            if k.is_empty() || k.len() > 200 {
+                return Err(Status::invalid_argument(format!(
+                    "subscribe.kinds: {k:?} is not a kind (1-200 characters)"
+                )));
+            }
+            if !kinds.contains(k) {
+                kinds.push(k.clone());
+            }
         }
         if sub.slots == 0 || sub.slots > MAX_SLOTS {
             return Err(Status::invalid_argument(format!(
@@ -472,7 +489,7 @@ impl GrpcWorker {
             )));
         }
         if sub.queues.is_empty() {
-            return Ok(served.clone());
+            return Ok((served.clone(), kinds));
         }
         let mut queues = Vec::new();
         for q in &sub.queues {
@@ -486,7 +503,7 @@ impl GrpcWorker {
                 queues.push(q.clone());
             }
         }
-        Ok(queues)
+        Ok((queues, kinds))
     }
 }
 
@@ -514,7 +531,7 @@ impl WorkerService for GrpcWorker {
         let Some(In::Subscribe(sub)) = first.msg else {
             return Err(Status::invalid_argument("the first message must be subscribe"));
         };
-        let queues = self.subscription(&sub)?;
+        let (queues, kinds) = self.subscription(&sub)?;
 
         let opts = &self.inner.opts;
         let pool = sluice_queue::pool::connect_lazy(&opts.database_url, STREAM_POOL_SIZE)
@@ -537,6 +554,7 @@ impl WorkerService for GrpcWorker {
             concurrency: sub.slots as usize,
             claimers: 1,
             owner: default_owner(),
+            kinds: kinds.clone(),
             ..opts.engine.clone()
         };
         let (tx, rx) = mpsc::channel(2 * sub.slots as usize + 16);
@@ -556,6 +574,7 @@ impl WorkerService for GrpcWorker {
                     owner: engine_opts.owner.clone(),
                     queues,
                     slots: sub.slots,
+                    kinds,
                 })),
             }))
             .await;

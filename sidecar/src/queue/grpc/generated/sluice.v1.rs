@@ -25,7 +25,8 @@ pub struct Subscribe {
     /// Queues to take jobs from: a subset of the sidecar's queues; empty means all of them.
     #[prost(string, repeated, tag = "1")]
     pub queues: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
-    /// Reserved for taking only some kinds of jobs; must be empty (serve other kinds from another queue).
+    /// Kinds of jobs to take (at most 100); empty means every kind. Jobs of other kinds stay for other
+    /// workers of the queue.
     #[prost(string, repeated, tag = "2")]
     pub kinds: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
     /// Jobs the worker runs at once: 1 to 1024.
@@ -132,6 +133,9 @@ pub struct Subscribed {
     pub queues: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
     #[prost(uint32, tag = "3")]
     pub slots: u32,
+    /// The kinds this stream takes; empty: every kind.
+    #[prost(string, repeated, tag = "4")]
+    pub kinds: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
 /// One attempt of a job, now leased to this stream.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
