@@ -53,6 +53,8 @@ OPTIONS = {
     },
     "JobQueue access check off": {"webhook": {"jobQueueAccessCheck": False}},
     "watched namespaces": {"watchNamespaces": ["shop", "billing"]},
+    "queue API reviewers in listed namespaces": {"queueApi": {"reviewerNamespaces": ["shop"]}},
+    "queue API auth off": {"queueApi": {"auth": "off"}},
     "pinned images": {"image": {"tag": "0.1.0"}, "sidecar": {"image": {"repository": "r/s", "tag": "x"}}},
 }
 
@@ -65,6 +67,7 @@ BAD_VALUES = {
     "namespace that is not a DNS label": ({"rbac": {"secretNamespaces": ["Bad_NS"]}}, "secretNamespaces"),
     "watched namespace that is not a DNS label": ({"watchNamespaces": ["Bad_NS"]}, "watchNamespaces"),
     "unknown log format": ({"logFormat": "xml"}, "logFormat"),
+    "unknown queue API auth mode": ({"queueApi": {"auth": "token"}}, "auth"),
     "resource quantity that is not one": ({"resources": {"limits": {"memory": "lots"}}}, "memory"),
     "webhook timeout over the API server's cap": ({"webhook": {"timeoutSeconds": 60}}, "timeoutSeconds"),
     "issuer of an unknown kind": (
@@ -212,6 +215,33 @@ class ChartTest(unittest.TestCase):
         docs, _ = render(OPTIONS["external metrics off (KEDA owns the APIService)"])
         roles = {d["roleRef"]["name"] for _, d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")}
         self.assertNotIn("system:auth-delegator", roles)
+
+    def test_injected_sidecars_may_review_queue_api_callers_and_nothing_else(self):
+        def reviewers(values):
+            docs, _ = render(values)
+            (operator,) = [d for _, d in docs if d["kind"] == "Deployment"]
+            env = {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
+            roles = [d for _, d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "sluice-queue-api-reviewer"]
+            bindings = [d for _, d in docs
+                        if d["kind"] == "ClusterRoleBinding" and d["metadata"]["name"] == "sluice-queue-api-reviewer"]
+            return env["SLUICE_QUEUE_API_AUTH"], roles, bindings
+
+        auth, (role,), (binding,) = reviewers({})
+        self.assertEqual(auth, "kubernetes", "on by default")
+        self.assertEqual(
+            sorted((r["apiGroups"], r["resources"], r["verbs"]) for r in role["rules"]),
+            [(["authentication.k8s.io"], ["tokenreviews"], ["create"]),
+             (["authorization.k8s.io"], ["subjectaccessreviews"], ["create"])],
+        )
+        self.assertEqual(binding["roleRef"]["name"], "sluice-queue-api-reviewer")
+        self.assertEqual([s["name"] for s in binding["subjects"]], ["system:serviceaccounts"])
+        _, _, (binding,) = reviewers(OPTIONS["watched namespaces"])
+        self.assertEqual([s["name"] for s in binding["subjects"]],
+                         ["system:serviceaccounts:shop", "system:serviceaccounts:billing"])
+        _, _, (binding,) = reviewers(OPTIONS["queue API reviewers in listed namespaces"])
+        self.assertEqual([s["name"] for s in binding["subjects"]], ["system:serviceaccounts:shop"])
+        auth, roles, bindings = reviewers(OPTIONS["queue API auth off"])
+        self.assertEqual((auth, roles, bindings), ("off", [], []))
 
     def test_no_cluster_wide_secret_access_by_default(self):
         docs, _ = render()

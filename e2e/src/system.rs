@@ -172,11 +172,14 @@ fn split_image(image: &str) -> (&str, &str) {
 
 impl SystemOptions {
     /// One operator replica (the chart's default is 2; one is enough on a shared laptop or CI core)
-    /// with text logs, the HPA stand-in syncing every second.
+    /// with text logs, the HPA stand-in syncing every second. The queue API's caller checks are off
+    /// (`queueApi.auth: off`): the kubelet stand-in mounts no projected ServiceAccount tokens and gives
+    /// processes no in-cluster API credentials, which the sidecar needs to review callers
+    /// (`e2e/tests/real_control_plane.rs` tests the reviews against a real kube-apiserver).
     pub fn new(demo_app: &Path) -> Self {
         SystemOptions {
             control_plane: ControlPlaneKind::InMemory,
-            values: json!({"replicaCount": 1, "logFormat": "text"}),
+            values: json!({"replicaCount": 1, "logFormat": "text", "queueApi": {"auth": "off"}}),
             demo_app: demo_app.to_path_buf(),
             hpa_period: Duration::from_secs(1),
             max_grace: Duration::from_secs(10),

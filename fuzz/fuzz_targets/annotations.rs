@@ -234,5 +234,6 @@ fn config() -> InjectConfig {
         },
         native: true,
         config_verify_key: Some("ab".repeat(32)),
+        queue_api_auth: true,
     }
 }

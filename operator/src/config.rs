@@ -58,6 +58,15 @@ pub enum NativeSidecar {
     False,
 }
 
+/// Whether the queue API of injected sidecars checks its callers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum QueueApiAuth {
+    /// ServiceAccount tokens (audience `sluice`) by TokenReview, RBAC by SubjectAccessReview.
+    Kubernetes,
+    /// Anyone who reaches the API (the pod's loopback) may call it.
+    Off,
+}
+
 /// Log line format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -166,6 +175,10 @@ pub struct RunArgs {
     /// Inject native sidecars (init containers with restartPolicy: Always).
     #[arg(long, env = "SLUICE_SIDECAR_NATIVE", value_enum, default_value_t = NativeSidecar::Auto)]
     pub sidecar_native: NativeSidecar,
+    /// Whether the queue API of sidecars injected for `sluice.dev/job-queues` checks its callers
+    /// (docs/queue.md, "Who may call the API").
+    #[arg(long, env = "SLUICE_QUEUE_API_AUTH", value_enum, default_value_t = QueueApiAuth::Kubernetes)]
+    pub queue_api_auth: QueueApiAuth,
     /// Resources of the injected sidecar, as JSON (`{"requests":{...},"limits":{...}}`).
     #[arg(long, env = "SLUICE_SIDECAR_RESOURCES", default_value = SIDECAR_RESOURCES_DEFAULT, value_parser = parse_resources)]
     pub sidecar_resources: ResourceRequirements,
@@ -201,6 +214,8 @@ mod tests {
             "false",
             "--sidecar-native",
             "true",
+            "--queue-api-auth",
+            "off",
             "--sidecar-resources",
             r#"{"requests":{"cpu":"10m"}}"#,
         ])
@@ -210,6 +225,7 @@ mod tests {
         };
         assert!(!args.leader_election);
         assert_eq!(args.sidecar_native, NativeSidecar::True);
+        assert_eq!(args.queue_api_auth, QueueApiAuth::Off);
         assert!(args.sidecar_resources.requests.unwrap().contains_key("cpu"));
     }
 

@@ -322,6 +322,7 @@ pub async fn run_with(client: Client, args: RunArgs, shutdown: CancellationToken
             sidecar: sidecar.clone(),
             native,
             config_verify_key: Some(signer.public_key_hex().to_owned()),
+            queue_api_auth: args.queue_api_auth == crate::config::QueueApiAuth::Kubernetes,
         },
         metrics: metrics.clone(),
         authorizer: Arc::new(SubjectAccessReviews(client.clone())),

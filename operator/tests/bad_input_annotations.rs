@@ -99,6 +99,7 @@ async fn start() -> (SocketAddr, CancellationToken) {
             },
             native: true,
             config_verify_key: None,
+            queue_api_auth: false,
         },
         metrics: Arc::new(Metrics::default()),
         authorizer: Arc::new(NoReviews),

@@ -114,6 +114,7 @@ async fn start_with(b: &Bundle, authorizer: Arc<dyn Authorize>) -> Webhook {
             },
             native: true,
             config_verify_key: None,
+            queue_api_auth: false,
         },
         metrics: metrics.clone(),
         authorizer,

@@ -63,6 +63,9 @@ pub const POD_NAMESPACE: &str = "SLUICE_POD_NAMESPACE";
 /// `queue.api.auth.serviceAccount`: the pod's ServiceAccount (the downward API's
 /// `spec.serviceAccountName`).
 pub const POD_SERVICE_ACCOUNT: &str = "SLUICE_POD_SERVICE_ACCOUNT";
+/// `queue.api.auth.jobQueues`: `queue=jobqueue,...` for queues whose database name is not their
+/// JobQueue's (set by the webhook from `spec.queueName`).
+pub const API_JOB_QUEUES: &str = "SLUICE_API_JOB_QUEUES";
 /// `queue.worker.metricsListen`.
 pub const METRICS_LISTEN: &str = "SLUICE_METRICS_LISTEN";
 /// `queue.grpc.listen`: where the gRPC worker API is served (unset: not served; jobs are POSTed to the

@@ -241,6 +241,11 @@ pub struct ApiAuthConfig {
     /// The pod's ServiceAccount name (`SLUICE_POD_SERVICE_ACCOUNT`): who tokenless loopback callers are.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account: Option<String>,
+    /// The JobQueue of each queue whose database name is not its JobQueue's name (`spec.queueName`):
+    /// callers are authorized on the JobQueue (`SLUICE_API_JOB_QUEUES=queue=jobqueue,...`). A queue not
+    /// listed is its own JobQueue's name.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub job_queues: std::collections::BTreeMap<String, String>,
 }
 
 impl ApiAuthConfig {

@@ -14,7 +14,10 @@
 //!   on `127.0.0.1:7070` (database URL by `secretKeyRef` to their Secret, never as text) and tells the
 //!   app containers where (`SLUICE_QUEUE_API`). With no RateLimitPolicy for the pod, the sidecar only
 //!   serves that API: no port takeover, rate limiting off, nothing listening beyond localhost but its
-//!   health port.
+//!   health port. With the operator's `--queue-api-auth kubernetes` the API checks its callers: the app
+//!   containers get a projected ServiceAccount token for the audience `sluice`
+//!   (`SLUICE_QUEUE_API_TOKEN_FILE`), the sidecar the pod's API credentials, namespace and
+//!   ServiceAccount name, and, in a host-network pod, no tokenless loopback callers.
 //!
 //! Invariants: a pod that already has the container is left alone (re-admission changes nothing), and
 //! every check runs before anything is changed, so a pod is either injected completely or rejected.
@@ -25,14 +28,18 @@ mod tests;
 use std::{collections::BTreeMap, sync::Arc};
 
 use k8s_openapi::{
-    api::core::v1::{ConfigMapVolumeSource, Container, ContainerPort, EnvVar, Pod, PodSpec, Probe, Volume},
+    api::core::v1::{
+        ConfigMapProjection, ConfigMapVolumeSource, Container, ContainerPort, DownwardAPIProjection,
+        DownwardAPIVolumeFile, EnvVar, EnvVarSource, KeyToPath, ObjectFieldSelector, Pod, PodSpec, Probe,
+        ProjectedVolumeSource, ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
+    },
     apimachinery::pkg::util::intstr::IntOrString,
 };
 use kube::core::{Selector, SelectorExt};
 use sluice_crds::{
     contract::{
         SIDECAR_CONTAINER as SIDECAR_CONTAINER_NAME,
-        env::{self, QUEUE_API as QUEUE_API_ENV},
+        env::{self, QUEUE_API as QUEUE_API_ENV, QUEUE_API_TOKEN_FILE},
         label::POLICY as POLICY_LABEL,
         path::{CONFIG_DIR as CONFIG_MOUNT_DIR, POLICY_CONFIG_FILE as CONFIG_KEY},
         port::{ADMIN as SIDECAR_ADMIN_PORT, LISTEN_DEFAULT as SIDECAR_LISTEN_PORT_DEFAULT, QUEUE_API},
@@ -40,6 +47,7 @@ use sluice_crds::{
     },
     job_queue::JobQueue,
     rate_limit_policy::{RateLimitPolicy, SecretKeyRef},
+    sidecar_config::API_TOKEN_AUDIENCE,
 };
 
 use super::annotations::{self, AnnotationError, InjectAnnotations, PortRef};
@@ -56,6 +64,20 @@ pub const LISTEN_PORT_NAME: &str = port_name::LISTEN;
 pub const ADMIN_PORT_NAME: &str = port_name::ADMIN;
 /// The port name fronted when no `sluice.dev/app-port` annotation says otherwise.
 pub const APP_PORT_NAME_DEFAULT: &str = "http";
+/// Volume of the app containers' token for the queue API (`--queue-api-auth kubernetes`).
+pub const QUEUE_API_TOKEN_VOLUME: &str = "sluice-queue-api-token";
+/// Where the app containers find it.
+pub const QUEUE_API_TOKEN_DIR: &str = "/var/run/secrets/sluice.dev";
+/// The token file in [`QUEUE_API_TOKEN_DIR`].
+pub const QUEUE_API_TOKEN_PATH: &str = "/var/run/secrets/sluice.dev/token";
+/// Lifetime asked for the app's token (the kubelet refreshes it at 80 %; 600 s is the least allowed).
+pub const QUEUE_API_TOKEN_SECONDS: i64 = 600;
+/// Volume of the sidecar's API server credentials (the pod's ServiceAccount), which it needs to review
+/// callers: the ServiceAccount admission plugin mounts them only in the containers the pod was created
+/// with, before the webhook adds the sidecar.
+pub const KUBE_API_VOLUME: &str = "sluice-kube-api";
+/// Where a container finds its ServiceAccount's API credentials.
+pub const KUBE_API_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
 /// The operator's injection settings (flags `--sidecar-*`).
 #[derive(Clone, Debug, PartialEq)]
@@ -68,6 +90,9 @@ pub struct InjectConfig {
     /// The operator's config-signing public key (hex), given to each rate-limiting sidecar as
     /// `SLUICE_CONFIG_VERIFY_KEY` so it applies only configs from Redis the operator signed.
     pub config_verify_key: Option<String>,
+    /// The queue API checks its callers (`--queue-api-auth kubernetes`): each app container gets a token
+    /// for it, the sidecar what it needs to review them.
+    pub queue_api_auth: bool,
 }
 
 /// The policy a pod is governed by, as far as injection needs to know.
@@ -204,6 +229,21 @@ pub fn resolve_job_queues(
             var.value = Some(names.join(","));
         }
     }
+    // Callers are authorized on the JobQueue; say which one a queue with another name is.
+    let renamed: Vec<String> = ann
+        .job_queues
+        .iter()
+        .zip(&names)
+        .filter(|(jq, queue)| jq != queue)
+        .map(|(jq, queue)| format!("{queue}={jq}"))
+        .collect();
+    if !renamed.is_empty() {
+        env.push(EnvVar {
+            name: env::API_JOB_QUEUES.into(),
+            value: Some(renamed.join(",")),
+            ..EnvVar::default()
+        });
+    }
     Ok(Some(QueueTarget {
         job_queues: ann.job_queues.clone(),
         env,
@@ -305,6 +345,21 @@ pub fn inject(
                 ),
             ));
         }
+        if config.queue_api_auth
+            && let Some(v) = spec
+                .volumes
+                .iter()
+                .flatten()
+                .find(|v| v.name == QUEUE_API_TOKEN_VOLUME || v.name == KUBE_API_VOLUME)
+        {
+            return Err(mismatch(
+                annotations::JOB_QUEUES,
+                format!(
+                    "the pod already has a volume named {:?}, which the sidecar needs",
+                    v.name
+                ),
+            ));
+        }
     }
     let Some(target) = target else {
         let Some(q) = queues else {
@@ -373,6 +428,9 @@ pub fn inject(
         tell_apps_where_the_queue_api_is(&mut spec.containers);
     }
     add_sidecar(spec, sidecar, ann.native_sidecar.unwrap_or(config.native));
+    if queues.is_some() && config.queue_api_auth {
+        check_queue_api_callers(spec);
+    }
     spec.volumes.get_or_insert_with(Vec::new).push(Volume {
         name: CONFIG_VOLUME.into(),
         config_map: Some(ConfigMapVolumeSource {
@@ -410,7 +468,134 @@ fn inject_queue_only(
         .port(ADMIN_PORT_NAME, SIDECAR_ADMIN_PORT);
     tell_apps_where_the_queue_api_is(&mut spec.containers);
     add_sidecar(spec, sidecar, ann.native_sidecar.unwrap_or(config.native));
+    if config.queue_api_auth {
+        check_queue_api_callers(spec);
+    }
     pod
+}
+
+/// Makes the queue API check its callers (docs/queue.md, "Who may call the API"): every app container
+/// gets a projected ServiceAccount token for the audience `sluice` at [`QUEUE_API_TOKEN_PATH`]
+/// (`SLUICE_QUEUE_API_TOKEN_FILE`); the sidecar gets the pod's API credentials at [`KUBE_API_DIR`], its
+/// namespace and ServiceAccount name, and `SLUICE_API_AUTH=kubernetes`; in a host-network pod, whose
+/// loopback is the node's, every caller needs a token (`SLUICE_API_AUTH_LOOPBACK=token`).
+fn check_queue_api_callers(spec: &mut PodSpec) {
+    let field = |path: &str| EnvVarSource {
+        field_ref: Some(ObjectFieldSelector {
+            field_path: path.into(),
+            ..ObjectFieldSelector::default()
+        }),
+        ..EnvVarSource::default()
+    };
+    let var = |name: &str, value: &str| EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        ..EnvVar::default()
+    };
+    let mut sidecar_env = vec![
+        var(env::API_AUTH, "kubernetes"),
+        EnvVar {
+            name: env::POD_NAMESPACE.into(),
+            value_from: Some(field("metadata.namespace")),
+            ..EnvVar::default()
+        },
+        EnvVar {
+            name: env::POD_SERVICE_ACCOUNT.into(),
+            value_from: Some(field("spec.serviceAccountName")),
+            ..EnvVar::default()
+        },
+    ];
+    if spec.host_network == Some(true) {
+        sidecar_env.push(var(env::API_AUTH_LOOPBACK, "token"));
+    }
+    let mount = |name: &str, path: &str| VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    };
+    if let Some(sidecar) = spec
+        .containers
+        .iter_mut()
+        .chain(spec.init_containers.iter_mut().flatten())
+        .find(|c| c.name == SIDECAR_CONTAINER_NAME)
+    {
+        sidecar.env.get_or_insert_with(Vec::new).extend(sidecar_env);
+        let mounts = sidecar.volume_mounts.get_or_insert_with(Vec::new);
+        mounts.retain(|m| m.mount_path != KUBE_API_DIR);
+        mounts.push(mount(KUBE_API_VOLUME, KUBE_API_DIR));
+    }
+    for c in spec
+        .containers
+        .iter_mut()
+        .filter(|c| c.name != SIDECAR_CONTAINER_NAME)
+    {
+        let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
+        if !mounts.iter().any(|m| m.mount_path == QUEUE_API_TOKEN_DIR) {
+            mounts.push(mount(QUEUE_API_TOKEN_VOLUME, QUEUE_API_TOKEN_DIR));
+        }
+        let env = c.env.get_or_insert_with(Vec::new);
+        if !env.iter().any(|e| e.name == QUEUE_API_TOKEN_FILE) {
+            env.push(var(QUEUE_API_TOKEN_FILE, QUEUE_API_TOKEN_PATH));
+        }
+    }
+    let projected = |sources: Vec<VolumeProjection>| ProjectedVolumeSource {
+        sources: Some(sources),
+        ..ProjectedVolumeSource::default()
+    };
+    let volumes = spec.volumes.get_or_insert_with(Vec::new);
+    volumes.push(Volume {
+        name: QUEUE_API_TOKEN_VOLUME.into(),
+        projected: Some(projected(vec![VolumeProjection {
+            service_account_token: Some(ServiceAccountTokenProjection {
+                audience: Some(API_TOKEN_AUDIENCE.into()),
+                expiration_seconds: Some(QUEUE_API_TOKEN_SECONDS),
+                path: "token".into(),
+            }),
+            ..VolumeProjection::default()
+        }])),
+        ..Volume::default()
+    });
+    // What the ServiceAccount admission plugin mounts as kube-api-access-*.
+    volumes.push(Volume {
+        name: KUBE_API_VOLUME.into(),
+        projected: Some(projected(vec![
+            VolumeProjection {
+                service_account_token: Some(ServiceAccountTokenProjection {
+                    audience: None,
+                    expiration_seconds: Some(3607),
+                    path: "token".into(),
+                }),
+                ..VolumeProjection::default()
+            },
+            VolumeProjection {
+                config_map: Some(ConfigMapProjection {
+                    name: "kube-root-ca.crt".into(),
+                    items: Some(vec![KeyToPath {
+                        key: "ca.crt".into(),
+                        path: "ca.crt".into(),
+                        mode: None,
+                    }]),
+                    optional: None,
+                }),
+                ..VolumeProjection::default()
+            },
+            VolumeProjection {
+                downward_api: Some(DownwardAPIProjection {
+                    items: Some(vec![DownwardAPIVolumeFile {
+                        path: "namespace".into(),
+                        field_ref: Some(ObjectFieldSelector {
+                            field_path: "metadata.namespace".into(),
+                            api_version: Some("v1".into()),
+                        }),
+                        ..DownwardAPIVolumeFile::default()
+                    }]),
+                }),
+                ..VolumeProjection::default()
+            },
+        ])),
+        ..Volume::default()
+    });
 }
 
 /// `SLUICE_QUEUE_API=http://127.0.0.1:7070` in every app container that does not set it already.

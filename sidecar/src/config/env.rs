@@ -177,6 +177,19 @@ pub fn apply_queue(cfg: &mut QueueConfig, env: &dyn Env) -> Result<(), ConfigErr
     if let Some(v) = env.var(POD_SERVICE_ACCOUNT).filter(|v| !v.trim().is_empty()) {
         cfg.api.auth.service_account = Some(v.trim().to_owned());
     }
+    if let Some(v) = env.var(API_JOB_QUEUES) {
+        for pair in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some((queue, jq)) if !queue.trim().is_empty() && !jq.trim().is_empty() => {
+                    cfg.api
+                        .auth
+                        .job_queues
+                        .insert(queue.trim().to_owned(), jq.trim().to_owned());
+                }
+                _ => errs.push(API_JOB_QUEUES, format!("{pair:?} is not queue=jobqueue")),
+            }
+        }
+    }
     if let Some(v) = env.var(GRPC_LISTEN) {
         match v.trim().parse() {
             Ok(addr) => cfg.grpc.listen = Some(addr),
@@ -273,6 +286,7 @@ mod tests {
             (API_AUTH_LOOPBACK, "token"),
             (POD_NAMESPACE, "shop"),
             (POD_SERVICE_ACCOUNT, "web"),
+            (API_JOB_QUEUES, "email-jobs=emails, report-jobs=reports"),
         ];
         let mut cfg = QueueConfig::default();
         apply_queue(&mut cfg, env).unwrap();
@@ -280,10 +294,19 @@ mod tests {
         assert_eq!(cfg.api.auth.loopback, LoopbackCallers::Token);
         assert_eq!(cfg.api.auth.namespace.as_deref(), Some("shop"));
         assert_eq!(cfg.api.auth.service_account.as_deref(), Some("web"));
-        let bad = &[(API_AUTH, "on"), (API_AUTH_LOOPBACK, "anyone")];
+        assert_eq!(cfg.api.auth.job_queues["email-jobs"], "emails");
+        assert_eq!(cfg.api.auth.job_queues.len(), 2);
+        let bad = &[
+            (API_AUTH, "on"),
+            (API_AUTH_LOOPBACK, "anyone"),
+            (API_JOB_QUEUES, "emails"),
+        ];
         let err = apply_queue(&mut QueueConfig::default(), bad)
             .unwrap_err()
             .to_string();
-        assert!(err.contains(API_AUTH) && err.contains(API_AUTH_LOOPBACK), "{err}");
+        assert!(
+            err.contains(API_AUTH) && err.contains(API_AUTH_LOOPBACK) && err.contains(API_JOB_QUEUES),
+            "{err}"
+        );
     }
 }

@@ -94,7 +94,7 @@ pub struct Access {
     pub verb: &'static str,
     /// `jobs` or `settings`.
     pub subresource: &'static str,
-    /// The JobQueue (the queue's name).
+    /// The queue, as the path names it (the JobQueue, in a review).
     pub queue: String,
 }
 
@@ -217,6 +217,7 @@ pub struct Authenticator {
     namespace: String,
     pod_account: Option<User>,
     loopback: LoopbackCallers,
+    job_queues: BTreeMap<String, String>,
     tokens: TtlCache<[u8; 32], TokenAnswer>,
     decisions: TtlCache<(User, Access), Decision>,
 }
@@ -246,9 +247,17 @@ impl Authenticator {
             reviews,
             namespace,
             loopback,
+            job_queues: BTreeMap::new(),
             tokens: TtlCache::new(CACHE_CAPACITY),
             decisions: TtlCache::new(CACHE_CAPACITY),
         }
+    }
+
+    /// Authorizes callers of the queues in `job_queues` (queue → JobQueue) on those JobQueues; any other
+    /// queue is its own JobQueue's name.
+    pub fn with_job_queues(mut self, job_queues: BTreeMap<String, String>) -> Self {
+        self.job_queues = job_queues;
+        self
     }
 
     /// The gatekeeper `cfg` asks for: `Ok(None)` when auth is off; with `kubernetes`, one reviewing
@@ -271,12 +280,15 @@ impl Authenticator {
                 })?,
         };
         let server = ApiServer::in_cluster()?;
-        Ok(Some(Self::new(
-            Arc::new(server),
-            namespace,
-            cfg.service_account.as_deref(),
-            cfg.loopback,
-        )))
+        Ok(Some(
+            Self::new(
+                Arc::new(server),
+                namespace,
+                cfg.service_account.as_deref(),
+                cfg.loopback,
+            )
+            .with_job_queues(cfg.job_queues.clone()),
+        ))
     }
 
     /// The namespace whose JobQueues are checked.
@@ -335,9 +347,10 @@ impl Authenticator {
         }
     }
 
-    /// Whether `user` may do `access`: `Ok` or the 403 (or 503) naming what is missing.
+    /// Whether `user` may do `access` (on a queue): `Ok` or the 403 (or 503) naming what is missing.
     pub async fn authorize(&self, user: &User, access: &Access) -> Result<(), Refusal> {
-        let decision = self.decide(user, access).await?;
+        let access = &self.on_job_queue(access);
+        let decision = self.review(user, access).await?;
         if decision.allowed {
             return Ok(());
         }
@@ -354,8 +367,24 @@ impl Authenticator {
         )))
     }
 
-    /// Whether `user` may do `access` (cached).
+    /// Whether `user` may do `access` (on a queue; cached).
     pub async fn decide(&self, user: &User, access: &Access) -> Result<Decision, Refusal> {
+        self.review(user, &self.on_job_queue(access)).await
+    }
+
+    /// `access` to a queue as access to its JobQueue.
+    fn on_job_queue(&self, access: &Access) -> Access {
+        match self.job_queues.get(&access.queue) {
+            Some(jq) => Access {
+                queue: jq.clone(),
+                ..access.clone()
+            },
+            None => access.clone(),
+        }
+    }
+
+    /// Whether `user` may do `access` (on a JobQueue; cached).
+    async fn review(&self, user: &User, access: &Access) -> Result<Decision, Refusal> {
         let key = (user.clone(), access.clone());
         if let Some(d) = self.decisions.get(&key) {
             return Ok(d);
@@ -756,6 +785,31 @@ mod tests {
             "system:serviceaccount:shop:other may not update jobqueues/settings of JobQueue \"emails\" \
              in namespace \"shop\" (group sluice.dev): grant it with a Role and RoleBinding in namespace \"shop\""
         );
+    }
+
+    #[tokio::test]
+    async fn a_queue_with_another_database_name_is_authorized_on_its_job_queue() {
+        let stand = Arc::new(Stand {
+            allowed: vec!["system:serviceaccount:shop:web".into()],
+            ..Stand::default()
+        });
+        let g = gate(stand, LoopbackCallers::Pod)
+            .with_job_queues([("email-jobs".to_owned(), "emails".to_owned())].into());
+        let other = User::service_account("shop", "other");
+        let refused = g
+            .authorize(&other, &Access::jobs("create", "email-jobs"))
+            .await
+            .unwrap_err();
+        assert!(refused.message().contains("JobQueue \"emails\""), "{refused:?}");
+        let decided = g
+            .decisions
+            .entries
+            .lock()
+            .unwrap()
+            .keys()
+            .map(|(_, a)| a.queue.clone())
+            .collect::<Vec<_>>();
+        assert_eq!(decided, ["emails"]);
     }
 
     #[test]

@@ -18,6 +18,7 @@ fn config() -> InjectConfig {
         },
         native: true,
         config_verify_key: Some("ab".repeat(32)),
+        queue_api_auth: false,
     }
 }
 
@@ -503,4 +504,99 @@ fn the_queue_api_port_taken_by_the_app_is_refused() {
     }));
     let err = admit_queues(&p, &[]).unwrap_err();
     assert!(err.to_string().contains("port 7070"), "{err}");
+}
+
+fn admit_checked(p: &Pod, ps: &[Arc<RateLimitPolicy>], jqs: &[Arc<JobQueue>]) -> Result<Value, InjectError> {
+    let cfg = InjectConfig {
+        queue_api_auth: true,
+        ..config()
+    };
+    admit(p, ps, jqs, &cfg).map(|p| serde_json::to_value(p.expect("injected")).unwrap())
+}
+
+#[test]
+fn with_queue_api_auth_apps_get_a_sluice_token_and_the_sidecar_what_it_needs_to_review_callers() {
+    for (annotations, with_policy) in [
+        (json!({"sluice.dev/job-queues": "emails"}), false),
+        (
+            json!({"sluice.dev/job-queues": "emails", "sluice.dev/policy": "api"}),
+            true,
+        ),
+    ] {
+        let out = admit_checked(
+            &enqueuing_pod(annotations, json!({"app": "other"})),
+            &policies(),
+            &queues(),
+        )
+        .unwrap();
+        let s = sidecar(&out);
+        assert_eq!(env(s, "SLUICE_API_AUTH")["value"], "kubernetes");
+        assert_eq!(
+            env(s, "SLUICE_POD_NAMESPACE")["valueFrom"]["fieldRef"]["fieldPath"],
+            "metadata.namespace"
+        );
+        assert_eq!(
+            env(s, "SLUICE_POD_SERVICE_ACCOUNT")["valueFrom"]["fieldRef"]["fieldPath"],
+            "spec.serviceAccountName"
+        );
+        assert!(
+            s["env"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|e| e["name"] != "SLUICE_API_AUTH_LOOPBACK"),
+            "tokenless loopback callers are the pod's ServiceAccount"
+        );
+        let mounts = s["volumeMounts"].as_array().unwrap();
+        assert!(mounts.contains(&json!({"name": "sluice-kube-api",
+            "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true})));
+        let app = &out["spec"]["containers"][0];
+        assert_eq!(
+            env(app, "SLUICE_QUEUE_API_TOKEN_FILE")["value"],
+            "/var/run/secrets/sluice.dev/token"
+        );
+        assert_eq!(
+            app["volumeMounts"],
+            json!([{"name": "sluice-queue-api-token", "mountPath": "/var/run/secrets/sluice.dev", "readOnly": true}])
+        );
+        let volumes = out["spec"]["volumes"].as_array().unwrap();
+        let volume = |name: &str| volumes.iter().find(|v| v["name"] == name).unwrap().clone();
+        assert_eq!(
+            volume("sluice-queue-api-token")["projected"]["sources"],
+            json!([{"serviceAccountToken": {"audience": "sluice", "expirationSeconds": 600, "path": "token"}}])
+        );
+        let api = volume("sluice-kube-api")["projected"]["sources"].clone();
+        assert_eq!(api[0]["serviceAccountToken"]["path"], "token");
+        assert!(
+            api[0]["serviceAccountToken"].get("audience").is_none(),
+            "the API server's own"
+        );
+        assert_eq!(api[1]["configMap"]["name"], "kube-root-ca.crt");
+        assert_eq!(api[2]["downwardAPI"]["items"][0]["path"], "namespace");
+        assert_eq!(volumes.len(), if with_policy { 3 } else { 2 });
+    }
+}
+
+#[test]
+fn a_host_network_pod_needs_tokens_even_on_loopback_and_a_renamed_queue_is_authorized_on_its_job_queue() {
+    let mut p = enqueuing_pod(json!({"sluice.dev/job-queues": "emails"}), json!({}));
+    p.spec.as_mut().unwrap().host_network = Some(true);
+    let mut renamed = (*job_queue("emails", "pg")).clone();
+    renamed.spec.queue_name = Some("email-jobs".into());
+    let out = admit_checked(&p, &policies(), &[Arc::new(renamed)]).unwrap();
+    let s = sidecar(&out);
+    assert_eq!(env(s, "SLUICE_API_AUTH_LOOPBACK")["value"], "token");
+    assert_eq!(env(s, "SLUICE_QUEUES")["value"], "email-jobs");
+    assert_eq!(env(s, "SLUICE_API_JOB_QUEUES")["value"], "email-jobs=emails");
+}
+
+#[test]
+fn with_queue_api_auth_a_pod_holding_a_volume_of_the_same_name_is_refused_unchanged() {
+    let mut p = enqueuing_pod(json!({"sluice.dev/job-queues": "emails"}), json!({}));
+    p.spec.as_mut().unwrap().volumes = Some(vec![Volume {
+        name: "sluice-kube-api".into(),
+        ..Volume::default()
+    }]);
+    let err = admit_checked(&p, &policies(), &queues()).unwrap_err();
+    assert!(err.to_string().contains("\"sluice-kube-api\""), "{err}");
 }
