@@ -311,3 +311,28 @@ async fn with_loopback_token_even_the_pods_own_loopback_needs_a_token() {
         .await;
     assert_eq!(status, StatusCode::CREATED);
 }
+
+#[test]
+fn a_sidecar_asked_to_check_callers_without_in_cluster_credentials_does_not_start_and_says_why() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice-sidecar"))
+        .env_clear()
+        .envs([
+            ("SLUICE_LISTEN", "127.0.0.1:0"),
+            ("SLUICE_ADMIN_LISTEN", "127.0.0.2:0"),
+            ("RATE_LIMIT__ENABLED", "false"),
+            // Never dialled: the pool connects lazily.
+            ("SLUICE_DATABASE_URL", "postgres://sluice@127.0.0.1:1/sluice"),
+            ("SLUICE_QUEUES", "emails"),
+            ("SLUICE_API_LISTEN", "127.0.0.1:0"),
+            ("SLUICE_API_AUTH", "kubernetes"),
+            ("SLUICE_POD_NAMESPACE", "shop"),
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("queue.api.auth: KUBERNETES_SERVICE_HOST is not set"),
+        "{stderr}"
+    );
+}

@@ -195,9 +195,16 @@ pub async fn run(args: &ProxyArgs, env: Arc<dyn Env>, shutdown: CancellationToke
         fd_limit,
         "client connection caps"
     );
+    // Prepared here so that a queue API that cannot start stops the sidecar now, naming why.
+    let queue_api = crate::queue::role::prepare_api(&queue).await?;
     let queue_api = tokio::spawn({
         let shutdown = shutdown.clone();
-        async move { crate::queue::role::serve_api(&queue, shutdown).await }
+        async move {
+            match queue_api {
+                Some(api) => api.serve(shutdown).await,
+                None => Ok(()),
+            }
+        }
     });
     spawn_config_sources(&state, file, args.config_poll.get(), env, &shutdown);
     server::run(listener, admin, state, shutdown).await?;

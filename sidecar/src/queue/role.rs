@@ -92,8 +92,32 @@ fn schedule(cfg: &QueueConfig, s: &ScheduleSpec) -> sluice_queue::Result<(String
 /// through the sidecar. Returns at once when `cfg.api.listen` is unset. The schema is not migrated here
 /// (the operator or the workers do that); an unprepared database answers 503 until it is.
 pub async fn serve_api(cfg: &QueueConfig, shutdown: CancellationToken) -> Result<()> {
+    match prepare_api(cfg).await? {
+        Some(api) => api.serve(shutdown).await,
+        None => Ok(()),
+    }
+}
+
+/// The queue HTTP API, bound and configured, not yet serving.
+pub struct PreparedApi {
+    listener: tokio::net::TcpListener,
+    state: api::ApiState,
+}
+
+impl PreparedApi {
+    /// Serves until `shutdown`.
+    pub async fn serve(self, shutdown: CancellationToken) -> Result<()> {
+        api::serve(self.listener, self.state, shutdown.cancelled_owned()).await?;
+        Ok(())
+    }
+}
+
+/// Everything [`serve_api`] does before serving, so that a caller starting it in the background fails
+/// at once on a config error (no database URL, auth without in-cluster credentials, a taken port)
+/// rather than at shutdown. `None` when `cfg.api.listen` is unset.
+pub async fn prepare_api(cfg: &QueueConfig) -> Result<Option<PreparedApi>> {
     let Some(addr) = cfg.api.listen else {
-        return Ok(());
+        return Ok(None);
     };
     let url = cfg.database_url.as_deref().ok_or_else(|| {
         Error::Config(format!(
@@ -104,8 +128,7 @@ pub async fn serve_api(cfg: &QueueConfig, shutdown: CancellationToken) -> Result
     let store = QueueStore::new(pool(url, cfg)?);
     let state = api_state(cfg, store)?;
     let listener = bind("queue.api.listen", addr).await?;
-    api::serve(listener, state, shutdown.cancelled_owned()).await?;
-    Ok(())
+    Ok(Some(PreparedApi { listener, state }))
 }
 
 /// Runs the worker role until `shutdown`: migrates (a no-op when the operator did it already), applies
