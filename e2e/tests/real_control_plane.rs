@@ -320,6 +320,69 @@ subjects:
         Err(Refusal::Forbidden(_))
     ));
 
+    // The same over HTTP: the queue API with this gatekeeper, on a real PostgreSQL.
+    let pg = tokio::task::spawn_blocking(sluice_testsupport::PgServer::start)
+        .await
+        .unwrap();
+    let pool = sluice_queue::pool::connect_lazy(&pg.url(), 4).unwrap();
+    sluice_queue::schema::migrate(&pool).await.unwrap();
+    let store = sluice_queue::QueueStore::new(pool);
+    for q in ["emails", "reports"] {
+        store
+            .upsert_queue(&sluice_queue::QueueSettings::defaults(q))
+            .await
+            .unwrap();
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let state = sluice_sidecar::queue::api::ApiState::new(store).with_auth(Arc::new(gate_as("shop", "web")));
+    tokio::spawn(sluice_sidecar::queue::api::serve(listener, state, async move {
+        let _ = stopped.await;
+    }));
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let enqueue = |queue: &str, authorization: Option<&str>| {
+        let mut req = http::Request::post(format!("{base}/v1/queues/{queue}/jobs"))
+            .header("content-type", "application/json");
+        if let Some(a) = authorization {
+            req = req.header("authorization", a);
+        }
+        let req = req
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                r#"{"kind": "welcome", "payload": {}}"#,
+            )))
+            .unwrap();
+        let http = http.clone();
+        async move {
+            use http_body_util::BodyExt;
+            let resp = http.request(req).await.unwrap();
+            let status = resp.status().as_u16();
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            let body: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+            (
+                status,
+                body["error"]["code"].as_str().unwrap_or_default().to_owned(),
+            )
+        }
+    };
+    let stranger_token = bearer(&token("shop", "stranger", Some("sluice")));
+    assert_eq!(enqueue("emails", Some(&web)).await, (201, String::new()));
+    assert_eq!(
+        enqueue("emails", None).await,
+        (201, String::new()),
+        "the pod's own loopback"
+    );
+    assert_eq!(
+        enqueue("emails", Some(&wrong_audience)).await,
+        (401, "unauthenticated".into())
+    );
+    assert_eq!(
+        enqueue("emails", Some(&stranger_token)).await,
+        (403, "forbidden".into())
+    );
+    assert_eq!(enqueue("reports", Some(&web)).await, (403, "forbidden".into()));
+    let _ = stop.send(());
+
     // A sidecar whose ServiceAccount lacks the reviewer rights cannot check anyone: 503, naming why.
     let unbound = gate_as("other", "unbound");
     let refused = unbound.authenticate(remote(Some(&web))).await.unwrap_err();

@@ -465,6 +465,15 @@ impl ApiServer {
         Self::new(&format!("https://{host}:{port}"), &ca, dir.join("token"))
     }
 
+    /// `host:port`, an IPv6 host in brackets.
+    fn authority(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+
     /// POSTs `body` to `path` and returns the answer's JSON.
     async fn create(&self, path: &str, body: Value) -> Result<Value, Unavailable> {
         tokio::time::timeout(REVIEW_TIMEOUT, self.create_now(path, body))
@@ -491,7 +500,7 @@ impl ApiServer {
         let request = http::Request::builder()
             .method(Method::POST)
             .uri(path)
-            .header(http::header::HOST, format!("{}:{}", self.host, self.port))
+            .header(http::header::HOST, self.authority())
             .header(http::header::CONTENT_TYPE, "application/json")
             .header(http::header::ACCEPT, "application/json")
             .header(http::header::AUTHORIZATION, format!("Bearer {}", token.trim()))
@@ -810,6 +819,23 @@ mod tests {
             .map(|(_, a)| a.queue.clone())
             .collect::<Vec<_>>();
         assert_eq!(decided, ["emails"]);
+    }
+
+    #[test]
+    fn the_api_server_url_is_read_with_ipv6_hosts_in_brackets() {
+        let ca = rcgen::generate_simple_self_signed(vec!["localhost".into()])
+            .unwrap()
+            .cert
+            .pem();
+        let v6 = ApiServer::new("https://[fd00::1]:6443", ca.as_bytes(), "/token").unwrap();
+        assert_eq!(
+            (v6.host.as_str(), v6.authority()),
+            ("fd00::1", "[fd00::1]:6443".to_owned())
+        );
+        let v4 = ApiServer::new("https://10.96.0.1", ca.as_bytes(), "/token").unwrap();
+        assert_eq!(v4.authority(), "10.96.0.1:443");
+        assert!(ApiServer::new("http://10.96.0.1", ca.as_bytes(), "/token").is_err());
+        assert!(ApiServer::new("https://10.96.0.1", b"", "/token").is_err());
     }
 
     #[test]
