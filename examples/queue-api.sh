@@ -2,6 +2,13 @@
 # The sidecar's queue HTTP API (SLUICE_API_LISTEN=127.0.0.1:7070). OpenAPI: GET /openapi.json
 set -eu
 API=${API:-http://127.0.0.1:7070}
+# In an injected pod whose sidecar checks callers (the chart's default), send the pod's token for the
+# queue API; without it, calls from the pod's own loopback act as its ServiceAccount. Either way the
+# ServiceAccount needs a Role granting jobqueues/jobs (and jobqueues/settings for PUT, pause, resume):
+# docs/queue.md, "Who may call the API".
+if [ -n "${SLUICE_QUEUE_API_TOKEN_FILE:-}" ]; then
+  curl() { command curl -H "Authorization: Bearer $(cat "$SLUICE_QUEUE_API_TOKEN_FILE")" "$@"; }
+fi
 
 curl -sS -X PUT "$API/v1/queues/emails" -d '{"maxAttempts": 10, "leaseDuration": "30s"}'
 # 201 the first time; 200 with the same job when repeated with the same key and body; 409 with another body
