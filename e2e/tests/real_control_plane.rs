@@ -383,6 +383,64 @@ subjects:
     assert_eq!(enqueue("reports", Some(&web)).await, (403, "forbidden".into()));
     let _ = stop.send(());
 
+    // What the webhook injects for it is a pod the real API server admits (projected token volumes,
+    // downward-API env), for a pod on the pod network and one on the host network.
+    let job_queue: sluice_crds::job_queue::JobQueue = serde_json::from_value(serde_json::json!({
+        "apiVersion": "sluice.dev/v1alpha1", "kind": "JobQueue",
+        "metadata": {"name": "emails", "namespace": "shop"},
+        "spec": {"queueName": "email-jobs", "database": {"secretRef": {"name": "pg"}},
+                 "worker": {"template": {"spec": {"containers": [{"name": "h", "image": "h"}]}}}},
+    }))
+    .unwrap();
+    let config = sluice_operator::webhook::inject::InjectConfig {
+        sidecar: sluice_operator::render::sidecar_container::SidecarSettings {
+            image: "ghcr.io/sluice-dev/sluice-sidecar:0.1.0".into(),
+            image_pull_policy: None,
+            resources: None,
+        },
+        native: true,
+        config_verify_key: None,
+        queue_api_auth: true,
+    };
+    for host_network in [false, true] {
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web", "namespace": "shop",
+                         "annotations": {"sluice.dev/job-queues": "emails"}},
+            "spec": {"serviceAccountName": "web", "hostNetwork": host_network,
+                     "containers": [{"name": "web", "image": "shop/web:1"}]},
+        }))
+        .unwrap();
+        let injected =
+            sluice_operator::webhook::inject::admit(&pod, &[], &[Arc::new(job_queue.clone())], &config)
+                .unwrap()
+                .expect("injected");
+        let created = kubectl(
+            &["create", "--dry-run=server", "-o", "json", "-f", "-"],
+            Some(&serde_json::to_string(&injected).unwrap()),
+        );
+        let created: serde_json::Value = serde_json::from_str(&created).unwrap();
+        let volumes: Vec<&str> = created["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v["name"].as_str())
+            .collect();
+        assert!(
+            volumes.contains(&"sluice-queue-api-token") && volumes.contains(&"sluice-kube-api"),
+            "{volumes:?}"
+        );
+        let sidecar = &created["spec"]["initContainers"][0];
+        let env: Vec<&str> = sidecar["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|e| e["name"].as_str())
+            .collect();
+        assert_eq!(env.contains(&"SLUICE_API_AUTH_LOOPBACK"), host_network, "{env:?}");
+        assert!(env.contains(&"SLUICE_API_JOB_QUEUES"), "{env:?}");
+    }
+
     // A sidecar whose ServiceAccount lacks the reviewer rights cannot check anyone: 503, naming why.
     let unbound = gate_as("other", "unbound");
     let refused = unbound.authenticate(remote(Some(&web))).await.unwrap_err();
