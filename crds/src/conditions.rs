@@ -69,6 +69,12 @@ pub mod reason {
     /// `JobQueue` `Degraded`: a schedule's cron expression or time zone cannot be read (stored where the
     /// admission webhook is off); that schedule does not fire, the others do. The message names it.
     pub const INVALID_SCHEDULE: &str = "InvalidSchedule";
+    /// `JobQueue` `Degraded`: a queue named without a namespace (by an earlier version) holds this
+    /// JobQueue's name and could not be adopted into `<namespace>/<queueName>`; the message says why and
+    /// names the SQL step that moves it.
+    pub const LEGACY_QUEUE_NOT_ADOPTED: &str = "LegacyQueueNotAdopted";
+    /// `JobQueue` (Event): a queue named without a namespace was adopted into `<namespace>/<queueName>`.
+    pub const LEGACY_QUEUE_ADOPTED: &str = "LegacyQueueAdopted";
     /// `JobQueue` `Active`: ready or running jobs, and workers.
     pub const WORKING: &str = "Working";
     /// `JobQueue` `Active`: no ready or running jobs.

@@ -62,8 +62,10 @@ pub const COOLDOWN_PERIOD_DEFAULT: Duration = Duration::from_secs(300);
 )]
 #[serde(rename_all = "camelCase")]
 pub struct JobQueueSpec {
-    /// Name of the queue in the database (`sluice.queues.name`). Default: the JobQueue's name. Apps
-    /// enqueue to it (`SELECT sluice.enqueue('<queue>', ...)` or the sidecar's queue API).
+    /// Name of the queue within the namespace. Default: the JobQueue's name. In the database
+    /// (`sluice.queues.name`) it is `<namespace>/<queueName>`, so JobQueues of one name in two namespaces
+    /// are two queues. Apps enqueue with `SELECT sluice.enqueue('<namespace>/<queueName>', ...)`, or
+    /// through the sidecar's queue API, whose paths name the queue without its namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 100), regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"))]
     pub queue_name: Option<String>,
@@ -548,12 +550,24 @@ pub struct DepthStatus {
 }
 
 impl JobQueue {
-    /// The queue's name in the database: `spec.queueName`, else the object's name.
+    /// The queue's name within its namespace: `spec.queueName`, else the object's name. The HTTP API's
+    /// paths name it so.
     pub fn queue_name(&self) -> String {
         self.spec
             .queue_name
             .clone()
             .unwrap_or_else(|| self.metadata.name.clone().unwrap_or_default())
+    }
+
+    /// The queue's name in the database: `<namespace>/<queue_name>`, so that JobQueues of one name in two
+    /// namespaces sharing a database are two queues (`shop/emails`, `blog/emails`).
+    pub fn database_queue_name(&self) -> String {
+        format!("{}/{}", self.namespace_or_default(), self.queue_name())
+    }
+
+    /// The object's namespace (`default` when unset, as the API server would fill it in).
+    pub fn namespace_or_default(&self) -> &str {
+        self.metadata.namespace.as_deref().unwrap_or("default")
     }
 
     /// Whether the `sluice.dev/paused` annotation is `"true"`.

@@ -255,6 +255,11 @@ impl Fixture {
         .unwrap();
     }
 
+    /// The queue's name in the database: `<namespace>/emails`.
+    fn queue(&self) -> String {
+        format!("{}/emails", self.ns.name())
+    }
+
     async fn store(&self) -> QueueStore {
         QueueStore::new(sluice_queue::pool::connect_lazy(&self.pg.url(), 2).unwrap())
     }
@@ -307,7 +312,7 @@ async fn a_new_job_queue_gets_its_schema_workers_and_hpa_and_reports_ready() {
     let settings = f
         .store()
         .await
-        .queue("emails")
+        .queue(&f.queue())
         .await
         .unwrap()
         .expect("queue registered");
@@ -341,10 +346,10 @@ async fn an_update_rolls_the_worker_config_and_settings() {
     .unwrap();
     let cm = f.ns.api::<ConfigMap>().get("emails-worker-config").await.unwrap();
     assert!(cm.data.unwrap()["worker.yaml"].contains("concurrency: 9"));
-    let store = f.store().await;
+    let (store, queue) = (f.store().await, f.queue());
     wait_for("maxAttempts 3 in the database", DEADLINE, || {
-        let store = store.clone();
-        async move { (store.queue("emails").await.ok()??.max_attempts == 3).then_some(()) }
+        let (store, queue) = (store.clone(), queue.clone());
+        async move { (store.queue(&queue).await.ok()??.max_attempts == 3).then_some(()) }
     })
     .await
     .unwrap();
@@ -379,11 +384,11 @@ async fn pausing_stops_claims_and_scaling_and_says_so() {
     })
     .await
     .unwrap();
-    assert!(f.store().await.queue("emails").await.unwrap().unwrap().paused);
+    assert!(f.store().await.queue(&f.queue()).await.unwrap().unwrap().paused);
     // Work arriving while paused wakes nobody.
     f.store()
         .await
-        .enqueue("emails", &NewJob::new("send", json!({})))
+        .enqueue(&f.queue(), &NewJob::new("send", json!({})))
         .await
         .unwrap();
     let jq = f.wait_condition("Active", "False", Some("Waking")).await;
@@ -579,7 +584,7 @@ async fn an_external_metrics_api_owned_by_keda_is_left_alone_and_reported() {
     );
     // The operator scales the workers itself: depth 9 at target 4 → 3 workers.
     let jobs: Vec<NewJob> = (0..9).map(|_| NewJob::new("send", json!({}))).collect();
-    f.store().await.enqueue_many("emails", &jobs).await.unwrap();
+    f.store().await.enqueue_many(&f.queue(), &jobs).await.unwrap();
     f.wait_replicas(3, DEADLINE).await;
 }
 
@@ -596,14 +601,14 @@ async fn an_enqueue_wakes_an_idle_queue_from_zero_to_one_within_a_second() {
     for round in 0..3 {
         let start = Instant::now();
         store
-            .enqueue("emails", &NewJob::new("send", json!({"round": round})))
+            .enqueue(&f.queue(), &NewJob::new("send", json!({"round": round})))
             .await
             .unwrap();
         f.wait_replicas(1, Duration::from_secs(5)).await;
         samples.push(start.elapsed());
         // Back to zero for the next round: drain the job and scale down by hand.
         let claimed = store
-            .claim_batch("emails", "t-00000001", 10, Duration::from_secs(60))
+            .claim_batch(&f.queue(), "t-00000001", 10, Duration::from_secs(60))
             .await
             .unwrap();
         let done: Vec<_> = claimed
@@ -646,7 +651,7 @@ async fn an_enqueue_wakes_a_queue_without_an_hpa_straight_to_the_workers_its_dep
     assert_eq!(jq.status.unwrap().current_replicas, Some(0));
     f.wait_listening().await;
     let jobs: Vec<NewJob> = (0..12).map(|_| NewJob::new("send", json!({}))).collect();
-    f.store().await.enqueue_many("emails", &jobs).await.unwrap();
+    f.store().await.enqueue_many(&f.queue(), &jobs).await.unwrap();
     f.wait_replicas(3, DEADLINE).await;
     // A reconcile still running from the queue's creation may make the same decision at the same time:
     // both count it, and both go to 3.
@@ -665,12 +670,17 @@ async fn workers_go_to_zero_only_after_the_cooldown_and_only_when_nothing_runs()
     f.wait_condition("Ready", "True", None).await;
     let store = f.store().await;
     store
-        .enqueue("emails", &NewJob::new("send", json!({})))
+        .enqueue(&f.queue(), &NewJob::new("send", json!({})))
         .await
         .unwrap();
     f.wait_replicas(1, DEADLINE).await;
     let claimed = store
-        .claim_batch("emails", "emails-worker-x-0000000b", 1, Duration::from_secs(600))
+        .claim_batch(
+            &f.queue(),
+            "emails-worker-x-0000000b",
+            1,
+            Duration::from_secs(600),
+        )
         .await
         .unwrap();
     assert_eq!(claimed.len(), 1);
@@ -735,7 +745,7 @@ async fn between_one_and_n_the_replicas_are_the_hpas_and_never_reapplied_by_the_
     let store = f.store().await;
     for n in 0..10 {
         store
-            .enqueue("emails", &NewJob::new("send", json!({"n": n})))
+            .enqueue(&f.queue(), &NewJob::new("send", json!({"n": n})))
             .await
             .unwrap();
     }
@@ -770,7 +780,12 @@ async fn between_one_and_n_the_replicas_are_the_hpas_and_never_reapplied_by_the_
 
     // Its own decisions still land: past the cooldown with nothing left, back to zero.
     let claimed = store
-        .claim_batch("emails", "emails-worker-x-0000000c", 10, Duration::from_secs(600))
+        .claim_batch(
+            &f.queue(),
+            "emails-worker-x-0000000c",
+            10,
+            Duration::from_secs(600),
+        )
         .await
         .unwrap();
     let done: Vec<_> = claimed
@@ -836,7 +851,7 @@ async fn before_scaling_in_idle_workers_are_marked_cheaper_to_delete() {
     f.wait_condition("Ready", "True", None).await;
     let store = f.store().await;
     let jobs: Vec<NewJob> = (0..12).map(|_| NewJob::new("send", json!({}))).collect();
-    store.enqueue_many("emails", &jobs).await.unwrap();
+    store.enqueue_many(&f.queue(), &jobs).await.unwrap();
     f.wait_replicas(3, DEADLINE).await;
     // Three worker pods (no kubelet here: the test plays the ReplicaSet controller).
     for pod in ["emails-worker-a", "emails-worker-b", "emails-worker-c"] {
@@ -849,13 +864,18 @@ async fn before_scaling_in_idle_workers_are_marked_cheaper_to_delete() {
     }
     // Pod b holds two leases; everything else is done.
     let held = store
-        .claim_batch("emails", "emails-worker-b-0000beef", 2, Duration::from_secs(600))
+        .claim_batch(
+            &f.queue(),
+            "emails-worker-b-0000beef",
+            2,
+            Duration::from_secs(600),
+        )
         .await
         .unwrap();
     assert_eq!(held.len(), 2);
     let rest = store
         .claim_batch(
-            "emails",
+            &f.queue(),
             "emails-worker-c-0000cafe",
             100,
             Duration::from_secs(600),
@@ -941,7 +961,7 @@ async fn provider_keda_renders_a_scaled_object_instead_of_an_hpa() {
     // KEDA does 0↔1 in this mode: an enqueue leaves the replicas to it.
     f.store()
         .await
-        .enqueue("emails", &NewJob::new("send", json!({})))
+        .enqueue(&f.queue(), &NewJob::new("send", json!({})))
         .await
         .unwrap();
     f.wait_condition("Active", "False", Some("Waking")).await;
@@ -1041,4 +1061,106 @@ async fn a_same_named_deployment_or_hpa_the_queue_does_not_own_is_reported_and_l
         hpas.get_opt("emails-worker").await.unwrap().is_some(),
         "pausing does not delete an HPA the queue does not own"
     );
+}
+
+/// A queue an earlier version named without the namespace (`emails`, with jobs), in the JobQueue's
+/// database before the operator prepares it.
+async fn legacy_queue(f: &Fixture) -> Vec<String> {
+    let store = f.store().await;
+    sluice_queue::schema::migrate(store.pool()).await.unwrap();
+    let mut settings = sluice_queue::QueueSettings::defaults("emails");
+    settings.max_attempts = 5;
+    store.upsert_queue(&settings).await.unwrap();
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        ids.push(
+            store
+                .enqueue("emails", &NewJob::new("send", json!({ "n": n })))
+                .await
+                .unwrap()
+                .id
+                .to_string(),
+        );
+    }
+    ids
+}
+
+async fn wait_event(f: &Fixture, reason: &str) -> String {
+    let events: Api<k8s_openapi::api::events::v1::Event> = f.ns.api();
+    wait_for(&format!("a {reason} event"), DEADLINE, || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items
+                .iter()
+                .find(|e| e.reason.as_deref() == Some(reason))
+                .and_then(|e| e.note.clone())
+        }
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_queue_named_before_namespaces_is_adopted_by_its_only_job_queue() {
+    let f = fixture(OPERATOR_NS).await;
+    let mut ids = legacy_queue(&f).await;
+    ids.sort();
+    f.apply(&job_queue_yaml(SCALING)).await;
+    f.wait_condition("Ready", "True", None).await;
+    let note = wait_event(&f, "LegacyQueueAdopted").await;
+    assert!(note.contains("3 jobs moved"), "{note}");
+    let store = f.store().await;
+    assert!(
+        store.queue("emails").await.unwrap().is_none(),
+        "the old name is gone"
+    );
+    let moved: Vec<String> =
+        sqlx::query_scalar("SELECT id::text AS id FROM sluice.jobs WHERE queue = $1 ORDER BY 1")
+            .bind(f.queue())
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(moved, ids);
+    let jq = f.wait_condition("Degraded", "False", None).await;
+    assert_eq!(jq.status.unwrap().depth.unwrap().ready, 3);
+}
+
+#[tokio::test]
+async fn a_queue_named_before_namespaces_that_two_job_queues_claim_is_left_alone_and_reported() {
+    let f = fixture(OPERATOR_NS).await;
+    let ids = legacy_queue(&f).await;
+    // Another namespace has a JobQueue of the same name: which one the jobs belong to is not known.
+    let other = f.env.namespace("other").await.unwrap();
+    other
+        .apply_yaml(&job_queue_yaml(SCALING).replace("name: pg}", "name: elsewhere}"))
+        .await
+        .unwrap();
+    f.apply(&job_queue_yaml(SCALING)).await;
+    let jq = f
+        .wait_condition("Degraded", "True", Some("LegacyQueueNotAdopted"))
+        .await;
+    let message = &jq.condition("Degraded").unwrap().message;
+    assert!(
+        message.contains(&format!("{}/emails", other.name()))
+            && message.contains("sluice.adopt_queue('emails'"),
+        "{message}"
+    );
+    let store = f.store().await;
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM sluice.jobs WHERE queue = 'emails'")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(left, ids.len() as i64, "nothing moved");
+    // The documented SQL step moves them; the condition clears.
+    assert_eq!(store.adopt_queue("emails", &f.queue()).await.unwrap(), Some(3));
+    f.ns.api::<JobQueue>()
+        .patch(
+            "emails",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"test/poke": "1"}}})),
+        )
+        .await
+        .unwrap();
+    f.wait_condition("Degraded", "False", None).await;
 }

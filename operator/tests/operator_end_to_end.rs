@@ -246,7 +246,10 @@ async fn the_operator_serves_a_trusted_webhook_that_injects_pods_created_through
     let url = env("SLUICE_DATABASE_URL");
     assert_eq!(url.value, None, "never as text");
     assert_eq!(url.value_from.unwrap().secret_key_ref.unwrap().name, "pg");
-    assert_eq!(env("SLUICE_QUEUES").value.as_deref(), Some("emails"));
+    assert_eq!(
+        env("SLUICE_QUEUES").value.as_deref(),
+        Some(format!("{}/emails", ns.name()).as_str())
+    );
     assert!(env("SLUICE_REDIS_URL").value_from.is_some(), "rate limiting too");
     let alone: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use sluice_crds::sidecar_config::QueueSettingsSpec;
 use uuid::Uuid;
 
-pub use sluice_crds::sidecar_config::valid_queue_name;
+pub use sluice_crds::sidecar_config::{valid_queue_name, valid_short_name};
 
 use crate::backoff::Backoff;
 

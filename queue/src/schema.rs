@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
 /// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
 /// which the workspace does not enable).
-const MIGRATIONS: [(i64, &str, &str); 11] = [
+const MIGRATIONS: [(i64, &str, &str); 12] = [
     (
         1,
         "queue tables",
@@ -70,6 +70,11 @@ const MIGRATIONS: [(i64, &str, &str); 11] = [
         11,
         "job events",
         include_str!("../../migrations/0011_job_events.sql"),
+    ),
+    (
+        12,
+        "namespaced queues",
+        include_str!("../../migrations/0012_namespaced_queues.sql"),
     ),
 ];
 

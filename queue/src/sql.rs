@@ -381,6 +381,10 @@ pub fn queue_demand_statement(queue: &str) -> String {
     )
 }
 
+/// Renames queue `$1` to `$2` with its jobs and schedules (`sluice.adopt_queue`): jobs moved, NULL when
+/// there is no queue `$1`.
+pub const QUEUE_ADOPT: &str = "SELECT sluice.adopt_queue($1, $2)";
+
 /// Creates the row of schedule (`$1` queue, `$2` name) unless it exists: a new schedule has handled every
 /// fire time up to its creation.
 pub const SCHEDULE_ENSURE: &str = r#"

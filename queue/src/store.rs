@@ -18,7 +18,7 @@ use crate::{
     events::JobStatus,
     job::{
         CancelOutcome, ClaimedJob, Depth, Enqueued, GraphJob, Job, JobState, MAX_PAYLOAD_BYTES, NewJob,
-        OnParentFailure, Parent, QueueSettings, UniqueMode, valid_queue_name,
+        OnParentFailure, Parent, QueueSettings, UniqueMode, valid_queue_name, valid_short_name,
     },
     schedule::{self, CronSchedule, MissedRuns},
     sql,
@@ -48,7 +48,7 @@ impl Schedule {
         missed_runs: MissedRuns,
     ) -> Result<Self> {
         let name = name.into();
-        if !valid_queue_name(&name) {
+        if !valid_short_name(&name) {
             return Err(Error::Invalid(format!(
                 "schedule name {name:?}: use 1-100 letters, digits, '.', '_' or '-', starting with a letter or digit"
             )));
@@ -202,6 +202,21 @@ impl QueueStore {
             .bind(name)
             .fetch_optional(&self.pool)
             .await?)
+    }
+
+    /// Moves queue `from` with its settings, jobs and schedules to the name `to` (`sluice.adopt_queue`):
+    /// how a queue named before namespaces (`thumbnails`) becomes its JobQueue's (`shop/thumbnails`).
+    /// Returns how many jobs moved, or `None` when there is no queue `from`. `to` must hold no job or
+    /// schedule yet ([`Error::Conflict`]). Holds enqueues and claims back for the moment it takes.
+    pub async fn adopt_queue(&self, from: &str, to: &str) -> Result<Option<i64>> {
+        check_queue_name(to)?;
+        let moved: Option<i64> = sqlx::query_scalar(sql::QUEUE_ADOPT)
+            .bind(from)
+            .bind(to)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(map_db_error)?;
+        Ok(moved)
     }
 
     /// Pauses (no claims) or resumes a queue.
@@ -863,7 +878,8 @@ fn check_queue_name(name: &str) -> Result<()> {
         Ok(())
     } else {
         Err(Error::Invalid(format!(
-            "queue name {name:?}: use 1-100 letters, digits, '.', '_' or '-', starting with a letter or digit"
+            "queue name {name:?}: use 1-100 letters, digits, '.', '_' or '-', starting with a letter or digit, \
+             optionally after a namespace and '/' (shop/emails)"
         )))
     }
 }

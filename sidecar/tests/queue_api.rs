@@ -637,3 +637,61 @@ async fn a_graph_of_jobs_is_enqueued_by_ref_and_jobs_show_their_parents() {
     assert!(doc["paths"]["/v1/queues/{queue}/jobs/graph"]["post"].is_object());
     assert!(doc["components"]["schemas"]["NewJob"]["properties"]["dependsOn"].is_object());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_in_a_namespace_names_its_queues_without_it_in_paths() {
+    let (_pg, pool) = pg().await;
+    let store = QueueStore::new(pool);
+    queue(&store, "shop/emails").await;
+    queue(&store, "blog/emails").await;
+    let api = Api::serve(
+        api::ApiState::new(store.clone())
+            .serving(&["shop/emails".to_owned()])
+            .in_namespace(Some("shop")),
+    )
+    .await;
+
+    let (status, job) = api
+        .post(
+            "/v1/queues/emails/jobs",
+            json!({"kind": "welcome", "payload": {}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{job}");
+    assert_eq!(job["queue"], "shop/emails", "bodies show the database name");
+    let (status, depth) = api.get("/v1/queues/emails").await;
+    assert_eq!((status, depth["ready"].as_i64()), (StatusCode::OK, Some(1)));
+    let (status, list) = api.get("/v1/queues/emails/jobs").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(list["jobs"].as_array().map(Vec::len), Some(1), "{list}");
+    assert_eq!(
+        api.post("/v1/queues/emails/pause", json!({})).await.0,
+        StatusCode::OK
+    );
+    assert!(store.queue("shop/emails").await.unwrap().unwrap().paused);
+    let (status, _) = api
+        .call(
+            Method::PUT,
+            "/v1/queues/emails",
+            &[],
+            json!({"name": "emails", "maxAttempts": 4})
+                .to_string()
+                .into_bytes(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(store.queue("shop/emails").await.unwrap().unwrap().max_attempts, 4);
+    // The other namespace's queue of the same name is out of reach, by short name or full.
+    let (status, _) = api.get("/v1/queues/blog%2Femails").await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(store.depth("blog/emails").await.unwrap().unwrap().ready, 0);
+    assert_eq!(store.depth("shop/emails").await.unwrap().unwrap().ready, 1);
+    let (_, all) = api.get("/v1/queues").await;
+    let names: Vec<_> = all["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["queue"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(names, ["shop/emails"]);
+}

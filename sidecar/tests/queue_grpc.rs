@@ -52,6 +52,7 @@ async fn serve(url: &str, queues: &[&str], max_streams: u32, max_message_bytes: 
     let opts = GrpcOptions {
         database_url: url.to_owned(),
         queues: queues.iter().map(|q| q.to_string()).collect(),
+        namespace: None,
         engine,
         max_streams,
         max_message_bytes,

@@ -46,6 +46,8 @@ pub const RATE_LIMIT_PROTOCOL: &str = "RATE_LIMIT__PROTOCOL_REQUESTS_PER_MINUTE"
 pub const DATABASE_URL: &str = "SLUICE_DATABASE_URL";
 /// `queue.queues`: the queues served, comma-separated.
 pub const QUEUES: &str = "SLUICE_QUEUES";
+/// The namespace short queue names are resolved in (queue HTTP API paths, gRPC `subscribe.queues`).
+pub const QUEUE_NAMESPACE: &str = "SLUICE_QUEUE_NAMESPACE";
 /// `queue.handler.url`: where the worker POSTs jobs.
 pub const HANDLER_URL: &str = "SLUICE_HANDLER_URL";
 /// `queue.worker.concurrency`.

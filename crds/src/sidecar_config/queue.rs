@@ -54,6 +54,12 @@ pub struct QueueConfig {
     /// created with default settings.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub queues: Vec<String>,
+    /// The Kubernetes namespace short queue names are resolved in (`SLUICE_QUEUE_NAMESPACE`): the queue
+    /// HTTP API's paths and the gRPC worker API's `subscribe.queues` may then name `emails` for the
+    /// queue `<namespace>/emails`. Set by the operator to the JobQueue's namespace; unset, names are
+    /// taken as they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
     /// Settings applied (created or updated) at start for the named queues.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub queue_settings: Vec<QueueSettingsSpec>,
@@ -241,9 +247,9 @@ pub struct ApiAuthConfig {
     /// The pod's ServiceAccount name (`SLUICE_POD_SERVICE_ACCOUNT`): who tokenless loopback callers are.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account: Option<String>,
-    /// The JobQueue of each queue whose database name is not its JobQueue's name (`spec.queueName`):
-    /// callers are authorized on the JobQueue (`SLUICE_API_JOB_QUEUES=queue=jobqueue,...`). A queue not
-    /// listed is its own JobQueue's name.
+    /// The JobQueue of each queue whose name within the namespace (`spec.queueName`) is not its
+    /// JobQueue's name: callers are authorized on the JobQueue (`SLUICE_API_JOB_QUEUES=queue=jobqueue,...`).
+    /// A queue not listed is its own JobQueue's name.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub job_queues: std::collections::BTreeMap<String, String>,
 }
@@ -380,8 +386,18 @@ impl Default for BackoffSpec {
 }
 
 /// Whether `name` is a queue name: 1-100 letters, digits, `.`, `_` or `-`, starting with a letter or
-/// digit. The `sluice.queues` table CHECKs the same, so config and API input fail early and clearly.
+/// digit, optionally after a Kubernetes namespace and `/` (`shop/emails`: JobQueues name their queues
+/// so). The `sluice.queues` table CHECKs the same, so config and API input fail early and clearly.
 pub fn valid_queue_name(name: &str) -> bool {
+    match name.split_once('/') {
+        Some((namespace, short)) => valid_namespace(namespace) && valid_short_name(short),
+        None => valid_short_name(name),
+    }
+}
+
+/// Whether `name` is a queue name without a namespace (or a schedule name): 1-100 letters, digits, `.`,
+/// `_` or `-`, starting with a letter or digit.
+pub fn valid_short_name(name: &str) -> bool {
     let mut chars = name.chars();
     let Some(first) = chars.next() else {
         return false;
@@ -389,6 +405,28 @@ pub fn valid_queue_name(name: &str) -> bool {
     name.len() <= 100
         && first.is_ascii_alphanumeric()
         && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+/// Whether `ns` is a Kubernetes namespace name (an RFC 1123 label: 1-63 lowercase letters, digits or
+/// `-`, starting and ending with a letter or digit).
+pub fn valid_namespace(ns: &str) -> bool {
+    let b = ns.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
+/// The database name of queue `name` for a sidecar in `namespace`: a short name is in the namespace
+/// (`emails` in `shop` is `shop/emails`); a name that has a namespace already, or any name when there
+/// is no namespace, stays as it is.
+pub fn queue_in_namespace(namespace: Option<&str>, name: &str) -> String {
+    match namespace {
+        Some(ns) if !name.contains('/') => format!("{ns}/{name}"),
+        _ => name.to_owned(),
+    }
 }
 
 fn yes() -> bool {
@@ -506,6 +544,24 @@ mod tests {
         assert!(!valid_queue_name("-x"));
         assert!(!valid_queue_name("a b"));
         assert!(!valid_queue_name(&"a".repeat(101)));
+        assert!(valid_queue_name("shop/emails"));
+        assert!(valid_queue_name("a-1/b.c"));
+        assert!(!valid_queue_name("Shop/emails"));
+        assert!(!valid_queue_name("-shop/emails"));
+        assert!(!valid_queue_name("shop-/emails"));
+        assert!(!valid_queue_name("/emails"));
+        assert!(!valid_queue_name("shop/"));
+        assert!(!valid_queue_name("a/b/c"));
+        assert!(!valid_queue_name(&format!("{}/x", "a".repeat(64))));
+        assert!(valid_queue_name(&format!(
+            "{}/{}",
+            "a".repeat(63),
+            "b".repeat(100)
+        )));
+        assert!(!valid_short_name("shop/emails"));
+        assert_eq!(queue_in_namespace(Some("shop"), "emails"), "shop/emails");
+        assert_eq!(queue_in_namespace(Some("shop"), "other/emails"), "other/emails");
+        assert_eq!(queue_in_namespace(None, "emails"), "emails");
     }
 
     #[test]

@@ -8,7 +8,8 @@ use std::{collections::HashSet, fmt};
 
 use super::{
     CLIENT_IP_CEILING_MAX, CONFIG_VERSION, KeyPart, KeySource, LimitsConfig, MAX_CONNECTIONS_MAX,
-    PREFETCH_MAX, PolicyRef, QueueConfig, Rule, RuleMatch, SidecarConfig, valid_queue_name,
+    PREFETCH_MAX, PolicyRef, QueueConfig, Rule, RuleMatch, SidecarConfig, valid_namespace, valid_queue_name,
+    valid_short_name,
 };
 use crate::Duration;
 
@@ -127,9 +128,20 @@ pub fn check_queue(q: &QueueConfig, errs: &mut ConfigErrors) {
         if !valid_queue_name(name) {
             errs.push(
                 format!("queue.queues[{i}]"),
-                format!("{name:?} is not a queue name: letters, digits, '.', '_', '-', at most 100"),
+                format!(
+                    "{name:?} is not a queue name: letters, digits, '.', '_', '-', at most 100, optionally after \
+                     a namespace and '/'"
+                ),
             );
         }
+    }
+    if let Some(ns) = &q.namespace
+        && !valid_namespace(ns)
+    {
+        errs.push(
+            "queue.namespace",
+            format!("{ns:?} is not a Kubernetes namespace name"),
+        );
     }
     for (i, s) in q.queue_settings.iter().enumerate() {
         if !valid_queue_name(&s.name) {
@@ -142,7 +154,7 @@ pub fn check_queue(q: &QueueConfig, errs: &mut ConfigErrors) {
     let mut names = std::collections::BTreeSet::new();
     for (i, s) in q.schedules.iter().enumerate() {
         let queue = s.queue.as_ref().or(q.queues.first());
-        if !valid_queue_name(&s.name) {
+        if !valid_short_name(&s.name) {
             errs.push(
                 format!("queue.schedules[{i}].name"),
                 format!(

@@ -354,7 +354,7 @@ async fn queue_sample(system: &SluiceSystem, pg: Arc<PgServer>) -> Option<QueueS
     let counts = tokio::task::spawn_blocking(move || {
         pg.psql(
             "SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'running'), \
-             count(*) FILTER (WHERE state = 'succeeded') FROM sluice.jobs WHERE queue = 'thumbnails'",
+             count(*) FILTER (WHERE state = 'succeeded') FROM sluice.jobs WHERE queue = 'demo/thumbnails'",
         )
     })
     .await

@@ -244,7 +244,10 @@ pub async fn run(system: &SluiceSystem) {
     // Drained: every job succeeded, exactly once (one success per job id; fenced completions).
     wait_for("all 5,000 jobs succeeded", DRAIN_DEADLINE, || async {
         let done: usize = pg
-            .psql("SELECT count(*) FROM sluice.jobs WHERE queue = 'thumbs' AND state = 'succeeded'")
+            .psql(&format!(
+                "SELECT count(*) FROM sluice.jobs WHERE queue = '{}/thumbs' AND state = 'succeeded'",
+                ns.name()
+            ))
             .trim()
             .parse()
             .ok()?;
@@ -257,9 +260,10 @@ pub async fn run(system: &SluiceSystem) {
             pg.psql("SELECT state, count(*) FROM sluice.jobs GROUP BY state")
         )
     });
-    let summary = pg.psql(
-        "SELECT count(*), count(DISTINCT payload->>'n'), count(*) FILTER (WHERE state <> 'succeeded') FROM sluice.jobs WHERE queue = 'thumbs'",
-    );
+    let summary = pg.psql(&format!(
+        "SELECT count(*), count(DISTINCT payload->>'n'), count(*) FILTER (WHERE state <> 'succeeded') FROM sluice.jobs WHERE queue = '{}/thumbs'",
+        ns.name()
+    ));
     assert_eq!(
         summary.trim(),
         format!("{JOBS}|{JOBS}|0"),

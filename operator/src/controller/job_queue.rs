@@ -232,6 +232,7 @@ async fn steps(jq: &JobQueue, ctx: &Context<State>) -> Result<Action> {
     .await?;
     admit_database(jq, ctx, &url)?;
     prepare_database(jq, ctx, &url).await?;
+    let legacy_note = adopt_legacy_queue(jq, ctx, &url).await?;
     let seen = observe(jq, ctx, &url, now).await?;
     let (autoscaler, metrics_note) = choose_autoscaler(jq, ctx).await?;
     check_ownership(jq, ctx, autoscaler).await?;
@@ -246,7 +247,8 @@ async fn steps(jq: &JobQueue, ctx: &Context<State>) -> Result<Action> {
     remember(jq, ctx, &url, &seen, policy, replicas);
     let degraded = metrics_note
         .or_else(|| keda_problem.map(|m| (reason::KEDA_UNAVAILABLE, m)))
-        .or_else(|| schedule_problems(jq).map(|m| (reason::INVALID_SCHEDULE, m)));
+        .or_else(|| schedule_problems(jq).map(|m| (reason::INVALID_SCHEDULE, m)))
+        .or_else(|| legacy_note.map(|m| (reason::LEGACY_QUEUE_NOT_ADOPTED, m)));
     let outcome = Outcome {
         seen,
         decision,
@@ -275,13 +277,67 @@ fn admit_database(jq: &JobQueue, ctx: &Context<State>, url: &str) -> Result<()> 
 
 /// The schema (once per database per process), the queue's settings and its paused flag.
 async fn prepare_database(jq: &JobQueue, ctx: &Context<State>, url: &str) -> Result<()> {
-    let settings = QueueSettings::from(&jq.spec.queue_settings(&jq.queue_name()));
+    let settings = QueueSettings::from(&jq.spec.queue_settings(&jq.database_queue_name()));
     ctx.state
         .settings
         .databases
         .prepare(url, &settings, jq.is_paused())
         .await?;
     Ok(())
+}
+
+/// Adopts the queue an earlier version named without the namespace (`thumbnails`) into this JobQueue's
+/// `<namespace>/<queueName>`, with its jobs, settings and schedules, when this JobQueue is the only one
+/// the operator sees claiming that name. Otherwise the old queue is left alone and the message returned
+/// (for `Degraded`) says why and how to move it by hand. One lookup by primary key per reconcile while
+/// no such queue exists.
+async fn adopt_legacy_queue(jq: &JobQueue, ctx: &Context<State>, url: &str) -> Result<Option<String>> {
+    let (short, full) = (jq.queue_name(), jq.database_queue_name());
+    let store = QueueStore::new(ctx.state.settings.databases.pool(url)?);
+    if store.queue(&short).await?.is_none() {
+        return Ok(None);
+    }
+    let mut claimants = Vec::new();
+    for scope in ctx.state.settings.namespaces.scopes() {
+        let list = api_in::<JobQueue>(&ctx.client, scope.as_deref())
+            .list(&ListParams::default())
+            .await?;
+        claimants.extend(
+            list.items
+                .iter()
+                .filter(|q| q.queue_name() == short)
+                .map(|q| format!("{}/{}", q.namespace_or_default(), q.name_any())),
+        );
+    }
+    let by_hand = format!(
+        "move it with SELECT sluice.adopt_queue('{short}', '<namespace>/{short}') into the queue of the \
+         JobQueue it belongs to"
+    );
+    if claimants.len() != 1 {
+        return Ok(Some(format!(
+            "queue {short:?} was named without a namespace by an earlier version and JobQueues {} all \
+             claim it, so it was not adopted into {full:?}: {by_hand}",
+            claimants.join(", ")
+        )));
+    }
+    match store.adopt_queue(&short, &full).await {
+        Ok(moved) => {
+            let message = format!(
+                "adopted queue {short:?}, named without a namespace by an earlier version, into {full:?} \
+                 ({} jobs moved)",
+                moved.unwrap_or(0)
+            );
+            tracing::info!(jobqueue = %ObjectRef::from_obj(jq), "{message}");
+            ctx.event(jq, EventType::Normal, reason::LEGACY_QUEUE_ADOPTED, &message)
+                .await;
+            Ok(None)
+        }
+        Err(sluice_queue::Error::Conflict(why)) => Ok(Some(format!(
+            "queue {short:?} was named without a namespace by an earlier version and could not be \
+             adopted into {full:?} ({why}): {by_hand}"
+        ))),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// What a reconcile saw of the queue and its workers.
@@ -330,7 +386,7 @@ async fn observe(jq: &JobQueue, ctx: &Context<State>, url: &str, now_ms: i64) ->
         .state
         .settings
         .databases
-        .depth_fresh(url, &jq.queue_name())
+        .depth_fresh(url, &jq.database_queue_name())
         .await?;
     if let Some(d) = &depth {
         ctx.state.settings.metrics.set_depth(&ns, &name, d);
@@ -340,7 +396,7 @@ async fn observe(jq: &JobQueue, ctx: &Context<State>, url: &str, now_ms: i64) ->
     } else {
         match ctx.state.settings.databases.pool(url) {
             Ok(pool) => QueueStore::new(pool)
-                .schedules(&jq.queue_name())
+                .schedules(&jq.database_queue_name())
                 .await
                 .unwrap_or_else(|e| {
                     tracing::debug!(error = %e, "reading the schedules failed");
@@ -614,7 +670,7 @@ fn remember(jq: &JobQueue, ctx: &Context<State>, url: &str, seen: &Seen, policy:
         QueueMemory {
             database: database_key(url),
             url: url.to_owned(),
-            queue: jq.queue_name(),
+            queue: jq.database_queue_name(),
             deployment: worker_name(jq),
             last_active_ms: seen.last_active_ms,
             policy,
@@ -665,7 +721,7 @@ async fn write_status(jq: &JobQueue, ctx: &Context<State>, outcome: &Outcome, no
         degraded,
     } = outcome;
     let replicas = *replicas;
-    let queue = jq.queue_name();
+    let queue = jq.database_queue_name();
     let paused = jq.is_paused();
     let busy = seen.busy();
     let active = busy && replicas > 0;
@@ -898,7 +954,12 @@ async fn mark_idle_workers(jq: &JobQueue, ctx: &Context<State>, url: &str) -> Re
         .list(&ListParams::default().labels(&format!("{JOB_QUEUE_LABEL}={}", jq.name_any())))
         .await?;
     let names: Vec<String> = list.items.iter().map(|p| p.name_any()).collect();
-    let leases = ctx.state.settings.databases.leases(url, &jq.queue_name()).await?;
+    let leases = ctx
+        .state
+        .settings
+        .databases
+        .leases(url, &jq.database_queue_name())
+        .await?;
     let costs = deletion_costs(&names, &leases);
     for pod in &list.items {
         let Some(cost) = costs.get(&pod.name_any()) else {

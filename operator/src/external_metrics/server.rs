@@ -100,7 +100,7 @@ impl Targets {
                 .map_err(|e| e.to_string())?;
                 let t = Target {
                     url,
-                    queue: jq.queue_name(),
+                    queue: jq.database_queue_name(),
                 };
                 cache
                     .lock()

@@ -53,7 +53,7 @@ pub fn render_scaled_object(jq: &JobQueue) -> Value {
             "type": "postgresql",
             "metadata": {
                 "connectionFromEnv": env::DATABASE_URL,
-                "query": sluice_queue::sql::queue_demand_statement(&jq.queue_name()),
+                "query": sluice_queue::sql::queue_demand_statement(&jq.database_queue_name()),
                 "targetQueryValue": s.target(jq.spec.worker.concurrency).to_string(),
                 "activationTargetQueryValue": s.activation_threshold.to_string(),
             },
@@ -105,7 +105,7 @@ mod tests {
             trigger["metadata"]["query"]
                 .as_str()
                 .unwrap()
-                .contains("queue = 'emails'")
+                .contains("queue = 'shop/emails'")
         );
         assert!(spec.get("advanced").is_none());
         assert!(

@@ -140,7 +140,8 @@ pub const QUEUE_API_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LO
 
 /// Env vars that give an app pod the sidecar's queue HTTP API for `jq` (for the pod webhook, when a pod
 /// is annotated `sluice.dev/job-queues: <name>`): the database URL by `secretKeyRef` to the JobQueue's
-/// Secret (never as text), the queue name, and the API's address on localhost.
+/// Secret (never as text), the queue's database name (`<namespace>/<queue>`), the namespace the API's
+/// paths name queues in, and the API's address on localhost.
 ///
 /// One database per sidecar: the webhook ([`crate::webhook::inject::resolve_job_queues`]) refuses pods
 /// naming JobQueues with different Secret references, and lists every queue name in `SLUICE_QUEUES`.
@@ -149,7 +150,12 @@ pub fn queue_api_env(jq: &JobQueue) -> Vec<EnvVar> {
         env_from_secret(env::DATABASE_URL, &jq.spec.database.secret_ref),
         EnvVar {
             name: env::QUEUES.into(),
-            value: Some(jq.queue_name()),
+            value: Some(jq.database_queue_name()),
+            ..EnvVar::default()
+        },
+        EnvVar {
+            name: env::QUEUE_NAMESPACE.into(),
+            value: Some(jq.namespace_or_default().to_owned()),
             ..EnvVar::default()
         },
         EnvVar {
@@ -262,9 +268,15 @@ mod tests {
         let names: Vec<_> = env.iter().map(|e| e.name.as_str()).collect();
         assert_eq!(
             names,
-            ["SLUICE_DATABASE_URL", "SLUICE_QUEUES", "SLUICE_API_LISTEN"]
+            [
+                "SLUICE_DATABASE_URL",
+                "SLUICE_QUEUES",
+                "SLUICE_QUEUE_NAMESPACE",
+                "SLUICE_API_LISTEN"
+            ]
         );
         assert!(env[0].value.is_none());
-        assert_eq!(env[1].value.as_deref(), Some("emails"));
+        assert_eq!(env[1].value.as_deref(), Some("shop/emails"));
+        assert_eq!(env[2].value.as_deref(), Some("shop"));
     }
 }

@@ -106,7 +106,8 @@ pub fn render_worker_config(jq: &JobQueue) -> SidecarConfig {
         queue: Some(QueueConfig {
             database_url: None,
             pool_size: None,
-            queues: vec![jq.queue_name()],
+            queues: vec![jq.database_queue_name()],
+            namespace: Some(jq.namespace_or_default().to_owned()),
             queue_settings: vec![],
             worker: WorkerConfig {
                 concurrency: w.concurrency,
@@ -137,7 +138,7 @@ pub fn render_worker_config(jq: &JobQueue) -> SidecarConfig {
 /// The JobQueue's schedules in the worker config's form. A schedule whose cron expression or time zone
 /// cannot be read is left out, so workers never refuse to start over it; its status says why.
 pub fn worker_schedules(jq: &JobQueue) -> Vec<ScheduleSpec> {
-    let queue = jq.queue_name();
+    let queue = jq.database_queue_name();
     jq.spec
         .schedules
         .iter()
@@ -432,7 +433,7 @@ worker:
         let schedules = render_worker_config(&jq).queue.unwrap().schedules;
         assert_eq!(schedules.len(), 1, "{schedules:?}");
         assert_eq!(schedules[0].name, "nightly");
-        assert_eq!(schedules[0].queue.as_deref(), Some("emails"));
+        assert_eq!(schedules[0].queue.as_deref(), Some("shop/emails"));
         assert_eq!(schedules[0].payload, serde_json::json!({}));
         let problem = schedule_problem(&jq.spec.schedules[1]).unwrap();
         assert!(problem.contains("61 * * * *"), "{problem}");
@@ -465,7 +466,8 @@ worker:
         let jq = job_queue(&BASIC.replace("database:", "queueName: mail.outbound\ndatabase:"));
         let cfg = render_worker_config(&jq);
         let q = cfg.queue.as_ref().unwrap();
-        assert_eq!(q.queues, ["mail.outbound"]);
+        assert_eq!(q.queues, ["shop/mail.outbound"]);
+        assert_eq!(q.namespace.as_deref(), Some("shop"));
         assert_eq!(q.handler.url, "http://127.0.0.1:8080/run");
         assert_eq!(q.worker.concurrency, 4);
         assert_eq!(q.handler.timeout.to_string(), "2m");

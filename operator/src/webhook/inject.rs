@@ -223,17 +223,19 @@ pub fn resolve_job_queues(
         ));
     }
     let mut env = queue_api_env(first);
-    let names: Vec<String> = found.iter().map(|q| q.queue_name()).collect();
+    let names: Vec<String> = found.iter().map(|q| q.database_queue_name()).collect();
     for var in &mut env {
         if var.name == env::QUEUES {
             var.value = Some(names.join(","));
         }
     }
-    // Callers are authorized on the JobQueue; say which one a queue with another name is.
+    // Callers are authorized on the JobQueue; say which one a queue with another name is (by its name
+    // within the namespace, as the API's paths and its authorization name queues).
+    let short: Vec<String> = found.iter().map(|q| q.queue_name()).collect();
     let renamed: Vec<String> = ann
         .job_queues
         .iter()
-        .zip(&names)
+        .zip(&short)
         .filter(|(jq, queue)| jq != queue)
         .map(|(jq, queue)| format!("{queue}={jq}"))
         .collect();

@@ -115,9 +115,10 @@ pub fn apply(config: &mut SidecarConfig, env: &dyn Env) -> Result<EnvSettings, C
     }
 }
 
-/// Applies the queue overrides (`SLUICE_DATABASE_URL`, `SLUICE_QUEUES`, `SLUICE_HANDLER_URL`,
-/// `SLUICE_WORKER_CONCURRENCY`, `SLUICE_API_LISTEN`, `SLUICE_API_AUTH`, `SLUICE_API_AUTH_LOOPBACK`,
-/// `SLUICE_POD_NAMESPACE`, `SLUICE_POD_SERVICE_ACCOUNT`, `SLUICE_METRICS_LISTEN`, `SLUICE_GRPC_LISTEN`) to the
+/// Applies the queue overrides (`SLUICE_DATABASE_URL`, `SLUICE_QUEUES`, `SLUICE_QUEUE_NAMESPACE`,
+/// `SLUICE_HANDLER_URL`, `SLUICE_WORKER_CONCURRENCY`, `SLUICE_API_LISTEN`, `SLUICE_API_AUTH`,
+/// `SLUICE_API_AUTH_LOOPBACK`, `SLUICE_POD_NAMESPACE`, `SLUICE_POD_SERVICE_ACCOUNT`, `SLUICE_METRICS_LISTEN`,
+/// `SLUICE_GRPC_LISTEN`) to the
 /// `queue:` section:
 /// the worker role's whole config when it runs without a file, and the proxy role's queue API.
 pub fn apply_queue(cfg: &mut QueueConfig, env: &dyn Env) -> Result<(), ConfigErrors> {
@@ -132,6 +133,10 @@ pub fn apply_queue(cfg: &mut QueueConfig, env: &dyn Env) -> Result<(), ConfigErr
             .filter(|s| !s.is_empty())
             .map(str::to_owned)
             .collect();
+    }
+    if let Some(v) = env.var(QUEUE_NAMESPACE) {
+        let v = v.trim();
+        cfg.namespace = (!v.is_empty()).then(|| v.to_owned());
     }
     if let Some(v) = env.var(HANDLER_URL) {
         cfg.handler.url = v;
@@ -259,9 +264,11 @@ mod tests {
             (HANDLER_URL, "http://127.0.0.1:9/jobs"),
             (WORKER_CONCURRENCY, "4"),
             (API_LISTEN, "127.0.0.1:7070"),
+            (QUEUE_NAMESPACE, "shop"),
         ];
         apply_queue(&mut cfg, env).unwrap();
         assert_eq!(cfg.queues, vec!["emails", "reports"]);
+        assert_eq!(cfg.namespace.as_deref(), Some("shop"));
         assert_eq!(cfg.worker.concurrency, 4);
         assert_eq!(cfg.handler.url, "http://127.0.0.1:9/jobs");
         assert_eq!(cfg.api.listen, Some("127.0.0.1:7070".parse().unwrap()));

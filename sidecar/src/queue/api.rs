@@ -14,6 +14,10 @@
 //! `/openapi.json` authenticates the caller (401) and authorizes it on the queue the request names, or,
 //! for `/v1/jobs/{id}...`, the job's queue (403); `GET /v1/queues` lists the queues the caller may `get`.
 //! [`super::auth`] says how.
+//!
+//! Given a namespace ([`ApiState::namespace`], from `SLUICE_QUEUE_NAMESPACE` / `queue.namespace`), a
+//! path's queue name without one is in it: `/v1/queues/emails/jobs` is queue `<namespace>/emails`, as a
+//! JobQueue names its queue in the database. Bodies show the queue's database name.
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -35,6 +39,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+use sluice_crds::sidecar_config::queue_in_namespace;
 use sluice_queue::{
     CancelOutcome, GraphJob, Job, JobState, MAX_PAYLOAD_BYTES, NewJob, QueueSettings, QueueStore,
     store::{MAX_GRAPH_JOBS, check_new_job},
@@ -65,6 +70,9 @@ pub struct ApiState {
     pub auth: Option<Arc<Authenticator>>,
     /// The job and queue event streams.
     pub events: EventHub,
+    /// The namespace a path's queue name without one is in (`emails` is `<namespace>/emails`);
+    /// `None`: names are taken as they are.
+    pub namespace: Option<Arc<str>>,
 }
 
 impl ApiState {
@@ -76,12 +84,19 @@ impl ApiState {
             max_batch: MAX_BATCH_DEFAULT,
             queues: None,
             auth: None,
+            namespace: None,
         }
     }
 
     /// Checks callers with `auth`.
     pub fn with_auth(mut self, auth: Arc<Authenticator>) -> Self {
         self.auth = Some(auth);
+        self
+    }
+
+    /// Resolves the queue names of paths in `namespace` (see [`queue_in_namespace`]).
+    pub fn in_namespace(mut self, namespace: Option<&str>) -> Self {
+        self.namespace = namespace.map(Arc::from);
         self
     }
 
@@ -95,10 +110,21 @@ impl ApiState {
         self.queues.as_ref().is_none_or(|q| q.contains(queue))
     }
 
-    /// 403 unless this API serves `queue`.
-    pub(super) fn check_queue(&self, queue: &str) -> ApiResult<()> {
+    /// `queue`'s name within this API's namespace (`shop/emails` → `emails`): the JobQueue name callers
+    /// are authorized on.
+    fn short_name(&self, queue: &str) -> String {
+        self.namespace
+            .as_deref()
+            .and_then(|ns| queue.strip_prefix(ns)?.strip_prefix('/'))
+            .unwrap_or(queue)
+            .to_owned()
+    }
+
+    /// The queue a path names, in this API's namespace; 403 unless this API serves it.
+    pub(super) fn check_queue(&self, queue: &str) -> ApiResult<String> {
+        let queue = queue_in_namespace(self.namespace.as_deref(), queue);
         match &self.queues {
-            Some(served) if !served.contains(queue) => Err(ApiError::new(
+            Some(served) if !served.contains(&queue) => Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 "forbidden",
                 format!(
@@ -106,7 +132,7 @@ impl ApiState {
                     served.iter().map(String::as_str).collect::<Vec<_>>().join(", ")
                 ),
             )),
-            _ => Ok(()),
+            _ => Ok(queue),
         }
     }
 
@@ -327,6 +353,7 @@ async fn access(
     params: &HashMap<String, String>,
 ) -> ApiResult<Option<Access>> {
     if let Some(queue) = params.get("queue") {
+        let queue = st.short_name(queue);
         // `/v1/queues/{queue}` and what follows it: literal segments only.
         let rest: Vec<&str> = path.split('/').skip(4).collect();
         let access = match (method, rest.as_slice()) {
@@ -344,6 +371,7 @@ async fn access(
     let Some(queue) = st.store.queues_of(&[id]).await?.remove(&id) else {
         return Ok(None);
     };
+    let queue = st.short_name(&queue);
     Ok(Some(if method == Method::GET {
         Access::jobs("get", queue)
     } else {
@@ -390,7 +418,7 @@ async fn enqueue_one(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    st.check_queue(&queue)?;
+    let queue = st.check_queue(&queue)?;
     let bytes = read_body(body, MAX_PAYLOAD_BYTES + ENVELOPE_BYTES).await?;
     let mut job: NewJob = parse_json(&bytes)?;
     check_payload_size(&job, "")?;
@@ -432,7 +460,7 @@ async fn enqueue_graph(
     Path(queue): Path<String>,
     body: Body,
 ) -> ApiResult<Response> {
-    st.check_queue(&queue)?;
+    let queue = st.check_queue(&queue)?;
     let limit = (MAX_GRAPH_JOBS * 4096).max(MAX_PAYLOAD_BYTES + ENVELOPE_BYTES);
     let bytes = read_body(body, limit).await?;
     let graph: Graph = parse_json(&bytes)?;
@@ -473,7 +501,7 @@ async fn enqueue_batch(
     Path(queue): Path<String>,
     body: Body,
 ) -> ApiResult<Response> {
-    st.check_queue(&queue)?;
+    let queue = st.check_queue(&queue)?;
     let limit = (st.max_batch * 4096).clamp(MAX_PAYLOAD_BYTES + ENVELOPE_BYTES, 64 * MAX_PAYLOAD_BYTES);
     let bytes = read_body(body, limit).await?;
     let batch: Batch = parse_json(&bytes)?;
@@ -518,7 +546,7 @@ async fn list_jobs(
     Path(queue): Path<String>,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult<Response> {
-    st.check_queue(&queue)?;
+    let queue = st.check_queue(&queue)?;
     let Query(q) = query.map_err(|e| ApiError::bad_request(format!("query: {e}")))?;
     let state = q
         .state
@@ -567,7 +595,7 @@ async fn retry_job(State(st): State<ApiState>, Path(id): Path<String>) -> ApiRes
 }
 
 async fn get_queue(State(st): State<ApiState>, Path(queue): Path<String>) -> ApiResult<Response> {
-    st.check_queue(&queue)?;
+    let queue = st.check_queue(&queue)?;
     let depth = st
         .store
         .depth(&queue)
@@ -583,7 +611,7 @@ async fn list_queues(State(st): State<ApiState>, caller: Option<Extension<Caller
         let mut readable = Vec::with_capacity(queues.len());
         for d in queues {
             if auth
-                .decide(&user, &Access::jobs("get", d.queue.clone()))
+                .decide(&user, &Access::jobs("get", st.short_name(&d.queue)))
                 .await?
                 .allowed
             {
@@ -596,7 +624,7 @@ async fn list_queues(State(st): State<ApiState>, caller: Option<Extension<Caller
 }
 
 async fn put_queue(State(st): State<ApiState>, Path(queue): Path<String>, body: Body) -> ApiResult<Response> {
-    st.check_queue(&queue)?;
+    let queue = st.check_queue(&queue)?;
     let bytes = read_body(body, ENVELOPE_BYTES).await?;
     let mut spec: Value = if bytes.iter().all(u8::is_ascii_whitespace) {
         json!({})
@@ -608,10 +636,10 @@ async fn put_queue(State(st): State<ApiState>, Path(queue): Path<String>, body: 
             "body: must be a JSON object of queue settings",
         ));
     };
-    if obj
-        .get("name")
-        .is_some_and(|n| n != &Value::String(queue.clone()))
-    {
+    if obj.get("name").is_some_and(|n| {
+        n.as_str()
+            .is_none_or(|n| queue_in_namespace(st.namespace.as_deref(), n) != queue)
+    }) {
         return Err(ApiError::bad_request("name: must match the queue in the path"));
     }
     obj.insert("name".into(), Value::String(queue.clone()));
@@ -629,13 +657,13 @@ async fn put_queue(State(st): State<ApiState>, Path(queue): Path<String>, body: 
 }
 
 async fn pause(State(st): State<ApiState>, Path(queue): Path<String>) -> ApiResult<Response> {
-    st.check_queue(&queue)?;
+    let queue = st.check_queue(&queue)?;
     st.store.set_paused(&queue, true).await?;
     get_queue(State(st), Path(queue)).await
 }
 
 async fn resume(State(st): State<ApiState>, Path(queue): Path<String>) -> ApiResult<Response> {
-    st.check_queue(&queue)?;
+    let queue = st.check_queue(&queue)?;
     st.store.set_paused(&queue, false).await?;
     get_queue(State(st), Path(queue)).await
 }

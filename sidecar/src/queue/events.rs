@@ -507,7 +507,7 @@ pub(super) async fn job_events(
     State(st): State<ApiState>,
     Path((queue, id)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    st.check_queue(&queue)?;
+    let queue = st.check_queue(&queue)?;
     let id = super::api::parse_id(&id)?;
     let watch = st.events.watch_job(&queue, id).await?;
     let events = stream::unfold(watch, |mut w| async move {
@@ -522,7 +522,7 @@ pub(super) async fn queue_events(
     State(st): State<ApiState>,
     Path(queue): Path<String>,
 ) -> Result<Response, ApiError> {
-    st.check_queue(&queue)?;
+    let queue = st.check_queue(&queue)?;
     if st.store.queue(&queue).await?.is_none() {
         return Err(Error::NotFound(format!("queue {queue:?}")).into());
     }

@@ -188,6 +188,7 @@ pub async fn run_worker(cfg: QueueConfig, shutdown: CancellationToken) -> Result
         let opts = grpc::GrpcOptions {
             database_url: url.to_owned(),
             queues: cfg.queues.clone(),
+            namespace: cfg.namespace.clone(),
             engine,
             max_streams: cfg.grpc.max_streams,
             max_message_bytes: cfg.grpc.max_message_bytes as usize,
@@ -274,7 +275,8 @@ fn api_state(cfg: &QueueConfig, store: QueueStore) -> Result<api::ApiState> {
         max_batch: cfg.api.max_batch as usize,
         ..api::ApiState::new(store)
     }
-    .serving(&cfg.queues);
+    .serving(&cfg.queues)
+    .in_namespace(cfg.namespace.as_deref());
     match Authenticator::from_config(&cfg.api.auth)
         .map_err(|e| Error::Config(format!("queue.api.auth: {e}")))?
     {

@@ -437,7 +437,8 @@ fn job_queues_alone_get_a_sidecar_serving_only_the_queue_api_with_the_url_from_t
         "by reference, never as text"
     );
     assert!(env(s, "SLUICE_DATABASE_URL").get("value").is_none());
-    assert_eq!(env(s, "SLUICE_QUEUES")["value"], "emails,reports");
+    assert_eq!(env(s, "SLUICE_QUEUES")["value"], "shop/emails,shop/reports");
+    assert_eq!(env(s, "SLUICE_QUEUE_NAMESPACE")["value"], "shop");
     assert_eq!(env(s, "SLUICE_API_LISTEN")["value"], "127.0.0.1:7070");
     assert_eq!(env(s, "RATE_LIMIT__ENABLED")["value"], "false");
     assert_eq!(env(s, "SLUICE_LISTEN")["value"], "127.0.0.1:15080");
@@ -462,7 +463,7 @@ fn job_queues_with_a_policy_get_rate_limiting_and_the_queue_api_in_one_sidecar()
     )
     .unwrap();
     let s = sidecar(&out);
-    assert_eq!(env(s, "SLUICE_QUEUES")["value"], "emails");
+    assert_eq!(env(s, "SLUICE_QUEUES")["value"], "shop/emails");
     assert!(env(s, "SLUICE_REDIS_URL")["valueFrom"]["secretKeyRef"].is_object());
     assert_eq!(
         s["ports"][0]["name"], "http",
@@ -586,7 +587,7 @@ fn a_host_network_pod_needs_tokens_even_on_loopback_and_a_renamed_queue_is_autho
     let out = admit_checked(&p, &policies(), &[Arc::new(renamed)]).unwrap();
     let s = sidecar(&out);
     assert_eq!(env(s, "SLUICE_API_AUTH_LOOPBACK")["value"], "token");
-    assert_eq!(env(s, "SLUICE_QUEUES")["value"], "email-jobs");
+    assert_eq!(env(s, "SLUICE_QUEUES")["value"], "shop/email-jobs");
     assert_eq!(env(s, "SLUICE_API_JOB_QUEUES")["value"], "email-jobs=emails");
 }
 

@@ -37,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use uuid::Uuid;
 
+use sluice_crds::sidecar_config::queue_in_namespace;
 use sluice_queue::{ClaimedJob, QueueSettings, QueueStore};
 
 use super::{
@@ -89,6 +90,8 @@ pub struct GrpcOptions {
     pub database_url: String,
     /// Queues the sidecar serves; a stream takes all of them or a subset.
     pub queues: Vec<String>,
+    /// The namespace a `subscribe.queues` name without one is in (`emails` is `<namespace>/emails`).
+    pub namespace: Option<String>,
     /// The engine's options for each stream (`queues`, `concurrency` and `owner` are set per stream).
     pub engine: WorkerOptions,
     /// Most streams at once.
@@ -493,6 +496,7 @@ impl GrpcWorker {
         }
         let mut queues = Vec::new();
         for q in &sub.queues {
+            let q = &queue_in_namespace(self.inner.opts.namespace.as_deref(), q);
             if !served.contains(q) {
                 return Err(Status::invalid_argument(format!(
                     "subscribe.queues: this sidecar does not serve queue {q:?} (it serves {})",
