@@ -385,6 +385,9 @@ pub fn queue_demand_statement(queue: &str) -> String {
 /// there is no queue `$1`.
 pub const QUEUE_ADOPT: &str = "SELECT sluice.adopt_queue($1, $2)";
 
+/// Creates or updates tenant role `$1` of namespace `$2` with password `$3` (`sluice.ensure_tenant`).
+pub const TENANT_ENSURE: &str = "SELECT sluice.ensure_tenant($1, $2, $3)";
+
 /// Creates the row of schedule (`$1` queue, `$2` name) unless it exists: a new schedule has handled every
 /// fire time up to its creation.
 pub const SCHEDULE_ENSURE: &str = r#"

@@ -219,6 +219,22 @@ impl QueueStore {
         Ok(moved)
     }
 
+    /// Creates the LOGIN role `role` for `namespace` with `password` (or sets the password of the
+    /// namespace's existing one), registers it as the namespace's tenant and grants it the queue tables,
+    /// whose rows of other namespaces row-level security hides from it (`sluice.ensure_tenant`). Needs
+    /// CREATEROLE and the tables' owner (a database error `42501` otherwise); [`Error::Conflict`] when
+    /// `role` exists and is no tenant, or the namespace has another tenant role.
+    pub async fn ensure_tenant(&self, role: &str, namespace: &str, password: &str) -> Result<()> {
+        sqlx::query(sql::TENANT_ENSURE)
+            .bind(role)
+            .bind(namespace)
+            .bind(password)
+            .execute(&self.pool)
+            .await
+            .map_err(map_db_error)?;
+        Ok(())
+    }
+
     /// Pauses (no claims) or resumes a queue.
     pub async fn set_paused(&self, name: &str, paused: bool) -> Result<()> {
         sqlx::query(sql::QUEUE_SET_PAUSED)

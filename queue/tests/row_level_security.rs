@@ -1,0 +1,322 @@
+//! Row-level security on a real PostgreSQL: a namespace's tenant role, logged in on its own connection,
+//! runs the whole queue (enqueue, claim, heartbeat, complete, dependencies, cancel, rescue, retention,
+//! schedules) on its namespace's queues, and raw SQL through that connection can neither read, claim,
+//! complete, cancel, insert nor move another namespace's jobs, nor turn the limits off.
+
+use std::time::Duration;
+
+use serde_json::json;
+use sluice_queue::{
+    Error, NewJob, QueueSettings, QueueStore, schema,
+    store::{Finish, Finished},
+};
+use sluice_testsupport::PgServer;
+use sqlx::PgPool;
+
+async fn connect(url: &str) -> PgPool {
+    sluice_queue::pool::options(4)
+        .connect(url)
+        .await
+        .expect("connect")
+}
+
+/// The server, the owner's store (the operator's login), and tenant `a`'s store (logged in as its role).
+async fn setup() -> (PgServer, QueueStore, QueueStore) {
+    let pg = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+    let owner = QueueStore::new(connect(&pg.url()).await);
+    schema::migrate(owner.pool()).await.unwrap();
+    for (role, ns) in [("sluice_tenant_a", "a"), ("sluice_tenant_b", "b")] {
+        owner.ensure_tenant(role, ns, "secret-1").await.unwrap();
+        owner.ensure_tenant(role, ns, "secret-2").await.unwrap();
+    }
+    for q in ["a/q", "b/q"] {
+        owner.upsert_queue(&QueueSettings::defaults(q)).await.unwrap();
+    }
+    let url = pg
+        .url()
+        .replace("postgres://postgres@", "postgres://sluice_tenant_a:secret-2@");
+    let tenant = QueueStore::new(connect(&url).await);
+    (pg, owner, tenant)
+}
+
+fn job(n: i64) -> NewJob {
+    NewJob::new("work", json!({ "n": n }))
+}
+
+async fn db_code<T: std::fmt::Debug>(r: Result<T, sqlx::Error>) -> String {
+    let e = r.expect_err("refused");
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .map(|c| c.into_owned())
+        .unwrap_or_else(|| panic!("not a database error: {e}"))
+}
+
+#[tokio::test]
+async fn a_tenant_runs_its_own_queues_and_sees_nothing_of_another_namespace() {
+    let (_pg, owner, a) = setup().await;
+    // b's jobs: one waiting, one running (held by b's worker), one dead.
+    let b_waiting = owner.enqueue("b/q", &job(1)).await.unwrap().id;
+    let b_running = owner.enqueue("b/q", &job(2)).await.unwrap().id;
+    let held = owner
+        .claim_batch("b/q", "b-worker", 10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let b_attempt = held.iter().find(|j| j.id == b_running).unwrap().attempt;
+    let b_first = held.iter().find(|j| j.id == b_waiting).unwrap().attempt;
+    owner
+        .finish_batch(
+            "b-worker",
+            &[Finished {
+                id: b_waiting,
+                attempt: b_first,
+                finish: Finish::Permanent { error: "x".into() },
+            }],
+        )
+        .await
+        .unwrap();
+    let b_dead = b_waiting;
+
+    // The tenant's own worker path works, migrations included (nothing to do, nothing to create).
+    schema::migrate(a.pool())
+        .await
+        .expect("a current schema needs no rights");
+    a.ensure_queue("a/q").await.unwrap();
+    a.upsert_queue(&QueueSettings::defaults("a/other")).await.unwrap();
+    let parent = a.enqueue("a/q", &job(10)).await.unwrap().id;
+    let child = a.enqueue("a/q", &job(11).depends_on([parent])).await.unwrap().id;
+    let claimed = a
+        .claim_batch("a/q", "a-worker", 10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(claimed.iter().map(|j| j.id).collect::<Vec<_>>(), [parent]);
+    let beat = a
+        .heartbeat("a-worker", &[(parent, 1)], Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(beat.len(), 1);
+    a.finish_batch(
+        "a-worker",
+        &[Finished {
+            id: parent,
+            attempt: 1,
+            finish: Finish::Succeeded,
+        }],
+    )
+    .await
+    .unwrap();
+    let c = a.get(child).await.unwrap().unwrap();
+    assert_eq!(c.state.to_string(), "pending", "the trigger released the child");
+    a.cancel(child).await.unwrap();
+    assert_eq!(a.depth("a/q").await.unwrap().unwrap().ready, 0);
+
+    // Nothing of b can be seen ...
+    assert!(a.depth("b/q").await.unwrap().is_none());
+    let all: Vec<String> = a
+        .depth_all()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| d.queue)
+        .collect();
+    assert_eq!(all, ["a/other", "a/q"]);
+    for id in [b_dead, b_running] {
+        assert!(a.get(id).await.unwrap().is_none());
+        assert!(a.queues_of(&[id]).await.unwrap().is_empty());
+    }
+    // ... claimed, completed, renewed, handed back, cancelled, retried or rescued ...
+    owner.enqueue("b/q", &job(3)).await.unwrap();
+    assert!(
+        a.claim_batch("b/q", "a-worker", 10, Duration::from_secs(60))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let forged = [Finished {
+        id: b_running,
+        attempt: b_attempt,
+        finish: Finish::Succeeded,
+    }];
+    assert!(a.finish_batch("b-worker", &forged).await.unwrap().is_empty());
+    assert!(
+        a.heartbeat("b-worker", &[(b_running, b_attempt)], Duration::from_secs(60))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        a.release("b-worker", &[(b_running, b_attempt)])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(matches!(a.cancel(b_running).await, Err(Error::NotFound(_))));
+    assert!(matches!(a.retry_dead(b_dead).await, Err(Error::NotFound(_))));
+    assert_eq!(a.rescue_expired(&["b/q".into()], 100).await.unwrap(), 0);
+    // ... enqueued into, depended on, paused or adopted.
+    assert!(matches!(a.enqueue("b/q", &job(4)).await, Err(Error::NotFound(_))));
+    assert!(a.enqueue("a/q", &job(5).depends_on([b_running])).await.is_err());
+    assert!(a.set_paused("b/q", true).await.is_err());
+    assert_eq!(a.adopt_queue("b/q", "a/stolen").await.unwrap(), None);
+
+    // b is as it was.
+    let running = owner.get(b_running).await.unwrap().unwrap();
+    assert_eq!(running.state.to_string(), "running");
+    assert_eq!(
+        owner.get(b_dead).await.unwrap().unwrap().state.to_string(),
+        "dead"
+    );
+    assert_eq!(owner.depth("b/q").await.unwrap().unwrap().ready, 1);
+    assert!(!owner.queue("b/q").await.unwrap().unwrap().paused);
+}
+
+#[tokio::test]
+async fn raw_sql_on_a_tenant_connection_cannot_reach_another_namespace_or_lift_the_limits() {
+    let (_pg, owner, a) = setup().await;
+    let b_job = owner.enqueue("b/q", &job(1)).await.unwrap().id;
+    owner
+        .claim_batch("b/q", "b-worker", 1, Duration::from_secs(60))
+        .await
+        .unwrap();
+    owner.enqueue("a/q", &job(2)).await.unwrap();
+    let mut conn = a.pool().acquire().await.unwrap();
+    let count = |sql: &'static str| sqlx::query_scalar::<_, i64>(sql);
+
+    assert_eq!(
+        count("SELECT count(*) FROM sluice.jobs")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM sluice.queues")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap(),
+        1
+    );
+    // Writes to b's rows match nothing.
+    for sql in [
+        "UPDATE sluice.jobs SET state = 'succeeded', finished_at = now(), lease_owner = NULL, lease_expires_at = NULL WHERE queue = 'b/q'",
+        "UPDATE sluice.jobs SET cancel_requested = true",
+        "DELETE FROM sluice.jobs WHERE queue <> 'a/q'",
+        "UPDATE sluice.queues SET paused = true WHERE name = 'b/q'",
+        "DELETE FROM sluice.queues WHERE name = 'b/q'",
+    ] {
+        let done = sqlx::query(sql).execute(&mut *conn).await.unwrap();
+        let touched_b = sql.contains("b/q") || sql.contains("<>");
+        assert!(!touched_b || done.rows_affected() == 0, "{sql}");
+    }
+    sqlx::query("UPDATE sluice.jobs SET cancel_requested = false")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    // Rows cannot be written into b's namespace, nor moved there.
+    let insert = "INSERT INTO sluice.jobs (id, queue, kind, payload, max_attempts) VALUES (gen_random_uuid(), 'b/q', 'x', '{}', 1)";
+    assert_eq!(
+        db_code(sqlx::query(insert).execute(&mut *conn).await).await,
+        "42501"
+    );
+    let moved = "UPDATE sluice.jobs SET queue = 'b/q' WHERE queue = 'a/q'";
+    assert_eq!(
+        db_code(sqlx::query(moved).execute(&mut *conn).await).await,
+        "42501"
+    );
+    let queue = "INSERT INTO sluice.queues (name) VALUES ('b/mine')";
+    assert_eq!(
+        db_code(sqlx::query(queue).execute(&mut *conn).await).await,
+        "42501"
+    );
+    let subscribe =
+        "INSERT INTO sluice.event_subscriptions (queue, subscriber, expires_at) VALUES ('b/q', 'x', now())";
+    assert_eq!(
+        db_code(sqlx::query(subscribe).execute(&mut *conn).await).await,
+        "42501"
+    );
+    let unprefixed = "INSERT INTO sluice.queues (name) VALUES ('global')";
+    assert_eq!(
+        db_code(sqlx::query(unprefixed).execute(&mut *conn).await).await,
+        "42501"
+    );
+    // The limits cannot be lifted: no other role, no owner's rights, no bypass, no new tenant row.
+    for sql in [
+        "SET ROLE postgres",
+        "SET ROLE sluice_tenant_b",
+        "SET SESSION AUTHORIZATION postgres",
+        "ALTER TABLE sluice.jobs DISABLE ROW LEVEL SECURITY",
+        "DROP POLICY jobs_tenant ON sluice.jobs",
+        "UPDATE sluice.tenants SET namespace = 'b'",
+        "INSERT INTO sluice.tenants (role_name, namespace) VALUES ('sluice_tenant_a', 'b')",
+        "CREATE FUNCTION sluice.tenant_prefix_2() RETURNS text LANGUAGE sql AS $$ SELECT '' $$",
+        "CREATE OR REPLACE FUNCTION sluice.tenant_prefix() RETURNS text LANGUAGE sql AS $$ SELECT '' $$",
+        "SELECT sluice.ensure_tenant('sluice_tenant_a', 'b', 'x')",
+        "ALTER ROLE sluice_tenant_a BYPASSRLS",
+    ] {
+        let code = db_code(sqlx::query(sql).execute(&mut *conn).await).await;
+        assert!(
+            ["42501", "42P01", "42883", "SL409"].contains(&code.as_str()),
+            "{sql}: {code}"
+        );
+    }
+    // RESET ROLE is no way out: the tenant logged in as itself.
+    sqlx::query("RESET ROLE").execute(&mut *conn).await.unwrap();
+    assert_eq!(
+        count("SELECT count(*) FROM sluice.jobs")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap(),
+        1
+    );
+    // Turning row security off makes queries fail rather than see more.
+    sqlx::query("SET row_security = off")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        db_code(
+            count("SELECT count(*) FROM sluice.jobs")
+                .fetch_one(&mut *conn)
+                .await
+        )
+        .await,
+        "42501"
+    );
+    drop(conn);
+
+    // b's job is untouched, and the owner still sees every namespace.
+    let b = owner.get(b_job).await.unwrap().unwrap();
+    assert_eq!(
+        (b.state.to_string(), b.cancel_requested),
+        ("running".into(), false)
+    );
+    let all: i64 = sqlx::query_scalar("SELECT count(*) FROM sluice.jobs")
+        .fetch_one(owner.pool())
+        .await
+        .unwrap();
+    assert_eq!(all, 2);
+    assert!(!owner.queue("b/q").await.unwrap().unwrap().paused);
+}
+
+#[tokio::test]
+async fn a_tenant_role_is_not_taken_from_elsewhere() {
+    let (_pg, owner, _a) = setup().await;
+    sqlx::query("CREATE ROLE app LOGIN")
+        .execute(owner.pool())
+        .await
+        .unwrap();
+    // A role that exists and is no tenant is not turned into one; a namespace keeps its one role.
+    assert!(matches!(
+        owner.ensure_tenant("app", "c", "p").await,
+        Err(Error::Conflict(_))
+    ));
+    assert!(matches!(
+        owner.ensure_tenant("sluice_tenant_other", "a", "p").await,
+        Err(Error::Conflict(_))
+    ));
+    // A role that is no tenant keeps what its grants give it (here: nothing; the owner everything).
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM sluice.queues")
+        .fetch_one(owner.pool())
+        .await
+        .unwrap();
+    assert_eq!(n, 2);
+}
