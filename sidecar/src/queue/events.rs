@@ -14,9 +14,10 @@
 //! A job stream starts with the job's current state read from the table, then sends each change, in
 //! commit order, skipping those the read already saw (by the snapshot it was read under), and ends after
 //! a terminal state. A stream whose client reads too slowly to keep up (its channel overflowed), and
-//! every stream when the LISTEN connection was lost and re-established, resyncs from the table: it sends
-//! the job's state as it is now if it differs from what it sent last. Nothing a client does holds up any
-//! other stream. Comments (`: keep-alive`) every [`KEEP_ALIVE`] keep proxies from closing quiet streams.
+//! every stream when the LISTEN connection was lost and re-established or a renewal of the subscription
+//! rows failed (they may have expired meanwhile), resyncs from the table: it sends the job's state as it
+//! is now if it differs from what it sent last. Nothing a client does holds up any other stream.
+//! Comments (`: keep-alive`) every [`KEEP_ALIVE`] keep proxies from closing quiet streams.
 
 use std::{
     collections::HashMap,
@@ -332,6 +333,7 @@ async fn renew(shared: Arc<Shared>) {
     let mut tick = tokio::time::interval(RENEW_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut had_rows = true;
+    let mut failed = false;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -346,8 +348,17 @@ async fn renew(shared: Arc<Shared>) {
             .subscribe_events(&shared.subscriber, &queues, SUBSCRIPTION_TTL)
             .await
         {
-            Ok(()) => had_rows = !queues.is_empty(),
-            Err(e) => tracing::warn!(error = %e, "renewing job event subscriptions failed"),
+            Ok(()) => {
+                had_rows = !queues.is_empty();
+                // The rows may have expired meanwhile, and changes gone unnotified: read the table.
+                if std::mem::take(&mut failed) {
+                    shared.resync_all();
+                }
+            }
+            Err(e) => {
+                failed = true;
+                tracing::warn!(error = %e, "renewing job event subscriptions failed");
+            }
         }
     }
     // Stopped: drop this process's rows at once rather than leave them to expire.
