@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
 /// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
 /// which the workspace does not enable).
-const MIGRATIONS: [(i64, &str, &str); 13] = [
+const MIGRATIONS: [(i64, &str, &str); 14] = [
     (
         1,
         "queue tables",
@@ -80,6 +80,11 @@ const MIGRATIONS: [(i64, &str, &str); 13] = [
         13,
         "row level security",
         include_str!("../../migrations/0013_row_level_security.sql"),
+    ),
+    (
+        14,
+        "tenant hardening",
+        include_str!("../../migrations/0014_tenant_hardening.sql"),
     ),
 ];
 

@@ -156,7 +156,11 @@ async fn a_tenant_runs_its_own_queues_and_sees_nothing_of_another_namespace() {
     assert!(matches!(a.enqueue("b/q", &job(4)).await, Err(Error::NotFound(_))));
     assert!(a.enqueue("a/q", &job(5).depends_on([b_running])).await.is_err());
     assert!(a.set_paused("b/q", true).await.is_err());
-    assert_eq!(a.adopt_queue("b/q", "a/stolen").await.unwrap(), None);
+    // Adopting is the owner's alone (it locks the jobs table for every namespace).
+    assert!(matches!(
+        a.adopt_queue("b/q", "a/stolen").await,
+        Err(Error::Database(sqlx::Error::Database(e))) if e.code().as_deref() == Some("42501")
+    ));
 
     // b is as it was.
     let running = owner.get(b_running).await.unwrap().unwrap();
@@ -319,4 +323,65 @@ async fn a_tenant_role_is_not_taken_from_elsewhere() {
         .await
         .unwrap();
     assert_eq!(n, 2);
+}
+
+#[tokio::test]
+async fn a_tenant_that_may_create_objects_cannot_shadow_what_the_policies_call() {
+    let (_pg, owner, a) = setup().await;
+    owner.enqueue("b/q", &job(1)).await.unwrap();
+    owner.enqueue("a/q", &job(2)).await.unwrap();
+    // As `public` is on PostgreSQL 14 and older: a schema the tenant may create objects in.
+    sqlx::raw_sql("CREATE SCHEMA scratch; GRANT USAGE, CREATE ON SCHEMA scratch TO sluice_tenant_a")
+        .execute(owner.pool())
+        .await
+        .unwrap();
+    let mut conn = a.pool().acquire().await.unwrap();
+    // Its own `text || text` that yields '', searched before pg_catalog: were the policies' prefix
+    // built with it, the prefix would be '' and every namespace's rows would match.
+    sqlx::raw_sql(
+        "CREATE FUNCTION scratch.empty(text, text) RETURNS text LANGUAGE sql AS $$ SELECT ''::text $$; \
+         CREATE OPERATOR scratch.|| (LEFTARG = text, RIGHTARG = text, FUNCTION = scratch.empty); \
+         SET search_path = scratch, pg_catalog",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    let shadowed: String = sqlx::query_scalar("SELECT 'a'::text || '/'::text")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(shadowed, "", "the operator is in effect in this session");
+    let visible: i64 = sqlx::query_scalar("SELECT count(*) FROM sluice.jobs")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(visible, 1, "the tenant still sees its own job only");
+
+    // Nor can it adopt queues (a lock on the whole jobs table) or make tenants.
+    for sql in [
+        "SELECT sluice.adopt_queue('a/q', 'a/r')",
+        "SELECT sluice.ensure_tenant('sluice_tenant_a', 'a', 'x')",
+    ] {
+        assert_eq!(
+            db_code(sqlx::query(sql).execute(&mut *conn).await).await,
+            "42501",
+            "{sql}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_tenant_role_stays_with_its_namespace() {
+    let (_pg, owner, _a) = setup().await;
+    // a's role named for namespace c: refused (before, a's password was reset and the call answered ok).
+    assert!(matches!(
+        owner.ensure_tenant("sluice_tenant_a", "c", "other").await,
+        Err(Error::Conflict(_))
+    ));
+    let namespace: String =
+        sqlx::query_scalar("SELECT namespace FROM sluice.tenants WHERE role_name = 'sluice_tenant_a'")
+            .fetch_one(owner.pool())
+            .await
+            .unwrap();
+    assert_eq!(namespace, "a");
 }

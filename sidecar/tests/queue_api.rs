@@ -695,3 +695,55 @@ async fn an_api_in_a_namespace_names_its_queues_without_it_in_paths() {
         .collect();
     assert_eq!(names, ["shop/emails"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_in_a_namespace_without_a_queue_list_reaches_no_other_namespace() {
+    let (_pg, pool) = pg().await;
+    let store = QueueStore::new(pool);
+    queue(&store, "shop/emails").await;
+    queue(&store, "blog/emails").await;
+    let theirs = store
+        .enqueue(
+            "blog/emails",
+            &serde_json::from_value(json!({"kind": "welcome", "payload": {}})).unwrap(),
+        )
+        .await
+        .unwrap()
+        .id;
+    let api = Api::serve(api::ApiState::new(store.clone()).in_namespace(Some("shop"))).await;
+
+    // A full name of another namespace, percent-encoded into one path segment: refused, nothing changed.
+    for (method, path, body) in [
+        (Method::GET, "/v1/queues/blog%2Femails", json!(null)),
+        (
+            Method::POST,
+            "/v1/queues/blog%2Femails/jobs",
+            json!({"kind": "k", "payload": {}}),
+        ),
+        (Method::POST, "/v1/queues/blog%2Femails/pause", json!({})),
+    ] {
+        let body = if body.is_null() {
+            vec![]
+        } else {
+            body.to_string().into_bytes()
+        };
+        let (status, answer) = api.call(method, path, &[], body).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {answer}");
+        assert!(answer.to_string().contains("namespace"), "{answer}");
+    }
+    assert_eq!(store.depth("blog/emails").await.unwrap().unwrap().ready, 1);
+    assert!(!store.queue("blog/emails").await.unwrap().unwrap().paused);
+    // Their jobs read as unknown, and the queue list shows this namespace's queues only.
+    assert_eq!(
+        api.get(&format!("/v1/jobs/{theirs}")).await.0,
+        StatusCode::NOT_FOUND
+    );
+    let (_, all) = api.get("/v1/queues").await;
+    let names: Vec<_> = all["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["queue"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(names, ["shop/emails"]);
+}

@@ -41,6 +41,11 @@ impl Rbac {
 impl Reviews for Rbac {
     fn review_token<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<TokenAnswer, Unavailable>> {
         Box::pin(async move {
+            if token == "unreachable" {
+                return Err(Unavailable(
+                    "connect to 10.96.0.1:443: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt".into(),
+                ));
+            }
             Ok(match token.strip_prefix("t-") {
                 Some(sa) => TokenAnswer::Valid(User::service_account("shop", sa)),
                 None => TokenAnswer::Invalid("invalid bearer token".into()),
@@ -181,6 +186,18 @@ async fn callers_without_a_valid_token_or_the_right_get_401_or_403_and_change_no
         body["error"]["message"],
         "system:serviceaccount:shop:web may not create jobqueues/jobs of JobQueue \"reports\" in \
          namespace \"shop\" (group sluice.dev): grant it with a Role and RoleBinding in namespace \"shop\""
+    );
+
+    // An API server that cannot be asked: 503, and the details stay in the sidecar's log.
+    let (status, _, body) = api
+        .call(Method::POST, "/v1/queues/emails/jobs", Some("unreachable"), job())
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body["error"]["code"], "auth_unavailable");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("could not ask the Kubernetes API server") && !message.contains("/var/run"),
+        "{message}"
     );
 
     // A token the API server does not accept: 401 with a Bearer challenge, naming why.

@@ -1,5 +1,6 @@
 //! Job and queue status over Server-Sent Events, on a real PostgreSQL: a job stream sends the current
-//! state, then every change in order, and ends after the terminal one; it resyncs after the LISTEN
+//! state, then every change (read from the table, not believed from a notification), and ends after
+//! the terminal one; it resyncs after the LISTEN
 //! connection is lost; queue streams share one counts reader; scoping and bad input answer like the
 //! rest of the API; the database notifies only while someone streams the queue.
 
@@ -150,6 +151,36 @@ async fn finish(store: &QueueStore, id: Uuid, attempt: i32, finish: Finish) {
         .await
         .unwrap();
     assert_eq!(done.len(), 1);
+}
+
+#[tokio::test]
+async fn a_forged_notification_neither_ends_a_job_stream_nor_shows_a_state_the_job_is_not_in() {
+    let (_pg, pool) = pg().await;
+    let store = QueueStore::new(pool);
+    queue(&store, "mail").await;
+    let id = enqueue(&store, "mail").await;
+    let api = Api::start(api::ApiState::new(store.clone())).await;
+    let (_, mut s) = api.open(&format!("/v1/queues/mail/jobs/{id}/events")).await;
+    assert_eq!(state_of(&s.next().await.unwrap()).1, "pending");
+
+    // Any role may notify on the channel: claim the job succeeded, in a transaction of the future.
+    let forged =
+        json!({"id": id, "queue": "mail", "state": "succeeded", "attempt": 1, "xid": "999999999999"});
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(JOB_EVENTS_CHANNEL)
+        .bind(forged.to_string())
+        .execute(store.pool())
+        .await
+        .unwrap();
+    // The stream sends what the table says next, and stays open.
+    let attempt = claim(&store, "mail").await;
+    assert_eq!(state_of(&s.next().await.unwrap()).1, "running");
+    finish(&store, id, attempt, Finish::Succeeded).await;
+    assert_eq!(state_of(&s.next().await.unwrap()).1, "succeeded");
+    assert!(
+        s.next().await.is_none(),
+        "the stream ends after the real terminal state"
+    );
 }
 
 #[tokio::test]

@@ -106,8 +106,16 @@ impl ApiState {
         self
     }
 
+    /// Whether this API serves `queue` (a full name): one of its queues, and in its namespace when it has
+    /// one. A sidecar with a namespace and no list serves that namespace's queues, never another's.
     fn serves(&self, queue: &str) -> bool {
-        self.queues.as_ref().is_none_or(|q| q.contains(queue))
+        self.in_own_namespace(queue) && self.queues.as_ref().is_none_or(|q| q.contains(queue))
+    }
+
+    fn in_own_namespace(&self, queue: &str) -> bool {
+        self.namespace
+            .as_deref()
+            .is_none_or(|ns| queue.strip_prefix(ns).is_some_and(|rest| rest.starts_with('/')))
     }
 
     /// `queue`'s name within this API's namespace (`shop/emails` → `emails`): the JobQueue name callers
@@ -123,6 +131,16 @@ impl ApiState {
     /// The queue a path names, in this API's namespace; 403 unless this API serves it.
     pub(super) fn check_queue(&self, queue: &str) -> ApiResult<String> {
         let queue = queue_in_namespace(self.namespace.as_deref(), queue);
+        if !self.in_own_namespace(&queue) {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!(
+                    "queue {queue:?} is not in this sidecar's namespace {:?}: name a queue of it",
+                    self.namespace.as_deref().unwrap_or_default()
+                ),
+            ));
+        }
         match &self.queues {
             Some(served) if !served.contains(&queue) => Err(ApiError::new(
                 StatusCode::FORBIDDEN,
@@ -235,7 +253,15 @@ impl IntoResponse for ApiError {
 impl From<Refusal> for ApiError {
     fn from(r: Refusal) -> Self {
         if let Refusal::Unavailable(m) = &r {
+            // The details (the API server's words, file paths) go to the log, not to a caller who may not
+            // even be authenticated yet.
             tracing::warn!(error = %m, "queue api: the API server could not check a caller");
+            return Self::new(
+                r.status(),
+                r.code(),
+                "the sidecar could not ask the Kubernetes API server to check this request; try again \
+                 (the sidecar's log says why)",
+            );
         }
         Self::new(r.status(), r.code(), r.message())
     }

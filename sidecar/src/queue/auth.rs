@@ -583,11 +583,17 @@ pub fn token_answer(status: &Value) -> TokenAnswer {
         let why = status["error"].as_str().unwrap_or("not authenticated");
         return TokenAnswer::Invalid(why.to_owned());
     }
-    // When the review names audiences, the answer's are those the token is valid for.
-    if let Some(audiences) = status["audiences"].as_array()
-        && !audiences.iter().any(|a| a == API_TOKEN_AUDIENCE)
-    {
-        return TokenAnswer::Invalid(format!("the token's audiences {audiences:?} do not include it"));
+    // The review named our audience, so the answer lists those the token is valid for. An answer without
+    // them would mean the API server's own audience (TokenReviewStatus.audiences: "an empty list ...
+    // implies the audience of the API server"): a token for the API server is not one for Sluice.
+    let audiences = status["audiences"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    if !audiences.iter().any(|a| a == API_TOKEN_AUDIENCE) {
+        return TokenAnswer::Invalid(format!(
+            "the token's audiences {audiences:?} do not include {API_TOKEN_AUDIENCE:?}"
+        ));
     }
     let u = &status["user"];
     let strings = |v: &Value| -> Vec<String> {
@@ -864,6 +870,8 @@ mod tests {
         let wrong =
             json!({"authenticated": true, "audiences": ["https://kubernetes.default.svc"], "user": {}});
         assert!(matches!(token_answer(&wrong), TokenAnswer::Invalid(m) if m.contains("audiences")));
+        let unnamed = json!({"authenticated": true, "user": {"username": "system:serviceaccount:a:b"}});
+        assert!(matches!(token_answer(&unnamed), TokenAnswer::Invalid(m) if m.contains("audiences")));
         let bad = json!({"authenticated": false, "error": "[invalid bearer token, token audiences [\"api\"] is invalid for the target audiences [\"sluice\"]]"});
         assert!(matches!(token_answer(&bad), TokenAnswer::Invalid(m) if m.contains("invalid bearer token")));
     }

@@ -11,9 +11,11 @@
 //! - queue streams share one ticker per queue, which reads the queue's depth once a second however many
 //!   streams are open, and publishes it on a `watch` channel: every stream sends the latest counts.
 //!
-//! A job stream starts with the job's current state read from the table, then sends each change, in
-//! commit order, skipping those the read already saw (by the snapshot it was read under), and ends after
-//! a terminal state. A stream whose client reads too slowly to keep up (its channel overflowed), and
+//! A job stream starts with the job's current state read from the table; each notification for the job
+//! that the last read did not already see (by the snapshot it was read under) makes it read the job
+//! again and send the state if it changed; it ends after a terminal state. The notification's own
+//! content is never sent: any role may `pg_notify` on the channel. A state shorter-lived than a read is
+//! folded into the next. A stream whose client reads too slowly to keep up (its channel overflowed), and
 //! every stream when the LISTEN connection was lost and re-established or a renewal of the subscription
 //! rows failed (they may have expired meanwhile), resyncs from the table: it sends the job's state as it
 //! is now if it differs from what it sent last. Nothing a client does holds up any other stream.
@@ -461,10 +463,13 @@ impl JobWatch {
                     Ok(Msg::Resync)
                 }
             };
+            // A notification only says that the job changed, never what it is now: any role may
+            // `pg_notify` on the channel, so its payload could be forged (a job "succeeded" to end the
+            // stream). What the stream sends is read from the table; a notification the last read
+            // already reflects costs nothing.
             let (state, attempt) = match msg {
-                Ok(Msg::Change(c)) if !self.snapshot.saw(&c.xid) => (c.state, c.attempt),
-                Ok(Msg::Change(_)) => continue,
-                Ok(Msg::Resync) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                Ok(Msg::Change(c)) if self.snapshot.saw(&c.xid) => continue,
+                Ok(Msg::Change(_) | Msg::Resync) | Err(broadcast::error::RecvError::Lagged(_)) => {
                     match self.guard.shared.store.job_status(self.id).await {
                         Ok(Some(s)) if s.queue == self.queue => {
                             self.snapshot = s.snapshot;
