@@ -11,14 +11,17 @@
 //!    (enqueue), `get` (a job, a queue's depth), `list` (a queue's jobs) or `update` (cancel, retry), and
 //!    subresource `settings` with verb `update` (settings, pause, resume). Refused: 403.
 //!
-//! Answers are cached, bounded ([`CACHE_CAPACITY`] entries each): a token's review by the SHA-256 of
-//! the token (never the token itself), accepted for [`ALLOW_TTL`], rejected for [`DENY_TTL`]; a
-//! decision likewise. An API server that cannot be asked is 503 and nothing is cached. Tokens are never
-//! logged.
+//! Answers are cached: a token's review by the SHA-256 of the token (never the token itself), accepted
+//! for [`ALLOW_TTL`], rejected for [`DENY_TTL`]; a decision likewise. Accepted and refused answers are
+//! kept apart, each bounded ([`CACHE_CAPACITY`] accepted, [`DENIED_CAPACITY`] refused; when full, the
+//! expired go first, then the oldest), so a flood of made-up tokens never pushes out the callers that
+//! were let in. Identical reviews in flight are asked once, and at most [`REVIEW_CONCURRENCY`] reviews
+//! run at a time: a caller that cannot start one within [`REVIEW_WAIT`] gets 503. An API server that
+//! cannot be asked is 503 and nothing is cached. Tokens are never logged.
 //!
 //! The API server is reached with the pod's credentials ([`ApiServer::in_cluster`]: the
-//! `KUBERNETES_SERVICE_*` variables and the files in [`SERVICE_ACCOUNT_DIR`]), over one TLS connection
-//! per review; the sidecar's ServiceAccount needs `create` on `tokenreviews` and
+//! `KUBERNETES_SERVICE_*` variables and the files in [`SERVICE_ACCOUNT_DIR`]), over TLS connections
+//! kept open and reused (at most [`REVIEW_CONCURRENCY`] idle); the sidecar's ServiceAccount needs `create` on `tokenreviews` and
 //! `subjectaccessreviews` (docs/security.md, "The queue API's callers").
 
 use std::{
@@ -31,7 +34,10 @@ use std::{
 };
 
 use bytes::Bytes;
-use futures::future::BoxFuture;
+use futures::{
+    StreamExt,
+    future::{BoxFuture, FutureExt, Shared},
+};
 use http::{Method, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use rustls::{ClientConfig, RootCertStore, pki_types::CertificateDer, pki_types::ServerName};
@@ -45,8 +51,16 @@ pub const ALLOW_TTL: Duration = Duration::from_secs(10);
 /// How long a rejected token or a denied decision is reused (shorter: a fixed RoleBinding takes effect
 /// soon).
 pub const DENY_TTL: Duration = Duration::from_secs(5);
-/// Most answers kept in each cache.
+/// Most accepted tokens, and most allowed decisions, kept.
 pub const CACHE_CAPACITY: usize = 4096;
+/// Most rejected tokens, and most denied decisions, kept (apart from the accepted ones).
+pub const DENIED_CAPACITY: usize = 1024;
+/// Most reviews asked of the API server at once, by one sidecar.
+pub const REVIEW_CONCURRENCY: usize = 8;
+/// How long a request waits for one of the [`REVIEW_CONCURRENCY`] reviews before it is answered 503.
+pub const REVIEW_WAIT: Duration = Duration::from_secs(2);
+/// Most reviews one request for the queue list runs at once.
+pub const LIST_REVIEW_CONCURRENCY: usize = 4;
 /// Where a pod's ServiceAccount credentials are mounted (`token`, `ca.crt`, `namespace`).
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 /// The API group of the JobQueues whose subresources callers are authorized on.
@@ -211,6 +225,9 @@ pub struct Origin<'a> {
     pub local: SocketAddr,
 }
 
+/// What time it is, for the caches' expiry: [`Instant::now`], or a hand-moved clock in tests.
+pub type Clock = Arc<dyn Fn() -> Instant + Send + Sync>;
+
 /// The queue API's gatekeeper: authenticates and authorizes with a [`Reviews`], caching the answers.
 pub struct Authenticator {
     reviews: Arc<dyn Reviews>,
@@ -218,8 +235,13 @@ pub struct Authenticator {
     pod_account: Option<User>,
     loopback: LoopbackCallers,
     job_queues: BTreeMap<String, String>,
-    tokens: TtlCache<[u8; 32], TokenAnswer>,
-    decisions: TtlCache<(User, Access), Decision>,
+    clock: Clock,
+    tokens: Answers<[u8; 32], TokenAnswer>,
+    decisions: Answers<(User, Access), Decision>,
+    token_flights: Flights<[u8; 32], Result<TokenAnswer, Unavailable>>,
+    decision_flights: Flights<(User, Access), Result<Decision, Unavailable>>,
+    limit: Arc<tokio::sync::Semaphore>,
+    wait: Duration,
 }
 
 impl std::fmt::Debug for Authenticator {
@@ -248,8 +270,39 @@ impl Authenticator {
             namespace,
             loopback,
             job_queues: BTreeMap::new(),
-            tokens: TtlCache::new(CACHE_CAPACITY),
-            decisions: TtlCache::new(CACHE_CAPACITY),
+            clock: Arc::new(Instant::now),
+            tokens: Answers::new(),
+            decisions: Answers::new(),
+            token_flights: Flights::default(),
+            decision_flights: Flights::default(),
+            limit: Arc::new(tokio::sync::Semaphore::new(REVIEW_CONCURRENCY)),
+            wait: REVIEW_WAIT,
+        }
+    }
+
+    /// Reads the time from `clock` (tests move it by hand).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Runs at most `concurrency` reviews at once; a request waits `wait` for one before it is 503.
+    pub fn with_review_limit(mut self, concurrency: usize, wait: Duration) -> Self {
+        self.limit = Arc::new(tokio::sync::Semaphore::new(concurrency));
+        self.wait = wait;
+        self
+    }
+
+    /// A permit to ask the API server, or 503-worthy [`Unavailable`] after waiting `wait`.
+    async fn permit(
+        limit: Arc<tokio::sync::Semaphore>,
+        wait: Duration,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, Unavailable> {
+        match tokio::time::timeout(wait, limit.acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            _ => Err(Unavailable(format!(
+                "too many reviews of callers in flight at once (none free within {wait:?}); retry"
+            ))),
         }
     }
 
@@ -323,20 +376,25 @@ impl Authenticator {
                 Refusal::Unauthenticated("the Authorization header is not `Bearer <token>`".into())
             })?;
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        let answer = match self.tokens.get(&key) {
+        let answer = match self.tokens.get(&key, (self.clock)()) {
             Some(answer) => answer,
             None => {
-                let answer = self
-                    .reviews
-                    .review_token(token)
-                    .await
-                    .map_err(|e| Refusal::Unavailable(format!("the token could not be checked: {e}")))?;
-                let ttl = match answer {
-                    TokenAnswer::Valid(_) => ALLOW_TTL,
-                    TokenAnswer::Invalid(_) => DENY_TTL,
+                let reviews = self.reviews.clone();
+                let token = token.to_owned();
+                let permit = Self::permit(self.limit.clone(), self.wait);
+                let ask = async move {
+                    let _permit = permit.await?;
+                    reviews.review_token(&token).await
                 };
-                self.tokens.insert(key, answer.clone(), ttl);
-                answer
+                self.token_flights
+                    .run(key, ask.boxed(), |answer| {
+                        if let Ok(answer) = answer {
+                            let allowed = matches!(answer, TokenAnswer::Valid(_));
+                            self.tokens.insert(key, answer.clone(), allowed, (self.clock)());
+                        }
+                    })
+                    .await
+                    .map_err(|e| Refusal::Unavailable(format!("the token could not be checked: {e}")))?
             }
         };
         match answer {
@@ -383,20 +441,40 @@ impl Authenticator {
         }
     }
 
+    /// Whether `user` may do each of `accesses` (on queues), in order, with at most
+    /// [`LIST_REVIEW_CONCURRENCY`] reviews of this call at once.
+    pub async fn decide_all(&self, user: &User, accesses: Vec<Access>) -> Result<Vec<Decision>, Refusal> {
+        futures::stream::iter(accesses)
+            .map(|access| async move { self.decide(user, &access).await })
+            .buffered(LIST_REVIEW_CONCURRENCY)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect()
+    }
+
     /// Whether `user` may do `access` (on a JobQueue; cached).
     async fn review(&self, user: &User, access: &Access) -> Result<Decision, Refusal> {
         let key = (user.clone(), access.clone());
-        if let Some(d) = self.decisions.get(&key) {
+        if let Some(d) = self.decisions.get(&key, (self.clock)()) {
             return Ok(d);
         }
-        let decision = self
-            .reviews
-            .review_access(user, &self.namespace, access)
+        let reviews = self.reviews.clone();
+        let (who, what, namespace) = (user.clone(), access.clone(), self.namespace.clone());
+        let permit = Self::permit(self.limit.clone(), self.wait);
+        let ask = async move {
+            let _permit = permit.await?;
+            reviews.review_access(&who, &namespace, &what).await
+        };
+        self.decision_flights
+            .run(key.clone(), ask.boxed(), |decision| {
+                if let Ok(d) = decision {
+                    self.decisions
+                        .insert(key.clone(), d.clone(), d.allowed, (self.clock)());
+                }
+            })
             .await
-            .map_err(|e| Refusal::Unavailable(format!("the request could not be authorized: {e}")))?;
-        let ttl = if decision.allowed { ALLOW_TTL } else { DENY_TTL };
-        self.decisions.insert(key, decision.clone(), ttl);
-        Ok(decision)
+            .map_err(|e| Refusal::Unavailable(format!("the request could not be authorized: {e}")))
     }
 }
 
@@ -407,7 +485,12 @@ pub struct ApiServer {
     port: u16,
     token_file: PathBuf,
     tls: Arc<ClientConfig>,
+    /// Connections open and free for the next review (at most [`REVIEW_CONCURRENCY`]).
+    idle: Mutex<Vec<Connection>>,
 }
+
+/// One HTTP/1.1 connection to the API server, over TLS.
+type Connection = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 
 impl ApiServer {
     /// The API server at `url` (`https://host:port`), trusting the PEM certificates in `ca_pem`, with the
@@ -441,6 +524,7 @@ impl ApiServer {
             port: uri.port_u16().unwrap_or(443),
             token_file: token_file.into(),
             tls: Arc::new(tls),
+            idle: Mutex::default(),
         })
     }
 
@@ -474,6 +558,34 @@ impl ApiServer {
         }
     }
 
+    /// A kept connection ready for a request, if any.
+    async fn idle_connection(&self) -> Option<Connection> {
+        loop {
+            let mut send = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
+            if !send.is_closed() && send.ready().await.is_ok() {
+                return Some(send);
+            }
+        }
+    }
+
+    /// A new TLS connection to the API server.
+    async fn connect(&self) -> Result<Connection, Unavailable> {
+        let fail = |what: &str, e: &dyn std::fmt::Display| Unavailable(format!("{what}: {e}"));
+        let tcp = tokio::net::TcpStream::connect((self.host.as_str(), self.port))
+            .await
+            .map_err(|e| fail("connecting to the API server", &e))?;
+        let name = ServerName::try_from(self.host.clone()).map_err(|e| fail("API server name", &e))?;
+        let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
+            .connect(name, tcp)
+            .await
+            .map_err(|e| fail("TLS to the API server", &e))?;
+        let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .map_err(|e| fail("HTTP to the API server", &e))?;
+        tokio::spawn(conn);
+        Ok(send)
+    }
+
     /// POSTs `body` to `path` and returns the answer's JSON.
     async fn create(&self, path: &str, body: Value) -> Result<Value, Unavailable> {
         tokio::time::timeout(REVIEW_TIMEOUT, self.create_now(path, body))
@@ -485,37 +597,53 @@ impl ApiServer {
         let fail = |what: &str, e: &dyn std::fmt::Display| Unavailable(format!("{what}: {e}"));
         let token = std::fs::read_to_string(&self.token_file)
             .map_err(|e| fail(&format!("reading {}", self.token_file.display()), &e))?;
-        let tcp = tokio::net::TcpStream::connect((self.host.as_str(), self.port))
-            .await
-            .map_err(|e| fail("connecting to the API server", &e))?;
-        let name = ServerName::try_from(self.host.clone()).map_err(|e| fail("API server name", &e))?;
-        let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
-            .connect(name, tcp)
-            .await
-            .map_err(|e| fail("TLS to the API server", &e))?;
-        let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
-            .await
-            .map_err(|e| fail("HTTP to the API server", &e))?;
-        tokio::spawn(conn);
-        let request = http::Request::builder()
-            .method(Method::POST)
-            .uri(path)
-            .header(http::header::HOST, self.authority())
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .header(http::header::ACCEPT, "application/json")
-            .header(http::header::AUTHORIZATION, format!("Bearer {}", token.trim()))
-            .body(Full::new(Bytes::from(body.to_string())))
-            .map_err(|e| fail("building the request", &e))?;
-        let answer = send
-            .send_request(request)
-            .await
-            .map_err(|e| fail("the API server", &e))?;
+        let request = || {
+            http::Request::builder()
+                .method(Method::POST)
+                .uri(path)
+                .header(http::header::HOST, self.authority())
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .header(http::header::ACCEPT, "application/json")
+                .header(http::header::AUTHORIZATION, format!("Bearer {}", token.trim()))
+                .body(Full::new(Bytes::from(body.to_string())))
+                .map_err(|e| fail("building the request", &e))
+        };
+        // A kept connection the API server closed meanwhile fails before an answer: the review (which
+        // changes nothing) is then asked once more on a new connection.
+        let (send, answer) = match self.idle_connection().await {
+            Some(mut send) => match send.send_request(request()?).await {
+                Ok(answer) => (send, answer),
+                Err(_) => {
+                    let mut send = self.connect().await?;
+                    let answer = send
+                        .send_request(request()?)
+                        .await
+                        .map_err(|e| fail("the API server", &e))?;
+                    (send, answer)
+                }
+            },
+            None => {
+                let mut send = self.connect().await?;
+                let answer = send
+                    .send_request(request()?)
+                    .await
+                    .map_err(|e| fail("the API server", &e))?;
+                (send, answer)
+            }
+        };
         let status = answer.status();
         let bytes = Limited::new(answer.into_body(), MAX_ANSWER_BYTES)
             .collect()
             .await
             .map_err(|e| fail("reading the API server's answer", &*e))?
             .to_bytes();
+        // The answer was read to its end: the connection is free for the next review.
+        if !send.is_closed() {
+            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            if idle.len() < REVIEW_CONCURRENCY {
+                idle.push(send);
+            }
+        }
         let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         if !status.is_success() {
             let message = value["message"].as_str().unwrap_or("no message");
@@ -612,14 +740,80 @@ pub fn token_answer(status: &Value) -> TokenAnswer {
     })
 }
 
+/// Identical reviews in flight, asked once: the first caller starts the review, later ones await the
+/// same answer.
+struct Flights<K, V: Clone> {
+    running: Mutex<HashMap<K, Shared<BoxFuture<'static, V>>>>,
+}
+
+impl<K, V: Clone> Default for Flights<K, V> {
+    fn default() -> Self {
+        Self {
+            running: Mutex::default(),
+        }
+    }
+}
+
+impl<K: Eq + Hash + Clone, V: Clone> Flights<K, V> {
+    /// The answer of the review in flight for `key`, or of `ask` started now; `done` sees it (to cache
+    /// it) before the review stops being in flight.
+    async fn run(&self, key: K, ask: BoxFuture<'static, V>, done: impl FnOnce(&V)) -> V {
+        let flight = {
+            let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+            running.entry(key.clone()).or_insert_with(|| ask.shared()).clone()
+        };
+        let answer = flight.clone().await;
+        done(&answer);
+        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        if running.get(&key).is_some_and(|f| f.ptr_eq(&flight)) {
+            running.remove(&key);
+        }
+        answer
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.running.lock().unwrap().len()
+    }
+}
+
+/// Answers kept apart by whether they let the caller in, so refusals only ever push out refusals.
+struct Answers<K, V> {
+    allowed: TtlCache<K, V>,
+    denied: TtlCache<K, V>,
+}
+
+impl<K: Eq + Hash + Clone, V: Clone> Answers<K, V> {
+    fn new() -> Self {
+        Self {
+            allowed: TtlCache::new(CACHE_CAPACITY),
+            denied: TtlCache::new(DENIED_CAPACITY),
+        }
+    }
+
+    fn get(&self, key: &K, now: Instant) -> Option<V> {
+        self.allowed.get(key, now).or_else(|| self.denied.get(key, now))
+    }
+
+    fn insert(&self, key: K, value: V, allowed: bool, now: Instant) {
+        if allowed {
+            self.denied.remove(&key);
+            self.allowed.insert(key, value, ALLOW_TTL, now);
+        } else {
+            self.allowed.remove(&key);
+            self.denied.insert(key, value, DENY_TTL, now);
+        }
+    }
+}
+
 /// A small map whose entries expire. Bounded: when full, expired entries are dropped, and if none are,
-/// everything is (the next requests ask again).
+/// the oldest (all entries of one cache live equally long).
 struct TtlCache<K, V> {
     entries: Mutex<HashMap<K, (Instant, V)>>,
     capacity: usize,
 }
 
-impl<K: Eq + Hash, V: Clone> TtlCache<K, V> {
+impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
     fn new(capacity: usize) -> Self {
         Self {
             entries: Mutex::default(),
@@ -627,24 +821,35 @@ impl<K: Eq + Hash, V: Clone> TtlCache<K, V> {
         }
     }
 
-    fn get(&self, key: &K) -> Option<V> {
+    fn get(&self, key: &K, now: Instant) -> Option<V> {
         let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         entries
             .get(key)
-            .filter(|(expires, _)| Instant::now() < *expires)
+            .filter(|(expires, _)| now < *expires)
             .map(|(_, v)| v.clone())
     }
 
-    fn insert(&self, key: K, value: V, ttl: Duration) {
+    fn remove(&self, key: &K) {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+    }
+
+    fn insert(&self, key: K, value: V, ttl: Duration, now: Instant) {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        if entries.len() >= self.capacity {
-            let now = Instant::now();
+        if entries.len() >= self.capacity && !entries.contains_key(&key) {
             entries.retain(|_, (expires, _)| now < *expires);
-            if entries.len() >= self.capacity {
-                entries.clear();
+            while entries.len() >= self.capacity {
+                // The oldest is the one expiring first. A scan, only when full of live entries.
+                let Some(oldest) = entries
+                    .iter()
+                    .min_by_key(|(_, (expires, _))| *expires)
+                    .map(|(k, _)| k.clone())
+                else {
+                    break;
+                };
+                entries.remove(&oldest);
             }
         }
-        entries.insert(key, (Instant::now() + ttl, value));
+        entries.insert(key, (now + ttl, value));
     }
 
     #[cfg(test)]
@@ -768,7 +973,10 @@ mod tests {
         let refused = g.authenticate(any("Basic dTpw")).await.unwrap_err();
         assert!(refused.message().contains("Bearer"), "{refused:?}");
         // The cache holds digests, never a token.
-        let keys: Vec<[u8; 32]> = g.tokens.entries.lock().unwrap().keys().copied().collect();
+        let keys: Vec<[u8; 32]> = [&g.tokens.allowed, &g.tokens.denied]
+            .iter()
+            .flat_map(|c| c.entries.lock().unwrap().keys().copied().collect::<Vec<_>>())
+            .collect();
         assert_eq!(keys.len(), 2);
         assert!(keys.contains(&Sha256::digest(b"good-mailer").into()));
     }
@@ -818,6 +1026,7 @@ mod tests {
         assert!(refused.message().contains("JobQueue \"emails\""), "{refused:?}");
         let decided = g
             .decisions
+            .denied
             .entries
             .lock()
             .unwrap()
@@ -825,6 +1034,70 @@ mod tests {
             .map(|(_, a)| a.queue.clone())
             .collect::<Vec<_>>();
         assert_eq!(decided, ["emails"]);
+    }
+
+    /// A TLS stand-in for the API server on loopback that accepts every token and counts the
+    /// connections it accepted; the server's CA (its own certificate) in PEM.
+    async fn tls_api_server(connections: Arc<AtomicUsize>) -> (String, String) {
+        let key = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).unwrap();
+        let ca = key.cert.pem();
+        let cert = key.cert.der().clone();
+        let der = rustls::pki_types::PrivateKeyDer::Pkcs8(key.signing_key.serialize_der().into());
+        let tls =
+            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(vec![cert], der)
+                .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("https://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            loop {
+                let (tcp, _) = listener.accept().await.unwrap();
+                connections.fetch_add(1, Ordering::SeqCst);
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let answer = |_req: http::Request<hyper::body::Incoming>| async {
+                        let body = json!({"status": {"authenticated": true, "audiences": ["sluice"],
+                            "user": {"username": "system:serviceaccount:shop:web"}}});
+                        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from(
+                            body.to_string(),
+                        ))))
+                    };
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(
+                            hyper_util::rt::TokioIo::new(tls),
+                            hyper::service::service_fn(answer),
+                        )
+                        .await;
+                });
+            }
+        });
+        (url, ca)
+    }
+
+    #[tokio::test]
+    async fn reviews_reuse_a_kept_connection_to_the_api_server() {
+        let connections = Arc::new(AtomicUsize::new(0));
+        let (url, ca) = tls_api_server(connections.clone()).await;
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "sidecar-token").unwrap();
+        let server = ApiServer::new(&url, ca.as_bytes(), &token).unwrap();
+        for i in 0..5 {
+            let answer = server.review_token(&format!("caller-{i}")).await.unwrap();
+            assert!(matches!(answer, TokenAnswer::Valid(_)), "{answer:?}");
+        }
+        assert_eq!(
+            connections.load(Ordering::SeqCst),
+            1,
+            "one connection for five reviews"
+        );
     }
 
     #[test]
@@ -845,16 +1118,217 @@ mod tests {
     }
 
     #[test]
-    fn the_cache_stays_bounded_and_entries_expire() {
+    fn the_cache_stays_bounded_dropping_the_expired_then_the_oldest() {
+        let t0 = Instant::now();
+        let minute = Duration::from_secs(60);
         let cache = TtlCache::new(2);
-        cache.insert("a", 1, Duration::from_secs(60));
-        cache.insert("gone", 0, Duration::ZERO);
-        assert_eq!(cache.get(&"a"), Some(1));
-        assert_eq!(cache.get(&"gone"), None, "expired");
-        cache.insert("b", 2, Duration::from_secs(60));
-        cache.insert("c", 3, Duration::from_secs(60));
-        assert_eq!(cache.get(&"c"), Some(3));
-        assert!(cache.len() <= 2);
+        cache.insert("a", 1, minute, t0);
+        cache.insert("gone", 0, Duration::ZERO, t0);
+        assert_eq!(cache.get(&"a", t0), Some(1));
+        assert_eq!(cache.get(&"gone", t0), None, "expired");
+        cache.insert("b", 2, minute, t0 + Duration::from_secs(1));
+        assert_eq!(
+            (cache.get(&"a", t0), cache.get(&"b", t0)),
+            (Some(1), Some(2)),
+            "the expired went"
+        );
+        cache.insert("c", 3, minute, t0 + Duration::from_secs(2));
+        assert_eq!(cache.len(), 2);
+        assert_eq!(cache.get(&"a", t0), None, "the oldest went");
+        assert_eq!((cache.get(&"b", t0), cache.get(&"c", t0)), (Some(2), Some(3)));
+        assert_eq!(cache.get(&"c", t0 + minute * 2), None);
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_made_up_tokens_never_pushes_out_the_accepted_ones() {
+        let stand = Arc::new(Stand::default());
+        let g = gate(stand.clone(), LoopbackCallers::Pod);
+        let any = |a: &str| {
+            let a: &'static str = Box::leak(a.to_owned().into_boxed_str());
+            origin(Some(a), "10.0.0.7:5000", "0.0.0.0:7070")
+        };
+        g.authenticate(any("Bearer good-mailer")).await.unwrap();
+        let flood = CACHE_CAPACITY + 10;
+        for i in 0..flood {
+            let bogus = format!("Bearer bogus-{i}");
+            assert!(g.authenticate(any(&bogus)).await.is_err());
+        }
+        assert!(g.tokens.denied.len() <= DENIED_CAPACITY);
+        g.authenticate(any("Bearer good-mailer")).await.unwrap();
+        assert_eq!(
+            stand.token_reviews.load(Ordering::SeqCst),
+            1 + flood,
+            "the accepted token was still cached"
+        );
+    }
+
+    #[tokio::test]
+    async fn answers_expire_by_the_injected_clock() {
+        let stand = Arc::new(Stand::default());
+        let now = Arc::new(Mutex::new(Instant::now()));
+        let clock = now.clone();
+        let g =
+            gate(stand.clone(), LoopbackCallers::Pod).with_clock(Arc::new(move || *clock.lock().unwrap()));
+        let any = |a| origin(Some(a), "10.0.0.7:5000", "0.0.0.0:7070");
+        g.authenticate(any("Bearer good-mailer")).await.unwrap();
+        *now.lock().unwrap() += ALLOW_TTL - Duration::from_millis(1);
+        g.authenticate(any("Bearer good-mailer")).await.unwrap();
+        assert_eq!(stand.token_reviews.load(Ordering::SeqCst), 1);
+        *now.lock().unwrap() += Duration::from_millis(1);
+        g.authenticate(any("Bearer good-mailer")).await.unwrap();
+        assert_eq!(stand.token_reviews.load(Ordering::SeqCst), 2);
+    }
+
+    /// Reviews that wait to be released; counts how many started and ran at once. Tokens `good-<name>`
+    /// are ServiceAccount `<name>` of `shop`; every access is allowed.
+    struct Slow {
+        started: AtomicUsize,
+        running: AtomicUsize,
+        most: AtomicUsize,
+        release: tokio::sync::Semaphore,
+    }
+
+    impl Default for Slow {
+        fn default() -> Self {
+            Self {
+                started: AtomicUsize::new(0),
+                running: AtomicUsize::new(0),
+                most: AtomicUsize::new(0),
+                release: tokio::sync::Semaphore::new(0),
+            }
+        }
+    }
+
+    impl Slow {
+        async fn run(&self) {
+            self.started.fetch_add(1, Ordering::SeqCst);
+            let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most.fetch_max(now, Ordering::SeqCst);
+            self.release.acquire().await.unwrap().forget();
+            self.running.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    impl Reviews for Slow {
+        fn review_token<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<TokenAnswer, Unavailable>> {
+            Box::pin(async move {
+                self.run().await;
+                let sa = token.strip_prefix("good-").unwrap_or("nobody");
+                Ok(TokenAnswer::Valid(User::service_account("shop", sa)))
+            })
+        }
+        fn review_access<'a>(
+            &'a self,
+            _: &'a User,
+            _: &'a str,
+            _: &'a Access,
+        ) -> BoxFuture<'a, Result<Decision, Unavailable>> {
+            Box::pin(async move {
+                self.run().await;
+                Ok(Decision {
+                    allowed: true,
+                    reason: String::new(),
+                })
+            })
+        }
+    }
+
+    /// Yields until `cond` holds, failing after a deadline.
+    async fn until(what: &str, cond: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !cond() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn identical_reviews_in_flight_are_asked_once() {
+        let slow = Arc::new(Slow::default());
+        let g = Authenticator::new(slow.clone(), "shop", None, LoopbackCallers::Token);
+        let callers =
+            (0..20).map(|_| g.authenticate(origin(Some("Bearer good-web"), "10.0.0.7:1", "0.0.0.0:7070")));
+        let web = User::service_account("shop", "web");
+        let emails = Access::jobs("get", "emails");
+        let deciders = (0..20).map(|_| g.decide(&web, &emails));
+        let (users, decisions, ()) = tokio::join!(
+            futures::future::join_all(callers),
+            futures::future::join_all(deciders),
+            async {
+                until("both reviews to start", || {
+                    slow.started.load(Ordering::SeqCst) == 2
+                })
+                .await;
+                slow.release.add_permits(100);
+            }
+        );
+        assert!(
+            users
+                .iter()
+                .all(|u| u.as_ref().is_ok_and(|u| u.name.ends_with(":web")))
+        );
+        assert!(decisions.iter().all(|d| d.as_ref().is_ok_and(|d| d.allowed)));
+        assert_eq!(
+            slow.started.load(Ordering::SeqCst),
+            2,
+            "one TokenReview, one SubjectAccessReview"
+        );
+        assert_eq!((g.token_flights.len(), g.decision_flights.len()), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn reviews_in_flight_are_bounded_and_a_caller_that_cannot_start_one_gets_503() {
+        let slow = Arc::new(Slow::default());
+        let g = Authenticator::new(slow.clone(), "shop", None, LoopbackCallers::Token)
+            .with_review_limit(2, Duration::ZERO);
+        let refused = AtomicUsize::new(0);
+        let callers = (0..3).map(|i| {
+            let g = &g;
+            let refused = &refused;
+            async move {
+                let token = format!("Bearer good-{i}");
+                let r = g
+                    .authenticate(origin(Some(&token), "10.0.0.7:1", "0.0.0.0:7070"))
+                    .await;
+                if r.is_err() {
+                    refused.fetch_add(1, Ordering::SeqCst);
+                }
+                r
+            }
+        });
+        let (answers, ()) = tokio::join!(futures::future::join_all(callers), async {
+            until("two reviews and one refusal", || {
+                slow.started.load(Ordering::SeqCst) == 2 && refused.load(Ordering::SeqCst) == 1
+            })
+            .await;
+            slow.release.add_permits(100);
+        });
+        let unavailable: Vec<_> = answers.iter().filter_map(|a| a.as_ref().err()).collect();
+        assert_eq!(unavailable.len(), 1);
+        assert_eq!(unavailable[0].status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            unavailable[0].message().contains("too many reviews"),
+            "{unavailable:?}"
+        );
+        assert_eq!(slow.most.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn the_queue_list_runs_a_few_reviews_at_once_not_one_per_queue_unbounded() {
+        let slow = Arc::new(Slow::default());
+        let g = Authenticator::new(slow.clone(), "shop", None, LoopbackCallers::Token);
+        let web = User::service_account("shop", "web");
+        let accesses = (0..20).map(|i| Access::jobs("get", format!("q{i}"))).collect();
+        let (decisions, ()) = tokio::join!(g.decide_all(&web, accesses), async {
+            until("a full batch of reviews", || {
+                slow.running.load(Ordering::SeqCst) == LIST_REVIEW_CONCURRENCY
+            })
+            .await;
+            slow.release.add_permits(100);
+        });
+        assert_eq!(decisions.unwrap().len(), 20);
+        assert_eq!(slow.started.load(Ordering::SeqCst), 20);
+        assert_eq!(slow.most.load(Ordering::SeqCst), LIST_REVIEW_CONCURRENCY);
     }
 
     #[test]
