@@ -353,3 +353,116 @@ fn a_sidecar_asked_to_check_callers_without_in_cluster_credentials_does_not_star
         "{stderr}"
     );
 }
+
+/// Token `t-web` is ServiceAccount `web` of `shop` while `token_valid`; it may do anything while
+/// `allowed`.
+struct Revocable {
+    token_valid: std::sync::atomic::AtomicBool,
+    allowed: std::sync::atomic::AtomicBool,
+}
+
+impl Reviews for Revocable {
+    fn review_token<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<TokenAnswer, Unavailable>> {
+        Box::pin(async move {
+            Ok(if token == "t-web" && self.token_valid.load(SeqCst) {
+                TokenAnswer::Valid(User::service_account("shop", "web"))
+            } else {
+                TokenAnswer::Invalid("token has expired".into())
+            })
+        })
+    }
+    fn review_access<'a>(
+        &'a self,
+        _: &'a User,
+        _: &'a str,
+        _: &'a Access,
+    ) -> BoxFuture<'a, Result<Decision, Unavailable>> {
+        Box::pin(async move {
+            Ok(Decision {
+                allowed: self.allowed.load(SeqCst),
+                reason: String::new(),
+            })
+        })
+    }
+}
+
+use std::sync::atomic::Ordering::SeqCst;
+
+/// Opens `path` as `t-web` on an API whose gatekeeper's clock is moved by hand and which rechecks
+/// streams often; revokes with `revoke` and moves the clock past the cached answers; the stream must
+/// then end with `event: error` carrying `code`.
+async fn a_stream_ends_once(path: &str, revoke: impl FnOnce(&Revocable), code: &str) {
+    let (_pg, pool) = pg().await;
+    let store = QueueStore::new(pool);
+    queue(&store, "emails").await;
+    let reviews = Arc::new(Revocable {
+        token_valid: true.into(),
+        allowed: true.into(),
+    });
+    let now = Arc::new(std::sync::Mutex::new(std::time::Instant::now()));
+    let clock = now.clone();
+    let gate = Authenticator::new(reviews.clone(), "shop", None, LoopbackCallers::Token)
+        .with_clock(Arc::new(move || *clock.lock().unwrap()))
+        .with_recheck_every(std::time::Duration::from_millis(20));
+    let api = Api::serve(api::ApiState::new(store.clone()).with_auth(Arc::new(gate))).await;
+    let path = if path.contains("{id}") {
+        let (status, _, created) = api
+            .call(Method::POST, "/v1/queues/emails/jobs", Some("t-web"), job())
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{created}");
+        path.replace("{id}", created["id"].as_str().unwrap())
+    } else {
+        path.to_owned()
+    };
+    let req = Request::get(format!("{}{path}", api.base))
+        .header("authorization", "Bearer t-web")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = api.client.request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = resp.into_body();
+    // The first event is read while still allowed, so the stream is open and rechecked.
+    let mut seen = String::new();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !seen.contains("data:") {
+        let frame = tokio::time::timeout_at(deadline, body.frame())
+            .await
+            .expect("a first event")
+            .unwrap()
+            .unwrap();
+        if let Ok(data) = frame.into_data() {
+            seen.push_str(&String::from_utf8_lossy(&data));
+        }
+    }
+    revoke(&reviews);
+    *now.lock().unwrap() += sluice_sidecar::queue::auth::ALLOW_TTL;
+    let rest = tokio::time::timeout_at(deadline, body.collect())
+        .await
+        .expect("the stream ends once the caller is refused")
+        .unwrap()
+        .to_bytes();
+    seen.push_str(&String::from_utf8_lossy(&rest));
+    let last = seen.trim_end().rsplit("\n\n").next().unwrap();
+    assert!(last.starts_with("event: error\n"), "{seen}");
+    assert!(last.contains(&format!("\"code\":\"{code}\"")), "{seen}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_stream_ends_when_the_callers_right_is_revoked() {
+    a_stream_ends_once(
+        "/v1/queues/emails/events",
+        |r| r.allowed.store(false, SeqCst),
+        "forbidden",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_stream_ends_when_the_callers_token_expires() {
+    a_stream_ends_once(
+        "/v1/queues/emails/jobs/{id}/events",
+        |r| r.token_valid.store(false, SeqCst),
+        "unauthenticated",
+    )
+    .await;
+}

@@ -45,7 +45,7 @@ use sluice_queue::{
     store::{MAX_GRAPH_JOBS, check_new_job},
 };
 
-use super::auth::{Access, Authenticator, Origin, Refusal, User};
+use super::auth::{Access, Authenticator, Grant, Origin, Refusal, User};
 use super::events::{self, EventHub};
 use crate::error::Error;
 
@@ -322,9 +322,13 @@ pub async fn serve(
 #[derive(Clone, Copy, Debug)]
 struct Listener(SocketAddr);
 
-/// The caller of a request the gate let through (absent when auth is off).
+/// The caller of a request the gate let through, and what it was let in with (absent when auth is
+/// off).
 #[derive(Clone, Debug)]
-struct Caller(User);
+pub(super) struct Caller {
+    pub(super) user: User,
+    pub(super) grant: Grant,
+}
 
 /// Authenticates every request and authorizes it on the queue it names (see the module doc). Runs after
 /// routing, so it knows the route and its parameters.
@@ -354,6 +358,12 @@ async fn gate(
         Ok(user) => user,
         Err(refusal) => return ApiError::from(refusal).into_response(),
     };
+    let mut grant = Grant {
+        authorization: origin.authorization.map(<[u8]>::to_vec),
+        peer: origin.peer,
+        local: origin.local,
+        access: None,
+    };
     let params = params.map(|Path(p)| p).unwrap_or_default();
     let path = request.uri().path().to_owned();
     match access(&st, request.method(), &path, &params).await {
@@ -361,11 +371,12 @@ async fn gate(
             if let Err(refusal) = auth.authorize(&user, &access).await {
                 return ApiError::from(refusal).into_response();
             }
+            grant.access = Some(access);
         }
         Ok(None) => {}
         Err(e) => return e.into_response(),
     }
-    request.extensions_mut().insert(Caller(user));
+    request.extensions_mut().insert(Caller { user, grant });
     next.run(request).await
 }
 
@@ -633,7 +644,7 @@ async fn get_queue(State(st): State<ApiState>, Path(queue): Path<String>) -> Api
 async fn list_queues(State(st): State<ApiState>, caller: Option<Extension<Caller>>) -> ApiResult<Response> {
     let mut queues = st.store.depth_all().await?;
     queues.retain(|d| st.serves(&d.queue));
-    if let (Some(auth), Some(Extension(Caller(user)))) = (&st.auth, caller) {
+    if let (Some(auth), Some(Extension(Caller { user, .. }))) = (&st.auth, caller) {
         // One review per queue not yet decided for this caller, a few at a time (and within the
         // gatekeeper's own bound on reviews in flight).
         let accesses = queues

@@ -228,6 +228,19 @@ pub struct Origin<'a> {
 /// What time it is, for the caches' expiry: [`Instant::now`], or a hand-moved clock in tests.
 pub type Clock = Arc<dyn Fn() -> Instant + Send + Sync>;
 
+/// What a request was let in with, to check again while its answer lasts (a status stream).
+#[derive(Clone, Debug)]
+pub struct Grant {
+    /// The `Authorization` header, if any.
+    pub authorization: Option<Vec<u8>>,
+    /// The peer's address.
+    pub peer: SocketAddr,
+    /// The address the listener is bound to.
+    pub local: SocketAddr,
+    /// What the request asked to do, if it named a queue.
+    pub access: Option<Access>,
+}
+
 /// The queue API's gatekeeper: authenticates and authorizes with a [`Reviews`], caching the answers.
 pub struct Authenticator {
     reviews: Arc<dyn Reviews>,
@@ -242,6 +255,7 @@ pub struct Authenticator {
     decision_flights: Flights<(User, Access), Result<Decision, Unavailable>>,
     limit: Arc<tokio::sync::Semaphore>,
     wait: Duration,
+    recheck_every: Duration,
 }
 
 impl std::fmt::Debug for Authenticator {
@@ -277,6 +291,34 @@ impl Authenticator {
             decision_flights: Flights::default(),
             limit: Arc::new(tokio::sync::Semaphore::new(REVIEW_CONCURRENCY)),
             wait: REVIEW_WAIT,
+            recheck_every: ALLOW_TTL,
+        }
+    }
+
+    /// Checks open status streams' callers again every `every` (default [`ALLOW_TTL`]).
+    pub fn with_recheck_every(mut self, every: Duration) -> Self {
+        self.recheck_every = every;
+        self
+    }
+
+    /// How often an open status stream's caller is checked again.
+    pub fn recheck_every(&self) -> Duration {
+        self.recheck_every
+    }
+
+    /// Whether what `grant` let in is still allowed: the token still valid and the access still
+    /// granted (cached answers, so mostly free).
+    pub async fn recheck(&self, grant: &Grant) -> Result<(), Refusal> {
+        let user = self
+            .authenticate(Origin {
+                authorization: grant.authorization.as_deref(),
+                peer: grant.peer,
+                local: grant.local,
+            })
+            .await?;
+        match &grant.access {
+            Some(access) => self.authorize(&user, access).await,
+            None => Ok(()),
         }
     }
 

@@ -20,6 +20,8 @@
 //! rows failed (they may have expired meanwhile), resyncs from the table: it sends the job's state as it
 //! is now if it differs from what it sent last. Nothing a client does holds up any other stream.
 //! Comments (`: keep-alive`) every [`KEEP_ALIVE`] keep proxies from closing quiet streams.
+//! With callers checked, a stream's caller is checked again every [`Authenticator::recheck_every`]
+//! (the gatekeeper's cache makes that cheap) and a refused caller's stream ends with `event: error`.
 
 use std::{
     collections::HashMap,
@@ -30,6 +32,7 @@ use std::{
 };
 
 use axum::{
+    Extension,
     extract::{Path, State},
     http::HeaderValue,
     response::{
@@ -51,7 +54,10 @@ use sluice_queue::{
     events::{JOB_EVENTS_CHANNEL, JobChange, JobStatus, Snapshot},
 };
 
-use super::api::{ApiError, ApiState};
+use super::{
+    api::{ApiError, ApiState, Caller},
+    auth::{Authenticator, Grant},
+};
 use crate::error::Error;
 
 /// How long a streamed queue's subscription row lives unless renewed.
@@ -505,6 +511,49 @@ impl JobWatch {
     }
 }
 
+/// `events`, ended with `event: error` (`{"code", "message"}` as in an error body) once the caller's
+/// token or right is refused when checked again, every [`Authenticator::recheck_every`]. An API
+/// server that cannot be asked does not end the stream; the next check asks again.
+fn rechecked(
+    events: impl Stream<Item = Event> + Send + 'static,
+    guard: Option<(Arc<Authenticator>, Grant)>,
+) -> stream::BoxStream<'static, Event> {
+    let Some((auth, grant)) = guard else {
+        return events.boxed();
+    };
+    let every = auth.recheck_every();
+    let mut ticks = tokio::time::interval_at(Instant::now() + every, every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    stream::unfold(
+        (events.boxed(), ticks, Some((auth, grant))),
+        |(mut events, mut ticks, guard)| async move {
+            let (auth, grant) = guard?;
+            loop {
+                tokio::select! {
+                    e = events.next() => return Some((e?, (events, ticks, Some((auth, grant))))),
+                    _ = ticks.tick() => match auth.recheck(&grant).await {
+                        Ok(()) => {}
+                        Err(refusal @ super::auth::Refusal::Unavailable(_)) => {
+                            tracing::debug!(reason = refusal.message(), "status stream not rechecked");
+                        }
+                        Err(refusal) => {
+                            let data = json!({"code": refusal.code(), "message": refusal.message()});
+                            let last = Event::default().event("error").data(data.to_string());
+                            return Some((last, (events, ticks, None)));
+                        }
+                    },
+                }
+            }
+        },
+    )
+    .boxed()
+}
+
+/// The caller's gatekeeper and grant, when callers are checked.
+fn guard(st: &ApiState, caller: Option<Extension<Caller>>) -> Option<(Arc<Authenticator>, Grant)> {
+    Some((st.auth.clone()?, caller?.0.grant))
+}
+
 fn sse(events: impl Stream<Item = Event> + Send + 'static, closing: CancellationToken) -> Response {
     let events = events
         .map(Ok::<_, Infallible>)
@@ -522,6 +571,7 @@ fn sse(events: impl Stream<Item = Event> + Send + 'static, closing: Cancellation
 pub(super) async fn job_events(
     State(st): State<ApiState>,
     Path((queue, id)): Path<(String, String)>,
+    caller: Option<Extension<Caller>>,
 ) -> Result<Response, ApiError> {
     let queue = st.check_queue(&queue)?;
     let id = super::api::parse_id(&id)?;
@@ -530,6 +580,7 @@ pub(super) async fn job_events(
         let e = w.next().await?;
         Some((w.event(e), w))
     });
+    let events = rechecked(events, guard(&st, caller));
     Ok(sse(events, st.events.hub.shared.closing.clone()))
 }
 
@@ -537,6 +588,7 @@ pub(super) async fn job_events(
 pub(super) async fn queue_events(
     State(st): State<ApiState>,
     Path(queue): Path<String>,
+    caller: Option<Extension<Caller>>,
 ) -> Result<Response, ApiError> {
     let queue = st.check_queue(&queue)?;
     if st.store.queue(&queue).await?.is_none() {
@@ -549,6 +601,7 @@ pub(super) async fn queue_events(
         let data = serde_json::to_string(&*depth).ok()?;
         Some((Event::default().event("counts").data(data), rx))
     });
+    let events = rechecked(events, guard(&st, caller));
     Ok(sse(events, st.events.hub.shared.closing.clone()))
 }
 
