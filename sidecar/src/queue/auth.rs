@@ -251,8 +251,8 @@ pub struct Authenticator {
     clock: Clock,
     tokens: Answers<[u8; 32], TokenAnswer>,
     decisions: Answers<(User, Access), Decision>,
-    token_flights: Flights<[u8; 32], Result<TokenAnswer, Unavailable>>,
-    decision_flights: Flights<(User, Access), Result<Decision, Unavailable>>,
+    token_flights: Flights<[u8; 32], TokenAnswer>,
+    decision_flights: Flights<(User, Access), Decision>,
     limit: Arc<tokio::sync::Semaphore>,
     wait: Duration,
     recheck_every: Duration,
@@ -783,33 +783,66 @@ pub fn token_answer(status: &Value) -> TokenAnswer {
 }
 
 /// Identical reviews in flight, asked once: the first caller starts the review, later ones await the
-/// same answer.
-struct Flights<K, V: Clone> {
-    running: Mutex<HashMap<K, Shared<BoxFuture<'static, V>>>>,
+/// same answer. A review runs as a task of its own, so it finishes (and frees its place among the
+/// [`REVIEW_CONCURRENCY`]) even when every caller waiting for it has gone away.
+struct Flights<K, T> {
+    running: Arc<Mutex<Running<K, T>>>,
+    next: std::sync::atomic::AtomicU64,
 }
 
-impl<K, V: Clone> Default for Flights<K, V> {
+type Flight<T> = Shared<BoxFuture<'static, Result<T, Unavailable>>>;
+type Running<K, T> = HashMap<K, (u64, Flight<T>)>;
+
+impl<K, T> Default for Flights<K, T> {
     fn default() -> Self {
         Self {
-            running: Mutex::default(),
+            running: Arc::default(),
+            next: Default::default(),
         }
     }
 }
 
-impl<K: Eq + Hash + Clone, V: Clone> Flights<K, V> {
+impl<K, T> Flights<K, T>
+where
+    K: Eq + Hash + Clone + Send + 'static,
+    T: Clone + Send + Sync + 'static,
+{
     /// The answer of the review in flight for `key`, or of `ask` started now; `done` sees it (to cache
-    /// it) before the review stops being in flight.
-    async fn run(&self, key: K, ask: BoxFuture<'static, V>, done: impl FnOnce(&V)) -> V {
+    /// it).
+    async fn run(
+        &self,
+        key: K,
+        ask: BoxFuture<'static, Result<T, Unavailable>>,
+        done: impl FnOnce(&Result<T, Unavailable>),
+    ) -> Result<T, Unavailable> {
         let flight = {
             let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-            running.entry(key.clone()).or_insert_with(|| ask.shared()).clone()
+            match running.get(&key) {
+                Some((_, flight)) => flight.clone(),
+                None => {
+                    let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let (map, k) = (self.running.clone(), key.clone());
+                    let task = tokio::spawn(async move {
+                        let answer = ask.await;
+                        let mut running = map.lock().unwrap_or_else(|p| p.into_inner());
+                        if running.get(&k).is_some_and(|(i, _)| *i == id) {
+                            running.remove(&k);
+                        }
+                        answer
+                    });
+                    let flight = async move {
+                        task.await
+                            .unwrap_or_else(|e| Err(Unavailable(format!("the review failed: {e}"))))
+                    }
+                    .boxed()
+                    .shared();
+                    running.insert(key, (id, flight.clone()));
+                    flight
+                }
+            }
         };
-        let answer = flight.clone().await;
+        let answer = flight.await;
         done(&answer);
-        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-        if running.get(&key).is_some_and(|f| f.ptr_eq(&flight)) {
-            running.remove(&key);
-        }
         answer
     }
 
@@ -1316,6 +1349,26 @@ mod tests {
             "one TokenReview, one SubjectAccessReview"
         );
         assert_eq!((g.token_flights.len(), g.decision_flights.len()), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_review_whose_callers_went_away_still_finishes_and_frees_its_place() {
+        let slow = Arc::new(Slow::default());
+        let g = Authenticator::new(slow.clone(), "shop", None, LoopbackCallers::Token)
+            .with_review_limit(1, Duration::ZERO);
+        let gone = g.authenticate(origin(Some("Bearer good-gone"), "10.0.0.7:1", "0.0.0.0:7070"));
+        assert!(gone.now_or_never().is_none(), "the review waits to be released");
+        until("the abandoned review to start", || {
+            slow.started.load(Ordering::SeqCst) == 1
+        })
+        .await;
+        slow.release.add_permits(100);
+        until("the abandoned review to finish", || g.token_flights.len() == 0).await;
+        let user = g
+            .authenticate(origin(Some("Bearer good-next"), "10.0.0.7:1", "0.0.0.0:7070"))
+            .await
+            .unwrap();
+        assert!(user.name.ends_with(":next"));
     }
 
     #[tokio::test]
