@@ -84,6 +84,11 @@ def merge(base, override):
     return out
 
 
+def env_of(docs):
+    (operator,) = [d for _, d in docs if d["kind"] == "Deployment"]
+    return {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
 def render(values=None):
     chart = helm_python.Chart.load(str(CHART))
     out = chart.render(values or {}, name="sluice", namespace="sluice-system", is_install=True)
@@ -234,14 +239,34 @@ class ChartTest(unittest.TestCase):
              (["authorization.k8s.io"], ["subjectaccessreviews"], ["create"])],
         )
         self.assertEqual(binding["roleRef"]["name"], "sluice-queue-api-reviewer")
-        self.assertEqual([s["name"] for s in binding["subjects"]], ["system:serviceaccounts"])
+        # No namespace listed: the chart binds no one (never the group of every ServiceAccount) and names
+        # the binding to the operator, which keeps its subjects to the namespaces holding JobQueues.
+        # Without a `subjects` key, `helm upgrade` leaves the operator's subjects alone.
+        self.assertNotIn("subjects", binding)
+        self.assertEqual(env_of(render()[0])["SLUICE_QUEUE_API_REVIEWER_BINDING"], "sluice-queue-api-reviewer")
         _, _, (binding,) = reviewers(OPTIONS["watched namespaces"])
         self.assertEqual([s["name"] for s in binding["subjects"]],
                          ["system:serviceaccounts:shop", "system:serviceaccounts:billing"])
         _, _, (binding,) = reviewers(OPTIONS["queue API reviewers in listed namespaces"])
         self.assertEqual([s["name"] for s in binding["subjects"]], ["system:serviceaccounts:shop"])
+        for listed in ("watched namespaces", "queue API reviewers in listed namespaces", "queue API auth off"):
+            self.assertNotIn("SLUICE_QUEUE_API_REVIEWER_BINDING", env_of(render(OPTIONS[listed])[0]), listed)
         auth, roles, bindings = reviewers(OPTIONS["queue API auth off"])
         self.assertEqual((auth, roles, bindings), ("off", [], []))
+
+    def test_the_operator_may_change_only_the_reviewers_binding_and_bind_only_its_role(self):
+        def rbac_rules(values):
+            docs, _ = render(values)
+            (role,) = [d for _, d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "sluice"]
+            return [r for r in role["rules"] if "rbac.authorization.k8s.io" in r["apiGroups"]]
+
+        self.assertEqual(
+            sorted((r["resources"], r.get("resourceNames"), r["verbs"]) for r in rbac_rules({})),
+            [(["clusterrolebindings"], ["sluice-queue-api-reviewer"], ["get", "patch", "update"]),
+             (["clusterroles"], ["sluice-queue-api-reviewer"], ["bind"])],
+        )
+        for listed in ("watched namespaces", "queue API reviewers in listed namespaces", "queue API auth off"):
+            self.assertEqual(rbac_rules(OPTIONS[listed]), [], listed)
 
     def test_no_cluster_wide_secret_access_by_default(self):
         docs, _ = render()

@@ -179,6 +179,13 @@ pub struct RunArgs {
     /// (docs/queue.md, "Who may call the API").
     #[arg(long, env = "SLUICE_QUEUE_API_AUTH", value_enum, default_value_t = QueueApiAuth::Kubernetes)]
     pub queue_api_auth: QueueApiAuth,
+    /// ClusterRoleBinding (created by the chart, without subjects) that grants the ServiceAccounts of
+    /// namespaces holding a JobQueue the right to create TokenReviews and SubjectAccessReviews, which
+    /// injected sidecars need to check the queue API's callers. When set, the leader keeps its subjects
+    /// to the groups `system:serviceaccounts:<ns>` of exactly those namespaces. Only without
+    /// `--watch-namespaces` (the chart binds listed namespaces statically).
+    #[arg(long, env = "SLUICE_QUEUE_API_REVIEWER_BINDING")]
+    pub queue_api_reviewer_binding: Option<String>,
     /// Resources of the injected sidecar, as JSON (`{"requests":{...},"limits":{...}}`).
     #[arg(long, env = "SLUICE_SIDECAR_RESOURCES", default_value = SIDECAR_RESOURCES_DEFAULT, value_parser = parse_resources)]
     pub sidecar_resources: ResourceRequirements,

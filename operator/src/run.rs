@@ -27,7 +27,7 @@ use crate::{
     certs,
     clock::system_clock,
     config::{NativeSidecar, RunArgs},
-    controller::{Context, Namespaces, job_queue, rate_limit_policy},
+    controller::{Context, Namespaces, job_queue, rate_limit_policy, reviewer_binding},
     external_metrics, leader,
     metrics::Metrics,
     propagation::Publisher,
@@ -405,7 +405,15 @@ pub async fn run_with(client: Client, args: RunArgs, shutdown: CancellationToken
             shutdown.clone().cancelled_owned(),
         ))
     });
+    let reviewer_binding = args
+        .queue_api_reviewer_binding
+        .clone()
+        .filter(|name| !name.is_empty());
+    if reviewer_binding.is_some() && namespaces != Namespaces::All {
+        warn!("--queue-api-reviewer-binding is ignored with --watch-namespaces");
+    }
     let controllers = Controllers {
+        reviewer_binding: reviewer_binding.filter(|_| namespaces == Namespaces::All),
         client: client.clone(),
         identity,
         metrics: metrics.clone(),
@@ -450,6 +458,9 @@ pub struct Controllers {
     pub redis_budget: (usize, usize),
     /// What the JobQueue controller is built from.
     pub job_queues: job_queue::Settings,
+    /// The queue API reviewers' ClusterRoleBinding whose subjects follow the namespaces holding
+    /// JobQueues; `None`: the chart binds them statically.
+    pub reviewer_binding: Option<String>,
 }
 
 /// Run the controllers while `leading` is true; stop them (gracefully) when it turns false.
@@ -465,6 +476,7 @@ pub async fn supervise_controllers(
         signer,
         redis_budget,
         job_queues,
+        reviewer_binding,
     } = controllers;
     loop {
         while !*leading.borrow_and_update() {
@@ -500,6 +512,13 @@ pub async fn supervise_controllers(
             wakes,
             term.clone().cancelled_owned(),
         ));
+        let reviewers = reviewer_binding.clone().map(|name| {
+            tokio::spawn(reviewer_binding::run(
+                client.clone(),
+                name,
+                term.clone().cancelled_owned(),
+            ))
+        });
         loop {
             tokio::select! {
                 changed = leading.changed() => if changed.is_err() || !*leading.borrow() { break },
@@ -509,6 +528,9 @@ pub async fn supervise_controllers(
         term.cancel();
         let _ = rlp.await;
         let _ = jobs.await;
+        if let Some(reviewers) = reviewers {
+            let _ = reviewers.await;
+        }
         metrics.set_leader(false);
         info!("stopped controllers");
         if shutdown.is_cancelled() {

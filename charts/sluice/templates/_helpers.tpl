@@ -95,3 +95,20 @@ app.kubernetes.io/component: operator
     resources: [scaledobjects]
     verbs: [get, list, watch, create, patch, update, delete]
 {{- end }}
+
+{{/*
+The queue API reviewers' ClusterRole and ClusterRoleBinding (queueapi-rbac.yaml).
+*/}}
+{{- define "sluice.queueApiReviewerName" -}}
+{{ include "sluice.fullname" . }}-queue-api-reviewer
+{{- end }}
+
+{{/*
+"true" when the operator keeps the reviewers' binding to the namespaces holding JobQueues: queue API auth
+on and neither queueApi.reviewerNamespaces nor watchNamespaces lists any namespace.
+*/}}
+{{- define "sluice.queueApiReviewerBindingManaged" -}}
+{{- if and (eq .Values.queueApi.auth "kubernetes") (not .Values.queueApi.reviewerNamespaces) (not .Values.watchNamespaces) -}}
+true
+{{- end }}
+{{- end }}

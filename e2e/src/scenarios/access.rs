@@ -6,6 +6,9 @@
 //!   sees them. A user bound to Roles that let them create JobQueues but not Deployments, or not
 //!   impersonate the ServiceAccount the worker template names, is refused by the API server with the
 //!   webhook's message naming the missing right; a user with both is admitted.
+//! - [`queue_api_reviewers`]: the ClusterRoleBinding that lets ServiceAccounts create TokenReviews and
+//!   SubjectAccessReviews names the ServiceAccounts of a namespace while it holds a JobQueue, and no
+//!   longer once the JobQueue is deleted; never the group of every ServiceAccount.
 //! - [`watch_namespaces`]: `helm upgrade` with `watchNamespaces`: the chart's Roles exist in the watched
 //!   namespace only, the operator's ServiceAccount has no rights elsewhere (`kubectl auth can-i --as`),
 //!   the operator reconciles a RateLimitPolicy in the watched namespace and leaves one in another alone,
@@ -20,7 +23,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::rbac::v1::Role;
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role};
 use kube::api::{Api, ListParams};
 use sluice_crds::rate_limit_policy::RateLimitPolicy;
 
@@ -207,6 +210,79 @@ pub async fn job_queue_authors(system: &SluiceSystem) {
     let stored = assert_admitted(&out, "cleo (both rights)");
     assert!(stored.contains("serviceAccountName: mailer"), "{stored}");
 }
+
+/// The queue API reviewers' binding follows the namespaces holding JobQueues (see the module docs).
+pub async fn queue_api_reviewers(system: &SluiceSystem) {
+    let queues = system.env().namespace("reviewers").await.unwrap();
+    let n = queues.name();
+    let group = format!("system:serviceaccounts:{n}");
+    let bindings: Api<ClusterRoleBinding> = Api::all(system.env().client());
+    let binding_groups = || {
+        let bindings = bindings.clone();
+        async move {
+            let binding = bindings.get(REVIEWER_BINDING).await.unwrap();
+            binding
+                .subjects
+                .unwrap_or_default()
+                .into_iter()
+                .map(|s| s.name)
+                .collect::<Vec<String>>()
+        }
+    };
+    let can_review = || async {
+        let as_user = format!("--as=system:serviceaccount:{n}:default");
+        let out = system
+            .kubectl(
+                &[
+                    "auth",
+                    "can-i",
+                    "create",
+                    "tokenreviews.authentication.k8s.io",
+                    &as_user,
+                ],
+                None,
+            )
+            .await
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert!(!binding_groups().await.contains(&group));
+    assert_eq!(can_review().await, "no", "no JobQueue in {n} yet");
+
+    system
+        .kubectl_ok(&["create", "-n", n, "-f", "-"], Some(&job_queue(None)))
+        .await
+        .unwrap();
+    wait_for(
+        "the namespace's ServiceAccounts bound as reviewers",
+        DEADLINE,
+        || async { binding_groups().await.contains(&group).then_some(()) },
+    )
+    .await
+    .unwrap();
+    let groups = binding_groups().await;
+    assert!(
+        groups
+            .iter()
+            .all(|g| g.starts_with("system:serviceaccounts:") && g != "system:serviceaccounts:"),
+        "only namespaces' ServiceAccounts, never all of them: {groups:?}"
+    );
+    assert_eq!(can_review().await, "yes");
+
+    system
+        .kubectl_ok(&["delete", "jobqueue", "mail", "-n", n, "--wait"], None)
+        .await
+        .unwrap();
+    wait_for("the namespace's ServiceAccounts unbound", DEADLINE, || async {
+        (!binding_groups().await.contains(&group)).then_some(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(can_review().await, "no", "the JobQueue in {n} is gone");
+}
+
+/// The queue API reviewers' ClusterRoleBinding the chart creates for release `sluice`.
+const REVIEWER_BINDING: &str = "sluice-queue-api-reviewer";
 
 /// `kubectl auth can-i VERB RESOURCE [-n NS | -A]` as the operator's ServiceAccount: `yes` or `no`.
 async fn operator_can(system: &SluiceSystem, verb: &str, resource: &str, ns: Option<&str>) -> String {

@@ -49,6 +49,10 @@ pub const REAL_ONLY: &[Scenario] = &[
         run: |s| Box::pin(access::job_queue_authors(s)),
     },
     Scenario {
+        name: "queue API reviewers follow JobQueues",
+        run: |s| Box::pin(access::queue_api_reviewers(s)),
+    },
+    Scenario {
         name: "watchNamespaces (helm upgrade)",
         run: |s| Box::pin(access::watch_namespaces(s)),
     },

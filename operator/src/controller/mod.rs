@@ -12,12 +12,16 @@
 //!   when the reason changes;
 //! - `run(ctx, shutdown)`: the watches.
 //!
+//! The leader also keeps the queue API reviewers' ClusterRoleBinding to the namespaces holding JobQueues
+//! ([`reviewer_binding`]), a plain watch with no reconcile of its own.
+//!
 //! Also here: per-object exponential [`Backoff`] (kube-rs has none built in, kube-rs/kube#1916), status
 //! and Event helpers, and setting [`conditions`].
 
 pub mod conditions;
 pub mod job_queue;
 pub mod rate_limit_policy;
+pub mod reviewer_binding;
 
 use std::{
     collections::HashMap,
