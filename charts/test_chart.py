@@ -228,7 +228,7 @@ class ChartTest(unittest.TestCase):
             env = {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
             roles = [d for _, d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "sluice-queue-api-reviewer"]
             bindings = [d for _, d in docs
-                        if d["kind"] == "ClusterRoleBinding" and d["metadata"]["name"] == "sluice-queue-api-reviewer"]
+                        if d["kind"] == "ClusterRoleBinding" and d["roleRef"]["name"] == "sluice-queue-api-reviewer"]
             return env["SLUICE_QUEUE_API_AUTH"], roles, bindings
 
         auth, (role,), (binding,) = reviewers({})
@@ -242,8 +242,11 @@ class ChartTest(unittest.TestCase):
         # No namespace listed: the chart binds no one (never the group of every ServiceAccount) and names
         # the binding to the operator, which keeps its subjects to the namespaces holding JobQueues.
         # Without a `subjects` key, `helm upgrade` leaves the operator's subjects alone.
+        # It has a name of its own, so switching to listed namespaces replaces it rather than conflicting
+        # with the operator's field manager over the subjects.
         self.assertNotIn("subjects", binding)
-        self.assertEqual(env_of(render()[0])["SLUICE_QUEUE_API_REVIEWER_BINDING"], "sluice-queue-api-reviewer")
+        self.assertEqual(binding["metadata"]["name"], "sluice-queue-api-reviewer-jobqueues")
+        self.assertEqual(env_of(render()[0])["SLUICE_QUEUE_API_REVIEWER_BINDING"], binding["metadata"]["name"])
         _, _, (binding,) = reviewers(OPTIONS["watched namespaces"])
         self.assertEqual([s["name"] for s in binding["subjects"]],
                          ["system:serviceaccounts:shop", "system:serviceaccounts:billing"])
@@ -262,7 +265,7 @@ class ChartTest(unittest.TestCase):
 
         self.assertEqual(
             sorted((r["resources"], r.get("resourceNames"), r["verbs"]) for r in rbac_rules({})),
-            [(["clusterrolebindings"], ["sluice-queue-api-reviewer"], ["get", "patch", "update"]),
+            [(["clusterrolebindings"], ["sluice-queue-api-reviewer-jobqueues"], ["get", "patch", "update"]),
              (["clusterroles"], ["sluice-queue-api-reviewer"], ["bind"])],
         )
         for listed in ("watched namespaces", "queue API reviewers in listed namespaces", "queue API auth off"):

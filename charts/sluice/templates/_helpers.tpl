@@ -104,6 +104,15 @@ The queue API reviewers' ClusterRole and ClusterRoleBinding (queueapi-rbac.yaml)
 {{- end }}
 
 {{/*
+The reviewers' ClusterRoleBinding: another name when the operator keeps its subjects, so that switching
+between that and listed namespaces replaces the binding instead of fighting over its subjects (Helm's
+server-side apply would conflict with the operator's field manager).
+*/}}
+{{- define "sluice.queueApiReviewerBindingName" -}}
+{{ include "sluice.queueApiReviewerName" . }}{{ if include "sluice.queueApiReviewerBindingManaged" . }}-jobqueues{{ end }}
+{{- end }}
+
+{{/*
 "true" when the operator keeps the reviewers' binding to the namespaces holding JobQueues: queue API auth
 on and neither queueApi.reviewerNamespaces nor watchNamespaces lists any namespace.
 */}}

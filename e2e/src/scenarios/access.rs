@@ -8,7 +8,8 @@
 //!   webhook's message naming the missing right; a user with both is admitted.
 //! - [`queue_api_reviewers`]: the ClusterRoleBinding that lets ServiceAccounts create TokenReviews and
 //!   SubjectAccessReviews names the ServiceAccounts of a namespace while it holds a JobQueue, and no
-//!   longer once the JobQueue is deleted; never the group of every ServiceAccount.
+//!   longer once the JobQueue is deleted; never the group of every ServiceAccount. Upgrades the release
+//!   to `queueApi.auth: kubernetes`.
 //! - [`watch_namespaces`]: `helm upgrade` with `watchNamespaces`: the chart's Roles exist in the watched
 //!   namespace only, the operator's ServiceAccount has no rights elsewhere (`kubectl auth can-i --as`),
 //!   the operator reconciles a RateLimitPolicy in the watched namespace and leaves one in another alone,
@@ -229,6 +230,13 @@ pub async fn queue_api_reviewers(system: &SluiceSystem) {
                 .collect::<Vec<String>>()
         }
     };
+    // The system runs with the queue API's checks off (see `SystemOptions::new`): turn them on, with no
+    // namespace listed, and wait for the upgraded operator.
+    system
+        .upgrade(|values| values["queueApi"]["auth"] = serde_json::json!("kubernetes"))
+        .await
+        .unwrap();
+    system.wait_operator_ready(UPGRADE_DEADLINE).await.unwrap();
     let can_review = || async {
         let as_user = format!("--as=system:serviceaccount:{n}:default");
         let out = system
@@ -253,9 +261,10 @@ pub async fn queue_api_reviewers(system: &SluiceSystem) {
         .kubectl_ok(&["create", "-n", n, "-f", "-"], Some(&job_queue(None)))
         .await
         .unwrap();
+    // The upgraded operator leads once the previous one has handed over its Lease.
     wait_for(
         "the namespace's ServiceAccounts bound as reviewers",
-        DEADLINE,
+        UPGRADE_DEADLINE,
         || async { binding_groups().await.contains(&group).then_some(()) },
     )
     .await
@@ -281,8 +290,11 @@ pub async fn queue_api_reviewers(system: &SluiceSystem) {
     assert_eq!(can_review().await, "no", "the JobQueue in {n} is gone");
 }
 
+/// How long a `helm upgrade` may take to replace the operator and hand over leadership.
+const UPGRADE_DEADLINE: Duration = Duration::from_secs(90);
+
 /// The queue API reviewers' ClusterRoleBinding the chart creates for release `sluice`.
-const REVIEWER_BINDING: &str = "sluice-queue-api-reviewer";
+const REVIEWER_BINDING: &str = "sluice-queue-api-reviewer-jobqueues";
 
 /// `kubectl auth can-i VERB RESOURCE [-n NS | -A]` as the operator's ServiceAccount: `yes` or `no`.
 async fn operator_can(system: &SluiceSystem, verb: &str, resource: &str, ns: Option<&str>) -> String {
