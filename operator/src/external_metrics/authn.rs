@@ -62,6 +62,8 @@ pub const AUTHENTICATION_CONFIGMAP: &str = "extension-apiserver-authentication";
 pub const TOKEN_CACHE_TTL: Duration = Duration::from_secs(10);
 /// Most token answers kept at once.
 pub const TOKEN_CACHE_CAPACITY: usize = 4096;
+/// Most rejected tokens remembered, apart from the accepted ones: made-up tokens only push out each other.
+pub const REJECTED_TOKEN_CACHE_CAPACITY: usize = 1024;
 
 /// An authenticated caller.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
@@ -312,7 +314,10 @@ impl ClientCertVerifier for RequestClientCertificate {
 pub struct Authenticator {
     front_proxy: watch::Sender<Option<Arc<FrontProxy>>>,
     client: Client,
-    tokens: TtlCache<[u8; 32], Result<User, Unauthenticated>>,
+    /// Accepted and rejected tokens in caches of their own, so a flood of made-up tokens cannot push
+    /// out the answers real callers rely on.
+    accepted: TtlCache<[u8; 32], User>,
+    rejected: TtlCache<[u8; 32], Unauthenticated>,
 }
 
 impl Authenticator {
@@ -322,7 +327,8 @@ impl Authenticator {
         Self {
             front_proxy: watch::Sender::new(None),
             client,
-            tokens: TtlCache::new(TOKEN_CACHE_CAPACITY),
+            accepted: TtlCache::new(TOKEN_CACHE_CAPACITY),
+            rejected: TtlCache::new(REJECTED_TOKEN_CACHE_CAPACITY),
         }
     }
 
@@ -418,8 +424,11 @@ impl Authenticator {
 
     async fn review_token(&self, token: &str) -> Result<User, Unauthenticated> {
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        if let Some(answer) = self.tokens.get(&key) {
-            return answer;
+        if let Some(user) = self.accepted.get(&key) {
+            return Ok(user);
+        }
+        if let Some(why) = self.rejected.get(&key) {
+            return Err(why);
         }
         let review = serde_json::from_value(json!({
             "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
@@ -445,7 +454,10 @@ impl Authenticator {
                 status.error.map(|e| format!(": {e}")).unwrap_or_default()
             ))),
         };
-        self.tokens.insert(key, answer.clone(), TOKEN_CACHE_TTL);
+        match &answer {
+            Ok(user) => self.accepted.insert(key, user.clone(), TOKEN_CACHE_TTL),
+            Err(why) => self.rejected.insert(key, why.clone(), TOKEN_CACHE_TTL),
+        }
         answer
     }
 }

@@ -1,5 +1,6 @@
 //! A small map whose entries expire, for authentication and authorization answers. Bounded: when full,
-//! expired entries are dropped, and if none are, everything is (the next requests ask again).
+//! expired entries are dropped, and if none are, the one closest to expiring (never everything: a flood
+//! of new keys must not flush the answers every other caller relies on).
 
 use std::{
     collections::HashMap,
@@ -15,7 +16,7 @@ pub struct TtlCache<K, V> {
     capacity: usize,
 }
 
-impl<K: Eq + Hash, V: Clone> TtlCache<K, V> {
+impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
     /// An empty cache holding at most `capacity` entries.
     pub fn new(capacity: usize) -> Self {
         Self {
@@ -42,8 +43,13 @@ impl<K: Eq + Hash, V: Clone> TtlCache<K, V> {
         if entries.len() >= self.capacity {
             let now = Instant::now();
             entries.retain(|_, (expires, _)| now < *expires);
-            if entries.len() >= self.capacity {
-                entries.clear();
+            if entries.len() >= self.capacity
+                && let Some(soonest) = entries
+                    .iter()
+                    .min_by_key(|(_, (expires, _))| *expires)
+                    .map(|(k, _)| k.clone())
+            {
+                entries.remove(&soonest);
             }
         }
         entries.insert(key, (Instant::now() + ttl, value));
@@ -65,5 +71,18 @@ mod tests {
         cache.insert("c", 3, Duration::from_secs(60));
         assert_eq!(cache.get(&"c"), Some(3));
         assert!(cache.entries.lock().unwrap().len() <= 2);
+    }
+
+    #[test]
+    fn a_full_cache_drops_the_entry_closest_to_expiring_not_everything() {
+        let cache = TtlCache::new(3);
+        cache.insert("allowed", 1, Duration::from_secs(600));
+        cache.insert("soon", 2, Duration::from_secs(5));
+        cache.insert("later", 3, Duration::from_secs(60));
+        cache.insert("new", 4, Duration::from_secs(60));
+        assert_eq!(cache.get(&"soon"), None, "the one closest to expiring made room");
+        for (k, v) in [("allowed", 1), ("later", 3), ("new", 4)] {
+            assert_eq!(cache.get(&k), Some(v), "{k}");
+        }
     }
 }
