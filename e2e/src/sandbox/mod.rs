@@ -45,6 +45,9 @@ pub const WAVE: usize = 2_000;
 const READY_DEADLINE: Duration = Duration::from_secs(60);
 
 /// What happens when, in seconds since the demo started.
+/// Longest wait for one read of the per-second line.
+const SAMPLE_DEADLINE: Duration = Duration::from_secs(5);
+
 const SCRIPT: &[(u64, Step)] = &[
     (3, Step::Enqueue),
     (12, Step::RaiseLimit),
@@ -234,7 +237,13 @@ async fn demo(
         let second = started.elapsed().as_secs();
         let now = counters.snapshot();
         let queue = match &pg {
-            Some(pg) => queue_sample(system, pg.clone()).await,
+            Some(pg) => match queue_sample(system, pg.clone()).await {
+                Ok(sample) => sample,
+                Err(slow) => {
+                    println!("      ▸ {slow}");
+                    None
+                }
+            },
             None => None,
         };
         let sample = Sample {
@@ -350,25 +359,45 @@ async fn enqueue(port: u16, jobs: usize) -> Result<()> {
     Ok(())
 }
 
-async fn queue_sample(system: &SluiceSystem, pg: Arc<PgServer>) -> Option<QueueSample> {
+/// The queue's line of a second: job counts from PostgreSQL, workers from the API server. `Err` names a
+/// read that did not answer within [`SAMPLE_DEADLINE`], so a stuck dependency shows on the screen instead
+/// of freezing it.
+async fn queue_sample(
+    system: &SluiceSystem,
+    pg: Arc<PgServer>,
+) -> std::result::Result<Option<QueueSample>, String> {
     let counts = tokio::task::spawn_blocking(move || {
         pg.psql(
             "SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'running'), \
              count(*) FILTER (WHERE state = 'succeeded') FROM sluice.jobs WHERE queue = 'demo/thumbnails'",
         )
-    })
-    .await
-    .ok()?;
+    });
+    let counts = match tokio::time::timeout(SAMPLE_DEADLINE, counts).await {
+        Ok(Ok(counts)) => counts,
+        Ok(Err(_)) => return Ok(None),
+        Err(_) => {
+            return Err(format!(
+                "slow: PostgreSQL did not answer the job counts within {SAMPLE_DEADLINE:?}"
+            ));
+        }
+    };
     let mut parts = counts.trim().split('|').map(|p| p.parse::<u64>().unwrap_or(0));
     let deployments: Api<Deployment> = Api::namespaced(system.env().client(), NAMESPACE);
-    let d = deployments.get_opt("thumbnails-worker").await.ok().flatten();
-    Some(QueueSample {
+    let d = match tokio::time::timeout(SAMPLE_DEADLINE, deployments.get_opt("thumbnails-worker")).await {
+        Ok(d) => d.ok().flatten(),
+        Err(_) => {
+            return Err(format!(
+                "slow: the API server did not answer a Deployment read within {SAMPLE_DEADLINE:?}"
+            ));
+        }
+    };
+    Ok(Some(QueueSample {
         ready: parts.next().unwrap_or(0),
         running: parts.next().unwrap_or(0),
         succeeded: parts.next().unwrap_or(0),
         replicas: d.as_ref().and_then(|d| d.spec.as_ref()?.replicas).unwrap_or(0),
         ready_replicas: d.and_then(|d| d.status?.ready_replicas).unwrap_or(0),
-    })
+    }))
 }
 
 fn on_path(binary: &str) -> bool {
