@@ -15,6 +15,7 @@ pub mod conditions;
 pub mod contract;
 pub mod duration;
 pub mod job_queue;
+pub mod names;
 pub mod rate_limit_policy;
 pub mod secret_ref;
 pub mod sidecar_config;

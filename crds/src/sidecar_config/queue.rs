@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::duration::Duration;
+use crate::{duration::Duration, names::is_dns_label};
 
 /// Default jobs handled at once by one worker (`SLUICE_WORKER_CONCURRENCY`).
 pub const WORKER_CONCURRENCY_DEFAULT: u32 = 16;
@@ -390,7 +390,7 @@ impl Default for BackoffSpec {
 /// so). The `sluice.queues` table CHECKs the same, so config and API input fail early and clearly.
 pub fn valid_queue_name(name: &str) -> bool {
     match name.split_once('/') {
-        Some((namespace, short)) => valid_namespace(namespace) && valid_short_name(short),
+        Some((namespace, short)) => is_dns_label(namespace) && valid_short_name(short),
         None => valid_short_name(name),
     }
 }
@@ -405,18 +405,6 @@ pub fn valid_short_name(name: &str) -> bool {
     name.len() <= 100
         && first.is_ascii_alphanumeric()
         && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-}
-
-/// Whether `ns` is a Kubernetes namespace name (an RFC 1123 label: 1-63 lowercase letters, digits or
-/// `-`, starting and ending with a letter or digit).
-pub fn valid_namespace(ns: &str) -> bool {
-    let b = ns.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        && b[0] != b'-'
-        && b[b.len() - 1] != b'-'
 }
 
 /// The database name of queue `name` for a sidecar in `namespace`: a short name is in the namespace

@@ -8,10 +8,12 @@ use std::{collections::HashSet, fmt};
 
 use super::{
     CLIENT_IP_CEILING_MAX, CONFIG_VERSION, KeyPart, KeySource, LimitsConfig, MAX_CONNECTIONS_MAX,
-    PREFETCH_MAX, PolicyRef, QueueConfig, Rule, RuleMatch, SidecarConfig, valid_namespace, valid_queue_name,
-    valid_short_name,
+    PREFETCH_MAX, PolicyRef, QueueConfig, Rule, RuleMatch, SidecarConfig, valid_queue_name, valid_short_name,
 };
-use crate::Duration;
+use crate::{
+    Duration,
+    names::{is_dns_label, is_dns_subdomain},
+};
 
 /// Shortest window a rule may have.
 pub const WINDOW_MIN: Duration = Duration::from_secs(1);
@@ -136,7 +138,7 @@ pub fn check_queue(q: &QueueConfig, errs: &mut ConfigErrors) {
         }
     }
     if let Some(ns) = &q.namespace
-        && !valid_namespace(ns)
+        && !is_dns_label(ns)
     {
         errs.push(
             "queue.namespace",
@@ -588,22 +590,6 @@ fn check_redis_url(url: &str) -> Result<(), String> {
 pub fn redis_url_uses_tls(url: &str) -> bool {
     url.split_once("://")
         .is_some_and(|(scheme, _)| scheme.starts_with("rediss"))
-}
-
-/// RFC 1123 label: what a rule name must be (it is part of Redis keys and metric labels).
-fn is_dns_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        && b[0] != b'-'
-        && b[b.len() - 1] != b'-'
-}
-
-/// RFC 1123 subdomain: what Kubernetes names are.
-fn is_dns_subdomain(s: &str) -> bool {
-    s.len() <= 253 && !s.is_empty() && s.split('.').all(is_dns_label)
 }
 
 #[cfg(test)]

@@ -9,6 +9,8 @@
 
 use std::collections::BTreeMap;
 
+use sluice_crds::names::{is_dns_label, is_dns_subdomain};
+
 pub use sluice_crds::contract::annotation::{
     APP_PORT, INJECT, JOB_QUEUES, LISTEN_PORT, NATIVE_SIDECAR, POLICY,
 };
@@ -77,7 +79,7 @@ impl InjectAnnotations {
             Some(v) => {
                 let mut names: Vec<String> = vec![];
                 for name in v.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-                    if !is_object_name(name) {
+                    if !is_dns_subdomain(name) {
                         return Err(err(
                             JOB_QUEUES,
                             v,
@@ -160,20 +162,6 @@ pub fn is_port_name(v: &str) -> bool {
         && !v.starts_with('-')
         && !v.ends_with('-')
         && !v.contains("--")
-}
-
-/// A Kubernetes object name (DNS subdomain).
-fn is_object_name(v: &str) -> bool {
-    !v.is_empty() && v.len() <= 253 && v.split('.').all(is_dns_label)
-}
-
-fn is_dns_label(v: &str) -> bool {
-    !v.is_empty()
-        && v.len() <= 63
-        && v.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !v.starts_with('-')
-        && !v.ends_with('-')
 }
 
 #[cfg(test)]
