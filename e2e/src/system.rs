@@ -12,7 +12,9 @@
 //!   ReplicaSet, HPA, EndpointSlice, garbage collector) act; only the kubelet is a stand-in, joined to the
 //!   cluster as one Node ([`crate::kubelet::RealCluster`]): it hands each Pod's processes a
 //!   TokenRequest token of the Pod's ServiceAccount, so the real RBAC authorizer judges the operator by
-//!   the chart's roles, and the API server reaches the operator's webhook and metrics API through the
+//!   the chart's roles, and writes projected tokens (the queue API's, audience `sluice`) and API
+//!   credentials, so injected sidecars check the queue API's callers (`queueApi.auth: kubernetes`, the
+//!   chart's default, kept there), and the API server reaches the operator's webhook and metrics API through the
 //!   chart's Services and their EndpointSlices ([`crate::pod_network`]).
 //!
 //! The e2e scenarios ([`crate::scenarios`]) run on both; the sandbox starts Sluice through [`SluiceSystem`]
@@ -172,10 +174,10 @@ fn split_image(image: &str) -> (&str, &str) {
 
 impl SystemOptions {
     /// One operator replica (the chart's default is 2; one is enough on a shared laptop or CI core)
-    /// with text logs, the HPA stand-in syncing every second. The queue API's caller checks are off
-    /// (`queueApi.auth: off`): the kubelet stand-in mounts no projected ServiceAccount tokens and gives
-    /// processes no in-cluster API credentials, which the sidecar needs to review callers
-    /// (`e2e/tests/real_control_plane.rs` tests the reviews against a real kube-apiserver).
+    /// with text logs, the HPA stand-in syncing every second. On the in-memory control plane the queue
+    /// API's caller checks are off (`queueApi.auth: off`): that server has no TokenRequest API (so no
+    /// projected token can be minted for an app) and its TokenReview knows only tokens it was given,
+    /// with no audiences; [`SystemOptions::real`] keeps the chart's default, `kubernetes`.
     pub fn new(demo_app: &Path) -> Self {
         SystemOptions {
             control_plane: ControlPlaneKind::InMemory,
@@ -204,8 +206,13 @@ impl SystemOptions {
         self
     }
 
-    /// The same on a real control plane (the HPA controller syncing every `hpa_period`).
+    /// The same on a real control plane (the HPA controller syncing every `hpa_period`), with the queue
+    /// API checking its callers as the chart does by default (`queueApi.auth: kubernetes`): the kubelet
+    /// stand-in mounts the projected tokens and API credentials the sidecars review callers with.
     pub fn real(mut self) -> Self {
+        if let Some(api) = self.values["queueApi"].as_object_mut() {
+            api.remove("auth");
+        }
         self.control_plane = ControlPlaneKind::Real(ControlPlaneOptions {
             hpa_sync_period: self.hpa_period,
         });
@@ -630,6 +637,14 @@ impl SluiceSystem {
             eprintln!("{}", self.operator_logs().await);
         }
         outcome
+    }
+
+    /// Whether the queue API checks its callers (`queueApi.auth: kubernetes`, the chart's default).
+    pub fn queue_api_auth(&self) -> bool {
+        let values = self.values.lock().unwrap_or_else(|p| p.into_inner());
+        values["queueApi"]["auth"]
+            .as_str()
+            .is_none_or(|mode| mode == "kubernetes")
     }
 
     /// The environment (client, kubeconfig, the in-memory server).

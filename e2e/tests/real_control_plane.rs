@@ -3,7 +3,8 @@
 //! `helm install` and checked with `helm test`, the operator under the chart's RBAC (a TokenRequest token
 //! of its ServiceAccount), then the whole-system scenarios with the real admission chain, aggregator,
 //! HPA, Deployment, ReplicaSet, EndpointSlice and garbage-collector controllers; then the scenarios that
-//! need real RBAC (JobQueue authors judged as RBAC users, and the release upgraded to `watchNamespaces`).
+//! need real RBAC (JobQueue authors judged as RBAC users, the queue API's callers checked by its injected
+//! sidecars with projected tokens, and the release upgraded to `watchNamespaces`).
 //! `make e2e-real` runs this file alone and shows its report.
 
 use std::time::Instant;

@@ -354,6 +354,34 @@ fn a_sidecar_asked_to_check_callers_without_in_cluster_credentials_does_not_star
     );
 }
 
+#[test]
+fn the_service_account_credentials_are_read_where_sluice_service_account_dir_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice-sidecar"))
+        .env_clear()
+        .envs([
+            ("SLUICE_LISTEN", "127.0.0.1:0"),
+            ("SLUICE_ADMIN_LISTEN", "127.0.0.2:0"),
+            ("RATE_LIMIT__ENABLED", "false"),
+            ("SLUICE_DATABASE_URL", "postgres://sluice@127.0.0.1:1/sluice"),
+            ("SLUICE_QUEUES", "emails"),
+            ("SLUICE_API_LISTEN", "127.0.0.1:0"),
+            ("SLUICE_API_AUTH", "kubernetes"),
+            ("KUBERNETES_SERVICE_HOST", "127.0.0.1"),
+            ("KUBERNETES_SERVICE_PORT", "6443"),
+        ])
+        .env("SLUICE_SERVICE_ACCOUNT_DIR", dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // The namespace is read from that directory's `namespace` file, which is missing there.
+    assert!(
+        stderr.contains(&format!("{}/namespace", dir.path().display())),
+        "{stderr}"
+    );
+}
+
 /// Token `t-web` is ServiceAccount `web` of `shop` while `token_valid`; it may do anything while
 /// `allowed`.
 struct Revocable {

@@ -9,7 +9,10 @@
 //!   [`NODE_IP`]);
 //! - hands the Pod's processes a kubeconfig carrying a token of the Pod's ServiceAccount from the
 //!   TokenRequest API, bound to the Pod, where a kubelet would mount the projected token — so the real
-//!   authorizer judges every call of, say, the operator by the chart's RBAC;
+//!   authorizer judges every call of, say, the operator by the chart's RBAC; writes the tokens of
+//!   projected `serviceAccountToken` volume sources (audience, lifetime, bound to the Pod) and gives every
+//!   process `KUBERNETES_SERVICE_HOST`/`_PORT` naming the API server, so an injected sidecar reviews
+//!   the queue API's callers with its Pod's credentials;
 //! - completes graceful deletion once the processes stopped (`DELETE` with grace period 0 and the Pod's
 //!   uid as precondition), as a kubelet does.
 //!
@@ -137,6 +140,45 @@ impl RealCluster {
         Ok(true)
     }
 
+    /// A TokenRequest token of the Pod's ServiceAccount, bound to the Pod, for `audience` (the API
+    /// server's own when `None`), valid `seconds`.
+    pub async fn token(
+        &self,
+        client: &kube::Client,
+        pod: &Pod,
+        audience: Option<&str>,
+        seconds: i64,
+    ) -> Result<String> {
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let account = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.service_account_name.clone())
+            .unwrap_or_else(|| "default".into());
+        let mut request = json!({
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+            "spec": {
+                "expirationSeconds": seconds,
+                "boundObjectRef": {
+                    "apiVersion": "v1", "kind": "Pod",
+                    "name": pod.metadata.name, "uid": pod.metadata.uid,
+                },
+            },
+        });
+        if let Some(audience) = audience {
+            request["spec"]["audiences"] = json!([audience]);
+        }
+        let request = http::Request::post(format!("/api/v1/namespaces/{ns}/serviceaccounts/{account}/token"))
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(serde_json::to_vec(&request).map_err(|e| Error::Decode(e.to_string()))?)
+            .map_err(|e| Error::Config(e.to_string()))?;
+        let answer: Value = client.request(request).await?;
+        answer["status"]["token"]
+            .as_str()
+            .map(String::from)
+            .ok_or_else(|| Error::Decode(format!("TokenRequest for {ns}/{account} returned no token")))
+    }
+
     /// Writes `dir/serviceaccount/{token,kubeconfig}` for the Pod's ServiceAccount and returns the
     /// kubeconfig's path; `None` when the Pod opts out (`automountServiceAccountToken: false`).
     pub async fn service_account_kubeconfig(
@@ -150,27 +192,7 @@ impl RealCluster {
             return Ok(None);
         }
         let ns = pod.metadata.namespace.clone().unwrap_or_default();
-        let account = spec
-            .and_then(|s| s.service_account_name.clone())
-            .unwrap_or_else(|| "default".into());
-        let request = json!({
-            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-            "spec": {
-                "expirationSeconds": TOKEN_SECONDS,
-                "boundObjectRef": {
-                    "apiVersion": "v1", "kind": "Pod",
-                    "name": pod.metadata.name, "uid": pod.metadata.uid,
-                },
-            },
-        });
-        let request = http::Request::post(format!("/api/v1/namespaces/{ns}/serviceaccounts/{account}/token"))
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .body(serde_json::to_vec(&request).map_err(|e| Error::Decode(e.to_string()))?)
-            .map_err(|e| Error::Config(e.to_string()))?;
-        let answer: Value = client.request(request).await?;
-        let token = answer["status"]["token"]
-            .as_str()
-            .ok_or_else(|| Error::Decode(format!("TokenRequest for {ns}/{account} returned no token")))?;
+        let token = self.token(client, pod, None, TOKEN_SECONDS).await?;
         let sa_dir = dir.join("serviceaccount");
         std::fs::create_dir_all(&sa_dir)?;
         let token_file = sa_dir.join("token");

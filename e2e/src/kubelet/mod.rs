@@ -18,7 +18,12 @@
 //!   container's `mountPath` is then *rewritten*: in its args and env values, any text starting with a
 //!   mount path (e.g. `--config /etc/sluice/config.yaml`) gets the mount path replaced by the local
 //!   directory. Other volume types are ignored. If a ConfigMap is missing the Pod waits and is retried,
-//!   like `ContainerCreating`.
+//!   like `ContainerCreating`. Projected volumes are written the same way: `configMap` and `secret`
+//!   sources (their `items`), `downwardAPI` items for the Pod's name, namespace and uid, and — on a real
+//!   API server only ([`RealCluster`]) — `serviceAccountToken` sources as a TokenRequest token of the
+//!   Pod's ServiceAccount for the source's audience and lifetime, bound to the Pod (not refreshed). A
+//!   container with a volume at [`SERVICE_ACCOUNT_DIR`] gets [`SERVICE_ACCOUNT_DIR_ENV`] naming the local
+//!   directory, where the sidecar reads its API credentials.
 //! - **Ports**: all Pods share 127.0.0.1 here, so every `containerPort` of the Pod's started containers
 //!   (plus the sidecar's admin port, [`contract::port::ADMIN`], for sidecar containers, and every port P written as
 //!   `127.0.0.1:P`/`localhost:P`/`0.0.0.0:P` in args, plain env values or ConfigMap files — undeclared
@@ -70,8 +75,11 @@ use sluice_crds::contract;
 
 pub use binaries::{operator_binary, sidecar_binary, workspace_binary};
 pub use cluster::{NODE_IP, RealCluster};
+pub use process::{
+    SERVICE_ACCOUNT_DIR, SERVICE_ACCOUNT_DIR_ENV, localhost_ports, rewrite_mounts, rewrite_ports,
+    service_references,
+};
 use process::{http_ok, runnable, start_pod};
-pub use process::{localhost_ports, rewrite_mounts, rewrite_ports, service_references};
 
 /// Image pattern of the sidecar.
 pub const SIDECAR_IMAGE_PATTERN: &str = "sluice-sidecar";
@@ -351,6 +359,14 @@ impl Kubelet {
         let pods = self.lock();
         let running = pods.running.get(&(namespace.to_string(), pod.to_string()))?;
         Some(running.dir.path().join(format!("{container}.log")))
+    }
+
+    /// A file the stand-in wrote for one of a Pod's volumes (ConfigMap, Secret, projected: a
+    /// ServiceAccount token, say), where the Pod's processes read it.
+    pub fn volume_file(&self, namespace: &str, pod: &str, volume: &str, file: &str) -> Option<PathBuf> {
+        let pods = self.lock();
+        let running = pods.running.get(&(namespace.to_string(), pod.to_string()))?;
+        Some(running.dir.path().join("volumes").join(volume).join(file))
     }
 
     /// Kills a container's process with SIGKILL (a crash); it is not restarted.

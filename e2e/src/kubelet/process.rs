@@ -14,6 +14,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use super::{KubeletConfig, Process, Runner, RunningPod, SIDECAR_IMAGE_PATTERN, key};
 use crate::error::{Error, Result};
 
+/// Where a kubelet mounts a container's ServiceAccount credentials.
+pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// The sidecar's setting naming that directory elsewhere (`sluice_sidecar::queue::auth`).
+pub const SERVICE_ACCOUNT_DIR_ENV: &str = "SLUICE_SERVICE_ACCOUNT_DIR";
+
 /// The containers the stand-in runs: native sidecars first, then containers, those with a local command.
 pub(super) fn runnable<'a>(config: &'a KubeletConfig, pod: &'a Pod) -> Vec<(&'a Container, &'a [String])> {
     let Some(spec) = pod.spec.as_ref() else {
@@ -107,6 +112,8 @@ pub(super) async fn start_pod(
                 .into_iter()
                 .map(|(k, v)| (k, v.0))
                 .collect()
+        } else if let Some(projected) = &volume.projected {
+            projected_files(client, config, pod, projected).await?
         } else {
             continue;
         };
@@ -157,7 +164,11 @@ pub(super) async fn start_pod(
             let text = String::from_utf8(bytes.clone())
                 .map(|t| rewrite_ports(&t, &ports).into_bytes())
                 .unwrap_or(bytes);
-            std::fs::write(vdir.join(file), text)?;
+            let path = vdir.join(file);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::write(path, text)?;
         }
         volume_dirs.insert(volume, vdir);
     }
@@ -184,6 +195,13 @@ pub(super) async fn start_pod(
             };
             let local = cluster.network.service_address(namespace, service, port).await?;
             services.insert(format!("{host}:{port}"), local);
+        }
+        // What a kubelet gives every container: the API server's address (here, where it listens).
+        if let Ok(url) = url::Url::parse(&cluster.api_url) {
+            let host = url.host_str().unwrap_or("127.0.0.1").to_string();
+            let port = url.port_or_known_default().unwrap_or(443).to_string();
+            own_env.push(("KUBERNETES_SERVICE_HOST".into(), host));
+            own_env.push(("KUBERNETES_SERVICE_PORT".into(), port));
         }
         if let Some(kubeconfig) = cluster
             .service_account_kubeconfig(client, pod, dir.path())
@@ -220,6 +238,14 @@ pub(super) async fn start_pod(
             if podman { s } else { rewrite_mounts(&s, &mounts) }
         };
         let mut env: BTreeMap<String, String> = raw.into_iter().map(|(k, (v, _))| (k, rewrite(&v))).collect();
+        // A process cannot see a mount path: the sidecar is told where its ServiceAccount credentials are.
+        if !podman
+            && let Some((_, local)) = mounts
+                .iter()
+                .find(|(m, _)| m.trim_end_matches('/') == SERVICE_ACCOUNT_DIR)
+        {
+            env.insert(SERVICE_ACCOUNT_DIR_ENV.into(), local.display().to_string());
+        }
         if is_sidecar(c) {
             let admin = running.ports[&contract::port::ADMIN];
             env.entry(contract::env::ADMIN_LISTEN.into())
@@ -333,6 +359,94 @@ async fn start_container(
     spec.mounts
         .extend(config.podman_mounts.iter().map(|p| same_path(p)));
     Podman::new().run(&spec).await
+}
+
+/// The files of a projected volume, as a kubelet writes them: a `serviceAccountToken` source is a
+/// TokenRequest token of the Pod's ServiceAccount for the source's audience (the API server's when
+/// none) and `expirationSeconds`, bound to the Pod (on a real API server only: the in-memory one has
+/// no TokenRequest, so the file is left out there); `configMap` and `secret` sources are their keys
+/// (or `items`); `downwardAPI` sources the Pod's `metadata.name`/`namespace`/`uid`.
+async fn projected_files(
+    client: &kube::Client,
+    config: &KubeletConfig,
+    pod: &Pod,
+    projected: &k8s_openapi::api::core::v1::ProjectedVolumeSource,
+) -> Result<BTreeMap<String, Vec<u8>>> {
+    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+    let mut files = BTreeMap::new();
+    // `items` renames keys (and picks some); without them, every key is a file of its own name.
+    let pick = |all: BTreeMap<String, Vec<u8>>,
+                items: &Option<Vec<k8s_openapi::api::core::v1::KeyToPath>>,
+                files: &mut BTreeMap<String, Vec<u8>>| match items {
+        Some(items) => {
+            for item in items {
+                if let Some(bytes) = all.get(&item.key) {
+                    files.insert(item.path.clone(), bytes.clone());
+                }
+            }
+        }
+        None => files.extend(all),
+    };
+    for source in projected.sources.iter().flatten() {
+        if let Some(token) = &source.service_account_token
+            && let Some(cluster) = &config.cluster
+        {
+            let seconds = token.expiration_seconds.unwrap_or(super::cluster::TOKEN_SECONDS);
+            let token_text = cluster
+                .token(client, pod, token.audience.as_deref(), seconds)
+                .await?;
+            files.insert(token.path.clone(), token_text.into_bytes());
+        }
+        if let Some(cm) = &source.config_map {
+            let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+            let all: BTreeMap<String, Vec<u8>> = match api.get_opt(&cm.name).await? {
+                Some(found) => found
+                    .data
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(k, v)| (k, v.into_bytes()))
+                    .chain(
+                        found
+                            .binary_data
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|(k, v)| (k, v.0)),
+                    )
+                    .collect(),
+                None if cm.optional == Some(true) => BTreeMap::new(),
+                None => return Err(Error::Config(format!("configmap {} not found", cm.name))),
+            };
+            pick(all, &cm.items, &mut files);
+        }
+        if let Some(secret) = &source.secret {
+            let api: Api<Secret> = Api::namespaced(client.clone(), &ns);
+            let all: BTreeMap<String, Vec<u8>> = match api.get_opt(&secret.name).await? {
+                Some(found) => found
+                    .data
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(k, v)| (k, v.0))
+                    .collect(),
+                None if secret.optional == Some(true) => BTreeMap::new(),
+                None => return Err(Error::Config(format!("secret {} not found", secret.name))),
+            };
+            pick(all, &secret.items, &mut files);
+        }
+        if let Some(downward) = &source.downward_api {
+            for item in downward.items.iter().flatten() {
+                let value = match item.field_ref.as_ref().map(|f| f.field_path.as_str()) {
+                    Some("metadata.name") => pod.metadata.name.clone(),
+                    Some("metadata.namespace") => Some(ns.clone()),
+                    Some("metadata.uid") => pod.metadata.uid.clone(),
+                    _ => None,
+                };
+                if let Some(value) = value {
+                    files.insert(item.path.clone(), value.into_bytes());
+                }
+            }
+        }
+    }
+    Ok(files)
 }
 
 fn is_sidecar(c: &Container) -> bool {

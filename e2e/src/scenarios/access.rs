@@ -9,7 +9,7 @@
 //! - [`queue_api_reviewers`]: the ClusterRoleBinding that lets ServiceAccounts create TokenReviews and
 //!   SubjectAccessReviews names the ServiceAccounts of a namespace while it holds a JobQueue, and no
 //!   longer once the JobQueue is deleted; never the group of every ServiceAccount. Upgrades the release
-//!   to `queueApi.auth: kubernetes`.
+//!   to `queueApi.auth: kubernetes` unless it is on already.
 //! - [`watch_namespaces`]: `helm upgrade` with `watchNamespaces`: the chart's Roles exist in the watched
 //!   namespace only, the operator's ServiceAccount has no rights elsewhere (`kubectl auth can-i --as`),
 //!   the operator reconciles a RateLimitPolicy in the watched namespace and leaves one in another alone,
@@ -230,8 +230,8 @@ pub async fn queue_api_reviewers(system: &SluiceSystem) {
                 .collect::<Vec<String>>()
         }
     };
-    // The system runs with the queue API's checks off (see `SystemOptions::new`): turn them on, with no
-    // namespace listed, and wait for the upgraded operator.
+    // The queue API's checks on (the real control plane's default, see `SystemOptions::real`; upgraded
+    // when a system runs with them off), and the operator Ready.
     system
         .upgrade(|values| values["queueApi"]["auth"] = serde_json::json!("kubernetes"))
         .await

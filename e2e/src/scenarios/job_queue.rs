@@ -66,6 +66,19 @@ spec:
       horizontalPodAutoscalerConfig:
         behavior:
           scaleDown: {{stabilizationWindowSeconds: 0}}
+---
+# The enqueuer calls its sidecar's queue API without a token, as its pod's ServiceAccount (`default`):
+# with the queue API's checks on, that account needs this right, as docs/queue.md tells users.
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: enqueue-thumbs}}
+rules: [{{apiGroups: [sluice.dev], resources: [jobqueues/jobs], resourceNames: [thumbs], verbs: [create]}}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: enqueuer-enqueues-thumbs}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: enqueue-thumbs}}
+subjects: [{{kind: ServiceAccount, name: default}}]
 "#
     )
 }
@@ -135,6 +148,9 @@ pub async fn run(system: &SluiceSystem) {
         panic!("{e}\n{}", system.operator_logs().await);
     }
 
+    if system.queue_api_auth() {
+        crate::scenarios::queue_api_auth::reviewers_bound(system, &n).await;
+    }
     system
         .kubectl_ok(&["apply", "-n", &n, "-f", "-"], Some(ENQUEUER))
         .await

@@ -8,6 +8,7 @@
 pub mod access;
 pub mod bad_input;
 pub mod job_queue;
+pub mod queue_api_auth;
 pub mod rate_limit;
 
 use std::time::{Duration, Instant};
@@ -51,6 +52,10 @@ pub const REAL_ONLY: &[Scenario] = &[
     Scenario {
         name: "queue API reviewers follow JobQueues",
         run: |s| Box::pin(access::queue_api_reviewers(s)),
+    },
+    Scenario {
+        name: "queue API callers checked (auth: kubernetes)",
+        run: |s| Box::pin(queue_api_auth::run(s)),
     },
     Scenario {
         name: "watchNamespaces (helm upgrade)",

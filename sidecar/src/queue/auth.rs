@@ -20,7 +20,8 @@
 //! cannot be asked is 503 and nothing is cached. Tokens are never logged.
 //!
 //! The API server is reached with the pod's credentials ([`ApiServer::in_cluster`]: the
-//! `KUBERNETES_SERVICE_*` variables and the files in [`SERVICE_ACCOUNT_DIR`]), over TLS connections
+//! `KUBERNETES_SERVICE_*` variables and the files in [`SERVICE_ACCOUNT_DIR`], or in the directory
+//! `SLUICE_SERVICE_ACCOUNT_DIR` names), over TLS connections
 //! kept open and reused (at most [`REVIEW_CONCURRENCY`] idle); the sidecar's ServiceAccount needs `create` on `tokenreviews` and
 //! `subjectaccessreviews` (docs/security.md, "The queue API's callers").
 
@@ -63,6 +64,17 @@ pub const REVIEW_WAIT: Duration = Duration::from_secs(2);
 pub const LIST_REVIEW_CONCURRENCY: usize = 4;
 /// Where a pod's ServiceAccount credentials are mounted (`token`, `ca.crt`, `namespace`).
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// Names another directory holding `token`, `ca.crt` and `namespace` in place of
+/// [`SERVICE_ACCOUNT_DIR`] (a sidecar run outside a pod, with the credentials elsewhere).
+pub const SERVICE_ACCOUNT_DIR_ENV: &str = "SLUICE_SERVICE_ACCOUNT_DIR";
+
+/// The directory of the pod's ServiceAccount credentials: `$SLUICE_SERVICE_ACCOUNT_DIR`, else
+/// [`SERVICE_ACCOUNT_DIR`].
+pub fn service_account_dir() -> PathBuf {
+    std::env::var_os(SERVICE_ACCOUNT_DIR_ENV)
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from(SERVICE_ACCOUNT_DIR), PathBuf::from)
+}
 /// The API group of the JobQueues whose subresources callers are authorized on.
 pub const GROUP: &str = "sluice.dev";
 /// The resource.
@@ -361,7 +373,7 @@ impl Authenticator {
         if cfg.mode == ApiAuthMode::Off {
             return Ok(None);
         }
-        let dir = PathBuf::from(SERVICE_ACCOUNT_DIR);
+        let dir = service_account_dir();
         let namespace = match &cfg.namespace {
             Some(ns) => ns.clone(),
             None => std::fs::read_to_string(dir.join("namespace"))
@@ -571,7 +583,8 @@ impl ApiServer {
     }
 
     /// The API server a pod reaches: `KUBERNETES_SERVICE_HOST`/`_PORT`, the CA and token in
-    /// [`SERVICE_ACCOUNT_DIR`].
+    /// [`service_account_dir`] ([`SERVICE_ACCOUNT_DIR`] unless `SLUICE_SERVICE_ACCOUNT_DIR` says
+    /// otherwise).
     pub fn in_cluster() -> Result<Self, String> {
         let var = |name: &str| {
             std::env::var(name)
@@ -586,7 +599,7 @@ impl ApiServer {
         } else {
             host
         };
-        let dir = PathBuf::from(SERVICE_ACCOUNT_DIR);
+        let dir = service_account_dir();
         let ca = std::fs::read(dir.join("ca.crt")).map_err(|e| format!("{}/ca.crt: {e}", dir.display()))?;
         Self::new(&format!("https://{host}:{port}"), &ca, dir.join("token"))
     }
