@@ -1,7 +1,8 @@
 //! The kubelet stand-in runs Sluice's images as local processes: an injected-looking pod (the sidecar
 //! as a native sidecar with its ConfigMap-mounted config, and the demo app as the team's container)
 //! gets real processes, turns Ready once the sidecar's /readyz answers, passes traffic through the
-//! sidecar to the app, and loses its processes when the pod is deleted or a process is killed.
+//! sidecar to the app, and loses its processes when the pod is deleted or a process is killed; projected
+//! volumes are written and a process is told where its ServiceAccount files are.
 
 use std::time::Duration;
 
@@ -300,6 +301,71 @@ async fn an_undeclared_localhost_port_named_in_env_gets_its_own_local_port() {
         assert_eq!(code, 200);
         assert!(body.contains(&format!("ok {name}")), "{body}");
     }
+    stop.send(()).unwrap();
+    task.await.unwrap();
+}
+
+#[tokio::test]
+async fn projected_volumes_are_written_and_a_process_is_told_where_its_service_account_files_are() {
+    let env = Env::start().await.unwrap();
+    let ns = env.namespace("kubelet-projected").await.unwrap();
+    ns.apply_yaml("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: kube-root-ca.crt}\ndata: {ca.crt: the-ca, other: x}\n")
+        .await
+        .unwrap();
+    let config = KubeletConfig::new(
+        "/nonexistent/sluice-sidecar".as_ref(),
+        env!("CARGO_BIN_EXE_sluice-demo-app").as_ref(),
+    )
+    .namespace(ns.name());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (kubelet, task) = Kubelet::start(ns.client(), config, async {
+        let _ = stopped.await;
+    });
+    let dir = "/var/run/secrets/kubernetes.io/serviceaccount";
+    // What the ServiceAccount admission plugin (or the webhook, for the sidecar) mounts.
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "app"},
+        "spec": {
+            "containers": [{
+                "name": "app", "image": "sluice-demo-app:1",
+                "volumeMounts": [{"name": "kube-api-access", "mountPath": dir, "readOnly": true}],
+            }],
+            "volumes": [{"name": "kube-api-access", "projected": {"sources": [
+                {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+                {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}},
+            ]}}],
+        },
+    }))
+    .unwrap();
+    let pods: kube::Api<Pod> = ns.api();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let pid = wait_for("the app's process", DEADLINE, || async {
+        kubelet.pid(ns.name(), "app", "app")
+    })
+    .await
+    .unwrap();
+    let file = |name: &str| {
+        kubelet
+            .volume_file(ns.name(), "app", "kube-api-access", name)
+            .unwrap()
+    };
+    assert_eq!(std::fs::read_to_string(file("ca.crt")).unwrap(), "the-ca");
+    assert_eq!(std::fs::read_to_string(file("namespace")).unwrap(), ns.name());
+    assert!(!file("other").exists(), "only the items named");
+    // The in-memory server has no TokenRequest API: no token is written there.
+    assert!(!file("token").exists());
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let expected = format!(
+        "SLUICE_SERVICE_ACCOUNT_DIR={}",
+        file("").display().to_string().trim_end_matches('/')
+    );
+    assert!(
+        environ
+            .split(|b| *b == 0)
+            .any(|var| String::from_utf8_lossy(var).trim_end_matches('/') == expected),
+        "{expected} not in the process's environment"
+    );
     stop.send(()).unwrap();
     task.await.unwrap();
 }

@@ -1,6 +1,7 @@
 //! A stand-in for the kubelet, for Sluice's own images only: Pods do not run by themselves on the test
 //! API server, so for each Pod whose containers use an image in [`KubeletConfig::images`] (the
-//! `sluice-sidecar` binary, the `sluice-demo-app` standing in for a team's container) this starts the
+//! `sluice-sidecar` binary, the `sluice-demo-app` standing in for a team's container, the Python example
+//! gRPC worker for `sluice-grpc-worker`) this starts the
 //! containers as local processes, reports the Pod `Running`/`Ready` through the status subresource, and
 //! stops the processes when the Pod goes.
 //!
@@ -85,6 +86,12 @@ use process::{http_ok, runnable, start_pod};
 pub const SIDECAR_IMAGE_PATTERN: &str = "sluice-sidecar";
 /// Image pattern of the demo app.
 pub const DEMO_APP_IMAGE_PATTERN: &str = "sluice-demo-app";
+/// Image pattern of a gRPC worker: the Python example worker (`examples/grpc-worker/worker.py`, run
+/// with `python3`; it needs `grpcio`, which `.ci/deps.sh` installs), taking jobs from its pod's sidecar.
+pub const GRPC_WORKER_IMAGE_PATTERN: &str = "sluice-grpc-worker";
+/// The Python example worker run for [`GRPC_WORKER_IMAGE_PATTERN`].
+pub const GRPC_WORKER_SCRIPT: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/grpc-worker/worker.py");
 /// How often pods are re-checked (readiness, retries of Pods waiting for a ConfigMap).
 pub const RESYNC_PERIOD: Duration = Duration::from_millis(100);
 
@@ -110,7 +117,8 @@ pub struct KubeletConfig {
 }
 
 impl KubeletConfig {
-    /// Runs `sluice-sidecar` images with `sidecar` and `sluice-demo-app` images with `demo_app`.
+    /// Runs `sluice-sidecar` images with `sidecar`, `sluice-demo-app` images with `demo_app` and
+    /// `sluice-grpc-worker` images with the Python example gRPC worker.
     pub fn new(sidecar: &Path, demo_app: &Path) -> Self {
         KubeletConfig {
             images: vec![
@@ -118,6 +126,10 @@ impl KubeletConfig {
                 (
                     DEMO_APP_IMAGE_PATTERN.into(),
                     vec![demo_app.display().to_string()],
+                ),
+                (
+                    GRPC_WORKER_IMAGE_PATTERN.into(),
+                    vec!["python3".into(), "-u".into(), GRPC_WORKER_SCRIPT.into()],
                 ),
             ],
             namespace: None,

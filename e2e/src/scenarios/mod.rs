@@ -7,6 +7,7 @@
 
 pub mod access;
 pub mod bad_input;
+pub mod grpc_queue;
 pub mod job_queue;
 pub mod queue_api_auth;
 pub mod rate_limit;
@@ -35,6 +36,10 @@ pub const ALL: &[Scenario] = &[
     Scenario {
         name: "job queue",
         run: |s| Box::pin(job_queue::run(s)),
+    },
+    Scenario {
+        name: "gRPC job queue",
+        run: |s| Box::pin(grpc_queue::run(s)),
     },
     Scenario {
         name: "bad input",
