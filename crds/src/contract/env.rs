@@ -81,3 +81,9 @@ pub const QUEUE_API: &str = "SLUICE_QUEUE_API";
 /// ServiceAccount token for it (audience `sluice`, refreshed by the kubelet; read it for each request or
 /// every few minutes, and send it as `Authorization: Bearer <token>`). Read by the app, not by Sluice.
 pub const QUEUE_API_TOKEN_FILE: &str = "SLUICE_QUEUE_API_TOKEN_FILE";
+
+/// The directory the sidecar reads its own ServiceAccount credentials from (`token`, `ca.crt`,
+/// `namespace`) for the queue API's TokenReviews and SubjectAccessReviews, in place of
+/// [`crate::contract::SERVICE_ACCOUNT_DIR`]: for a sidecar run outside a pod, with the credentials
+/// elsewhere.
+pub const SERVICE_ACCOUNT_DIR: &str = "SLUICE_SERVICE_ACCOUNT_DIR";

@@ -15,6 +15,9 @@ pub const SIDECAR_CONTAINER: &str = "sluice-sidecar";
 /// User and group the sidecar runs as: the image's non-root user (distroless `nonroot`).
 pub const SIDECAR_UID: i64 = 65532;
 
+/// Where a kubelet mounts a pod's ServiceAccount credentials (`token`, `ca.crt`, `namespace`).
+pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
 /// Ports of the sidecar.
 pub mod port {
     /// The injected sidecar's `/healthz`, `/readyz` and `/metrics` (`limits.adminListen` as rendered);

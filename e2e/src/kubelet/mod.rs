@@ -23,8 +23,9 @@
 //!   sources (their `items`), `downwardAPI` items for the Pod's name, namespace and uid, and — on a real
 //!   API server only ([`RealCluster`]) — `serviceAccountToken` sources as a TokenRequest token of the
 //!   Pod's ServiceAccount for the source's audience and lifetime, bound to the Pod (not refreshed). A
-//!   container with a volume at [`SERVICE_ACCOUNT_DIR`] gets [`SERVICE_ACCOUNT_DIR_ENV`] naming the local
-//!   directory, where the sidecar reads its API credentials.
+//!   container with a volume at [`contract::SERVICE_ACCOUNT_DIR`] gets
+//!   [`contract::env::SERVICE_ACCOUNT_DIR`] naming the local directory, where the sidecar reads its API
+//!   credentials.
 //! - **Ports**: all Pods share 127.0.0.1 here, so every `containerPort` of the Pod's started containers
 //!   (plus the sidecar's admin port, [`contract::port::ADMIN`], for sidecar containers, and every port P written as
 //!   `127.0.0.1:P`/`localhost:P`/`0.0.0.0:P` in args, plain env values or ConfigMap files — undeclared
@@ -76,11 +77,8 @@ use sluice_crds::contract;
 
 pub use binaries::{operator_binary, sidecar_binary, workspace_binary};
 pub use cluster::{NODE_IP, RealCluster};
-pub use process::{
-    SERVICE_ACCOUNT_DIR, SERVICE_ACCOUNT_DIR_ENV, localhost_ports, rewrite_mounts, rewrite_ports,
-    service_references,
-};
 use process::{http_ok, runnable, start_pod};
+pub use process::{localhost_ports, rewrite_mounts, rewrite_ports, service_references};
 
 /// Image pattern of the sidecar.
 pub const SIDECAR_IMAGE_PATTERN: &str = "sluice-sidecar";

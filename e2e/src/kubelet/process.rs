@@ -14,11 +14,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use super::{KubeletConfig, Process, Runner, RunningPod, SIDECAR_IMAGE_PATTERN, key};
 use crate::error::{Error, Result};
 
-/// Where a kubelet mounts a container's ServiceAccount credentials.
-pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
-/// The sidecar's setting naming that directory elsewhere (`sluice_sidecar::queue::auth`).
-pub const SERVICE_ACCOUNT_DIR_ENV: &str = "SLUICE_SERVICE_ACCOUNT_DIR";
-
 /// The containers the stand-in runs: native sidecars first, then containers, those with a local command.
 pub(super) fn runnable<'a>(config: &'a KubeletConfig, pod: &'a Pod) -> Vec<(&'a Container, &'a [String])> {
     let Some(spec) = pod.spec.as_ref() else {
@@ -242,9 +237,12 @@ pub(super) async fn start_pod(
         if !podman
             && let Some((_, local)) = mounts
                 .iter()
-                .find(|(m, _)| m.trim_end_matches('/') == SERVICE_ACCOUNT_DIR)
+                .find(|(m, _)| m.trim_end_matches('/') == contract::SERVICE_ACCOUNT_DIR)
         {
-            env.insert(SERVICE_ACCOUNT_DIR_ENV.into(), local.display().to_string());
+            env.insert(
+                contract::env::SERVICE_ACCOUNT_DIR.into(),
+                local.display().to_string(),
+            );
         }
         if is_sidecar(c) {
             let admin = running.ports[&contract::port::ADMIN];

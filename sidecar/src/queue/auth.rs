@@ -20,7 +20,7 @@
 //! cannot be asked is 503 and nothing is cached. Tokens are never logged.
 //!
 //! The API server is reached with the pod's credentials ([`ApiServer::in_cluster`]: the
-//! `KUBERNETES_SERVICE_*` variables and the files in [`SERVICE_ACCOUNT_DIR`], or in the directory
+//! `KUBERNETES_SERVICE_*` variables and the files in [`contract::SERVICE_ACCOUNT_DIR`], or in the directory
 //! `SLUICE_SERVICE_ACCOUNT_DIR` names), over TLS connections
 //! kept open and reused (at most [`REVIEW_CONCURRENCY`] idle); the sidecar's ServiceAccount needs `create` on `tokenreviews` and
 //! `subjectaccessreviews` (docs/security.md, "The queue API's callers").
@@ -45,6 +45,7 @@ use rustls::{ClientConfig, RootCertStore, pki_types::CertificateDer, pki_types::
 use rustls_pki_types::pem::PemObject;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
+use sluice_crds::contract;
 use sluice_crds::sidecar_config::{API_TOKEN_AUDIENCE, ApiAuthConfig, ApiAuthMode, LoopbackCallers};
 
 /// How long an accepted token or an allowed decision is reused.
@@ -62,18 +63,12 @@ pub const REVIEW_CONCURRENCY: usize = 8;
 pub const REVIEW_WAIT: Duration = Duration::from_secs(2);
 /// Most reviews one request for the queue list runs at once.
 pub const LIST_REVIEW_CONCURRENCY: usize = 4;
-/// Where a pod's ServiceAccount credentials are mounted (`token`, `ca.crt`, `namespace`).
-pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
-/// Names another directory holding `token`, `ca.crt` and `namespace` in place of
-/// [`SERVICE_ACCOUNT_DIR`] (a sidecar run outside a pod, with the credentials elsewhere).
-pub const SERVICE_ACCOUNT_DIR_ENV: &str = "SLUICE_SERVICE_ACCOUNT_DIR";
-
 /// The directory of the pod's ServiceAccount credentials: `$SLUICE_SERVICE_ACCOUNT_DIR`, else
-/// [`SERVICE_ACCOUNT_DIR`].
+/// [`contract::SERVICE_ACCOUNT_DIR`].
 pub fn service_account_dir() -> PathBuf {
-    std::env::var_os(SERVICE_ACCOUNT_DIR_ENV)
+    std::env::var_os(contract::env::SERVICE_ACCOUNT_DIR)
         .filter(|v| !v.is_empty())
-        .map_or_else(|| PathBuf::from(SERVICE_ACCOUNT_DIR), PathBuf::from)
+        .map_or_else(|| PathBuf::from(contract::SERVICE_ACCOUNT_DIR), PathBuf::from)
 }
 /// The API group of the JobQueues whose subresources callers are authorized on.
 pub const GROUP: &str = "sluice.dev";
@@ -583,7 +578,7 @@ impl ApiServer {
     }
 
     /// The API server a pod reaches: `KUBERNETES_SERVICE_HOST`/`_PORT`, the CA and token in
-    /// [`service_account_dir`] ([`SERVICE_ACCOUNT_DIR`] unless `SLUICE_SERVICE_ACCOUNT_DIR` says
+    /// [`service_account_dir`] ([`contract::SERVICE_ACCOUNT_DIR`] unless `SLUICE_SERVICE_ACCOUNT_DIR` says
     /// otherwise).
     pub fn in_cluster() -> Result<Self, String> {
         let var = |name: &str| {
