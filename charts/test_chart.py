@@ -278,6 +278,15 @@ class ChartTest(unittest.TestCase):
                 for rule in doc["rules"]:
                     self.assertNotIn("secrets", rule.get("resources", []), f"{doc['metadata']['name']} reads Secrets")
 
+    def test_secret_access_is_per_listed_namespace_without_delete_or_watch(self):
+        docs, _ = render(OPTIONS["secrets in listed namespaces"])
+        roles = {d["metadata"]["namespace"]: d for _, d in docs
+                 if d["kind"] == "Role" and d["metadata"]["name"] == "sluice-secrets"}
+        self.assertEqual(sorted(roles), ["billing", "shop"])
+        for role in roles.values():
+            self.assertEqual([(r["resources"], r["verbs"]) for r in role["rules"]],
+                             [(["secrets"], ["get", "list", "create", "update", "patch"])])
+
     def test_containers_run_as_non_root_with_a_read_only_root(self):
         docs, _ = render()
         pods = [d["spec"]["template"]["spec"] for _, d in docs if d["kind"] == "Deployment"]

@@ -60,6 +60,11 @@ pub mod reason {
 
     /// `JobQueue`: the database could not be reached, or preparing the schema failed.
     pub const DATABASE_UNREACHABLE: &str = "DatabaseUnreachable";
+    /// `JobQueue` `Ready=False`: `spec.database.rowLevelSecurity` is `Enabled` and the namespace's
+    /// tenant role could not be created or its Secret written (the database login lacks `CREATEROLE`,
+    /// a role of that name exists and is no tenant...). The message names what is missing and the fix;
+    /// workers are not given the owner's credentials instead.
+    pub const TENANT_NOT_PROVISIONED: &str = "TenantNotProvisioned";
     /// `JobQueue`: another provider serves `external.metrics.k8s.io`; the operator scales 1..N itself.
     pub const EXTERNAL_METRICS_OWNED_ELSEWHERE: &str = "ExternalMetricsOwnedElsewhere";
     /// `JobQueue`: nobody serves `external.metrics.k8s.io` for Sluice; the operator scales 1..N itself.

@@ -160,6 +160,28 @@ pub struct DatabaseSpec {
     /// (`postgres://user:password@host:5432/db`). The URL never leaves the Secret: worker pods read it
     /// through `secretKeyRef`, and the operator reads it only to prepare the schema and read depth.
     pub secret_ref: SecretKeyRef,
+
+    /// Whether the namespace's workers log in as a role that row-level security limits to the rows
+    /// of this namespace's queues. `Enabled` (the default): when it prepares the database, the
+    /// operator creates (or reuses) the namespace's tenant role with `sluice.ensure_tenant` and writes
+    /// its URL to a Secret in this namespace (`sluice-tenant-<hash>`, key `url`); worker pods and
+    /// injected sidecars read that Secret, never the one above, whose login must own the `sluice`
+    /// schema and have `CREATEROLE`. When it cannot, the JobQueue is `Ready=False`, reason
+    /// `TenantNotProvisioned`, and no worker gets the owner's credentials. `Disabled`: workers and
+    /// sidecars use the Secret above as it is, and namespaces sharing the database are not isolated
+    /// from each other.
+    #[serde(default)]
+    pub row_level_security: RowLevelSecurity,
+}
+
+/// Whether a JobQueue's workers are limited to their namespace's rows (`spec.database.rowLevelSecurity`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum RowLevelSecurity {
+    /// Workers log in as the namespace's tenant role, which the operator provisions.
+    #[default]
+    Enabled,
+    /// Workers use `spec.database.secretRef` as it is; no isolation between namespaces is enforced.
+    Disabled,
 }
 
 /// The worker pods.

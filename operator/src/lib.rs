@@ -43,6 +43,7 @@ pub mod secret;
 pub mod serve;
 pub mod signing;
 pub mod telemetry;
+pub mod tenant;
 pub mod webhook;
 
 /// Field manager of every server-side apply the operator makes (also its `managed-by` label value).
@@ -116,6 +117,20 @@ pub enum Error {
         /// `for one namespace` or `in all`.
         scope: &'static str,
     },
+    /// `spec.database.rowLevelSecurity` is `Enabled` and the namespace's tenant role could not be made
+    /// ([`tenant::provision`]); `why` names what is missing and the fix, never the password.
+    #[error(
+        "the tenant role {role:?} of namespace {namespace} was not provisioned, so no worker is given \
+         database credentials: {why}"
+    )]
+    TenantNotProvisioned {
+        /// The JobQueue's namespace.
+        namespace: String,
+        /// The role it would log in as.
+        role: String,
+        /// What failed and how to fix it.
+        why: String,
+    },
     /// Redis could not be reached or refused a command.
     #[error("Redis: {0}")]
     Redis(String),
@@ -149,6 +164,7 @@ impl Error {
             Error::SecretKeyMissing { .. } => "secret_key_missing",
             Error::NotOwned { .. } => "not_owned",
             Error::TooManyEndpoints { .. } => "too_many_endpoints",
+            Error::TenantNotProvisioned { .. } => "tenant_not_provisioned",
             Error::Redis(_) => "redis_unreachable",
             Error::Database(_) => "database_unreachable",
             Error::Certificate(_) => "certificate",
@@ -167,6 +183,7 @@ impl Error {
             Error::SecretKeyMissing { .. } => reason::SECRET_KEY_MISSING,
             Error::NotOwned { .. } => reason::OBJECT_NOT_OWNED,
             Error::TooManyEndpoints { .. } => reason::TOO_MANY_ENDPOINTS,
+            Error::TenantNotProvisioned { .. } => reason::TENANT_NOT_PROVISIONED,
             Error::Redis(_) => reason::REDIS_UNREACHABLE,
             Error::Database(_) => reason::DATABASE_UNREACHABLE,
             _ => reason::KUBERNETES_API_ERROR,
@@ -184,6 +201,7 @@ impl Error {
                 | Error::SecretKeyMissing { .. }
                 | Error::NotOwned { .. }
                 | Error::TooManyEndpoints { .. }
+                | Error::TenantNotProvisioned { .. }
         )
     }
 }

@@ -245,7 +245,14 @@ async fn the_operator_serves_a_trusted_webhook_that_injects_pods_created_through
     };
     let url = env("SLUICE_DATABASE_URL");
     assert_eq!(url.value, None, "never as text");
-    assert_eq!(url.value_from.unwrap().secret_key_ref.unwrap().name, "pg");
+    // The namespace's tenant Secret (rowLevelSecurity is Enabled by default), not the owner's.
+    assert_eq!(
+        url.value_from.unwrap().secret_key_ref.unwrap().name,
+        sluice_operator::tenant::secret_name(&sluice_crds::job_queue::SecretKeyRef {
+            name: "pg".into(),
+            key: "url".into()
+        })
+    );
     assert_eq!(
         env("SLUICE_QUEUES").value.as_deref(),
         Some(format!("{}/emails", ns.name()).as_str())

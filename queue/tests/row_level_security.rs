@@ -385,3 +385,27 @@ async fn a_tenant_role_stays_with_its_namespace() {
             .unwrap();
     assert_eq!(namespace, "a");
 }
+
+#[tokio::test]
+async fn a_failed_ensure_tenant_carries_no_password() {
+    // An owner without CREATEROLE: the schema is its own, creating the role is refused.
+    let pg = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+    pg.psql("CREATE ROLE limited LOGIN; GRANT CREATE ON DATABASE postgres TO limited");
+    let url = pg.url().replace("postgres://postgres@", "postgres://limited@");
+    let owner = QueueStore::new(connect(&url).await);
+    schema::migrate(owner.pool()).await.unwrap();
+    let password = "do-not-show-this-password-0123456789";
+    let e = sqlx::query(sluice_queue::sql::TENANT_ENSURE)
+        .bind("sluice_ns_a")
+        .bind("a")
+        .bind(password)
+        .execute(owner.pool())
+        .await
+        .expect_err("no CREATEROLE");
+    let db = e.as_database_error().expect("a database error");
+    assert_eq!(db.code().as_deref(), Some("42501"));
+    let pg_err = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>().unwrap();
+    let everything = format!("{e} {e:?} {:?} {:?}", pg_err.r#where(), pg_err.detail());
+    assert!(!everything.contains(password), "{everything}");
+    assert!(everything.contains("permission denied"), "{everything}");
+}

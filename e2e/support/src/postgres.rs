@@ -138,6 +138,35 @@ impl PgServer {
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 
+    /// From now on, only the superuser `postgres` logs in without a password over TCP; every other role
+    /// must give its own (SCRAM), so a test can tell a right password from a wrong one.
+    pub fn require_passwords(&self) {
+        let hba = self.data_dir().join("pg_hba.conf");
+        std::fs::write(
+            &hba,
+            "local all all trust\n\
+             host all postgres 127.0.0.1/32 trust\n\
+             host all all 127.0.0.1/32 scram-sha-256\n",
+        )
+        .expect("write pg_hba.conf");
+        chown_to_pg(&hba);
+        self.psql("SELECT pg_reload_conf()");
+        // The reload is asynchronous: wait until a login without a password is asked for one.
+        let probe = format!("postgres://sluice_probe@127.0.0.1:{}/postgres", self.port);
+        let deadline = Instant::now() + START_DEADLINE;
+        loop {
+            let out = Command::new(pg_bin("psql"))
+                .args(["-X", "-w", "-d", &probe, "-c", "SELECT 1"])
+                .output()
+                .expect("run psql");
+            if String::from_utf8_lossy(&out.stderr).contains("password") {
+                return;
+            }
+            assert!(Instant::now() < deadline, "pg_hba.conf was not reloaded");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn data_dir(&self) -> PathBuf {
         self.dir.path().join("data")
     }

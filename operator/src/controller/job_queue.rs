@@ -50,7 +50,10 @@ use serde_json::json;
 use sluice_crds::{
     conditions::{ACTIVE, DEGRADED, PAUSED, READY, reason},
     contract::{annotation, label::JOB_QUEUE as JOB_QUEUE_LABEL},
-    job_queue::{DepthStatus, JobQueue, JobQueueSchedule, JobQueueStatus, ScalingProvider, ScheduleStatus},
+    job_queue::{
+        DepthStatus, JobQueue, JobQueueSchedule, JobQueueStatus, RowLevelSecurity, ScalingProvider,
+        ScheduleStatus,
+    },
 };
 use sluice_queue::{Depth, QueueSettings, QueueStore, schedule::CronSchedule, store::ScheduleState};
 use tokio::sync::mpsc;
@@ -73,6 +76,7 @@ use crate::{
         deletion_cost::{POD_DELETION_COST_ANNOTATION, deletion_costs},
     },
     secret::{self, DATABASE_SECRET_FIELD},
+    tenant,
 };
 
 /// The controller's name in metrics, logs and spans.
@@ -106,6 +110,8 @@ pub struct State {
     pub waker: Waker,
     /// Per-JobQueue memory: when it was last busy, and what the wake-up path needs.
     pub queues: Mutex<HashMap<ObjectRef<JobQueue>, QueueMemory>>,
+    /// Tenant Secrets whose role this term has ensured ([`tenant::provision`]).
+    pub tenants: tenant::Provisioned,
 }
 
 impl State {
@@ -117,6 +123,7 @@ impl State {
             settings,
             waker: Waker::new(wake_tx, stop),
             queues: Mutex::default(),
+            tenants: Default::default(),
         };
         (state, wakes)
     }
@@ -232,6 +239,7 @@ async fn steps(jq: &JobQueue, ctx: &Context<State>) -> Result<Action> {
     .await?;
     admit_database(jq, ctx, &url)?;
     prepare_database(jq, ctx, &url).await?;
+    provision_tenant(jq, ctx, &url).await?;
     let legacy_note = adopt_legacy_queue(jq, ctx, &url).await?;
     let seen = observe(jq, ctx, &url, now).await?;
     let (autoscaler, metrics_note) = choose_autoscaler(jq, ctx).await?;
@@ -284,6 +292,17 @@ async fn prepare_database(jq: &JobQueue, ctx: &Context<State>, url: &str) -> Res
         .prepare(url, &settings, jq.is_paused())
         .await?;
     Ok(())
+}
+
+/// With `rowLevelSecurity: Enabled`, the namespace's tenant role and the Secret its workers read
+/// ([`tenant::provision`]); nothing with `Disabled`. A failure stops the reconcile before any worker is
+/// applied (`Ready=False`, reason `TenantNotProvisioned`): workers never get the owner's login instead.
+async fn provision_tenant(jq: &JobQueue, ctx: &Context<State>, url: &str) -> Result<()> {
+    if jq.spec.database.row_level_security == RowLevelSecurity::Disabled {
+        return Ok(());
+    }
+    let pool = ctx.state.settings.databases.pool(url)?;
+    tenant::provision(&ctx.client, &pool, &ctx.state.tenants, jq, url).await
 }
 
 /// Adopts the queue an earlier version named without the namespace (`thumbnails`) into this JobQueue's
@@ -725,7 +744,18 @@ async fn write_status(jq: &JobQueue, ctx: &Context<State>, outcome: &Outcome, no
     let paused = jq.is_paused();
     let busy = seen.busy();
     let active = busy && replicas > 0;
-    let ready_message = format!("queue {queue:?} is registered and its workers are deployed");
+    let ready_message = match jq.spec.database.row_level_security {
+        RowLevelSecurity::Enabled => format!(
+            "queue {queue:?} is registered and its workers are deployed, logged in as the namespace's \
+             tenant role {:?}",
+            tenant::role_name(jq.namespace_or_default())
+        ),
+        RowLevelSecurity::Disabled => format!(
+            "queue {queue:?} is registered and its workers are deployed; rowLevelSecurity is Disabled: \
+             they log in with spec.database.secretRef's login, and namespaces sharing this database are \
+             not isolated from each other"
+        ),
+    };
     let desired = [
         Desired {
             type_: READY,

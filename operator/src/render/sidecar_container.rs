@@ -139,15 +139,15 @@ impl SidecarContainer {
 pub const QUEUE_API_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port::QUEUE_API);
 
 /// Env vars that give an app pod the sidecar's queue HTTP API for `jq` (for the pod webhook, when a pod
-/// is annotated `sluice.dev/job-queues: <name>`): the database URL by `secretKeyRef` to the JobQueue's
-/// Secret (never as text), the queue's database name (`<namespace>/<queue>`), the namespace the API's
+/// is annotated `sluice.dev/job-queues: <name>`): the database URL by `secretKeyRef` to the namespace's
+/// tenant Secret, or the JobQueue's own with `rowLevelSecurity: Disabled` (never as text), the queue's database name (`<namespace>/<queue>`), the namespace the API's
 /// paths name queues in, and the API's address on localhost.
 ///
 /// One database per sidecar: the webhook ([`crate::webhook::inject::resolve_job_queues`]) refuses pods
 /// naming JobQueues with different Secret references, and lists every queue name in `SLUICE_QUEUES`.
 pub fn queue_api_env(jq: &JobQueue) -> Vec<EnvVar> {
     vec![
-        env_from_secret(env::DATABASE_URL, &jq.spec.database.secret_ref),
+        env_from_secret(env::DATABASE_URL, &crate::tenant::workers_secret(jq)),
         EnvVar {
             name: env::QUEUES.into(),
             value: Some(jq.database_queue_name()),

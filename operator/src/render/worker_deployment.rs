@@ -251,9 +251,10 @@ pub fn config_hash(jq: &JobQueue) -> String {
     digest[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// `SLUICE_DATABASE_URL` from the JobQueue's Secret, by reference.
+/// `SLUICE_DATABASE_URL` by reference: from the namespace's tenant Secret, or with
+/// `rowLevelSecurity: Disabled` from the JobQueue's own Secret ([`crate::tenant::workers_secret`]).
 pub fn database_url_env(jq: &JobQueue) -> EnvVar {
-    env_from_secret(env::DATABASE_URL, &jq.spec.database.secret_ref)
+    env_from_secret(env::DATABASE_URL, &crate::tenant::workers_secret(jq))
 }
 
 /// The worker sidecar: `worker --config /etc/sluice/worker.yaml`, the database URL by reference, its
@@ -373,7 +374,26 @@ worker:
         let url = env.iter().find(|e| e.name == "SLUICE_DATABASE_URL").unwrap();
         assert!(url.value.is_none());
         let r = url.value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
-        assert_eq!((r.name.as_str(), r.key.as_str()), ("pg", "dsn"));
+        // By default from the namespace's tenant Secret; with row-level security off, from the JobQueue's.
+        let tenant = crate::tenant::secret_name(&jq.spec.database.secret_ref);
+        assert_eq!((r.name.as_str(), r.key.as_str()), (tenant.as_str(), "url"));
+        let disabled = job_queue(&BASIC.replace("key: dsn}", "key: dsn}, rowLevelSecurity: Disabled"));
+        let d2 = render_worker_deployment(&disabled, &opts(), None).unwrap();
+        let var = sidecar(&d2)
+            .env
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|e| e.name == "SLUICE_DATABASE_URL");
+        let r2 = var
+            .unwrap()
+            .value_from
+            .as_ref()
+            .unwrap()
+            .secret_key_ref
+            .clone()
+            .unwrap();
+        assert_eq!((r2.name.as_str(), r2.key.as_str()), ("pg", "dsn"));
         let pod_name = env.iter().find(|e| e.name == "SLUICE_POD_NAME").unwrap();
         assert_eq!(
             pod_name

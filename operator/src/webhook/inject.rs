@@ -202,9 +202,11 @@ pub fn resolve_job_queues(
         found.push(jq);
     }
     let first = found[0];
+    // The Secret the sidecar would read: the tenant Secret, or the JobQueue's own with row-level
+    // security disabled.
     let secret = |q: &JobQueue| {
-        let r = &q.spec.database.secret_ref;
-        (r.name.clone(), r.key.clone())
+        let r = crate::tenant::workers_secret(q);
+        (r.name, r.key)
     };
     if let Some((other_name, other)) = ann
         .job_queues
@@ -218,7 +220,8 @@ pub fn resolve_job_queues(
             format!(
                 "JobQueues {first_name:?} (Secret {a_secret}, key {a_key}) and {other_name:?} (Secret \
                  {b_secret}, key {b_key}) use different database Secrets; one sidecar serves the queue \
-                 API of one database: name only JobQueues that share spec.database.secretRef"
+                 API of one database: name only JobQueues that share spec.database.secretRef and \
+                 spec.database.rowLevelSecurity"
             ),
         ));
     }

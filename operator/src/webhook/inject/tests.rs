@@ -431,9 +431,11 @@ fn job_queues_alone_get_a_sidecar_serving_only_the_queue_api_with_the_url_from_t
     )
     .unwrap();
     let s = sidecar(&out);
+    // The namespace's tenant Secret (rowLevelSecurity is Enabled by default), by reference.
+    let tenant = crate::tenant::secret_name(&queues()[0].spec.database.secret_ref);
     assert_eq!(
         env(s, "SLUICE_DATABASE_URL")["valueFrom"]["secretKeyRef"],
-        json!({"name": "pg", "key": "url", "optional": false}),
+        json!({"name": tenant, "key": "url", "optional": false}),
         "by reference, never as text"
     );
     assert!(env(s, "SLUICE_DATABASE_URL").get("value").is_none());
@@ -494,7 +496,25 @@ fn job_queues_of_different_databases_are_refused() {
     )
     .unwrap_err();
     let msg = err.to_string();
-    assert!(msg.contains("\"billing\"") && msg.contains("billing-pg"), "{msg}");
+    let tenant = crate::tenant::secret_name(&queues()[2].spec.database.secret_ref);
+    assert!(msg.contains("\"billing\"") && msg.contains(&tenant), "{msg}");
+}
+
+#[test]
+fn job_queues_with_and_without_row_level_security_are_refused_together() {
+    let mut disabled = (*job_queue("reports", "pg")).clone();
+    disabled.spec.database.row_level_security = sluice_crds::job_queue::RowLevelSecurity::Disabled;
+    let queues = vec![job_queue("emails", "pg"), Arc::new(disabled)];
+    let pod = enqueuing_pod(json!({"sluice.dev/job-queues": "emails,reports"}), json!({}));
+    let msg = admit(&pod, &[], &queues, &config()).unwrap_err().to_string();
+    assert!(msg.contains("rowLevelSecurity"), "{msg}");
+    // Disabled alone: the JobQueue's own Secret.
+    let pod = enqueuing_pod(json!({"sluice.dev/job-queues": "reports"}), json!({}));
+    let out = serde_json::to_value(admit(&pod, &[], &queues, &config()).unwrap().unwrap()).unwrap();
+    assert_eq!(
+        env(sidecar(&out), "SLUICE_DATABASE_URL")["valueFrom"]["secretKeyRef"]["name"],
+        "pg"
+    );
 }
 
 #[test]

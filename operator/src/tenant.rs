@@ -1,0 +1,450 @@
+//! A namespace's tenant role in a JobQueue's database (`spec.database.rowLevelSecurity: Enabled`).
+//!
+//! The operator logs in with the URL of the JobQueue's own Secret (the schema's owner, which needs
+//! `CREATEROLE`) and calls `sluice.ensure_tenant` for the JobQueue's namespace; workers and injected
+//! sidecars get a URL that logs in as that tenant instead, from a Secret the operator writes in the
+//! namespace:
+//!
+//! - **One role per (database, namespace)**: [`role_name`], `sluice_ns_<namespace>` (a namespace longer
+//!   than 53 characters is cut and given a hash, so the name stays a ≤ 63-byte identifier; it is always
+//!   passed quoted).
+//! - **One Secret per (namespace, `spec.database.secretRef`)**: [`secret_name`], `sluice-tenant-<hash of
+//!   the reference>`, key `url` (also `username`, `password`). The name depends on the JobQueue alone, so
+//!   the worker Deployment and the pod webhook name it without reading any Secret. JobQueues that share
+//!   a reference share the Secret (each is an owner of it: it goes when the last of them does).
+//! - **One password per role**: JobQueues of a namespace that name different Secrets for one database
+//!   get Secrets with the same password: a new Secret copies it from one the operator wrote for that
+//!   database before (label [`DATABASE_LABEL`], a hash of `host:port/dbname`). A password is made only
+//!   when none exists (40 characters from the OS's random generator) and never rotated by a reconcile.
+//! - **Idempotent**: the work happens under a transaction-scoped advisory lock per namespace in that
+//!   database, so two reconciles (of two JobQueues, or in two operator replicas) cannot set two
+//!   passwords; `ensure_tenant` runs in the same transaction, after which the Secret is written.
+//!   Once done, a reconcile only reads the Secret (and `ensure_tenant` runs again after a restart or
+//!   when the Secret changed).
+//! - **The password is never in a log, Event, status or error**: errors carry the database's message
+//!   and code only (never the statement, whose context would hold it), and Kubernetes errors name the
+//!   Secret, not its content.
+
+use std::collections::{BTreeMap, HashSet};
+
+use k8s_openapi::{
+    ByteString,
+    api::core::v1::Secret,
+    apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference},
+};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{ListParams, Patch, PatchParams, PostParams},
+};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use sluice_crds::{
+    contract::label::{MANAGED_BY, MANAGED_BY_VALUE},
+    job_queue::{JobQueue, RowLevelSecurity},
+    secret_ref::{SECRET_KEY_DEFAULT, SecretKeyRef},
+};
+use sqlx::PgPool;
+
+use crate::{Error, Result};
+
+/// Prefix of every tenant role the operator names.
+pub const ROLE_PREFIX: &str = "sluice_ns_";
+/// Prefix of the tenant Secrets' names.
+pub const SECRET_PREFIX: &str = "sluice-tenant-";
+/// Label on a tenant Secret: a hash of the database's `host:port/dbname` (see [`database_id`]).
+pub const DATABASE_LABEL: &str = "sluice.dev/tenant-database";
+/// Annotation on a tenant Secret naming the Secret and key it was made from (`<name>/<key>`).
+pub const SOURCE_ANNOTATION: &str = "sluice.dev/tenant-of";
+/// Key of the tenant's URL in its Secret.
+pub const URL_KEY: &str = SECRET_KEY_DEFAULT;
+/// Key of the tenant's role name in its Secret.
+pub const USERNAME_KEY: &str = "username";
+/// Key of the tenant's password in its Secret.
+pub const PASSWORD_KEY: &str = "password";
+/// Length of a generated password (alphanumeric, about 238 bits).
+pub const PASSWORD_LEN: usize = 40;
+
+/// PostgreSQL's limit on identifiers, in bytes.
+const MAX_IDENTIFIER: usize = 63;
+
+/// The tenant role of `namespace`: `sluice_ns_<namespace>`, or for a namespace longer than 53
+/// characters its first 42, `_` and 10 hex digits of its SHA-256 (a namespace has no `_`, so the two
+/// shapes never meet). Always at most 63 bytes; the same for a namespace every time.
+pub fn role_name(namespace: &str) -> String {
+    let whole = format!("{ROLE_PREFIX}{namespace}");
+    if whole.len() <= MAX_IDENTIFIER {
+        return whole;
+    }
+    // A namespace is ASCII (a DNS label); `get` keeps this safe for anything else.
+    let cut = namespace.get(..42).unwrap_or("");
+    format!(
+        "{ROLE_PREFIX}{cut}_{}",
+        hex(&Sha256::digest(namespace.as_bytes())[..5])
+    )
+}
+
+/// The name of the tenant Secret the operator writes for JobQueues naming `source`
+/// (`spec.database.secretRef`): `sluice-tenant-` and 12 hex digits of a hash of its name and key.
+pub fn secret_name(source: &SecretKeyRef) -> String {
+    let d = Sha256::digest(format!("{}\n{}", source.name, source.key).as_bytes());
+    format!("{SECRET_PREFIX}{}", hex(&d[..6]))
+}
+
+/// The Secret key workers and injected sidecars read `SLUICE_DATABASE_URL` from: the tenant Secret's
+/// `url` when `rowLevelSecurity` is `Enabled`, else the JobQueue's own `spec.database.secretRef`.
+pub fn workers_secret(jq: &JobQueue) -> SecretKeyRef {
+    match jq.spec.database.row_level_security {
+        RowLevelSecurity::Enabled => SecretKeyRef {
+            name: secret_name(&jq.spec.database.secret_ref),
+            key: URL_KEY.into(),
+        },
+        RowLevelSecurity::Disabled => jq.spec.database.secret_ref.clone(),
+    }
+}
+
+/// The database a URL logs into, for telling databases apart: 16 hex digits of a hash of
+/// `host:port/dbname` (the user, password and other parameters left out). `None` when the URL cannot
+/// be read.
+pub fn database_id(url: &str) -> Option<String> {
+    let u = url::Url::parse(url).ok()?;
+    let param = |name: &str| {
+        u.query_pairs()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.into_owned())
+    };
+    let host = param("host").unwrap_or_else(|| u.host_str().unwrap_or("").to_owned());
+    let port = param("port")
+        .or_else(|| u.port().map(|p| p.to_string()))
+        .unwrap_or_else(|| "5432".into());
+    let path = u.path().trim_start_matches('/');
+    let db = param("dbname").unwrap_or_else(|| path.to_owned());
+    Some(hex(&Sha256::digest(format!("{host}:{port}/{db}").as_bytes())[..8]))
+}
+
+/// `owner`'s URL with the user and password replaced by `role`'s (and `user`/`password` query
+/// parameters dropped); host, port, database, `sslmode` and every other parameter kept. `None` when the
+/// URL cannot be read.
+pub fn tenant_url(owner: &str, role: &str, password: &str) -> Option<String> {
+    let mut u = url::Url::parse(owner).ok()?;
+    let kept: Vec<(String, String)> = u
+        .query_pairs()
+        .filter(|(k, _)| k != "user" && k != "password")
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    if kept.is_empty() {
+        u.set_query(None);
+    } else {
+        u.query_pairs_mut().clear().extend_pairs(kept);
+    }
+    u.set_username(role).ok()?;
+    u.set_password(Some(password)).ok()?;
+    Some(u.to_string())
+}
+
+/// A new password: [`PASSWORD_LEN`] characters of `[A-Za-z0-9]` from the OS's random generator.
+pub fn generate_password() -> Result<String> {
+    use ring::rand::{SecureRandom, SystemRandom};
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let rng = SystemRandom::new();
+    let mut out = String::with_capacity(PASSWORD_LEN);
+    let mut buf = [0u8; 64];
+    while out.len() < PASSWORD_LEN {
+        rng.fill(&mut buf)
+            .map_err(|_| Error::Io(std::io::Error::other("the OS random generator failed")))?;
+        // 248 = 4 × 62: bytes above it are dropped so that every character is equally likely.
+        for b in buf.iter().filter(|b| **b < 248) {
+            if out.len() == PASSWORD_LEN {
+                break;
+            }
+            out.push(ALPHABET[usize::from(*b) % ALPHABET.len()] as char);
+        }
+    }
+    Ok(out)
+}
+
+/// What [`provision`] remembers between reconciles: (database id, namespace, Secret name,
+/// `resourceVersion`) of tenant Secrets whose role was ensured by this process.
+pub type Provisioned = std::sync::Mutex<HashSet<(String, String, String, String)>>;
+
+/// Makes sure `jq`'s namespace has its tenant role in the database at `owner_url` (through `pool`,
+/// logged in as the owner) and that the tenant Secret [`workers_secret`] names holds its URL, with
+/// `jq` among the Secret's owners. Failures the user must fix are [`Error::TenantNotProvisioned`].
+pub async fn provision(
+    client: &Client,
+    pool: &PgPool,
+    done: &Provisioned,
+    jq: &JobQueue,
+    owner_url: &str,
+) -> Result<()> {
+    let ns = jq.namespace().unwrap_or_default();
+    let source = &jq.spec.database.secret_ref;
+    let name = secret_name(source);
+    let role = role_name(&ns);
+    let not_provisioned = |why: String| Error::TenantNotProvisioned {
+        namespace: ns.clone(),
+        role: role.clone(),
+        why,
+    };
+    let db = database_id(owner_url).ok_or_else(|| {
+        not_provisioned(format!(
+            "the URL in Secret {}/{} (key {}) is not a postgres:// URL the operator can derive the \
+             tenant's URL from",
+            ns, source.name, source.key
+        ))
+    })?;
+    let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
+    let owner = owner_reference(jq);
+    let memo = |s: &Secret| {
+        (
+            db.clone(),
+            ns.clone(),
+            name.clone(),
+            s.resource_version().unwrap_or_default(),
+        )
+    };
+
+    if let Some(current) = secrets.get_opt(&name).await?
+        && usable(&current, &db, &role).is_some()
+        && done
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&memo(&current))
+    {
+        return add_owner(&secrets, &current, &owner).await;
+    }
+
+    // One namespace at a time in this database: whoever holds the lock reads the Secrets, sets the
+    // role's password and writes the Secret before the next looks.
+    let mut tx = pool.begin().await.map_err(database)?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('sluice.tenant/' || $1, 0))")
+        .bind(&ns)
+        .execute(&mut *tx)
+        .await
+        .map_err(database)?;
+    let current = secrets.get_opt(&name).await?;
+    let password = match current.as_ref().and_then(|s| usable(s, &db, &role)) {
+        Some(p) => p,
+        None => match sibling_password(&secrets, &db, &role).await? {
+            Some(p) => p,
+            None => generate_password()?,
+        },
+    };
+    sqlx::query(sluice_queue::sql::TENANT_ENSURE)
+        .bind(&role)
+        .bind(&ns)
+        .bind(&password)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| not_provisioned(explain(&e, &role)))?;
+    let url = tenant_url(owner_url, &role, &password)
+        .ok_or_else(|| not_provisioned("the tenant's URL cannot be built".into()))?;
+    let data = BTreeMap::from([
+        (URL_KEY.to_owned(), ByteString(url.into_bytes())),
+        (USERNAME_KEY.to_owned(), ByteString(role.clone().into_bytes())),
+        (PASSWORD_KEY.to_owned(), ByteString(password.into_bytes())),
+    ]);
+    let written = match current {
+        Some(mut s) => {
+            let mut owners = s.metadata.owner_references.take().unwrap_or_default();
+            if !owners.iter().any(|o| o.uid == owner.uid) {
+                owners.push(owner);
+            }
+            s.metadata.owner_references = Some(owners);
+            s.labels_mut().insert(DATABASE_LABEL.into(), db.clone());
+            s.labels_mut().insert(MANAGED_BY.into(), MANAGED_BY_VALUE.into());
+            s.data = Some(data);
+            s.string_data = None;
+            // Replaced on the version read: a concurrent writer makes this fail (409) and retry.
+            secrets.replace(&name, &PostParams::default(), &s).await?
+        }
+        None => {
+            let s = Secret {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    namespace: Some(ns.clone()),
+                    labels: Some(BTreeMap::from([
+                        (MANAGED_BY.to_owned(), MANAGED_BY_VALUE.to_owned()),
+                        (DATABASE_LABEL.to_owned(), db.clone()),
+                    ])),
+                    annotations: Some(BTreeMap::from([(
+                        SOURCE_ANNOTATION.to_owned(),
+                        format!("{}/{}", source.name, source.key),
+                    )])),
+                    owner_references: Some(vec![owner]),
+                    ..ObjectMeta::default()
+                },
+                type_: Some("Opaque".into()),
+                data: Some(data),
+                ..Secret::default()
+            };
+            secrets.create(&PostParams::default(), &s).await?
+        }
+    };
+    tx.commit().await.map_err(database)?;
+    done.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(memo(&written));
+    tracing::info!(namespace = %ns, role = %role, secret = %name, "tenant role ensured");
+    Ok(())
+}
+
+/// The password of a tenant Secret that is for database `db` and role `role`, if it is one.
+fn usable(secret: &Secret, db: &str, role: &str) -> Option<String> {
+    if secret.labels().get(DATABASE_LABEL).map(String::as_str) != Some(db) {
+        return None;
+    }
+    let data = secret.data.as_ref()?;
+    let field = |k: &str| data.get(k).and_then(|v| String::from_utf8(v.0.clone()).ok());
+    if field(USERNAME_KEY)? != role || field(URL_KEY).is_none() {
+        return None;
+    }
+    field(PASSWORD_KEY).filter(|p| p.len() >= PASSWORD_LEN)
+}
+
+/// The password of another tenant Secret of the namespace for the same database (JobQueues naming
+/// different Secrets of one database share one role, so they must share its password).
+async fn sibling_password(secrets: &Api<Secret>, db: &str, role: &str) -> Result<Option<String>> {
+    let list = secrets
+        .list(
+            &ListParams::default().labels(&format!("{DATABASE_LABEL}={db},{MANAGED_BY}={MANAGED_BY_VALUE}")),
+        )
+        .await?;
+    Ok(list.items.iter().find_map(|s| usable(s, db, role)))
+}
+
+/// Adds `owner` to the Secret's ownerReferences (a strategic merge by uid: concurrent additions keep
+/// each other's).
+async fn add_owner(secrets: &Api<Secret>, secret: &Secret, owner: &OwnerReference) -> Result<()> {
+    if secret.owner_references().iter().any(|o| o.uid == owner.uid) {
+        return Ok(());
+    }
+    let patch = json!({"metadata": {"ownerReferences": [owner]}});
+    secrets
+        .patch(
+            &secret.name_any(),
+            &PatchParams::default(),
+            &Patch::Strategic(&patch),
+        )
+        .await?;
+    Ok(())
+}
+
+/// `jq` as one of a tenant Secret's owners (not its controller: several JobQueues may own one).
+fn owner_reference(jq: &JobQueue) -> OwnerReference {
+    OwnerReference {
+        api_version: JobQueue::api_version(&()).into_owned(),
+        kind: JobQueue::kind(&()).into_owned(),
+        name: jq.name_any(),
+        uid: jq.uid().unwrap_or_default(),
+        controller: None,
+        block_owner_deletion: None,
+    }
+}
+
+/// A database error while taking the lock or committing: the database's message only.
+fn database(e: sqlx::Error) -> Error {
+    Error::Database(sluice_queue::store::map_db_error(e))
+}
+
+/// What failed in `ensure_tenant`, and the fix, from the database's code and message only (the
+/// statement and its context, which would carry the password, are left out).
+fn explain(e: &sqlx::Error, role: &str) -> String {
+    let Some(db) = e.as_database_error() else {
+        return format!("the database did not answer ({e}); the operator retries");
+    };
+    let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
+    let message = db.message();
+    match code.as_str() {
+        "42501" => format!(
+            "the database login of spec.database.secretRef may not create roles ({message}): grant it \
+             CREATEROLE (ALTER ROLE <login> CREATEROLE), or set spec.database.rowLevelSecurity: Disabled \
+             to let workers use that login, without isolation between namespaces"
+        ),
+        "SL409" => format!(
+            "{message}: drop or rename the role {role:?}, or make it this namespace's tenant by hand, or \
+             set spec.database.rowLevelSecurity: Disabled"
+        ),
+        "42883" => format!(
+            "the database has no sluice.ensure_tenant ({message}): the schema is older than this \
+             operator; it is migrated when the operator prepares it"
+        ),
+        _ => format!("sluice.ensure_tenant failed ({code}: {message})"),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn role_names_are_short_identifiers_stable_and_distinct() {
+        assert_eq!(role_name("shop"), "sluice_ns_shop");
+        let long = "a".repeat(63);
+        let other = format!("{}b", "a".repeat(62));
+        for ns in [
+            long.as_str(),
+            other.as_str(),
+            &"x-".repeat(26)[..52],
+            &"y".repeat(53),
+        ] {
+            let r = role_name(ns);
+            assert!(r.len() <= MAX_IDENTIFIER, "{r}");
+            assert_eq!(r, role_name(ns));
+        }
+        assert_ne!(role_name(&long), role_name(&other));
+        assert_eq!(role_name(&"y".repeat(53)).len(), 63);
+        assert!(role_name(&"y".repeat(54)).contains('_'));
+    }
+
+    #[test]
+    fn the_tenant_url_keeps_everything_but_the_credentials() {
+        let url = tenant_url(
+            "postgres://owner:s%40cret@db.example:6432/app?sslmode=verify-full&user=x&password=y&application_name=a",
+            "sluice_ns_shop",
+            "Pw0",
+        )
+        .unwrap();
+        assert_eq!(
+            url,
+            "postgres://sluice_ns_shop:Pw0@db.example:6432/app?sslmode=verify-full&application_name=a"
+        );
+        assert_eq!(
+            tenant_url("postgres://owner@127.0.0.1:5432/postgres", "sluice_ns_a-b", "p").unwrap(),
+            "postgres://sluice_ns_a-b:p@127.0.0.1:5432/postgres"
+        );
+        assert_eq!(tenant_url("not a url", "r", "p"), None);
+    }
+
+    #[test]
+    fn databases_are_told_apart_by_host_port_and_name_only() {
+        let a = database_id("postgres://u:p@h:5432/app").unwrap();
+        assert_eq!(database_id("postgres://other@h/app?sslmode=require").unwrap(), a);
+        assert_ne!(database_id("postgres://u:p@h:5433/app").unwrap(), a);
+        assert_ne!(database_id("postgres://u:p@h:5432/other").unwrap(), a);
+    }
+
+    #[test]
+    fn passwords_are_long_alphanumeric_and_fresh() {
+        let a = generate_password().unwrap();
+        assert_eq!(a.len(), PASSWORD_LEN);
+        assert!(a.bytes().all(|b| b.is_ascii_alphanumeric()));
+        assert_ne!(a, generate_password().unwrap());
+    }
+
+    #[test]
+    fn secret_names_follow_the_reference() {
+        let r = |name: &str, key: &str| SecretKeyRef {
+            name: name.into(),
+            key: key.into(),
+        };
+        let a = secret_name(&r("pg", "url"));
+        assert!(a.starts_with(SECRET_PREFIX) && a.len() == SECRET_PREFIX.len() + 12);
+        assert_eq!(a, secret_name(&r("pg", "url")));
+        assert_ne!(a, secret_name(&r("pg", "dsn")));
+        assert_ne!(a, secret_name(&r("pg2", "url")));
+    }
+}

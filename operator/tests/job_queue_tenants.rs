@@ -1,0 +1,380 @@
+//! Tenant provisioning (`spec.database.rowLevelSecurity`) by the JobQueue controller, against the
+//! in-memory test API server and a real PostgreSQL that asks every role but the superuser for its
+//! password: the tenant Secret's URL logs in and sees its namespace only; JobQueues of one namespace on
+//! one database share the role and its password (through one Secret, or two); two namespaces get two
+//! roles; an owner without CREATEROLE gets `TenantNotProvisioned` and no worker; `Disabled` hands the
+//! workers the JobQueue's own Secret.
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use k8s_openapi::{
+    ByteString,
+    api::{
+        apps::v1::Deployment,
+        core::v1::{Secret, SecretKeySelector},
+    },
+};
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use sluice_crds::job_queue::JobQueue;
+use sluice_e2e::{Env, TestNamespace, wait_for};
+use sluice_operator::{
+    controller::{Context, job_queue},
+    metrics::Metrics,
+    render::sidecar_container::SidecarSettings,
+    scaling::{Databases, JobQueueMetrics},
+    tenant,
+};
+use sluice_queue::{NewJob, QueueSettings, QueueStore};
+use sluice_testsupport::PgServer;
+use tokio_util::sync::CancellationToken;
+
+const DEADLINE: Duration = Duration::from_secs(15);
+
+struct Fixture {
+    env: Env,
+    pg: PgServer,
+    stop: CancellationToken,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// An API server with the CRDs, a PostgreSQL asking for passwords, and the JobQueue controller.
+async fn fixture() -> Fixture {
+    let env = Env::start().await.unwrap();
+    for (_, yaml) in sluice_operator::crdgen::crds() {
+        env.apply_yaml(&yaml, None).await.unwrap();
+    }
+    let pg = tokio::task::spawn_blocking(|| {
+        let pg = PgServer::start();
+        pg.require_passwords();
+        pg
+    })
+    .await
+    .unwrap();
+    let stop = CancellationToken::new();
+    let settings = job_queue::Settings {
+        databases: Arc::new(Databases::with_ttl(Duration::ZERO)),
+        metrics: Arc::new(JobQueueMetrics::default()),
+        sidecar: SidecarSettings {
+            image: "sluice-sidecar:test".into(),
+            ..SidecarSettings::default()
+        },
+        namespace: "sluice-system".into(),
+        external_metrics: true,
+        namespaces: Default::default(),
+    };
+    let (state, wakes) = job_queue::State::new(settings, stop.clone());
+    let ctx = Arc::new(Context::new(
+        env.client(),
+        Arc::new(Metrics::default()),
+        Some("test".into()),
+        sluice_operator::clock::system_clock(),
+        state,
+    ));
+    tokio::spawn(job_queue::run(ctx, wakes, stop.clone().cancelled_owned()));
+    Fixture { env, pg, stop }
+}
+
+async fn put_secret(ns: &TestNamespace, name: &str, url: &str) {
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(
+            "url".into(),
+            ByteString(url.as_bytes().to_vec()),
+        )])),
+        ..Secret::default()
+    };
+    ns.api::<Secret>()
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+}
+
+fn job_queue_yaml(name: &str, secret: &str, rls: Option<&str>) -> String {
+    let rls = rls
+        .map(|r| format!(", rowLevelSecurity: {r}"))
+        .unwrap_or_default();
+    format!(
+        r#"
+apiVersion: sluice.dev/v1alpha1
+kind: JobQueue
+metadata: {{name: {name}}}
+spec:
+  database: {{secretRef: {{name: {secret}}}{rls}}}
+  worker:
+    template:
+      spec:
+        containers: [{{name: handler, image: "mail:1"}}]
+  scaling: {{pollingInterval: 1s}}
+"#
+    )
+}
+
+/// Waits until JobQueue `name`'s condition `type_` has `status` and `reason`.
+async fn wait_condition(ns: &TestNamespace, name: &str, type_: &str, status: &str, reason: &str) -> JobQueue {
+    let api = ns.api::<JobQueue>();
+    wait_for(&format!("{name}: {type_}={status} {reason}"), DEADLINE, || {
+        let api = api.clone();
+        async move {
+            let jq = api.get(name).await.ok()?;
+            let c = jq.condition(type_)?;
+            (c.status == status && c.reason == reason).then_some(jq.clone())
+        }
+    })
+    .await
+    .unwrap()
+}
+
+/// The Secret key the worker Deployment's sidecar reads `SLUICE_DATABASE_URL` from.
+async fn workers_database_secret(ns: &TestNamespace, job_queue: &str) -> SecretKeySelector {
+    let d = ns
+        .api::<Deployment>()
+        .get(&format!("{job_queue}-worker"))
+        .await
+        .unwrap();
+    let spec = d.spec.unwrap().template.spec.unwrap();
+    let sidecar = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .find(|c| c.name == "sluice-sidecar")
+        .unwrap();
+    let var = sidecar
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "SLUICE_DATABASE_URL")
+        .unwrap();
+    assert_eq!(var.value, None, "never as text");
+    var.value_from.clone().unwrap().secret_key_ref.unwrap()
+}
+
+async fn secret_value(ns: &TestNamespace, name: &str, key: &str) -> String {
+    let s = ns.api::<Secret>().get(name).await.unwrap();
+    String::from_utf8(s.data.unwrap()[key].0.clone()).unwrap()
+}
+
+async fn connect(url: &str) -> QueueStore {
+    QueueStore::new(sluice_queue::pool::options(1).connect(url).await.expect("log in"))
+}
+
+#[tokio::test]
+async fn the_workers_log_in_as_their_namespace_s_tenant_and_see_only_its_queues() {
+    let f = fixture().await;
+    let (shop, blog) = (
+        f.env.namespace("shop").await.unwrap(),
+        f.env.namespace("blog").await.unwrap(),
+    );
+    for ns in [&shop, &blog] {
+        put_secret(ns, "pg", &f.pg.url()).await;
+        ns.apply_yaml(&job_queue_yaml("emails", "pg", None))
+            .await
+            .unwrap();
+    }
+    for ns in [&shop, &blog] {
+        let jq = wait_condition(ns, "emails", "Ready", "True", "AsExpected").await;
+        let role = tenant::role_name(ns.name());
+        assert!(jq.condition("Ready").unwrap().message.contains(&role));
+        // The workers read the tenant Secret, by reference.
+        let r = workers_database_secret(ns, "emails").await;
+        let name = tenant::secret_name(&jq.spec.database.secret_ref);
+        assert_eq!((r.name.as_str(), r.key.as_str()), (name.as_str(), "url"));
+        assert_eq!(secret_value(ns, &name, "username").await, role);
+        let password = secret_value(ns, &name, "password").await;
+        assert!(password.len() >= 32);
+        let status = serde_json::to_string(&jq.status).unwrap();
+        assert!(!status.contains(&password), "the password is not in the status");
+    }
+    // Two namespaces, two roles.
+    let roles = f
+        .pg
+        .psql("SELECT string_agg(role_name || '=' || namespace, ',' ORDER BY namespace) FROM sluice.tenants");
+    assert_eq!(
+        roles,
+        format!(
+            "{}={},{}={}",
+            tenant::role_name(blog.name()),
+            blog.name(),
+            tenant::role_name(shop.name()),
+            shop.name()
+        )
+    );
+
+    // The tenant's URL logs in (a wrong password does not) and reaches its namespace's queue only.
+    let name = tenant::secret_name(&sluice_crds::job_queue::SecretKeyRef {
+        name: "pg".into(),
+        key: "url".into(),
+    });
+    let url = secret_value(&shop, &name, "url").await;
+    let store = connect(&url).await;
+    let (mine, theirs) = (
+        format!("{}/emails", shop.name()),
+        format!("{}/emails", blog.name()),
+    );
+    store
+        .enqueue(&mine, &NewJob::new("send", serde_json::json!({})))
+        .await
+        .unwrap();
+    assert!(
+        store
+            .enqueue(&theirs, &NewJob::new("send", serde_json::json!({})))
+            .await
+            .is_err()
+    );
+    let visible: Vec<String> = sqlx::query_scalar("SELECT name FROM sluice.queues ORDER BY name")
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(visible, [mine]);
+    let wrong = url.replace(&secret_value(&shop, &name, "password").await, "wrong-password");
+    assert!(sluice_queue::pool::options(1).connect(&wrong).await.is_err());
+}
+
+#[tokio::test]
+async fn job_queues_of_one_namespace_on_one_database_share_the_role_and_its_password() {
+    let f = fixture().await;
+    let ns = f.env.namespace("shop").await.unwrap();
+    // Two Secrets naming the same database (with another parameter), and two JobQueues on the first.
+    put_secret(&ns, "pg", &f.pg.url()).await;
+    put_secret(&ns, "pg-too", &format!("{}?application_name=other", f.pg.url())).await;
+    for (jq, secret) in [("emails", "pg"), ("thumbs", "pg"), ("reports", "pg-too")] {
+        ns.apply_yaml(&job_queue_yaml(jq, secret, None)).await.unwrap();
+    }
+    let mut secrets = Vec::new();
+    for jq in ["emails", "thumbs", "reports"] {
+        wait_condition(&ns, jq, "Ready", "True", "AsExpected").await;
+        secrets.push(workers_database_secret(&ns, jq).await.name);
+    }
+    assert_eq!(secrets[0], secrets[1], "one Secret for one reference");
+    assert_ne!(secrets[0], secrets[2]);
+    let shared = ns.api::<Secret>().get(&secrets[0]).await.unwrap();
+    let mut owners: Vec<String> = shared
+        .metadata
+        .owner_references
+        .unwrap()
+        .into_iter()
+        .map(|o| o.name)
+        .collect();
+    owners.sort();
+    assert_eq!(owners, ["emails", "thumbs"]);
+    // One password for the role: both Secrets log in.
+    assert_eq!(
+        secret_value(&ns, &secrets[0], "password").await,
+        secret_value(&ns, &secrets[2], "password").await
+    );
+    for s in [&secrets[0], &secrets[2]] {
+        let url = secret_value(&ns, s, "url").await;
+        connect(&url)
+            .await
+            .queue(&format!("{}/emails", ns.name()))
+            .await
+            .unwrap();
+    }
+    assert!(
+        secret_value(&ns, &secrets[2], "url")
+            .await
+            .contains("application_name=other")
+    );
+    assert_eq!(f.pg.psql("SELECT count(*) FROM sluice.tenants"), "1");
+
+    // The Secret goes with the last JobQueue using it, not before.
+    let jqs = ns.api::<JobQueue>();
+    jqs.delete("emails", &DeleteParams::default()).await.unwrap();
+    let deployments = ns.api::<Deployment>();
+    wait_for("emails' workers to be collected", DEADLINE, || {
+        let deployments = deployments.clone();
+        async move {
+            deployments
+                .get_opt("emails-worker")
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    let api = ns.api::<Secret>();
+    assert!(
+        api.get_opt(&secrets[0]).await.unwrap().is_some(),
+        "thumbs still uses it"
+    );
+    jqs.delete("thumbs", &DeleteParams::default()).await.unwrap();
+    wait_for("the shared Secret to be collected", DEADLINE, || {
+        let (api, name) = (api.clone(), secrets[0].clone());
+        async move { api.get_opt(&name).await.ok()?.is_none().then_some(()) }
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn an_owner_without_createrole_gets_a_condition_and_no_worker() {
+    let f = fixture().await;
+    f.pg.psql("CREATE ROLE limited LOGIN PASSWORD 'limited-pw'");
+    f.pg.psql("CREATE DATABASE queues OWNER limited");
+    let ns = f.env.namespace("shop").await.unwrap();
+    let url =
+        f.pg.url_for("queues")
+            .replace("postgres://postgres@", "postgres://limited:limited-pw@");
+    put_secret(&ns, "pg", &url).await;
+    ns.apply_yaml(&job_queue_yaml("emails", "pg", None))
+        .await
+        .unwrap();
+    let jq = wait_condition(&ns, "emails", "Ready", "False", "TenantNotProvisioned").await;
+    let message = jq.condition("Ready").unwrap().message.clone();
+    assert!(message.contains("CREATEROLE"), "{message}");
+    assert!(message.contains("rowLevelSecurity: Disabled"), "{message}");
+    // No worker at all, so none with the owner's login; no tenant Secret either.
+    assert!(
+        ns.api::<Deployment>()
+            .get_opt("emails-worker")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let secrets = ns.api::<Secret>().list(&Default::default()).await.unwrap();
+    assert!(secrets.items.iter().all(|s| {
+        !s.metadata
+            .name
+            .as_deref()
+            .unwrap()
+            .starts_with(tenant::SECRET_PREFIX)
+    }));
+
+    // Granted the right, the next try provisions it.
+    f.pg.psql("ALTER ROLE limited CREATEROLE");
+    wait_condition(&ns, "emails", "Ready", "True", "AsExpected").await;
+    assert_eq!(
+        workers_database_secret(&ns, "emails").await.name,
+        tenant::secret_name(&jq.spec.database.secret_ref)
+    );
+}
+
+#[tokio::test]
+async fn disabled_hands_the_workers_the_job_queue_s_own_secret() {
+    let f = fixture().await;
+    let ns = f.env.namespace("shop").await.unwrap();
+    put_secret(&ns, "pg", &f.pg.url()).await;
+    ns.apply_yaml(&job_queue_yaml("emails", "pg", Some("Disabled")))
+        .await
+        .unwrap();
+    let jq = wait_condition(&ns, "emails", "Ready", "True", "AsExpected").await;
+    assert!(jq.condition("Ready").unwrap().message.contains("not isolated"));
+    let r = workers_database_secret(&ns, "emails").await;
+    assert_eq!((r.name.as_str(), r.key.as_str()), ("pg", "url"));
+    assert_eq!(f.pg.psql("SELECT count(*) FROM sluice.tenants"), "0");
+    // The queue is still there for the user's login.
+    let store = connect(&f.pg.url()).await;
+    store
+        .upsert_queue(&QueueSettings::defaults(format!("{}/other", ns.name())))
+        .await
+        .unwrap();
+}
