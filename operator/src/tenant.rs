@@ -21,9 +21,9 @@
 //!   passwords; `ensure_tenant` runs in the same transaction, after which the Secret is written.
 //!   Once done, a reconcile only reads the Secret (and `ensure_tenant` runs again after a restart or
 //!   when the Secret changed).
-//! - **The password is never in a log, Event, status or error**: errors carry the database's message
-//!   and code only (never the statement, whose context would hold it), and Kubernetes errors name the
-//!   Secret, not its content.
+//! - **The password is never in a log, Event, status or error**, nor sent to the database: the role
+//!   is given its SCRAM-SHA-256 verifier ([`scram_verifier`]), computed here; errors carry the
+//!   database's message and code only, and Kubernetes errors name the Secret, not its content.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -162,6 +162,45 @@ pub fn generate_password() -> Result<String> {
     Ok(out)
 }
 
+/// Iterations of PBKDF2 in a [`scram_verifier`]: PostgreSQL's default (`scram_iterations`).
+pub const SCRAM_ITERATIONS: u32 = 4096;
+
+/// The SCRAM-SHA-256 verifier PostgreSQL stores for `password` (`SCRAM-SHA-256$<iterations>:<salt>$
+/// <StoredKey>:<ServerKey>`, RFC 5803), with a fresh random salt. `CREATE ROLE … PASSWORD '<verifier>'`
+/// stores it as it is, so the password itself never reaches the database server: not its statement
+/// log, not `pg_stat_activity`, not an error. Logging in with the password works as usual.
+pub fn scram_verifier(password: &str) -> Result<String> {
+    use base64::{Engine, engine::general_purpose::STANDARD};
+    use ring::{
+        digest, hmac, pbkdf2,
+        rand::{SecureRandom, SystemRandom},
+    };
+    let mut salt = [0u8; 16];
+    SystemRandom::new()
+        .fill(&mut salt)
+        .map_err(|_| Error::Io(std::io::Error::other("the OS random generator failed")))?;
+    let mut salted = [0u8; 32];
+    let iterations = std::num::NonZeroU32::new(SCRAM_ITERATIONS).expect("non-zero");
+    // The password is ASCII letters and digits, which SASLprep leaves as they are.
+    pbkdf2::derive(
+        pbkdf2::PBKDF2_HMAC_SHA256,
+        iterations,
+        &salt,
+        password.as_bytes(),
+        &mut salted,
+    );
+    let key = hmac::Key::new(hmac::HMAC_SHA256, &salted);
+    let client_key = hmac::sign(&key, b"Client Key");
+    let stored_key = digest::digest(&digest::SHA256, client_key.as_ref());
+    let server_key = hmac::sign(&key, b"Server Key");
+    Ok(format!(
+        "SCRAM-SHA-256${SCRAM_ITERATIONS}:{}${}:{}",
+        STANDARD.encode(salt),
+        STANDARD.encode(stored_key.as_ref()),
+        STANDARD.encode(server_key.as_ref())
+    ))
+}
+
 /// What [`provision`] remembers between reconciles: (database id, namespace, Secret name,
 /// `resourceVersion`) of tenant Secrets whose role was ensured by this process.
 pub type Provisioned = std::sync::Mutex<HashSet<(String, String, String, String)>>;
@@ -229,10 +268,11 @@ pub async fn provision(
             None => generate_password()?,
         },
     };
+    // The role gets the password's SCRAM verifier, never the password.
     sqlx::query(sluice_queue::sql::TENANT_ENSURE)
         .bind(&role)
         .bind(&ns)
-        .bind(&password)
+        .bind(scram_verifier(&password)?)
         .execute(&mut *tx)
         .await
         .map_err(|e| not_provisioned(explain(&e, &role)))?;
@@ -433,6 +473,18 @@ mod tests {
         assert_eq!(a.len(), PASSWORD_LEN);
         assert!(a.bytes().all(|b| b.is_ascii_alphanumeric()));
         assert_ne!(a, generate_password().unwrap());
+    }
+
+    #[test]
+    fn the_scram_verifier_has_postgres_shape_and_a_fresh_salt() {
+        let v = scram_verifier("pencil").unwrap();
+        let re = regex::Regex::new(
+            r"^SCRAM-SHA-256\$4096:[A-Za-z0-9+/]{22}==\$[A-Za-z0-9+/]{43}=:[A-Za-z0-9+/]{43}=$",
+        )
+        .unwrap();
+        assert!(re.is_match(&v), "{v}");
+        assert!(!v.contains("pencil"));
+        assert_ne!(v, scram_verifier("pencil").unwrap());
     }
 
     #[test]
