@@ -378,3 +378,53 @@ async fn disabled_hands_the_workers_the_job_queue_s_own_secret() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn two_operator_replicas_provisioning_at_once_agree_on_one_password() {
+    // Two replicas (each its own pool and memory) provision, at the same moment, two JobQueues of one
+    // namespace that name two Secrets of one database: both tenant Secrets end with the one password
+    // the role has, whichever replica went first.
+    let f = fixture().await;
+    f.stop.cancel(); // this test drives provisioning itself
+    let ns = f.env.namespace("shop").await.unwrap();
+    put_secret(&ns, "pg", &f.pg.url()).await;
+    put_secret(&ns, "pg-too", &format!("{}?application_name=other", f.pg.url())).await;
+    let mut queues = Vec::new();
+    for (jq, secret) in [("emails", "pg"), ("reports", "pg-too")] {
+        ns.apply_yaml(&job_queue_yaml(jq, secret, None)).await.unwrap();
+        queues.push(ns.api::<JobQueue>().get(jq).await.unwrap());
+    }
+    sluice_queue::schema::migrate(&sluice_queue::pool::connect_lazy(&f.pg.url(), 2).unwrap())
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        let runs = queues.iter().map(|jq| {
+            let client = f.env.client();
+            let owner = format!(
+                "{}{}",
+                f.pg.url(),
+                if jq.spec.database.secret_ref.name == "pg" {
+                    ""
+                } else {
+                    "?application_name=other"
+                }
+            );
+            async move {
+                let pool = sluice_queue::pool::connect_lazy(&owner, 2).unwrap();
+                tenant::provision(&client, &pool, &Default::default(), jq, &owner).await
+            }
+        });
+        for r in futures::future::join_all(runs).await {
+            r.unwrap();
+        }
+    }
+    let names: Vec<String> = queues
+        .iter()
+        .map(|jq| tenant::secret_name(&jq.spec.database.secret_ref))
+        .collect();
+    let a = secret_value(&ns, &names[0], "password").await;
+    assert_eq!(a, secret_value(&ns, &names[1], "password").await);
+    for name in &names {
+        connect(&secret_value(&ns, name, "url").await).await;
+    }
+}

@@ -3,7 +3,8 @@
 //!
 //! KEDA's `postgresql` scaler runs the depth query itself, connecting with the worker's own
 //! `SLUICE_DATABASE_URL` (`connectionFromEnv` on the `sluice-sidecar` container, which reads the
-//! JobQueue's Secret by reference), so no credential is copied into the ScaledObject. In this mode KEDA
+//! namespace's tenant Secret by reference, or the JobQueue's own with `rowLevelSecurity: Disabled`), so
+//! no credential is copied into the ScaledObject; as the tenant, it reads its own namespace's depth. In this mode KEDA
 //! also does 0↔1 (on its `pollingInterval`), and the operator leaves replicas alone.
 
 use kube::{Resource, ResourceExt, api::ApiResource};
