@@ -414,6 +414,26 @@ impl Drop for TestNamespace {
             }
             None => {
                 if let Ok(kubectl) = self.kubectl_binary() {
+                    // Sluice's objects go first, as a careful user removes an app: deleting the namespace
+                    // alone removes the Roles that let the operator read their Secrets in whatever order
+                    // the namespace controller picks, and a reconcile of a JobQueue still there would be
+                    // refused (a refusal the real control plane's test reads as a permission missing
+                    // from the chart).
+                    let _ = Command::new(&kubectl)
+                        .arg("--kubeconfig")
+                        .arg(&self.kubeconfig)
+                        .arg("--request-timeout=30s")
+                        .args([
+                            "delete",
+                            "jobqueues.sluice.dev,ratelimitpolicies.sluice.dev",
+                            "--all",
+                            "--namespace",
+                            &self.name,
+                            "--wait=true",
+                            "--timeout=30s",
+                            "--ignore-not-found",
+                        ])
+                        .output();
                     let _ = Command::new(kubectl)
                         .arg("--kubeconfig")
                         .arg(&self.kubeconfig)
