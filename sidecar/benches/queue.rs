@@ -76,7 +76,7 @@ struct Results {
     graphile: Option<Result<BurnDown, String>>,
     bulk: Option<f64>,
     enqueue: Option<(f64, f64)>,
-    pickup: Option<(f64, f64)>,
+    pickup: Option<Pickup>,
 }
 
 #[tokio::main]
@@ -197,7 +197,11 @@ async fn main() {
     }
     if on("pickup") {
         let l = pickup_latency(&store, sizes.pickups).await;
-        eprintln!("pickup latency: p50 {:.2} ms, p99 {:.2} ms", l.0, l.1);
+        eprintln!(
+            "pickup latency: p50 {:.2} ms, p99 {:.2} ms (the enqueue call: p50 {:.2} ms, p99 {:.2} ms; \
+             its return → handler start: p50 {:.2} ms, p99 {:.2} ms)",
+            l.p50, l.p99, l.enqueue_p50, l.enqueue_p99, l.after_p50, l.after_p99
+        );
         r.pickup = Some(l);
     }
     drop(pool);
@@ -335,10 +339,17 @@ fn render(
     );
     let _ = writeln!(
         out,
-        "| pickup latency, idle queue | {} | |",
+        "| pickup latency, idle queue | {} | {} |",
         r.pickup
-            .map(|(a, b)| format!("p50 {a:.2} ms, p99 {b:.2} ms"))
-            .unwrap_or_else(na)
+            .map(|l| format!("p50 {:.2} ms, p99 {:.2} ms", l.p50, l.p99))
+            .unwrap_or_else(na),
+        r.pickup
+            .map(|l| format!(
+                "the enqueue call: p50 {:.2} ms, p99 {:.2} ms; its return → handler start: \
+                 p50 {:.2} ms, p99 {:.2} ms",
+                l.enqueue_p50, l.enqueue_p99, l.after_p50, l.after_p99
+            ))
+            .unwrap_or_default()
     );
     let _ = writeln!(out, "\nTargets (2 cores):\n");
     let _ = writeln!(out, "| target | this run | |");
@@ -380,7 +391,7 @@ fn render(
         "| enqueue p99 < 5 ms at 1,000 jobs/s | {p99:.2} ms | {} |",
         verdict(p99 < 5.0)
     );
-    let pickup99 = r.pickup.map(|e| e.1).unwrap_or(f64::NAN);
+    let pickup99 = r.pickup.map(|e| e.p99).unwrap_or(f64::NAN);
     let _ = writeln!(
         out,
         "| idle pickup p99 < 10 ms | {pickup99:.2} ms | {} |",
@@ -408,7 +419,7 @@ worker's CPU comes out of PostgreSQL's budget. CPU seconds in the table are user
 | burn-down, graphile-worker | graphile-worker (npm, installed into a temp dir at bench time) with a no-op task and a silent logger; N jobs inserted with one `graphile_worker.add_jobs` call before timing, `run()` with `concurrentJobs: 24`, `maxPoolSize: 25`, `localQueue: {size: 500}`, `completeJobBatchDelay: 0`, `failJobBatchDelay: 0` (its documented batching). Timed from `run()` until `graphile_worker.jobs` is empty (same polling). |
 | bulk enqueue | `QueueStore::enqueue_many`: 5,000 rows per statement (`sluice.enqueue_many`, an UNNEST insert), 2×N rows. |
 | enqueue latency at 1,000 jobs/s | open loop: one `QueueStore::enqueue` (one `sluice.enqueue_job` call, its own transaction) started every 1 ms for 10 s regardless of earlier ones; pool warmed first; latency per call. |
-| pickup latency, idle queue | one in-process worker (defaults: LISTEN on, poll backing off 50 ms → 2 s) on an empty queue; a job is enqueued every 50 ms and the time from the enqueue call to the handler's start is recorded (200 jobs). |
+| pickup latency, idle queue | one in-process worker (defaults: LISTEN on, poll backing off 50 ms → 2 s) on an empty queue; a job is enqueued every 50 ms and the time from the enqueue call to the handler's start is recorded (200 jobs), and split in two: the enqueue call itself (one `sluice.enqueue_job` statement, committed, NOTIFY sent) and from its return to the handler's start (NOTIFY delivery → wake-up → claim → dispatch). |
 
 Needs PostgreSQL server binaries (`postgres`, `initdb`, `psql`, `pgbench`) and, for the graphile line,
 `node` + `npm` with network access (without them that line says why it was not measured).";
@@ -909,7 +920,7 @@ impl Handler for Signal {
 
 /// Enqueue one job into an idle queue (the worker's poll has backed off to 2 s, so NOTIFY is what wakes
 /// it) and time until its handler starts.
-async fn pickup_latency(store: &QueueStore, n: usize) -> (f64, f64) {
+async fn pickup_latency(store: &QueueStore, n: usize) -> Pickup {
     store
         .upsert_queue(&QueueSettings::defaults("pickup"))
         .await
@@ -921,7 +932,7 @@ async fn pickup_latency(store: &QueueStore, n: usize) -> (f64, f64) {
     );
     let store = Arc::new(store.clone());
     tokio::time::sleep(Duration::from_millis(300)).await; // let the listener connect
-    let mut v = Vec::new();
+    let (mut v, mut calls, mut after) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..n {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let t0 = Instant::now();
@@ -929,11 +940,35 @@ async fn pickup_latency(store: &QueueStore, n: usize) -> (f64, f64) {
             .enqueue("pickup", &NewJob::new("noop", serde_json::json!({})))
             .await
             .unwrap();
+        let enqueued = Instant::now();
         let started = rx.recv().await.unwrap();
         v.push((started - t0).as_secs_f64() * 1000.0);
+        calls.push((enqueued - t0).as_secs_f64() * 1000.0);
+        after.push((started - enqueued).as_secs_f64() * 1000.0);
     }
     shutdown.cancel();
     w.await.unwrap().unwrap();
     v.sort_by(f64::total_cmp);
-    (percentile(&v, 0.5), percentile(&v, 0.99))
+    calls.sort_by(f64::total_cmp);
+    after.sort_by(f64::total_cmp);
+    Pickup {
+        p50: percentile(&v, 0.5),
+        p99: percentile(&v, 0.99),
+        enqueue_p50: percentile(&calls, 0.5),
+        enqueue_p99: percentile(&calls, 0.99),
+        after_p50: percentile(&after, 0.5),
+        after_p99: percentile(&after, 0.99),
+    }
+}
+
+/// Idle pickup latency, ms: enqueue call → handler start, the enqueue call's own part of it, and the
+/// rest (the enqueue call's return → handler start).
+#[derive(Clone, Copy)]
+struct Pickup {
+    p50: f64,
+    p99: f64,
+    enqueue_p50: f64,
+    enqueue_p99: f64,
+    after_p50: f64,
+    after_p99: f64,
 }
