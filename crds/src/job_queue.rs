@@ -533,6 +533,26 @@ pub struct JobQueueStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub schedules: Vec<ScheduleStatus>,
+
+    /// With `rowLevelSecurity: Enabled`, which Secret workers and injected sidecars read:
+    /// `Provisioned` (the tenant Secret the operator writes, `sluice-tenant-<hash>`) or `SecretRef`
+    /// (`spec.database.secretRef` itself, whose login is already this namespace's registered tenant,
+    /// e.g. one an admin made with `sluice.ensure_tenant`). Unset until the operator has looked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_login: Option<TenantLogin>,
+
+    /// With `rowLevelSecurity: Enabled`, the database role workers and injected sidecars log in as.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_role: Option<String>,
+}
+
+/// Where a JobQueue's workers get their tenant login (`status.tenantLogin`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum TenantLogin {
+    /// The operator provisioned the namespace's tenant role and wrote its URL to `sluice-tenant-<hash>`.
+    Provisioned,
+    /// `spec.database.secretRef` logs in as the namespace's registered tenant: used as it is.
+    SecretRef,
 }
 
 /// One schedule's state.

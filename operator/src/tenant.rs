@@ -40,7 +40,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use sluice_crds::{
     contract::label::{MANAGED_BY, MANAGED_BY_VALUE},
-    job_queue::{JobQueue, RowLevelSecurity},
+    job_queue::{JobQueue, RowLevelSecurity, TenantLogin},
     secret_ref::{SECRET_KEY_DEFAULT, SecretKeyRef},
 };
 use sqlx::PgPool;
@@ -91,14 +91,16 @@ pub fn secret_name(source: &SecretKeyRef) -> String {
 }
 
 /// The Secret key workers and injected sidecars read `SLUICE_DATABASE_URL` from: the tenant Secret's
-/// `url` when `rowLevelSecurity` is `Enabled`, else the JobQueue's own `spec.database.secretRef`.
+/// `url` when `rowLevelSecurity` is `Enabled`, else the JobQueue's own `spec.database.secretRef` (also
+/// when its login already is the namespace's registered tenant: `status.tenantLogin: SecretRef`).
 pub fn workers_secret(jq: &JobQueue) -> SecretKeyRef {
+    let own_login_is_tenant = jq.status.as_ref().and_then(|s| s.tenant_login) == Some(TenantLogin::SecretRef);
     match jq.spec.database.row_level_security {
-        RowLevelSecurity::Enabled => SecretKeyRef {
+        RowLevelSecurity::Enabled if !own_login_is_tenant => SecretKeyRef {
             name: secret_name(&jq.spec.database.secret_ref),
             key: URL_KEY.into(),
         },
-        RowLevelSecurity::Disabled => jq.spec.database.secret_ref.clone(),
+        _ => jq.spec.database.secret_ref.clone(),
     }
 }
 
@@ -205,10 +207,85 @@ pub fn scram_verifier(password: &str) -> Result<String> {
 /// `resourceVersion`) of tenant Secrets whose role was ensured by this process.
 pub type Provisioned = std::sync::Mutex<HashSet<(String, String, String, String)>>;
 
-/// Makes sure `jq`'s namespace has its tenant role in the database at `owner_url` (through `pool`,
-/// logged in as the owner) and that the tenant Secret [`workers_secret`] names holds its URL, with
-/// `jq` among the Secret's owners. Failures the user must fix are [`Error::TenantNotProvisioned`].
+/// How long one provisioning may take in all (the lock, `ensure_tenant`, the Secret's write); past it
+/// the reconcile reports `TenantNotProvisioned` and retries.
+pub const PROVISION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+/// How long provisioning waits for the namespace's advisory lock, in seconds.
+pub const LOCK_TIMEOUT_SECS: u32 = 5;
+/// Bounds the wait for locks in provisioning's transaction; it applies to advisory locks too.
+const SET_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '5s'";
+
+/// The role and namespace of `pool`'s login when it is a registered tenant (its own row of
+/// `sluice.tenants`, the only one it can see). `None` for the schema's owner and other logins.
+pub async fn login_tenant(pool: &PgPool) -> Result<Option<(String, String)>> {
+    sqlx::query_as("SELECT role_name, namespace FROM sluice.tenants WHERE role_name = current_user")
+        .fetch_optional(pool)
+        .await
+        .map_err(database)
+}
+
+/// Makes sure `jq`'s namespace has a tenant login for its workers, and says which Secret holds it.
+///
+/// When the login of `spec.database.secretRef` (`pool`'s) already is the namespace's registered tenant
+/// (an admin ran `sluice.ensure_tenant` and handed the namespace the tenant's URL), nothing is
+/// provisioned: [`TenantLogin::SecretRef`]. Otherwise `pool`'s login is taken for the schema's owner
+/// and the tenant role is ensured in the database at `owner_url`, with the tenant Secret
+/// [`workers_secret`] names holding its URL and `jq` among the Secret's owners
+/// ([`TenantLogin::Provisioned`]). The whole of it is bounded by [`PROVISION_TIMEOUT`]. Failures the user
+/// must fix are [`Error::TenantNotProvisioned`]; a database that does not answer is [`Error::Database`].
+/// Returns where the login is and its role.
 pub async fn provision(
+    client: &Client,
+    pool: &PgPool,
+    done: &Provisioned,
+    jq: &JobQueue,
+    owner_url: &str,
+) -> Result<(TenantLogin, String)> {
+    let ns = jq.namespace().unwrap_or_default();
+    let not_provisioned = |why: String| Error::TenantNotProvisioned {
+        namespace: ns.clone(),
+        role: role_name(&ns),
+        why,
+    };
+    match login_tenant(pool).await? {
+        Some((role, of)) if of == ns => return Ok((TenantLogin::SecretRef, role)),
+        Some((_, of)) => {
+            return Err(not_provisioned(format!(
+                "the login of spec.database.secretRef is the tenant of namespace {of:?}, not of this \
+                 one: give this namespace its own tenant's URL"
+            )));
+        }
+        None => {}
+    }
+    match tokio::time::timeout(
+        PROVISION_TIMEOUT,
+        provision_as_owner(client, pool, done, jq, owner_url),
+    )
+    .await
+    {
+        Ok(r) => r.map(|()| (TenantLogin::Provisioned, role_name(&ns))),
+        Err(_) => Err(not_provisioned(format!(
+            "provisioning took longer than {}s; the operator retries",
+            PROVISION_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
+/// Whether the tenant Secret of `jq` exists, for the database at `owner_url` and the namespace's role:
+/// written by an earlier provisioning, so workers can keep using it while a new one fails.
+pub async fn secret_exists(client: &Client, jq: &JobQueue, owner_url: &str) -> Result<bool> {
+    let ns = jq.namespace().unwrap_or_default();
+    let Some(db) = database_id(owner_url) else {
+        return Ok(false);
+    };
+    let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
+    Ok(secrets
+        .get_opt(&secret_name(&jq.spec.database.secret_ref))
+        .await?
+        .is_some_and(|s| usable(&s, &db, &role_name(&ns)).is_some()))
+}
+
+async fn provision_as_owner(
     client: &Client,
     pool: &PgPool,
     done: &Provisioned,
@@ -242,40 +319,70 @@ pub async fn provision(
         )
     };
 
-    if let Some(current) = secrets.get_opt(&name).await?
-        && usable(&current, &db, &role).is_some()
+    let current = secrets.get_opt(&name).await?;
+    if let Some(current) = &current
+        && usable(current, &db, &role).is_some()
         && done
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .contains(&memo(&current))
+            .contains(&memo(current))
     {
-        return add_owner(&secrets, &current, &owner).await;
+        return add_owner(&secrets, current, &owner).await;
     }
 
-    // One namespace at a time in this database: whoever holds the lock reads the Secrets, sets the
-    // role's password and writes the Secret before the next looks.
+    // The Kubernetes reads happen before the transaction, so it holds the lock for the database's
+    // statements and the Secret's write (and, the first time, one list) only. The write is
+    // conditional (create, or replace on the version read): when another reconcile wrote this Secret
+    // in between, it fails (409), the transaction rolls back (and with it this password's verifier)
+    // and the retry reads theirs.
+    let known = match current.as_ref().and_then(|s| usable(s, &db, &role)) {
+        Some(p) => Some(p),
+        None => sibling_password(&secrets, &db, &role).await?,
+    };
+
+    // One namespace at a time in this database. The lock's wait is bounded: any login of the database
+    // can take the same advisory lock (a tenant included), and must not stall the operator.
     let mut tx = pool.begin().await.map_err(database)?;
+    sqlx::query(SET_LOCK_TIMEOUT)
+        .execute(&mut *tx)
+        .await
+        .map_err(database)?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('sluice.tenant/' || $1, 0))")
         .bind(&ns)
         .execute(&mut *tx)
         .await
-        .map_err(database)?;
-    let current = secrets.get_opt(&name).await?;
-    let password = match current.as_ref().and_then(|s| usable(s, &db, &role)) {
+        .map_err(
+            |e| match e.as_database_error().and_then(|d| d.code()).as_deref() {
+                Some("55P03") => not_provisioned(format!(
+                    "another session of the database held the namespace's provisioning lock for more \
+                 than {}s (pg_advisory_xact_lock(hashtextextended('sluice.tenant/{ns}', 0))); see \
+                 pg_locks for who holds it; the operator retries",
+                    LOCK_TIMEOUT_SECS
+                )),
+                _ => database(e),
+            },
+        )?;
+    let password = match known {
         Some(p) => p,
+        // A new password only if no other tenant Secret for this database appeared while this one
+        // waited for the lock (another JobQueue's, naming another Secret, may have set the role's).
         None => match sibling_password(&secrets, &db, &role).await? {
             Some(p) => p,
             None => generate_password()?,
         },
     };
+    let verifier = scram_verifier(&password)?;
     // The role gets the password's SCRAM verifier, never the password.
     sqlx::query(sluice_queue::sql::TENANT_ENSURE)
         .bind(&role)
         .bind(&ns)
-        .bind(scram_verifier(&password)?)
+        .bind(verifier)
         .execute(&mut *tx)
         .await
-        .map_err(|e| not_provisioned(explain(&e, &role)))?;
+        .map_err(|e| match e.as_database_error() {
+            Some(d) => not_provisioned(explain(d, &role)),
+            None => database(e),
+        })?;
     let url = tenant_url(owner_url, &role, &password)
         .ok_or_else(|| not_provisioned("the tenant's URL cannot be built".into()))?;
     let data = BTreeMap::from([
@@ -387,22 +494,40 @@ fn database(e: sqlx::Error) -> Error {
 }
 
 /// What failed in `ensure_tenant`, and the fix, from the database's code and message only (the
-/// statement and its context, which would carry the password, are left out).
-fn explain(e: &sqlx::Error, role: &str) -> String {
-    let Some(db) = e.as_database_error() else {
-        return format!("the database did not answer ({e}); the operator retries");
-    };
+/// statement and its context, which would carry the password, are left out). Only called for a login
+/// that is no registered tenant ([`provision`] uses a tenant's Secret as it is).
+fn explain(db: &dyn sqlx::error::DatabaseError, role: &str) -> String {
     let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
     let message = db.message();
     match code.as_str() {
+        // PostgreSQL says `permission denied to create role` / `to alter role` without CREATEROLE.
+        "42501" if message.contains("role") => format!(
+            "the database login of spec.database.secretRef owns the schema but may not create roles \
+             ({message}): grant it CREATEROLE (ALTER ROLE <login> CREATEROLE); or have an admin create \
+             this namespace's tenant (SELECT sluice.ensure_tenant(...)) and put the tenant's URL in the \
+             Secret; or set spec.database.rowLevelSecurity: Disabled to let workers use that login, \
+             without isolation between namespaces"
+        ),
+        // `permission denied for function ensure_tenant` (EXECUTE is the owner's) or for a table.
+        "42501" if message.contains("function") || message.contains("table") => format!(
+            "the database login of spec.database.secretRef is not the owner of the sluice schema (the \
+             login that created it) ({message}): put the owner's URL in the Secret, or have an admin \
+             create this namespace's tenant (SELECT sluice.ensure_tenant(...)) and put the tenant's URL \
+             in the Secret"
+        ),
+        // `permission denied for database`: GRANT CONNECT needs the database's owner (or the grant option).
+        "42501" if message.contains("database") => format!(
+            "the database login of spec.database.secretRef may not grant CONNECT on the database to \
+             the tenant ({message}): make it the database's owner, or grant it CONNECT WITH GRANT \
+             OPTION"
+        ),
         "42501" => format!(
-            "the database login of spec.database.secretRef may not create roles ({message}): grant it \
-             CREATEROLE (ALTER ROLE <login> CREATEROLE), or set spec.database.rowLevelSecurity: Disabled \
-             to let workers use that login, without isolation between namespaces"
+            "the database login of spec.database.secretRef lacks a privilege provisioning needs \
+             ({message}): use the schema owner's login, with CREATEROLE"
         ),
         "SL409" => format!(
-            "{message}: drop or rename the role {role:?}, or make it this namespace's tenant by hand, or \
-             set spec.database.rowLevelSecurity: Disabled"
+            "{message}: drop or rename the role {role:?} if nothing uses it, or set \
+             spec.database.rowLevelSecurity: Disabled"
         ),
         "42883" => format!(
             "the database has no sluice.ensure_tenant ({message}): the schema is older than this \

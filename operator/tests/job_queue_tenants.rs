@@ -161,6 +161,12 @@ async fn secret_value(ns: &TestNamespace, name: &str, key: &str) -> String {
     String::from_utf8(s.data.unwrap()[key].0.clone()).unwrap()
 }
 
+/// Creates the sluice schema, as the server's superuser (the schema's owner).
+async fn migrate(url: &str) {
+    let pool = sluice_queue::pool::options(1).connect(url).await.expect("log in");
+    sluice_queue::schema::migrate(&pool).await.unwrap();
+}
+
 async fn connect(url: &str) -> QueueStore {
     QueueStore::new(sluice_queue::pool::options(1).connect(url).await.expect("log in"))
 }
@@ -427,4 +433,127 @@ async fn two_operator_replicas_provisioning_at_once_agree_on_one_password() {
     for name in &names {
         connect(&secret_value(&ns, name, "url").await).await;
     }
+}
+
+#[tokio::test]
+async fn a_secret_that_logs_in_as_the_namespace_s_tenant_is_used_as_it_is() {
+    let f = fixture().await;
+    let ns = f.env.namespace("shop").await.unwrap();
+    // The setup documented before automatic provisioning: the admin makes the namespace's tenant (the
+    // schema made first, by its owner) and gives the namespace the tenant's URL only.
+    migrate(&f.pg.url()).await;
+    f.pg.psql(&format!(
+        "SELECT sluice.ensure_tenant('shop_app', '{}', 'shop-app-pw')",
+        ns.name()
+    ));
+    let url =
+        f.pg.url()
+            .replace("postgres://postgres@", "postgres://shop_app:shop-app-pw@");
+    put_secret(&ns, "pg", &url).await;
+    ns.apply_yaml(&job_queue_yaml("emails", "pg", None))
+        .await
+        .unwrap();
+    let jq = wait_condition(&ns, "emails", "Ready", "True", "AsExpected").await;
+    let message = jq.condition("Ready").unwrap().message.clone();
+    assert!(message.contains("isolated as tenant \"shop_app\""), "{message}");
+    let status = jq.status.clone().unwrap();
+    assert_eq!(status.tenant_role.as_deref(), Some("shop_app"));
+    // The workers get the JobQueue's own Secret; nothing was provisioned.
+    let r = workers_database_secret(&ns, "emails").await;
+    assert_eq!((r.name.as_str(), r.key.as_str()), ("pg", "url"));
+    assert_eq!(
+        f.pg.psql("SELECT string_agg(role_name, ',') FROM sluice.tenants"),
+        "shop_app"
+    );
+    let secrets = ns.api::<Secret>().list(&Default::default()).await.unwrap();
+    assert!(secrets.items.iter().all(|s| {
+        !s.metadata
+            .name
+            .as_deref()
+            .unwrap()
+            .starts_with(tenant::SECRET_PREFIX)
+    }));
+}
+
+#[tokio::test]
+async fn a_failed_reprovisioning_keeps_the_workers_and_their_scaling() {
+    let f = fixture().await;
+    f.pg.psql("CREATE ROLE limited LOGIN CREATEROLE PASSWORD 'limited-pw'");
+    f.pg.psql("CREATE DATABASE queues OWNER limited");
+    let ns = f.env.namespace("shop").await.unwrap();
+    let url =
+        f.pg.url_for("queues")
+            .replace("postgres://postgres@", "postgres://limited:limited-pw@");
+    put_secret(&ns, "pg", &url).await;
+    ns.apply_yaml(&job_queue_yaml("emails", "pg", None))
+        .await
+        .unwrap();
+    let jq = wait_condition(&ns, "emails", "Ready", "True", "AsExpected").await;
+    let name = tenant::secret_name(&jq.spec.database.secret_ref);
+
+    // The owner loses CREATEROLE, and a changed tenant Secret makes the operator ensure the role again.
+    f.pg.psql("ALTER ROLE limited NOCREATEROLE");
+    let secrets = ns.api::<Secret>();
+    let mut s = secrets.get(&name).await.unwrap();
+    s.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert("touched".into(), "yes".into());
+    secrets.replace(&name, &PostParams::default(), &s).await.unwrap();
+    let jq = wait_condition(&ns, "emails", "Degraded", "True", "TenantNotProvisioned").await;
+    assert_eq!(jq.condition("Ready").unwrap().status, "True");
+    let message = jq.condition("Degraded").unwrap().message.clone();
+    assert!(message.contains("CREATEROLE"), "{message}");
+
+    // Scaling goes on: a job wakes the queue from zero, with the tenant Secret the workers had.
+    connect(&url)
+        .await
+        .enqueue(
+            &format!("{}/emails", ns.name()),
+            &NewJob::new("send", serde_json::json!({})),
+        )
+        .await
+        .unwrap();
+    let deployments = ns.api::<Deployment>();
+    wait_for("the workers to scale to 1", DEADLINE, || {
+        let api = deployments.clone();
+        async move {
+            let d = api.get("emails-worker").await.ok()?;
+            (d.spec?.replicas? >= 1).then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(workers_database_secret(&ns, "emails").await.name, name);
+}
+
+#[tokio::test]
+async fn a_session_holding_the_provisioning_lock_delays_its_namespace_only() {
+    use sqlx::Connection;
+    let f = fixture().await;
+    let (shop, blog) = (
+        f.env.namespace("shop").await.unwrap(),
+        f.env.namespace("blog").await.unwrap(),
+    );
+    migrate(&f.pg.url()).await;
+    // Any login of the database can take the advisory lock provisioning uses (a tenant as well).
+    let mut holder = sqlx::PgConnection::connect(&f.pg.url()).await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(hashtextextended('sluice.tenant/' || $1, 0))")
+        .bind(shop.name())
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    for ns in [&shop, &blog] {
+        put_secret(ns, "pg", &f.pg.url()).await;
+        ns.apply_yaml(&job_queue_yaml("emails", "pg", None))
+            .await
+            .unwrap();
+    }
+    wait_condition(&blog, "emails", "Ready", "True", "AsExpected").await;
+    let jq = wait_condition(&shop, "emails", "Ready", "False", "TenantNotProvisioned").await;
+    let message = jq.condition("Ready").unwrap().message.clone();
+    assert!(message.contains("provisioning lock"), "{message}");
+
+    holder.close().await.unwrap();
+    wait_condition(&shop, "emails", "Ready", "True", "AsExpected").await;
 }

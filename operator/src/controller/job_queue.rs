@@ -52,7 +52,7 @@ use sluice_crds::{
     contract::{annotation, label::JOB_QUEUE as JOB_QUEUE_LABEL},
     job_queue::{
         DepthStatus, JobQueue, JobQueueSchedule, JobQueueStatus, RowLevelSecurity, ScalingProvider,
-        ScheduleStatus,
+        ScheduleStatus, TenantLogin,
     },
 };
 use sluice_queue::{Depth, QueueSettings, QueueStore, schedule::CronSchedule, store::ScheduleState};
@@ -239,7 +239,25 @@ async fn steps(jq: &JobQueue, ctx: &Context<State>) -> Result<Action> {
     .await?;
     admit_database(jq, ctx, &url)?;
     prepare_database(jq, ctx, &url).await?;
-    provision_tenant(jq, ctx, &url).await?;
+    let (tenant_login, tenant_note) = provision_tenant(jq, ctx, &url).await?;
+    // Workers and the status follow what provisioning found (the cached object's status may be older).
+    let with_login;
+    let jq = if let Some((login, role)) = tenant_login
+        && jq
+            .status
+            .as_ref()
+            .map(|s| (s.tenant_login, s.tenant_role.as_deref()))
+            != Some((Some(login), Some(role.as_str())))
+    {
+        let mut updated = jq.clone();
+        let status = updated.status.get_or_insert_with(Default::default);
+        status.tenant_login = Some(login);
+        status.tenant_role = Some(role);
+        with_login = updated;
+        &with_login
+    } else {
+        jq
+    };
     let legacy_note = adopt_legacy_queue(jq, ctx, &url).await?;
     let seen = observe(jq, ctx, &url, now).await?;
     let (autoscaler, metrics_note) = choose_autoscaler(jq, ctx).await?;
@@ -253,7 +271,9 @@ async fn steps(jq: &JobQueue, ctx: &Context<State>) -> Result<Action> {
     };
     let keda_problem = apply_autoscaler(jq, ctx, autoscaler).await?;
     remember(jq, ctx, &url, &seen, policy, replicas);
-    let degraded = metrics_note
+    let degraded = tenant_note
+        .map(|m| (reason::TENANT_NOT_PROVISIONED, m))
+        .or(metrics_note)
         .or_else(|| keda_problem.map(|m| (reason::KEDA_UNAVAILABLE, m)))
         .or_else(|| schedule_problems(jq).map(|m| (reason::INVALID_SCHEDULE, m)))
         .or_else(|| legacy_note.map(|m| (reason::LEGACY_QUEUE_NOT_ADOPTED, m)));
@@ -294,15 +314,35 @@ async fn prepare_database(jq: &JobQueue, ctx: &Context<State>, url: &str) -> Res
     Ok(())
 }
 
-/// With `rowLevelSecurity: Enabled`, the namespace's tenant role and the Secret its workers read
-/// ([`tenant::provision`]); nothing with `Disabled`. A failure stops the reconcile before any worker is
-/// applied (`Ready=False`, reason `TenantNotProvisioned`): workers never get the owner's login instead.
-async fn provision_tenant(jq: &JobQueue, ctx: &Context<State>, url: &str) -> Result<()> {
+/// With `rowLevelSecurity: Enabled`, the namespace's tenant login for the workers
+/// ([`tenant::provision`]); nothing with `Disabled`. Returns where the workers' login is, and why the
+/// queue is degraded if provisioning failed but workers keep the tenant Secret an earlier provisioning
+/// wrote (`Degraded`, reason `TenantNotProvisioned`: workers and scaling go on with it). A failure with
+/// no such Secret stops the reconcile before any worker is applied (`Ready=False`): workers never get
+/// the owner's login instead.
+async fn provision_tenant(
+    jq: &JobQueue,
+    ctx: &Context<State>,
+    url: &str,
+) -> Result<(Option<(TenantLogin, String)>, Option<String>)> {
     if jq.spec.database.row_level_security == RowLevelSecurity::Disabled {
-        return Ok(());
+        return Ok((None, None));
     }
     let pool = ctx.state.settings.databases.pool(url)?;
-    tenant::provision(&ctx.client, &pool, &ctx.state.tenants, jq, url).await
+    match tenant::provision(&ctx.client, &pool, &ctx.state.tenants, jq, url).await {
+        Ok(login) => Ok((Some(login), None)),
+        Err(e) => {
+            if matches!(e, Error::TenantNotProvisioned { .. } | Error::Database(_))
+                && tenant::secret_exists(&ctx.client, jq, url).await?
+            {
+                tracing::warn!(jobqueue = %super::key(jq), error = %e, "tenant provisioning failed; workers keep the tenant Secret");
+                let role = tenant::role_name(jq.namespace_or_default());
+                Ok((Some((TenantLogin::Provisioned, role)), Some(e.to_string())))
+            } else {
+                Err(e)
+            }
+        }
+    }
 }
 
 /// Adopts the queue an earlier version named without the namespace (`thumbnails`) into this JobQueue's
@@ -744,11 +784,21 @@ async fn write_status(jq: &JobQueue, ctx: &Context<State>, outcome: &Outcome, no
     let paused = jq.is_paused();
     let busy = seen.busy();
     let active = busy && replicas > 0;
+    let own_login_is_tenant = jq.status.as_ref().and_then(|s| s.tenant_login) == Some(TenantLogin::SecretRef);
+    let role = jq
+        .status
+        .as_ref()
+        .and_then(|s| s.tenant_role.clone())
+        .unwrap_or_else(|| tenant::role_name(jq.namespace_or_default()));
     let ready_message = match jq.spec.database.row_level_security {
+        RowLevelSecurity::Enabled if own_login_is_tenant => format!(
+            "queue {queue:?} is registered and its workers are deployed; the queue is isolated as \
+             tenant {role:?}: spec.database.secretRef's login is this namespace's registered tenant, \
+             and workers use that Secret as it is"
+        ),
         RowLevelSecurity::Enabled => format!(
             "queue {queue:?} is registered and its workers are deployed, logged in as the namespace's \
-             tenant role {:?}",
-            tenant::role_name(jq.namespace_or_default())
+             tenant role {role:?}"
         ),
         RowLevelSecurity::Disabled => format!(
             "queue {queue:?} is registered and its workers are deployed; rowLevelSecurity is Disabled: \
@@ -849,6 +899,8 @@ async fn write_status(jq: &JobQueue, ctx: &Context<State>, outcome: &Outcome, no
             .iter()
             .map(|s| schedule_status(s, &seen.schedules, now))
             .collect(),
+        tenant_login: jq.status.as_ref().and_then(|s| s.tenant_login),
+        tenant_role: jq.status.as_ref().and_then(|s| s.tenant_role.clone()),
     };
     ctx.patch_status(jq, &status).await?;
 
