@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
 /// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
 /// which the workspace does not enable).
-const MIGRATIONS: [(i64, &str, &str); 15] = [
+const MIGRATIONS: [(i64, &str, &str); 16] = [
     (
         1,
         "queue tables",
@@ -90,6 +90,11 @@ const MIGRATIONS: [(i64, &str, &str); 15] = [
         15,
         "tenant password out of errors",
         include_str!("../../migrations/0015_tenant_password_out_of_errors.sql"),
+    ),
+    (
+        16,
+        "tenant without memberships",
+        include_str!("../../migrations/0016_tenant_without_memberships.sql"),
     ),
 ];
 

@@ -371,6 +371,36 @@ async fn a_tenant_that_may_create_objects_cannot_shadow_what_the_policies_call()
 }
 
 #[tokio::test]
+async fn a_tenant_role_that_is_a_member_of_another_role_is_refused() {
+    let (_pg, owner, _a) = setup().await;
+    // A membership granted after the tenant was made: the tenant could SET ROLE to `reporting` and act
+    // as a login that row-level security does not limit.
+    sqlx::raw_sql("CREATE ROLE reporting; GRANT reporting TO sluice_tenant_a")
+        .execute(owner.pool())
+        .await
+        .unwrap();
+    let e = sqlx::query(sluice_queue::sql::TENANT_ENSURE)
+        .bind("sluice_tenant_a")
+        .bind("a")
+        .bind("secret-3")
+        .execute(owner.pool())
+        .await
+        .expect_err("a member of another role");
+    let db = e.as_database_error().expect("a database error");
+    assert_eq!(db.code().as_deref(), Some("SL409"));
+    assert!(db.message().contains("member of reporting"), "{}", db.message());
+    // Without the membership, it is a tenant to ensure again.
+    sqlx::query("REVOKE reporting FROM sluice_tenant_a")
+        .execute(owner.pool())
+        .await
+        .unwrap();
+    owner
+        .ensure_tenant("sluice_tenant_a", "a", "secret-3")
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
 async fn a_tenant_role_stays_with_its_namespace() {
     let (_pg, owner, _a) = setup().await;
     // a's role named for namespace c: refused (before, a's password was reset and the call answered ok).
