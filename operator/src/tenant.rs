@@ -435,7 +435,10 @@ async fn provision_as_owner(
     Ok(())
 }
 
-/// The password of a tenant Secret that is for database `db` and role `role`, if it is one.
+/// The password of a tenant Secret that is for database `db` and role `role`, if it is one and its
+/// password has the shape of one the operator makes (at least [`PASSWORD_LEN`] of `[A-Za-z0-9]`): the
+/// verifier [`scram_verifier`] computes skips SASLprep, which leaves only such passwords unchanged. A
+/// Secret edited to hold anything else gets a new password.
 fn usable(secret: &Secret, db: &str, role: &str) -> Option<String> {
     if secret.labels().get(DATABASE_LABEL).map(String::as_str) != Some(db) {
         return None;
@@ -445,7 +448,12 @@ fn usable(secret: &Secret, db: &str, role: &str) -> Option<String> {
     if field(USERNAME_KEY)? != role || field(URL_KEY).is_none() {
         return None;
     }
-    field(PASSWORD_KEY).filter(|p| p.len() >= PASSWORD_LEN)
+    field(PASSWORD_KEY).filter(|p| well_formed(p))
+}
+
+/// `^[A-Za-z0-9]{40,}$`.
+fn well_formed(password: &str) -> bool {
+    password.len() >= PASSWORD_LEN && password.bytes().all(|b| b.is_ascii_alphanumeric())
 }
 
 /// The password of another tenant Secret of the namespace for the same database (JobQueues naming
@@ -598,6 +606,17 @@ mod tests {
         assert_eq!(a.len(), PASSWORD_LEN);
         assert!(a.bytes().all(|b| b.is_ascii_alphanumeric()));
         assert_ne!(a, generate_password().unwrap());
+    }
+
+    #[test]
+    fn only_long_alphanumeric_passwords_are_kept() {
+        let ok = "a".repeat(PASSWORD_LEN);
+        assert!(well_formed(&ok));
+        assert!(well_formed(&generate_password().unwrap()));
+        assert!(!well_formed(&"a".repeat(PASSWORD_LEN - 1)));
+        for bad in [" ", "-", "é", "\u{ad}", "ﬀ"] {
+            assert!(!well_formed(&format!("{ok}{bad}")), "{bad:?}");
+        }
     }
 
     #[test]
