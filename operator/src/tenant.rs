@@ -233,14 +233,14 @@ pub async fn login_tenant(pool: &PgPool) -> Result<Option<(String, String)>> {
 /// [`workers_secret`] names holding its URL and `jq` among the Secret's owners
 /// ([`TenantLogin::Provisioned`]). The whole of it is bounded by [`PROVISION_TIMEOUT`]. Failures the user
 /// must fix are [`Error::TenantNotProvisioned`]; a database that does not answer is [`Error::Database`].
-/// Returns where the login is and its role.
+/// Returns where the login is, its role and, when provisioned, [`password_hash`] of its password.
 pub async fn provision(
     client: &Client,
     pool: &PgPool,
     done: &Provisioned,
     jq: &JobQueue,
     owner_url: &str,
-) -> Result<(TenantLogin, String)> {
+) -> Result<(TenantLogin, String, Option<String>)> {
     let ns = jq.namespace().unwrap_or_default();
     let not_provisioned = |why: String| Error::TenantNotProvisioned {
         namespace: ns.clone(),
@@ -248,7 +248,7 @@ pub async fn provision(
         why,
     };
     match login_tenant(pool).await? {
-        Some((role, of)) if of == ns => return Ok((TenantLogin::SecretRef, role)),
+        Some((role, of)) if of == ns => return Ok((TenantLogin::SecretRef, role, None)),
         Some((_, of)) => {
             return Err(not_provisioned(format!(
                 "the login of spec.database.secretRef is the tenant of namespace {of:?}, not of this \
@@ -263,7 +263,7 @@ pub async fn provision(
     )
     .await
     {
-        Ok(r) => r.map(|()| (TenantLogin::Provisioned, role_name(&ns))),
+        Ok(r) => r.map(|hash| (TenantLogin::Provisioned, role_name(&ns), Some(hash))),
         Err(_) => Err(not_provisioned(format!(
             "provisioning took longer than {}s; the operator retries",
             PROVISION_TIMEOUT.as_secs()
@@ -271,18 +271,27 @@ pub async fn provision(
     }
 }
 
-/// Whether the tenant Secret of `jq` exists, for the database at `owner_url` and the namespace's role:
-/// written by an earlier provisioning, so workers can keep using it while a new one fails.
-pub async fn secret_exists(client: &Client, jq: &JobQueue, owner_url: &str) -> Result<bool> {
+/// [`password_hash`] of the password in the tenant Secret of `jq`, if it exists for the database at
+/// `owner_url` and the namespace's role: written by an earlier provisioning, so workers can keep using
+/// it while a new one fails.
+pub async fn existing_secret(client: &Client, jq: &JobQueue, owner_url: &str) -> Result<Option<String>> {
     let ns = jq.namespace().unwrap_or_default();
     let Some(db) = database_id(owner_url) else {
-        return Ok(false);
+        return Ok(None);
     };
     let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
     Ok(secrets
         .get_opt(&secret_name(&jq.spec.database.secret_ref))
         .await?
-        .is_some_and(|s| usable(&s, &db, &role_name(&ns)).is_some()))
+        .and_then(|s| usable(&s, &db, &role_name(&ns)))
+        .map(|p| password_hash(&p)))
+}
+
+/// 16 hex digits of the SHA-256 of a tenant password, for the worker pod template's annotation
+/// `sluice.dev/tenant-password-hash`: a changed password changes the template and rolls the workers.
+/// Not the password, and not enough of a hash to test guesses of a 40-character random one against.
+pub fn password_hash(password: &str) -> String {
+    hex(&Sha256::digest(password.as_bytes())[..8])
 }
 
 async fn provision_as_owner(
@@ -291,7 +300,7 @@ async fn provision_as_owner(
     done: &Provisioned,
     jq: &JobQueue,
     owner_url: &str,
-) -> Result<()> {
+) -> Result<String> {
     let ns = jq.namespace().unwrap_or_default();
     let source = &jq.spec.database.secret_ref;
     let name = secret_name(source);
@@ -321,13 +330,14 @@ async fn provision_as_owner(
 
     let current = secrets.get_opt(&name).await?;
     if let Some(current) = &current
-        && usable(current, &db, &role).is_some()
+        && let Some(password) = usable(current, &db, &role)
         && done
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .contains(&memo(current))
     {
-        return add_owner(&secrets, current, &owner).await;
+        add_owner(&secrets, current, &owner).await?;
+        return Ok(password_hash(&password));
     }
 
     // The Kubernetes reads happen before the transaction, so it holds the lock for the database's
@@ -372,6 +382,7 @@ async fn provision_as_owner(
         },
     };
     let verifier = scram_verifier(&password)?;
+    let hash = password_hash(&password);
     // The role gets the password's SCRAM verifier, never the password.
     sqlx::query(sluice_queue::sql::TENANT_ENSURE)
         .bind(&role)
@@ -432,7 +443,7 @@ async fn provision_as_owner(
         .unwrap_or_else(|p| p.into_inner())
         .insert(memo(&written));
     tracing::info!(namespace = %ns, role = %role, secret = %name, "tenant role ensured");
-    Ok(())
+    Ok(hash)
 }
 
 /// The password of a tenant Secret that is for database `db` and role `role`, if it is one and its

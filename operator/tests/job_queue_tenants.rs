@@ -557,3 +557,47 @@ async fn a_session_holding_the_provisioning_lock_delays_its_namespace_only() {
     holder.close().await.unwrap();
     wait_condition(&shop, "emails", "Ready", "True", "AsExpected").await;
 }
+
+#[tokio::test]
+async fn a_new_tenant_password_rolls_the_workers() {
+    let f = fixture().await;
+    let ns = f.env.namespace("shop").await.unwrap();
+    put_secret(&ns, "pg", &f.pg.url()).await;
+    ns.apply_yaml(&job_queue_yaml("emails", "pg", None))
+        .await
+        .unwrap();
+    let jq = wait_condition(&ns, "emails", "Ready", "True", "AsExpected").await;
+    let name = tenant::secret_name(&jq.spec.database.secret_ref);
+    let deployments = ns.api::<Deployment>();
+    let annotation = |d: Deployment| {
+        d.spec?
+            .template
+            .metadata?
+            .annotations?
+            .get("sluice.dev/tenant-password-hash")
+            .cloned()
+    };
+    let first = secret_value(&ns, &name, "password").await;
+    let before = annotation(deployments.get("emails-worker").await.unwrap());
+    assert_eq!(before, Some(tenant::password_hash(&first)));
+    assert!(!before.unwrap().contains(&first));
+
+    // Rotating by hand: the Secret deleted, the next reconcile makes a new password.
+    ns.api::<Secret>()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    let rotated = wait_for("a new password in the workers' template", DEADLINE, || {
+        let (deployments, secrets) = (deployments.clone(), ns.api::<Secret>());
+        let name = name.clone();
+        async move {
+            let password = secrets.get_opt(&name).await.ok()??.data?["password"].0.clone();
+            let password = String::from_utf8(password).ok()?;
+            let hash = annotation(deployments.get("emails-worker").await.ok()?)?;
+            (hash == tenant::password_hash(&password)).then_some(password)
+        }
+    })
+    .await
+    .unwrap();
+    assert_ne!(rotated, first);
+}

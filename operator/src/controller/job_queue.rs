@@ -83,6 +83,9 @@ use crate::{
 pub const CONTROLLER: &str = "jobqueue";
 /// Soonest requeue when a decision asks to be checked again (the end of a cooldown).
 pub const RECHECK_FLOOR: Duration = Duration::from_millis(100);
+/// Annotation on the worker pod template: [`tenant::password_hash`] of the tenant password the workers
+/// log in with, so that a new password rolls them.
+pub const TENANT_PASSWORD_HASH_ANNOTATION: &str = "sluice.dev/tenant-password-hash";
 
 /// What a JobQueue controller is built from that outlives a term of leadership.
 #[derive(Clone)]
@@ -239,7 +242,7 @@ async fn steps(jq: &JobQueue, ctx: &Context<State>) -> Result<Action> {
     .await?;
     admit_database(jq, ctx, &url)?;
     prepare_database(jq, ctx, &url).await?;
-    let (tenant_login, tenant_note) = provision_tenant(jq, ctx, &url).await?;
+    let (tenant_login, password_hash, tenant_note) = provision_tenant(jq, ctx, &url).await?;
     // Workers and the status follow what provisioning found (the cached object's status may be older).
     let with_login;
     let jq = if let Some((login, role)) = tenant_login
@@ -264,7 +267,8 @@ async fn steps(jq: &JobQueue, ctx: &Context<State>) -> Result<Action> {
     check_ownership(jq, ctx, autoscaler).await?;
     let policy = policy(jq, autoscaler);
     let decision = decide(seen.observation(now), policy);
-    let Some(replicas) = apply_workers(jq, ctx, &url, &seen, &decision).await? else {
+    let Some(replicas) = apply_workers(jq, ctx, &url, &seen, &decision, password_hash.as_deref()).await?
+    else {
         // The Deployment changed after it was read (an HPA's or a wake-up's scale): decide again on
         // what it holds now rather than write a count decided on what it held before.
         return Ok(Action::requeue(RECHECK_FLOOR));
@@ -324,20 +328,24 @@ async fn provision_tenant(
     jq: &JobQueue,
     ctx: &Context<State>,
     url: &str,
-) -> Result<(Option<(TenantLogin, String)>, Option<String>)> {
+) -> Result<(Option<(TenantLogin, String)>, Option<String>, Option<String>)> {
     if jq.spec.database.row_level_security == RowLevelSecurity::Disabled {
-        return Ok((None, None));
+        return Ok((None, None, None));
     }
     let pool = ctx.state.settings.databases.pool(url)?;
     match tenant::provision(&ctx.client, &pool, &ctx.state.tenants, jq, url).await {
-        Ok(login) => Ok((Some(login), None)),
+        Ok((login, role, hash)) => Ok((Some((login, role)), hash, None)),
         Err(e) => {
             if matches!(e, Error::TenantNotProvisioned { .. } | Error::Database(_))
-                && tenant::secret_exists(&ctx.client, jq, url).await?
+                && let Some(hash) = tenant::existing_secret(&ctx.client, jq, url).await?
             {
                 tracing::warn!(jobqueue = %super::key(jq), error = %e, "tenant provisioning failed; workers keep the tenant Secret");
                 let role = tenant::role_name(jq.namespace_or_default());
-                Ok((Some((TenantLogin::Provisioned, role)), Some(e.to_string())))
+                Ok((
+                    Some((TenantLogin::Provisioned, role)),
+                    Some(hash),
+                    Some(e.to_string()),
+                ))
             } else {
                 Err(e)
             }
@@ -627,6 +635,7 @@ async fn apply_workers(
     url: &str,
     seen: &Seen,
     decision: &Decision,
+    password_hash: Option<&str>,
 ) -> Result<Option<i32>> {
     let ns = jq.namespace().unwrap_or_default();
     // spec.replicas has a field manager of its own (REPLICAS_FIELD_MANAGER), applied only with the
@@ -661,11 +670,22 @@ async fn apply_workers(
             return Ok(None);
         }
     }
-    let deployment = render_worker_deployment(
+    let mut deployment = render_worker_deployment(
         jq,
         &ctx.state.settings.sidecar,
         (!seen.deployed).then_some(replicas),
     )?;
+    // A changed tenant password changes the pod template, so the workers roll onto it.
+    if let Some(hash) = password_hash
+        && let Some(template) = deployment.spec.as_mut().map(|s| &mut s.template)
+    {
+        template
+            .metadata
+            .get_or_insert_with(Default::default)
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(TENANT_PASSWORD_HASH_ANNOTATION.into(), hash.into());
+    }
     deployments
         .patch(&worker_name(jq), &pp, &Patch::Apply(&deployment))
         .await?;
