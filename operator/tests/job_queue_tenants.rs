@@ -28,7 +28,10 @@ use sluice_queue::{NewJob, QueueSettings, QueueStore};
 use sluice_testsupport::PgServer;
 use tokio_util::sync::CancellationToken;
 
-const DEADLINE: Duration = Duration::from_secs(15);
+/// How long any awaited condition may take. Generous: waiting ends as soon as the condition holds, and
+/// the provisioning-lock test alone spends its 5 s lock timeout plus a retry's backoff (12 s on a quiet
+/// machine) before its condition can appear.
+const DEADLINE: Duration = Duration::from_secs(60);
 
 struct Fixture {
     env: Env,
