@@ -19,29 +19,27 @@
 
 #![allow(missing_docs)] // a benchmark binary: its items are not an API
 
+mod proxy_setup;
+#[allow(dead_code)] // shared by the benchmarks; this one uses part of it
 mod queue_setup;
 mod report;
 
 use std::{
-    convert::Infallible,
     fmt::Write as _,
     net::SocketAddr,
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    path::Path,
+    process::{Command, Stdio},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, Full};
-use hyper::{Request, Response, service::service_fn};
-use hyper_util::{
-    client::legacy::Client,
-    rt::{TokioExecutor, TokioIo},
-    server::conn::auto,
-};
-use queue_setup::{cpu_secs, fill, pg_bin, wait_drained};
-use sluice_queue::{ClaimedJob, QueueSettings, QueueStore, schema, sql};
+use http_body_util::{BodyExt, Empty};
+use hyper::Request;
+use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+use proxy_setup::{Proc, http_get_blocking, local, serve_upstream, start_nginx, wait_port, which};
+use queue_setup::{cpu_secs, fill, pg_cpu, pgbench_claim_complete, wait_drained};
+use sluice_queue::{ClaimedJob, QueueSettings, QueueStore, schema};
 use sluice_sidecar::queue::{Handler, Outcome, Worker, WorkerOptions};
 use sluice_testsupport::{PgServer, RedisServer, free_port};
 use sqlx::postgres::PgPoolOptions;
@@ -106,64 +104,6 @@ fn main() {
 // ---------------------------------------------------------------------------------------------------
 // Keys
 
-/// The upstream app: 200 with a short body, HTTP/1.1 keep-alive (as in the ratelimit benchmark).
-fn serve_upstream(addr: SocketAddr) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(addr).await.expect("bind upstream");
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            let _ = stream.set_nodelay(true);
-            tokio::spawn(async move {
-                let svc = service_fn(|_req: Request<hyper::body::Incoming>| async {
-                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(
-                        b"hello from the app\n",
-                    ))))
-                });
-                let _ = auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
-    });
-}
-
-/// A child process killed on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn wait_port(addr: SocketAddr) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(addr).is_err() {
-        assert!(Instant::now() < deadline, "nothing listens on {addr}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn local(port: u16) -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], port))
-}
-
-fn which(bin: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
-        .map(|d| d.join(bin))
-        .find(|p| p.is_file())
-}
-
 // 10^8 per hour and key: never hit in a run (see the ratelimit benchmark for why not 10^9).
 const RULE: &str = r#"
 version: 1
@@ -209,61 +149,6 @@ fn start_sidecar(dir: &Path, upstream: SocketAddr, redis: &str) -> (Proc, Socket
         assert!(Instant::now() < deadline, "the sidecar never reached Redis");
         std::thread::sleep(Duration::from_millis(50));
     }
-    (p, addr)
-}
-
-fn http_get_blocking(addr: SocketAddr, path: &str) -> String {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
-        return String::new();
-    };
-    let _ = write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
-}
-
-fn start_nginx(dir: &Path, upstream: SocketAddr) -> (Proc, SocketAddr) {
-    let addr = local(free_port());
-    let prefix = dir.join(format!("nginx-{}", addr.port()));
-    std::fs::create_dir_all(prefix.join("logs")).expect("nginx dir");
-    let conf = format!(
-        r#"
-worker_processes auto;
-daemon off;
-pid {prefix}/nginx.pid;
-error_log {prefix}/logs/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-  access_log off;
-  upstream app {{ server {upstream}; keepalive 128; }}
-  server {{
-    listen {addr} reuseport;
-    location / {{
-      proxy_pass http://app;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
-    }}
-  }}
-}}
-"#,
-        prefix = prefix.display()
-    );
-    let conf_path = prefix.join("nginx.conf");
-    std::fs::write(&conf_path, conf).expect("nginx conf");
-    let p = Proc(
-        Command::new(which("nginx").expect("nginx (Debian nginx-light)"))
-            .arg("-p")
-            .arg(&prefix)
-            .arg("-c")
-            .arg(&conf_path)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn nginx"),
-    );
-    wait_port(addr);
     (p, addr)
 }
 
@@ -408,7 +293,7 @@ async fn keys(s: &Settings) -> Keys {
     let work = tempfile::tempdir().expect("tempdir");
     let redis = RedisServer::start();
     let redis_pid = redis.pid().expect("redis pid");
-    let (_nginx, nginx_addr) = start_nginx(work.path(), upstream);
+    let (_nginx, nginx_addr) = start_nginx(work.path(), upstream, false);
     let mut setups = Vec::new();
     for k in KEY_COUNTS {
         let (p, addr) = start_sidecar(work.path(), upstream, &redis.url());
@@ -510,34 +395,6 @@ impl Handler for Noop {
     }
 }
 
-/// CPU seconds PostgreSQL has used so far: the postmaster with its exited and live children.
-fn pg_cpu(pg: &PgServer) -> f64 {
-    let Some(master) = pg.pid() else { return 0.0 };
-    let stat = std::fs::read_to_string(format!("/proc/{master}/stat")).unwrap_or_default();
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let exited: f64 = [13, 14]
-        .iter()
-        .filter_map(|i| f.get(*i).and_then(|v| v.parse::<f64>().ok()))
-        .sum::<f64>()
-        / 100.0;
-    let mut total = cpu_secs(master) + exited;
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, r)| r.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<u32>().ok());
-        if ppid == Some(master) {
-            total += cpu_secs(pid);
-        }
-    }
-    total
-}
-
 /// Removes the burn-downs' own jobs, so the next round starts with the retained rows alone.
 async fn clear_fresh(store: &QueueStore) {
     sqlx::query("DELETE FROM sluice.jobs WHERE queue = $1 AND kind = 'noop'")
@@ -554,43 +411,7 @@ async fn clear_fresh(store: &QueueStore) {
 /// pgbench clients claim 100 jobs with the worker's claim statement and complete them (the queue
 /// benchmark's raw SQL limit, on this queue): jobs/s.
 fn raw_sql_limit(pg: &PgServer, n: usize) -> f64 {
-    let script = std::env::temp_dir().join(format!("sluice-growth-{}.sql", std::process::id()));
-    let claim = sql::JOB_CLAIM_BATCH
-        .replace("$1", &format!("'{QUEUE}'"))
-        .replace("$2", "'pgbench-' || :client_id")
-        .replace("$3", "100")
-        .replace("$4", "30000")
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ");
-    std::fs::write(
-        &script,
-        format!(
-            "{claim};\nUPDATE sluice.jobs SET state = 'succeeded', finished_at = now(), lease_owner = NULL, \
-             lease_expires_at = NULL WHERE queue = '{QUEUE}' AND state = 'running' \
-             AND lease_owner = 'pgbench-' || :client_id;\n"
-        ),
-    )
-    .unwrap();
-    let clients = 4;
-    let t0 = Instant::now();
-    let out = Command::new(pg_bin("pgbench"))
-        .args(["-n", "-M", "prepared", "-c", &clients.to_string(), "-j", "2"])
-        .args(["-t", &n.div_ceil(100 * clients).to_string(), "-f"])
-        .arg(&script)
-        .arg(pg.url())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .output()
-        .expect("run pgbench");
-    let secs = t0.elapsed().as_secs_f64();
-    let _ = std::fs::remove_file(&script);
-    assert!(
-        out.status.success(),
-        "pgbench: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    n as f64 / secs
+    n as f64 / pgbench_claim_complete(pg, QUEUE, n)
 }
 
 /// The queue benchmark's in-process worker (concurrency 1,000, claim batch 250, 2 claim loops) over the

@@ -13,10 +13,11 @@
 //! BENCHMARKS.md. `-- --short` shrinks every size ~10× and `-- --only raw,inproc,...` runs a subset; both
 //! only print, leaving BENCHMARKS.md alone.
 
+#[allow(dead_code)] // shared by the benchmarks; this one uses part of it
 mod queue_setup;
 mod report;
 
-use queue_setup::{cpu_secs, fill, pg_bin, wait_drained};
+use queue_setup::{cpu_secs, fill, pg_bin, pg_cpu, pgbench_claim_complete, wait_drained};
 
 use std::{
     fmt::Write as _,
@@ -26,7 +27,7 @@ use std::{
 };
 
 use axum::{Router, routing::post};
-use sluice_queue::{ClaimedJob, NewJob, QueueSettings, QueueStore, schema, sql};
+use sluice_queue::{ClaimedJob, NewJob, QueueSettings, QueueStore, schema};
 use sluice_sidecar::queue::{Handler, Outcome, Worker, WorkerOptions};
 use sluice_testsupport::PgServer;
 use sqlx::{PgPool, postgres::PgPoolOptions};
@@ -435,37 +436,6 @@ async fn pg_version(pool: &PgPool) -> String {
         .unwrap_or_default()
 }
 
-/// CPU seconds of the reaped children of process `pid` (cutime + cstime).
-fn exited_children_cpu_secs(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f.get(13).and_then(|v| v.parse().ok()).unwrap_or(0.0)
-        + f.get(14).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-    ticks / 100.0
-}
-
-/// CPU seconds PostgreSQL has used so far: the postmaster, its children that exited (backends of
-/// closed connections) and its live children (backends, autovacuum, background writers).
-fn pg_cpu(pg: &PgServer) -> f64 {
-    let Some(master) = pg.pid() else { return 0.0 };
-    let mut total = cpu_secs(master) + exited_children_cpu_secs(master);
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, r)| r.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<u32>().ok());
-        if ppid == Some(master) {
-            total += cpu_secs(pid);
-        }
-    }
-    total
-}
-
 /// CPU used between two points: the measured process (if any) and PostgreSQL.
 struct CpuMeter {
     pid: Option<u32>,
@@ -532,47 +502,10 @@ async fn print_statements(store: &QueueStore, what: &str) {
 /// allow without any worker overhead.
 async fn raw_sql_limit(pg: &PgServer, store: &QueueStore, n: usize) -> BurnDown {
     fill(store, "raw", n).await;
-    let script = std::env::temp_dir().join(format!("sluice-bench-{}.sql", std::process::id()));
-    // The worker's claim statement, its parameters as pgbench variables, on one line.
-    let claim = sql::JOB_CLAIM_BATCH
-        .replace("$1", "'raw'")
-        .replace("$2", "'pgbench-' || :client_id")
-        .replace("$3", "100")
-        .replace("$4", "30000")
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ");
-    std::fs::write(
-        &script,
-        format!(
-            "{claim};\n\
-             UPDATE sluice.jobs SET state = 'succeeded', finished_at = now(), lease_owner = NULL, \
-             lease_expires_at = NULL WHERE queue = 'raw' AND state = 'running' \
-             AND lease_owner = 'pgbench-' || :client_id;\n"
-        ),
-    )
-    .unwrap();
-    let clients = 4;
-    let per_client = n.div_ceil(100 * clients);
+    // PostgreSQL's CPU alone: pgbench's own is not the queue's.
     let cpu = CpuMeter::start(pg, None);
-    let t0 = Instant::now();
-    let out = Command::new(pg_bin("pgbench"))
-        .args(["-n", "-M", "prepared", "-c", &clients.to_string(), "-j", "2"])
-        .args(["-t", &per_client.to_string(), "-f"])
-        .arg(&script)
-        .arg(pg.url())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .output()
-        .expect("run pgbench");
-    let secs = t0.elapsed().as_secs_f64();
+    let secs = pgbench_claim_complete(pg, "raw", n);
     let detail = cpu.report(pg, "", secs);
-    let _ = std::fs::remove_file(&script);
-    assert!(
-        out.status.success(),
-        "pgbench: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     wait_drained(store, "raw").await;
     BurnDown {
         jobs_per_sec: n as f64 / secs,

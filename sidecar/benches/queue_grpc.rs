@@ -7,17 +7,18 @@
 //! `succeeded` at once). The medians go into the section between `<!-- bench:queue-grpc:start -->` and
 //! `<!-- bench:queue-grpc:end -->` of BENCHMARKS.md. `-- --short` runs 10,000 jobs and only prints.
 
+#[allow(dead_code)] // shared by the benchmarks; this one uses part of it
 mod queue_setup;
 mod report;
 
-use queue_setup::{cpu_secs, fill, pg_bin, wait_drained};
+use queue_setup::{cpu_secs, fill, pgbench_claim_complete, wait_drained};
 
 use std::{
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
-use sluice_queue::{QueueStore, schema, sql};
+use sluice_queue::{QueueStore, schema};
 use sluice_sidecar::queue::grpc::proto::{
     self, SidecarMessage, WorkerMessage, outcome, sidecar_message::Msg as Out, worker_client::WorkerClient,
     worker_message::Msg as In,
@@ -110,43 +111,7 @@ async fn main() {
 /// and complete them, one autocommit statement each.
 async fn raw_sql_limit(pg: &PgServer, store: &QueueStore, queue: &str, n: usize) -> (f64, String) {
     fill(store, queue, n).await;
-    let script = std::env::temp_dir().join(format!("sluice-bench-grpc-{}.sql", std::process::id()));
-    let claim = sql::JOB_CLAIM_BATCH
-        .replace("$1", &format!("'{queue}'"))
-        .replace("$2", "'pgbench-' || :client_id")
-        .replace("$3", "100")
-        .replace("$4", "30000")
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ");
-    std::fs::write(
-        &script,
-        format!(
-            "{claim};\n\
-             UPDATE sluice.jobs SET state = 'succeeded', finished_at = now(), lease_owner = NULL, \
-             lease_expires_at = NULL WHERE queue = '{queue}' AND state = 'running' \
-             AND lease_owner = 'pgbench-' || :client_id;\n"
-        ),
-    )
-    .unwrap();
-    let clients = 4;
-    let t0 = Instant::now();
-    let out = Command::new(pg_bin("pgbench"))
-        .args(["-n", "-M", "prepared", "-c", &clients.to_string(), "-j", "2"])
-        .args(["-t", &n.div_ceil(100 * clients).to_string(), "-f"])
-        .arg(&script)
-        .arg(pg.url())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .output()
-        .expect("run pgbench");
-    let secs = t0.elapsed().as_secs_f64();
-    let _ = std::fs::remove_file(&script);
-    assert!(
-        out.status.success(),
-        "pgbench: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let secs = pgbench_claim_complete(pg, queue, n);
     wait_drained(store, queue).await;
     (n as f64 / secs, format!("{secs:.1} s wall"))
 }

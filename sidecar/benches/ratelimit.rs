@@ -15,26 +15,22 @@
 
 #![allow(missing_docs)] // a benchmark binary: its items are not an API
 
+mod proxy_setup;
 mod report;
 
 use std::{
-    convert::Infallible,
     fmt::Write as _,
     net::SocketAddr,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, Full};
-use hyper::{Request, Response, service::service_fn};
-use hyper_util::{
-    client::legacy::Client,
-    rt::{TokioExecutor, TokioIo},
-    server::conn::auto,
-};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+use proxy_setup::{Proc, http_get_blocking, local, serve_upstream, start_nginx, wait_port, which};
 use sluice_testsupport::{RedisServer, free_port};
 
 const START: &str = "<!-- bench:ratelimit:start -->";
@@ -117,64 +113,6 @@ fn ensure_tools() -> Vec<String> {
 
 fn on_path(bin: &str) -> bool {
     which(bin).is_some()
-}
-
-fn which(bin: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
-        .map(|d| d.join(bin))
-        .find(|p| p.is_file())
-}
-
-/// The upstream app: 200 with a short body, HTTP/1.1 keep-alive, two threads.
-fn serve_upstream(addr: SocketAddr) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(addr).await.expect("bind upstream");
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            let _ = stream.set_nodelay(true);
-            tokio::spawn(async move {
-                let svc = service_fn(|_req: Request<hyper::body::Incoming>| async {
-                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(
-                        b"hello from the app\n",
-                    ))))
-                });
-                let _ = auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
-    });
-}
-
-/// A child process killed on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn wait_port(addr: SocketAddr) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(addr).is_err() {
-        assert!(Instant::now() < deadline, "nothing listens on {addr}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn local(port: u16) -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], port))
 }
 
 #[derive(Default, Clone)]
@@ -370,72 +308,6 @@ fn wait_redis_healthy(p: &Proc) {
         assert!(Instant::now() < deadline, "sidecar never reached Redis: {body}");
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-fn http_get_blocking(addr: SocketAddr, path: &str) -> String {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
-        return String::new();
-    };
-    let _ = write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
-}
-
-fn start_nginx(dir: &Path, upstream: SocketAddr, limit_req: bool) -> (Proc, SocketAddr) {
-    let addr = local(free_port());
-    let prefix = dir.join(format!("nginx-{}", addr.port()));
-    std::fs::create_dir_all(prefix.join("logs")).expect("nginx dir");
-    let (zone, limit) = if limit_req {
-        (
-            "limit_req_zone $binary_remote_addr zone=bench:10m rate=1000000r/s;",
-            "limit_req zone=bench burst=1000000 nodelay;",
-        )
-    } else {
-        ("", "")
-    };
-    let conf = format!(
-        r#"
-worker_processes auto;
-daemon off;
-pid {prefix}/nginx.pid;
-error_log {prefix}/logs/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-  access_log off;
-  {zone}
-  upstream app {{ server {upstream}; keepalive 128; }}
-  server {{
-    listen {addr} reuseport;
-    location / {{
-      {limit}
-      proxy_pass http://app;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
-    }}
-  }}
-}}
-"#,
-        prefix = prefix.display()
-    );
-    let conf_path = prefix.join("nginx.conf");
-    std::fs::write(&conf_path, conf).expect("nginx conf");
-    let nginx = which("nginx").expect("nginx");
-    let p = Proc(
-        Command::new(nginx)
-            .arg("-p")
-            .arg(&prefix)
-            .arg("-c")
-            .arg(&conf_path)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn nginx"),
-    );
-    wait_port(addr);
-    (p, addr)
 }
 
 /// One round of one setup: saturation, then the fixed rate.

@@ -1,9 +1,13 @@
-//! What the queue benchmarks share: filling a queue, awaiting its burn-down, a process's CPU time and
-//! PostgreSQL's programs.
+//! What the queue benchmarks share: filling a queue, awaiting its burn-down, the raw SQL limit's pgbench
+//! run, a process's and PostgreSQL's CPU time and PostgreSQL's programs.
 
-use std::time::Duration;
+use std::{
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
 
-use sluice_queue::{NewJob, QueueSettings, QueueStore};
+use sluice_queue::{NewJob, QueueSettings, QueueStore, sql};
+use sluice_testsupport::PgServer;
 
 /// Registers `queue` and inserts `n` no-op jobs in batches, then refreshes the table's statistics.
 pub async fn fill(store: &QueueStore, queue: &str, n: usize) {
@@ -67,4 +71,79 @@ pub fn pg_bin(name: &str) -> String {
     .map(|d| format!("{d}/{name}"))
     .find(|p| std::path::Path::new(p).exists())
     .unwrap_or_else(|| name.to_owned())
+}
+
+/// CPU seconds of the children `pid` has waited for (cutime and cstime, the 16th and 17th fields).
+fn exited_children_cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(13).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+        + f.get(14).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    ticks / 100.0
+}
+
+/// CPU seconds PostgreSQL has used so far: the postmaster, its children that exited (backends of
+/// closed connections) and its live children (backends, autovacuum, background writers).
+pub fn pg_cpu(pg: &PgServer) -> f64 {
+    let Some(master) = pg.pid() else { return 0.0 };
+    let mut total = cpu_secs(master) + exited_children_cpu_secs(master);
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u32>().ok());
+        if ppid == Some(master) {
+            total += cpu_secs(pid);
+        }
+    }
+    total
+}
+
+/// The raw SQL limit on `queue`'s `n` jobs: 4 pgbench clients claim 100 jobs with the worker's claim
+/// statement and complete them, one autocommit statement each. Returns pgbench's wall time in seconds.
+pub fn pgbench_claim_complete(pg: &PgServer, queue: &str, n: usize) -> f64 {
+    let script = std::env::temp_dir().join(format!("sluice-bench-{queue}-{}.sql", std::process::id()));
+    // The worker's claim statement, its parameters as pgbench variables, on one line.
+    let claim = sql::JOB_CLAIM_BATCH
+        .replace("$1", &format!("'{queue}'"))
+        .replace("$2", "'pgbench-' || :client_id")
+        .replace("$3", "100")
+        .replace("$4", "30000")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    std::fs::write(
+        &script,
+        format!(
+            "{claim};\n\
+             UPDATE sluice.jobs SET state = 'succeeded', finished_at = now(), lease_owner = NULL, \
+             lease_expires_at = NULL WHERE queue = '{queue}' AND state = 'running' \
+             AND lease_owner = 'pgbench-' || :client_id;\n"
+        ),
+    )
+    .unwrap();
+    let clients = 4;
+    let t0 = Instant::now();
+    let out = Command::new(pg_bin("pgbench"))
+        .args(["-n", "-M", "prepared", "-c", &clients.to_string(), "-j", "2"])
+        .args(["-t", &n.div_ceil(100 * clients).to_string(), "-f"])
+        .arg(&script)
+        .arg(pg.url())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run pgbench");
+    let secs = t0.elapsed().as_secs_f64();
+    let _ = std::fs::remove_file(&script);
+    assert!(
+        out.status.success(),
+        "pgbench: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    secs
 }
