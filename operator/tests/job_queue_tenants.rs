@@ -82,6 +82,34 @@ async fn fixture() -> Fixture {
     Fixture { env, pg, stop }
 }
 
+/// Role `limited` (`attributes`, password `limited-pw`) owning database `queues`, and in namespace
+/// shop the JobQueue `emails` whose Secret `pg` logs in as `limited`. Returns the namespace and that URL.
+async fn emails_on_a_database_owned_by_limited(f: &Fixture, attributes: &str) -> (TestNamespace, String) {
+    f.pg.psql(&format!("CREATE ROLE limited {attributes} PASSWORD 'limited-pw'"));
+    f.pg.psql("CREATE DATABASE queues OWNER limited");
+    let ns = f.env.namespace("shop").await.unwrap();
+    let url =
+        f.pg.url_for("queues")
+            .replace("postgres://postgres@", "postgres://limited:limited-pw@");
+    put_secret(&ns, "pg", &url).await;
+    ns.apply_yaml(&job_queue_yaml("emails", "pg", None))
+        .await
+        .unwrap();
+    (ns, url)
+}
+
+/// No tenant Secret in `ns`: nothing was provisioned for it.
+async fn assert_no_tenant_secret(ns: &TestNamespace) {
+    let secrets = ns.api::<Secret>().list(&Default::default()).await.unwrap();
+    assert!(secrets.items.iter().all(|s| {
+        !s.metadata
+            .name
+            .as_deref()
+            .unwrap()
+            .starts_with(tenant::SECRET_PREFIX)
+    }));
+}
+
 async fn put_secret(ns: &TestNamespace, name: &str, url: &str) {
     let secret = Secret {
         metadata: ObjectMeta {
@@ -327,16 +355,7 @@ async fn job_queues_of_one_namespace_on_one_database_share_the_role_and_its_pass
 #[tokio::test]
 async fn an_owner_without_createrole_gets_a_condition_and_no_worker() {
     let f = fixture().await;
-    f.pg.psql("CREATE ROLE limited LOGIN PASSWORD 'limited-pw'");
-    f.pg.psql("CREATE DATABASE queues OWNER limited");
-    let ns = f.env.namespace("shop").await.unwrap();
-    let url =
-        f.pg.url_for("queues")
-            .replace("postgres://postgres@", "postgres://limited:limited-pw@");
-    put_secret(&ns, "pg", &url).await;
-    ns.apply_yaml(&job_queue_yaml("emails", "pg", None))
-        .await
-        .unwrap();
+    let (ns, _) = emails_on_a_database_owned_by_limited(&f, "LOGIN").await;
     let jq = wait_condition(&ns, "emails", "Ready", "False", "TenantNotProvisioned").await;
     let message = jq.condition("Ready").unwrap().message.clone();
     assert!(message.contains("CREATEROLE"), "{message}");
@@ -349,14 +368,7 @@ async fn an_owner_without_createrole_gets_a_condition_and_no_worker() {
             .unwrap()
             .is_none()
     );
-    let secrets = ns.api::<Secret>().list(&Default::default()).await.unwrap();
-    assert!(secrets.items.iter().all(|s| {
-        !s.metadata
-            .name
-            .as_deref()
-            .unwrap()
-            .starts_with(tenant::SECRET_PREFIX)
-    }));
+    assert_no_tenant_secret(&ns).await;
 
     // Granted the right, the next try provisions it.
     f.pg.psql("ALTER ROLE limited CREATEROLE");
@@ -468,29 +480,13 @@ async fn a_secret_that_logs_in_as_the_namespace_s_tenant_is_used_as_it_is() {
         f.pg.psql("SELECT string_agg(role_name, ',') FROM sluice.tenants"),
         "shop_app"
     );
-    let secrets = ns.api::<Secret>().list(&Default::default()).await.unwrap();
-    assert!(secrets.items.iter().all(|s| {
-        !s.metadata
-            .name
-            .as_deref()
-            .unwrap()
-            .starts_with(tenant::SECRET_PREFIX)
-    }));
+    assert_no_tenant_secret(&ns).await;
 }
 
 #[tokio::test]
 async fn a_failed_reprovisioning_keeps_the_workers_and_their_scaling() {
     let f = fixture().await;
-    f.pg.psql("CREATE ROLE limited LOGIN CREATEROLE PASSWORD 'limited-pw'");
-    f.pg.psql("CREATE DATABASE queues OWNER limited");
-    let ns = f.env.namespace("shop").await.unwrap();
-    let url =
-        f.pg.url_for("queues")
-            .replace("postgres://postgres@", "postgres://limited:limited-pw@");
-    put_secret(&ns, "pg", &url).await;
-    ns.apply_yaml(&job_queue_yaml("emails", "pg", None))
-        .await
-        .unwrap();
+    let (ns, url) = emails_on_a_database_owned_by_limited(&f, "LOGIN CREATEROLE").await;
     let jq = wait_condition(&ns, "emails", "Ready", "True", "AsExpected").await;
     let name = tenant::secret_name(&jq.spec.database.secret_ref);
 
