@@ -1033,14 +1033,8 @@ async fn a_same_named_deployment_or_hpa_the_queue_does_not_own_is_reported_and_l
         .unwrap();
     f.wait_condition("Ready", "True", Some("AsExpected")).await;
     let hpas = f.ns.api::<HorizontalPodAutoscaler>();
-    hpas.patch(
-        "emails-worker",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"ownerReferences": null}})),
-    )
-    .await
-    .unwrap();
-    f.ns.api::<JobQueue>()
+    let queues = f.ns.api::<JobQueue>();
+    queues
         .patch(
             "emails",
             &PatchParams::default(),
@@ -1048,7 +1042,33 @@ async fn a_same_named_deployment_or_hpa_the_queue_does_not_own_is_reported_and_l
         )
         .await
         .unwrap();
-    let jq = f.wait_condition("Ready", "False", Some("ObjectNotOwned")).await;
+    // A reconcile still running from before (Ready=True is seen as soon as it is written) may apply the
+    // HPA once more, and server-side apply gives the queue's ownerReference back: the HPA is made someone
+    // else's again, and the queue touched so that a reconcile reads it, until one reports it.
+    let mut touches = 0;
+    let jq = wait_for("Ready=False ObjectNotOwned for the HPA", DEADLINE, || {
+        touches += 1;
+        let (hpas, queues, touch) = (hpas.clone(), queues.clone(), touches.to_string());
+        async move {
+            let owned = hpas.get("emails-worker").await.ok()?.metadata.owner_references;
+            if owned.is_some_and(|o| !o.is_empty()) {
+                let strip = json!({"metadata": {"ownerReferences": null}});
+                hpas.patch("emails-worker", &PatchParams::default(), &Patch::Merge(strip))
+                    .await
+                    .ok()?;
+                let nudge = json!({"metadata": {"annotations": {"e2e.sluice.dev/touch": touch}}});
+                queues
+                    .patch("emails", &PatchParams::default(), &Patch::Merge(nudge))
+                    .await
+                    .ok()?;
+            }
+            let jq = queues.get("emails").await.ok()?;
+            let ready = jq.condition("Ready")?;
+            (ready.status == "False" && ready.reason == "ObjectNotOwned").then_some(jq.clone())
+        }
+    })
+    .await
+    .unwrap();
     assert!(
         jq.condition("Ready")
             .unwrap()
