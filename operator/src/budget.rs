@@ -20,9 +20,7 @@ use std::{
 
 /// A stable, non-secret key for an endpoint URL (16 hex digits of its SHA-256).
 pub fn endpoint_key(url: &str) -> String {
-    use sha2::{Digest, Sha256};
-    let d = Sha256::digest(url.as_bytes());
-    d[..8].iter().map(|b| format!("{b:02x}")).collect()
+    crate::digest::short_hash(url.as_bytes(), 8)
 }
 
 /// Distinct endpoints of one kind one namespace may have in use, by default.

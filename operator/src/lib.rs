@@ -7,6 +7,7 @@
 //! Layout (roughly bottom up: a module uses only those above it):
 //! - [`clock`], [`metrics`], [`secret`]: the injected wall clock; reconcile and admission metrics; reading
 //!   the URL from the one Secret an object names.
+//! - [`digest`]: short hex names from SHA-256 prefixes (annotations, name suffixes, endpoint keys).
 //! - [`budget`]: bounds on the Redis servers and databases one namespace makes the operator connect to.
 //! - [`render`]: pure functions from API objects to what the cluster and the sidecar read (sidecar config,
 //!   the sidecar container, worker Deployment, HPA, `ScaledObject`).
@@ -31,6 +32,7 @@ pub mod clock;
 pub mod config;
 pub mod controller;
 pub mod crdgen;
+pub mod digest;
 pub mod external_metrics;
 pub mod leader;
 pub mod metrics;

@@ -23,6 +23,7 @@ use ring::{
 };
 use sluice_crds::contract::redis::signed;
 
+use crate::digest::hex;
 use crate::{Error, Result};
 
 /// The Secret key holding the PKCS#8 (v2) document of the Ed25519 key.
@@ -73,10 +74,6 @@ pub fn generate_pkcs8() -> Vec<u8> {
         .expect("the system's random source works")
         .as_ref()
         .to_vec()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The signer from Secret `name` in `namespace`, creating the Secret with a new key when it does not

@@ -37,7 +37,6 @@ use kube::{
     api::{ListParams, Patch, PatchParams, PostParams},
 };
 use serde_json::json;
-use sha2::{Digest, Sha256};
 use sluice_crds::{
     contract::label::{MANAGED_BY, MANAGED_BY_VALUE},
     job_queue::{JobQueue, RowLevelSecurity, TenantLogin},
@@ -45,6 +44,7 @@ use sluice_crds::{
 };
 use sqlx::PgPool;
 
+use crate::digest::short_hash;
 use crate::{Error, Result};
 
 /// Prefix of every tenant role the operator names.
@@ -77,17 +77,14 @@ pub fn role_name(namespace: &str) -> String {
     }
     // A namespace is ASCII (a DNS label); `get` keeps this safe for anything else.
     let cut = namespace.get(..42).unwrap_or("");
-    format!(
-        "{ROLE_PREFIX}{cut}_{}",
-        hex(&Sha256::digest(namespace.as_bytes())[..5])
-    )
+    format!("{ROLE_PREFIX}{cut}_{}", short_hash(namespace.as_bytes(), 5))
 }
 
 /// The name of the tenant Secret the operator writes for JobQueues naming `source`
 /// (`spec.database.secretRef`): `sluice-tenant-` and 12 hex digits of a hash of its name and key.
 pub fn secret_name(source: &SecretKeyRef) -> String {
-    let d = Sha256::digest(format!("{}\n{}", source.name, source.key).as_bytes());
-    format!("{SECRET_PREFIX}{}", hex(&d[..6]))
+    let d = short_hash(format!("{}\n{}", source.name, source.key).as_bytes(), 6);
+    format!("{SECRET_PREFIX}{d}")
 }
 
 /// The Secret key workers and injected sidecars read `SLUICE_DATABASE_URL` from: the tenant Secret's
@@ -120,7 +117,7 @@ pub fn database_id(url: &str) -> Option<String> {
         .unwrap_or_else(|| "5432".into());
     let path = u.path().trim_start_matches('/');
     let db = param("dbname").unwrap_or_else(|| path.to_owned());
-    Some(hex(&Sha256::digest(format!("{host}:{port}/{db}").as_bytes())[..8]))
+    Some(short_hash(format!("{host}:{port}/{db}").as_bytes(), 8))
 }
 
 /// `owner`'s URL with the user and password replaced by `role`'s (and `user`/`password` query
@@ -291,7 +288,7 @@ pub async fn existing_secret(client: &Client, jq: &JobQueue, owner_url: &str) ->
 /// `sluice.dev/tenant-password-hash`: a changed password changes the template and rolls the workers.
 /// Not the password, and not enough of a hash to test guesses of a 40-character random one against.
 pub fn password_hash(password: &str) -> String {
-    hex(&Sha256::digest(password.as_bytes())[..8])
+    short_hash(password.as_bytes(), 8)
 }
 
 async fn provision_as_owner(
@@ -318,7 +315,8 @@ async fn provision_as_owner(
         ))
     })?;
     let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
-    let owner = owner_reference(jq);
+    // One of the Secret's owners, not its controller: several JobQueues may own one.
+    let owner = jq.owner_ref(&()).unwrap_or_default();
     let memo = |s: &Secret| {
         (
             db.clone(),
@@ -495,18 +493,6 @@ async fn add_owner(secrets: &Api<Secret>, secret: &Secret, owner: &OwnerReferenc
     Ok(())
 }
 
-/// `jq` as one of a tenant Secret's owners (not its controller: several JobQueues may own one).
-fn owner_reference(jq: &JobQueue) -> OwnerReference {
-    OwnerReference {
-        api_version: JobQueue::api_version(&()).into_owned(),
-        kind: JobQueue::kind(&()).into_owned(),
-        name: jq.name_any(),
-        uid: jq.uid().unwrap_or_default(),
-        controller: None,
-        block_owner_deletion: None,
-    }
-}
-
 /// A database error while taking the lock or committing: the database's message only.
 fn database(e: sqlx::Error) -> Error {
     Error::Database(sluice_queue::store::map_db_error(e))
@@ -554,10 +540,6 @@ fn explain(db: &dyn sqlx::error::DatabaseError, role: &str) -> String {
         ),
         _ => format!("sluice.ensure_tenant failed ({code}: {message})"),
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

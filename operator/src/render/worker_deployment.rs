@@ -20,7 +20,6 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::LabelSelector,
 };
 use kube::{Resource, ResourceExt, api::ObjectMeta};
-use sha2::{Digest, Sha256};
 use sluice_crds::{
     job_queue::{HandlerProtocol, JobQueue, JobQueueSchedule},
     sidecar_config::{
@@ -247,8 +246,7 @@ pub fn termination_grace_seconds(jq: &JobQueue) -> i64 {
 
 /// A short hash of the worker config, for [`CONFIG_HASH_ANNOTATION`].
 pub fn config_hash(jq: &JobQueue) -> String {
-    let digest = Sha256::digest(worker_config_yaml(jq).as_bytes());
-    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+    crate::digest::short_hash(worker_config_yaml(jq).as_bytes(), 8)
 }
 
 /// `SLUICE_DATABASE_URL` by reference: from the namespace's tenant Secret, or with
