@@ -357,6 +357,69 @@ mod limiter {
     }
 
     #[tokio::test]
+    async fn many_slow_keys_take_a_few_hits_ahead_and_stay_exact_at_their_limits() {
+        let redis = RedisServer::start();
+        for kind in [Algorithm::FixedWindow, Algorithm::SlidingCounter] {
+            let start = next_edge(T0, 3_600_000) + 10;
+            let clock = ManualClock::at(start);
+            // 600 per key: far from the limit (512 or more left) for the first 88 requests, then near it.
+            let cfg = config(
+                vec![rule(&format!("slow-{kind:?}"), kind, 600, 3_600_000)],
+                FailureMode::Closed,
+            );
+            let a = limiter(&cfg, Some(&redis.url()), &clock);
+            let b = limiter(&cfg, Some(&redis.url()), &clock);
+            healthy(&a).await;
+            healthy(&b).await;
+            let clients: Vec<String> = (0..24).map(|i| format!("198.51.100.{i}")).collect();
+            let mut allowed = vec![0usize; clients.len()];
+            let calls_before = script_calls(&redis);
+            let mut checks = 0u64;
+            // One request per client per round, the clients at once, the rounds 30 ms apart on the limiters'
+            // clock: every key is quiet at every request (slow), until a round refuses every client at both.
+            for round in 0..2_000u64 {
+                assert!(round < 1_999, "{kind:?}: never refused");
+                clock.set(start + round * 30);
+                let verdicts = futures::future::join_all(clients.iter().enumerate().map(|(i, ip)| {
+                    let first = if (round + i as u64).is_multiple_of(2) {
+                        &a
+                    } else {
+                        &b
+                    };
+                    let second = if std::ptr::eq(first, &a) { &b } else { &a };
+                    async move {
+                        let facts = get_from(ip);
+                        (
+                            first.check(&facts).await.allowed(),
+                            second.check(&facts).await.allowed(),
+                        )
+                    }
+                }))
+                .await;
+                checks += 2 * clients.len() as u64;
+                for (n, (x, y)) in allowed.iter_mut().zip(&verdicts) {
+                    *n += usize::from(*x) + usize::from(*y);
+                }
+                if round == 20 {
+                    let calls = script_calls(&redis) - calls_before;
+                    assert!(
+                        calls * 3 <= checks,
+                        "{kind:?}: far from their limits, slow keys take hits ahead: {calls} calls for {checks} requests"
+                    );
+                }
+                if verdicts.iter().all(|(x, y)| !x && !y) {
+                    break;
+                }
+            }
+            assert!(
+                allowed.iter().all(|&n| n == 600),
+                "{kind:?}: every key exactly at its limit: {allowed:?}"
+            );
+            assert!(a.metrics().prefetched.get() + b.metrics().prefetched.get() > 0);
+        }
+    }
+
+    #[tokio::test]
     async fn budget_taken_ahead_is_not_spent_in_the_next_window() {
         let redis = RedisServer::start();
         let edge = next_edge(T0, 60_000);

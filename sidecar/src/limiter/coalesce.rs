@@ -11,6 +11,12 @@
 //! reserve never lets a key over its limit; what it can do is make another replica refuse early while
 //! hits taken here are still unspent (bounded by [`prefetch_size`]).
 //!
+//! A slow key far from its limit takes a few hits ahead as well ([`SLOW_PREFETCH`], where the rule's
+//! algorithm allows it): with many distinct keys, each seeing a request now and then, most requests are
+//! then decided in process and one call in [`SLOW_PREFETCH`] goes to Redis, in the background. Its first
+//! call after a quiet spell learns how far the key is from its limit; it is remembered for
+//! [`SLOW_MEMORY_MS`], so the key's next request takes hits ahead.
+//!
 //! A [`Coalescer`] only keeps the queues and reserves; the limiter makes the calls. The first request for
 //! an idle key [`Turn::Lead`]s: it calls Redis for itself (plus any prefetch), then [`Coalescer::settle`]s
 //! the reply, which serves the queue that formed meanwhile from the reserve and hands what is left to a
@@ -30,11 +36,25 @@ use super::algorithm::Params;
 
 /// The most requests one call decides; further requests for that key go to Redis on their own.
 pub const MAX_BATCH: usize = 256;
-/// Most keys tracked at once (in flight, holding a reserve, or seen lately); beyond it, calls take nothing
-/// ahead.
-pub const MAX_RESERVES: usize = 10_000;
-/// Above this many tracked keys, keys with no call in flight, no usable reserve and no recent request are
-/// dropped, at most once per [`SWEEP_EVERY_MS`].
+/// Most keys tracked at once (in flight, holding a reserve, or seen lately) for a key to start taking hits
+/// ahead; beyond it, only keys already taking hits ahead go on doing so.
+pub const MAX_RESERVES: usize = 20_000;
+/// Most keys tracked at once for a slow key to start taking [`SLOW_PREFETCH`] hits ahead: slow keys'
+/// reserves can last until their window ends, so fewer than this many keys hold one, and busy keys
+/// still find room below [`MAX_RESERVES`].
+pub const MAX_SLOW_RESERVES: usize = 10_000;
+const _: () = assert!(MAX_SLOW_RESERVES < MAX_RESERVES);
+/// Hits a key takes ahead however slow it is, when it is far from its limit ([`FAR_FROM_LIMIT`]).
+pub const SLOW_PREFETCH: u64 = 8;
+/// A key is far from its limit when at least this much is left of it per replica (64 × [`SLOW_PREFETCH`]):
+/// what a replica holds for a slow key (at most 1.5 × [`SLOW_PREFETCH`], a refill arriving while half is
+/// left) is then under 2.5 % of what was left.
+pub const FAR_FROM_LIMIT: u64 = 64 * SLOW_PREFETCH;
+/// How long a key's last call is remembered as far from its limit, so that its next request takes
+/// [`SLOW_PREFETCH`] hits ahead even after a quiet spell.
+pub const SLOW_MEMORY_MS: u64 = 2_000;
+/// Above this many tracked keys, keys with no call in flight, no usable reserve, no recent request and not
+/// remembered as far from their limit are dropped, at most once per [`SWEEP_EVERY_MS`].
 pub const SWEEP_ABOVE: usize = 1_024;
 /// See [`SWEEP_ABOVE`].
 pub const SWEEP_EVERY_MS: u64 = 100;
@@ -214,6 +234,11 @@ struct Entry<T> {
     /// Hits the next call for this key takes ahead, as the last settled call reckoned it (also the size
     /// of a refill).
     prefetched: u64,
+    /// Hits the next call takes ahead if the key is quiet until then: [`SLOW_PREFETCH`] if the last settled
+    /// call found it far from its limit, else 0.
+    slow: u64,
+    /// When the last call was settled (limiter clock, ms).
+    settled_at: u64,
 }
 
 impl<T> Entry<T> {
@@ -227,7 +252,28 @@ impl<T> Entry<T> {
             demand: 0,
             rate,
             prefetched: 0,
+            slow: 0,
+            settled_at: now,
         }
+    }
+
+    /// Hits a quiet key takes ahead: what its last call allowed a slow key, if that was lately.
+    fn slow_prefetch(&self, now: u64) -> u64 {
+        if now.saturating_sub(self.settled_at) < SLOW_MEMORY_MS {
+            self.slow
+        } else {
+            0
+        }
+    }
+
+    /// Whether the key takes hits ahead already (it may go on doing so when many keys are tracked).
+    fn taking_ahead(&self) -> bool {
+        self.prefetched > 0 || self.slow > 0 || self.reserves.left() > 0
+    }
+
+    /// Worth keeping while nothing is in flight for it.
+    fn worth_keeping(&self, now: u64) -> bool {
+        self.reserves.usable(now) || self.rate.recent(now) || self.slow_prefetch(now) > 0
     }
 
     /// Hits this key wants to take ahead: twice the requests that arrived during the last call (so a
@@ -265,14 +311,19 @@ impl<T> Default for Coalescer<T> {
     }
 }
 
-/// How many hits a call takes ahead: what the key `wanted` (see `Entry::wanted`); at most `limit`
-/// (`limits.redis.prefetch`); and at most a quarter of what is left divided by the replicas that share
-/// it, so near the limit every request is decided by Redis and unspent hits never hide more than a
-/// quarter of the budget from other replicas.
-pub fn prefetch_size(wanted: u64, remaining: u64, replicas: u32, limit: u64) -> u64 {
-    wanted
-        .min(limit)
-        .min(remaining / (4 * u64::from(replicas.max(1))))
+/// How many hits a call takes ahead: what the key `wanted` (see `Entry::wanted`), or `floor` if more and
+/// at least [`FAR_FROM_LIMIT`] is left per replica (`floor` is [`SLOW_PREFETCH`] or 0); at most `limit`
+/// (`limits.redis.prefetch`, so 0 turns it all off); and at most a quarter of what is left divided by the
+/// replicas that share it, so near the limit every request is decided by Redis and unspent hits never
+/// hide more than a quarter of the budget from other replicas.
+pub fn prefetch_size(wanted: u64, floor: u64, remaining: u64, replicas: u32, limit: u64) -> u64 {
+    let per_replica = remaining / u64::from(replicas.max(1));
+    let wanted = if per_replica >= FAR_FROM_LIMIT {
+        wanted.max(floor)
+    } else {
+        wanted
+    };
+    wanted.min(limit).min(per_replica / 4)
 }
 
 impl<T> Coalescer<T> {
@@ -300,8 +351,13 @@ impl<T> Coalescer<T> {
         }
         if !entry.in_flight {
             entry.in_flight = true;
-            // Quiet since its last call: what that call reckoned no longer holds.
-            let prefetch = if quiet { 0 } else { entry.prefetched };
+            // Quiet since its last call: what that call reckoned for a busy key no longer holds; for a
+            // slow key far from its limit it does, for a while.
+            let prefetch = if quiet {
+                entry.slow_prefetch(now)
+            } else {
+                entry.prefetched
+            };
             entry.demand = 0;
             return Turn::Lead { prefetch };
         }
@@ -317,26 +373,25 @@ impl<T> Coalescer<T> {
     }
 
     /// Called when the call in flight for `key` finished, with the hits it took ahead (`reserve`, if any
-    /// were allowed) and the size of the next call's prefetch, which `next_prefetch` reckons from the hits
-    /// the key wants (see [`prefetch_size`]). Serves the queue that formed meanwhile from the reserve and
-    /// returns the rest as the next batch; with nothing left to decide the key is no longer in flight,
-    /// and it is forgotten unless it holds hits or saw a request lately.
+    /// were allowed) and the size of the next call's prefetch, which `next_prefetch(wanted, floor)`
+    /// reckons from the hits the key wants and the floor a slow key may take (see [`prefetch_size`]).
+    /// Serves the queue that formed meanwhile from the reserve and returns the rest as the next batch;
+    /// with nothing left to decide the key is no longer in flight, and it is forgotten unless it holds
+    /// hits, saw a request lately or was found far from its limit lately.
     pub fn settle(
         &self,
         key: &str,
         params: &Params,
         reserve: Option<Reserve>,
         now: u64,
-        next_prefetch: impl FnOnce(u64) -> u64,
+        next_prefetch: impl Fn(u64, u64) -> u64,
     ) -> Settled<T> {
         let mut entries = self.lock();
         if entries.by_key.len() >= SWEEP_ABOVE && now.saturating_sub(entries.swept_at) >= SWEEP_EVERY_MS {
             entries.swept_at = now;
-            entries
-                .by_key
-                .retain(|_, e| e.in_flight || e.reserves.usable(now) || e.rate.recent(now));
+            entries.by_key.retain(|_, e| e.in_flight || e.worth_keeping(now));
         }
-        let crowded = entries.by_key.len() >= MAX_RESERVES;
+        let tracked = entries.by_key.len();
         let mut settled = Settled {
             served: Vec::new(),
             batch: Vec::new(),
@@ -355,14 +410,28 @@ impl<T> Coalescer<T> {
                 None => settled.batch.push(waiter),
             }
         }
-        let prefetch = if crowded { 0 } else { next_prefetch(entry.wanted()) };
+        // Many keys tracked: only keys already taking hits ahead go on (they hold no more entries).
+        let going_on = entry.taking_ahead();
+        let floor = if tracked < MAX_SLOW_RESERVES || going_on {
+            SLOW_PREFETCH
+        } else {
+            0
+        };
+        let (prefetch, slow) = if tracked < MAX_RESERVES || going_on {
+            (next_prefetch(entry.wanted(), floor), next_prefetch(0, floor))
+        } else {
+            (0, 0)
+        };
         entry.prefetched = prefetch;
+        entry.slow = slow;
+        entry.settled_at = now;
         let reserve_left = entry.reserves.left();
         if !settled.batch.is_empty() {
             entry.demand = 0;
             settled.prefetch = prefetch;
-        } else if reserve_left == 0 && !entry.rate.recent(now) {
-            // Nothing queued, nothing held, quiet: the key is idle (its demand is forgotten).
+        } else if reserve_left == 0 && !entry.rate.recent(now) && slow == 0 {
+            // Nothing queued, nothing held, quiet, not worth taking hits ahead for: the key is idle (its
+            // demand is forgotten).
             entries.by_key.remove(key);
         } else {
             entry.in_flight = false;
@@ -370,7 +439,8 @@ impl<T> Coalescer<T> {
         settled
     }
 
-    /// Keys with a call in flight or a reserve (for tests).
+    /// Keys tracked: with a call in flight, a reserve, a recent request or remembered as far from its
+    /// limit (for tests).
     pub fn tracked(&self) -> usize {
         self.lock().by_key.len()
     }
@@ -414,7 +484,7 @@ mod tests {
         }
     }
 
-    fn none(_: u64) -> u64 {
+    fn none(_: u64, _: u64) -> u64 {
         0
     }
 
@@ -478,7 +548,7 @@ mod tests {
         let queued: Vec<_> = (0..2).map(|_| c.join("k", &P, 0)).collect();
         assert!(queued.iter().all(|t| matches!(t, Turn::Follow(_))));
         // The leader's call allowed hit 0 (its own) and hits 1..5 ahead.
-        let settled = c.settle("k", &P, Some(reserve(1, 5, 60_000)), 10, |_| 4);
+        let settled = c.settle("k", &P, Some(reserve(1, 5, 60_000)), 10, |_, _| 4);
         let served: Vec<u64> = settled.served.iter().map(|(_, s)| s.index).collect();
         assert_eq!(served, [1, 2], "queued requests spend the first hits");
         assert!(settled.batch.is_empty());
@@ -506,13 +576,13 @@ mod tests {
     fn a_reserve_is_not_spent_after_its_window_or_under_other_parameters() {
         let c = Coalescer::<()>::default();
         let _ = c.join("k", &P, 0);
-        let _ = c.settle("k", &P, Some(reserve(1, 100, 60_000)), 0, |_| 50);
+        let _ = c.settle("k", &P, Some(reserve(1, 100, 60_000)), 0, |_, _| 50);
         let changed = Params { requests: 10, ..P };
         assert!(
             matches!(c.join("k", &changed, 10), Turn::Lead { .. }),
             "a changed limit drops the reserve"
         );
-        let _ = c.settle("k", &P, Some(reserve(1, 100, 60_000)), 0, |_| 50);
+        let _ = c.settle("k", &P, Some(reserve(1, 100, 60_000)), 0, |_, _| 50);
         assert!(
             matches!(c.join("k", &P, 60_000), Turn::Lead { prefetch: 0 }),
             "the next window needs a new call (and a key quiet this long takes nothing ahead)"
@@ -524,7 +594,7 @@ mod tests {
     fn a_refill_arriving_early_is_spent_after_what_is_left_of_the_last_one() {
         let c = Coalescer::<()>::default();
         let _ = c.join("k", &P, 0);
-        let _ = c.settle("k", &P, Some(reserve(1, 5, 60_000)), 0, |_| 4);
+        let _ = c.settle("k", &P, Some(reserve(1, 5, 60_000)), 0, |_, _| 4);
         let Turn::Reserved { refill, .. } = c.join("k", &P, 1) else {
             panic!("reserved")
         };
@@ -535,7 +605,7 @@ mod tests {
         assert_eq!(refill, 4, "half spent");
         let mut refilled = reserve(0, 4, 60_000);
         refilled.reply = Arc::new(vec![4, 9]);
-        let _ = c.settle("k", &P, Some(refilled), 2, |_| 4);
+        let _ = c.settle("k", &P, Some(refilled), 2, |_, _| 4);
         assert_eq!(
             c.reserved("k"),
             6,
@@ -583,7 +653,7 @@ mod tests {
                     panic!("nothing overlaps, nothing is reserved: every request leads")
                 };
                 prefetches.push(prefetch);
-                let _ = c.settle("k", &P, None, t, |wanted| wanted);
+                let _ = c.settle("k", &P, None, t, |wanted, _| wanted);
             }
         }
         let per_window = 2 * RATE_WINDOW_MS;
@@ -596,16 +666,295 @@ mod tests {
 
     #[test]
     fn prefetch_stays_within_its_cap_and_far_from_the_limit() {
-        assert_eq!(prefetch_size(0, 1_000_000, 1, 256), 0, "wanting none takes none");
-        assert_eq!(prefetch_size(34, 1_000_000, 1, 256), 34);
-        assert_eq!(prefetch_size(1_000, 1_000_000, 1, 256), 256, "capped");
-        assert_eq!(prefetch_size(17, 40, 1, 256), 10, "a quarter of what is left");
-        assert_eq!(prefetch_size(17, 40, 5, 256), 2, "shared by the replicas");
         assert_eq!(
-            prefetch_size(17, 3, 1, 256),
+            prefetch_size(0, 0, 1_000_000, 1, 256),
+            0,
+            "wanting none takes none"
+        );
+        assert_eq!(prefetch_size(34, 0, 1_000_000, 1, 256), 34);
+        assert_eq!(prefetch_size(1_000, 0, 1_000_000, 1, 256), 256, "capped");
+        assert_eq!(prefetch_size(17, 0, 40, 1, 256), 10, "a quarter of what is left");
+        assert_eq!(prefetch_size(17, 0, 40, 5, 256), 2, "shared by the replicas");
+        assert_eq!(
+            prefetch_size(17, 0, 3, 1, 256),
             0,
             "near the limit: every request asks Redis"
         );
+    }
+
+    #[test]
+    fn a_slow_key_far_from_its_limit_takes_a_small_floor_ahead() {
+        let far = |w| prefetch_size(w, SLOW_PREFETCH, 1_000_000, 1, 256);
+        assert_eq!(far(0), SLOW_PREFETCH, "wanting none, far from the limit");
+        assert_eq!(far(34), 34, "a busy key wants more than the floor");
+        assert_eq!(
+            prefetch_size(0, SLOW_PREFETCH, FAR_FROM_LIMIT, 1, 256),
+            SLOW_PREFETCH
+        );
+        assert_eq!(
+            prefetch_size(0, SLOW_PREFETCH, FAR_FROM_LIMIT - 1, 1, 256),
+            0,
+            "not far enough: exact"
+        );
+        assert_eq!(
+            prefetch_size(0, SLOW_PREFETCH, 3 * FAR_FROM_LIMIT - 1, 3, 256),
+            0,
+            "what is left is shared by the replicas"
+        );
+        assert_eq!(
+            prefetch_size(0, SLOW_PREFETCH, 3 * FAR_FROM_LIMIT, 3, 256),
+            SLOW_PREFETCH
+        );
+        assert_eq!(
+            prefetch_size(0, SLOW_PREFETCH, 1_000_000, 1, 0),
+            0,
+            "prefetch: 0 turns it off"
+        );
+        assert_eq!(prefetch_size(0, 0, 1_000_000, 1, 256), 0, "no floor, no hits");
+        for remaining in 0..4 * FAR_FROM_LIMIT {
+            for replicas in 1..4 {
+                let ahead = prefetch_size(0, SLOW_PREFETCH, remaining, replicas, 256);
+                assert!(
+                    ahead * 4 * u64::from(replicas) <= remaining,
+                    "never more than a quarter of what is left per replica"
+                );
+            }
+        }
+    }
+
+    /// A fixed window counter as the script keeps it: `call(now, n)` allows the first hits that fit and
+    /// replies `[allowed, count before, window]`.
+    struct Window {
+        limit: u64,
+        window_ms: u64,
+        window: u64,
+        count: u64,
+        calls: u64,
+    }
+
+    impl Window {
+        fn new(p: &Params) -> Self {
+            Self {
+                limit: p.requests,
+                window_ms: p.window_ms,
+                window: 0,
+                count: 0,
+                calls: 0,
+            }
+        }
+
+        fn call(&mut self, now: u64, hits: u64) -> Arc<Vec<i64>> {
+            if now / self.window_ms != self.window {
+                self.window = now / self.window_ms;
+                self.count = 0;
+            }
+            self.calls += 1;
+            let allowed = hits.min(self.limit - self.count);
+            let before = self.count;
+            self.count += allowed;
+            Arc::new(vec![allowed as i64, before as i64, self.window as i64])
+        }
+    }
+
+    /// Settles a call on `w` that decided `decided` requests, as `limiter::remote` does.
+    fn settle_call(
+        c: &Coalescer<()>,
+        w: &Window,
+        p: &Params,
+        replicas: u32,
+        now: u64,
+        reply: &Arc<Vec<i64>>,
+        decided: u64,
+    ) {
+        let allowed = reply[0] as u64;
+        let reserve = (allowed > decided).then(|| Reserve {
+            reply: Arc::clone(reply),
+            params: *p,
+            next: decided,
+            end: allowed,
+            until_ms: (now / p.window_ms + 1) * p.window_ms,
+        });
+        let remaining = w.limit - w.count;
+        let settled = c.settle("k", p, reserve, now, |wanted, floor| {
+            prefetch_size(wanted, floor, remaining, replicas, 256)
+        });
+        assert!(
+            settled.batch.is_empty() && settled.served.is_empty(),
+            "nothing overlaps"
+        );
+    }
+
+    /// One request for `k` at `now` through `c` (a replica of `replicas`), its calls made on `w` at once:
+    /// whether it was allowed, and whether a reserve decided it.
+    fn request(c: &Coalescer<()>, w: &mut Window, p: &Params, replicas: u32, now: u64) -> (bool, bool) {
+        match c.join("k", p, now) {
+            Turn::Lead { prefetch } => {
+                let reply = w.call(now, 1 + prefetch);
+                settle_call(c, w, p, replicas, now, &reply, 1);
+                (reply[0] > 0, false)
+            }
+            Turn::Reserved { spent, refill } => {
+                assert_eq!(
+                    spent.reply[2] as u64,
+                    now / p.window_ms,
+                    "a hit is spent only in the window it was counted in"
+                );
+                if refill > 0 {
+                    let reply = w.call(now, refill);
+                    settle_call(c, w, p, replicas, now, &reply, 0);
+                }
+                (spent.index < spent.reply[0] as u64, true)
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn slow_keys_far_from_their_limit_make_one_call_in_eight_and_two_replicas_stay_exact_at_the_limit() {
+        let p = Params {
+            requests: 2_000,
+            window_ms: 3_600_000,
+            burst: 0,
+        };
+        let mut w = Window::new(&p);
+        let (a, b) = (Coalescer::<()>::default(), Coalescer::<()>::default());
+        let (mut allowed, mut reserved, mut reserved_late) = (0, 0, 0);
+        // One request every 300 ms, alternating between the replicas: each sees the key quiet every time.
+        for i in 0..3_000u64 {
+            let now = 1_000 + i * 300;
+            let left_before = w.limit - w.count;
+            let (ok, from_reserve) = request(if i % 2 == 0 { &a } else { &b }, &mut w, &p, 2, now);
+            allowed += u64::from(ok);
+            reserved += u64::from(from_reserve);
+            if from_reserve && left_before < 2 * FAR_FROM_LIMIT {
+                reserved_late += 1;
+            }
+            if i == 1_000 {
+                assert!(
+                    w.calls * SLOW_PREFETCH <= 2 * 1_000,
+                    "far from the limit, about one call per {SLOW_PREFETCH} requests: {}",
+                    w.calls
+                );
+            }
+        }
+        assert_eq!(
+            allowed, p.requests,
+            "never over the limit, and every hit taken ahead spent"
+        );
+        // Far from the limit (the first 2,000 − 2 × 512 requests), most are decided from reserves.
+        let far = p.requests - 2 * FAR_FROM_LIMIT;
+        assert!(reserved * 4 >= far * 3, "{reserved} of {far}");
+        // Near the limit a replica spends what it held and at most one refill reckoned at its last call
+        // before: 1.5 floors and one floor.
+        assert!(
+            reserved_late <= 2 * (2 * SLOW_PREFETCH + SLOW_PREFETCH / 2),
+            "near the limit only what a replica held is spent from reserves: {reserved_late}"
+        );
+    }
+
+    #[test]
+    fn hits_a_slow_key_holds_at_its_window_end_are_not_spent_in_the_next() {
+        let p = Params {
+            requests: 1_000_000,
+            window_ms: 10_000,
+            burst: 0,
+        };
+        let mut w = Window::new(&p);
+        let c = Coalescer::<()>::default();
+        let mut per_window = std::collections::BTreeMap::<u64, (u64, u64)>::new();
+        for i in 0..200u64 {
+            let now = i * 300;
+            let (ok, from_reserve) = request(&c, &mut w, &p, 1, now);
+            assert!(ok);
+            let e = per_window.entry(now / p.window_ms).or_default();
+            e.0 += 1;
+            e.1 += u64::from(from_reserve);
+            assert!(
+                c.reserved("k") <= SLOW_PREFETCH + SLOW_PREFETCH / 2,
+                "a replica holds at most one and a half floors"
+            );
+        }
+        // Each window starts with a call (what was held lapsed) and then spends hits taken ahead.
+        for (requests, from_reserves) in per_window.values() {
+            assert!(from_reserves < requests && *from_reserves > 0);
+        }
+    }
+
+    #[test]
+    fn a_slow_key_is_remembered_for_a_while_and_then_decided_exactly_again() {
+        let c = Coalescer::<()>::default();
+        let far = |w, f| prefetch_size(w, f, 1_000_000, 1, 256);
+        let near = |w, f| prefetch_size(w, f, FAR_FROM_LIMIT - 1, 1, 256);
+        assert!(
+            matches!(c.join("k", &P, 0), Turn::Lead { prefetch: 0 }),
+            "unknown: exact"
+        );
+        let _ = c.settle("k", &P, None, 0, far);
+        let later = SLOW_MEMORY_MS - 1;
+        assert!(
+            matches!(
+                c.join("k", &P, later),
+                Turn::Lead {
+                    prefetch: SLOW_PREFETCH
+                }
+            ),
+            "quiet, but found far from its limit lately"
+        );
+        let _ = c.settle("k", &P, None, later, near);
+        assert_eq!(c.tracked(), 1, "seen lately");
+        assert!(
+            matches!(c.join("k", &P, later + 1_000), Turn::Lead { prefetch: 0 }),
+            "near its limit: exact"
+        );
+        let _ = c.settle("k", &P, None, later + 1_000, far);
+        let much_later = later + 1_000 + SLOW_MEMORY_MS;
+        assert!(
+            matches!(c.join("k", &P, much_later), Turn::Lead { prefetch: 0 }),
+            "found far too long ago: exact"
+        );
+        let _ = c.settle("k", &P, None, much_later, none);
+        assert!(
+            c.settle("k", &P, None, much_later + 2 * RATE_WINDOW_MS, none)
+                .batch
+                .is_empty()
+        );
+        assert_eq!(c.tracked(), 0, "neither far nor seen lately: forgotten");
+    }
+
+    #[test]
+    fn many_keys_tracked_stop_new_slow_keys_from_taking_hits_ahead_but_not_others() {
+        let c = Coalescer::<()>::default();
+        let far = |w, f| prefetch_size(w, f, 1_000_000, 1, 256);
+        for i in 0..MAX_SLOW_RESERVES - 1 {
+            let key = i.to_string();
+            let _ = c.join(&key, &P, 0);
+            let _ = c.settle(&key, &P, None, 0, far);
+        }
+        assert_eq!(c.tracked(), MAX_SLOW_RESERVES - 1);
+        // "0" was found far before; "new" is the key that fills the table.
+        let _ = c.join("new", &P, 1_000);
+        let _ = c.settle("new", &P, None, 1_000, far);
+        assert!(
+            matches!(c.join("new", &P, 1_500), Turn::Lead { prefetch: 0 }),
+            "no room"
+        );
+        let _ = c.settle("new", &P, None, 1_500, far);
+        assert!(
+            matches!(
+                c.join("0", &P, 1_500),
+                Turn::Lead {
+                    prefetch: SLOW_PREFETCH
+                }
+            ),
+            "a key already taking hits ahead goes on"
+        );
+        let _ = c.settle("0", &P, None, 1_500, far);
+        // A busy key still finds room below MAX_RESERVES.
+        let _ = c.join("busy", &P, 1_500);
+        let _waiting: Vec<_> = (0..16).map(|_| c.join("busy", &P, 1_500)).collect();
+        let settled = c.settle("busy", &P, None, 1_500, far);
+        assert_eq!(settled.prefetch, 32, "twice the arrivals during its call");
+        assert!(c.tracked() <= MAX_SLOW_RESERVES + 1);
     }
 
     #[test]

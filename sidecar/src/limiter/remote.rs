@@ -1,8 +1,8 @@
 //! Decisions made in Redis: one script call per key in flight at a time, the requests that arrive
-//! meanwhile decided together by the next call, and a hot key's calls taking hits ahead that later
-//! requests spend without waiting ([`super::coalesce`]). Every call counts its latency and
-//! batch size and feeds the circuit breaker; a request that gets no answer within its deadline is left to
-//! the failure mode by the caller.
+//! meanwhile decided together by the next call, and the calls of a hot key (or of a slow key far from its
+//! limit) taking hits ahead that later requests spend without waiting ([`super::coalesce`]). Every call
+//! counts its latency and batch size and feeds the circuit breaker; a request that gets no answer within
+//! its deadline is left to the failure mode by the caller.
 
 use std::{sync::Arc, time::Duration};
 
@@ -288,13 +288,18 @@ fn settle(
         .map_or(0, |o| o.remaining);
     let settings = shared.settings.load();
     let (limit, replicas) = (settings.prefetch, shared.replicas(&settings));
-    let settled = shared.coalescer.settle(&counter.key, p, reserve, now, |wanted| {
-        if until.is_some() {
-            prefetch_size(wanted, remaining, replicas, limit)
-        } else {
-            0
-        }
-    });
+    // A token bucket's held hits live in short slots: a slow key would mostly let them lapse.
+    let slow_ok = matches!(kind, AlgorithmKind::FixedWindow | AlgorithmKind::SlidingCounter);
+    let settled = shared
+        .coalescer
+        .settle(&counter.key, p, reserve, now, |wanted, floor| {
+            if until.is_some() {
+                let floor = if slow_ok { floor } else { 0 };
+                prefetch_size(wanted, floor, remaining, replicas, limit)
+            } else {
+                0
+            }
+        });
     for (waiter, spent) in settled.served {
         shared.metrics.prefetched.inc();
         let _ = waiter.answer.send(Some(Share {
