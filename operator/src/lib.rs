@@ -122,14 +122,15 @@ pub enum Error {
     /// `spec.database.rowLevelSecurity` is `Enabled` and the namespace's tenant role could not be made
     /// ([`tenant::provision`]); `why` names what is missing and the fix, never the password.
     #[error(
-        "the tenant role {role:?} of namespace {namespace} was not provisioned, so no worker is given \
-         database credentials: {why}"
+        "the tenant role {}of namespace {namespace} was not provisioned, so no worker is given \
+         database credentials: {why}",
+        role.as_ref().map(|r| format!("{r:?} ")).unwrap_or_default()
     )]
     TenantNotProvisioned {
         /// The JobQueue's namespace.
         namespace: String,
-        /// The role it would log in as.
-        role: String,
+        /// The role it would log in as, once known (it is looked up in the database).
+        role: Option<String>,
         /// What failed and how to fix it.
         why: String,
     },

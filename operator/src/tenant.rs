@@ -5,9 +5,15 @@
 //! sidecars get a URL that logs in as that tenant instead, from a Secret the operator writes in the
 //! namespace:
 //!
-//! - **One role per (database, namespace)**: [`role_name`], `sluice_ns_<namespace>` (a namespace longer
-//!   than 53 characters is cut and given a hash, so the name stays a ≤ 63-byte identifier; it is always
-//!   passed quoted).
+//! - **One role per (database, namespace)**: the role `sluice.tenants` of that database has for the
+//!   namespace, whatever its name (`sluice_ns_<namespace>` from an earlier release, or one an admin
+//!   registered); else a new one, [`role_name`]: `sluice_<hash>_<namespace>`, the hash of the namespace
+//!   and the database's random naming key (`sluice.tenant_naming`, migration 0017, which only the
+//!   schema's owner can read). Role names are the whole server's, tenants a database's: with the key in
+//!   the name, a namespace gets a role of its own in each database of one server, and no login outside
+//!   the database (another database's owner, with `CREATEROLE`) can know the name before the role
+//!   exists, to create it first. The lookup happens under the namespace's lock (below), in the
+//!   transaction that runs `ensure_tenant`. A name is at most 63 bytes and always passed quoted.
 //! - **One Secret per (namespace, `spec.database.secretRef`)**: [`secret_name`], `sluice-tenant-<hash of
 //!   the reference>`, key `url` (also `username`, `password`). The name depends on the JobQueue alone, so
 //!   the worker Deployment and the pod webhook name it without reading any Secret. JobQueues that share
@@ -47,8 +53,9 @@ use sqlx::PgPool;
 use crate::digest::short_hash;
 use crate::{Error, Result};
 
-/// Prefix of every tenant role the operator names.
-pub const ROLE_PREFIX: &str = "sluice_ns_";
+/// Prefix of the tenant roles the operator names ([`role_name`]); tenants an earlier release made keep
+/// their `sluice_ns_<namespace>`.
+pub const ROLE_PREFIX: &str = "sluice_";
 /// Prefix of the tenant Secrets' names.
 pub const SECRET_PREFIX: &str = "sluice-tenant-";
 /// Label on a tenant Secret: a hash of the database's `host:port/dbname` (see [`database_id`]).
@@ -66,18 +73,23 @@ pub const PASSWORD_LEN: usize = 40;
 
 /// PostgreSQL's limit on identifiers, in bytes.
 const MAX_IDENTIFIER: usize = 63;
+/// Hex digits of the hash in a tenant role's name.
+const ROLE_HASH_DIGITS: usize = 10;
+/// How much of the namespace a tenant role's name keeps: what 63 bytes leave after `sluice_`, the hash
+/// and `_` (45).
+const ROLE_NAMESPACE_LEN: usize = MAX_IDENTIFIER - ROLE_PREFIX.len() - ROLE_HASH_DIGITS - 1;
 
-/// The tenant role of `namespace`: `sluice_ns_<namespace>`, or for a namespace longer than 53
-/// characters its first 42, `_` and 10 hex digits of its SHA-256 (a namespace has no `_`, so the two
-/// shapes never meet). Always at most 63 bytes; the same for a namespace every time.
-pub fn role_name(namespace: &str) -> String {
-    let whole = format!("{ROLE_PREFIX}{namespace}");
-    if whole.len() <= MAX_IDENTIFIER {
-        return whole;
-    }
-    // A namespace is ASCII (a DNS label); `get` keeps this safe for anything else.
-    let cut = namespace.get(..42).unwrap_or("");
-    format!("{ROLE_PREFIX}{cut}_{}", short_hash(namespace.as_bytes(), 5))
+/// The name of a new tenant role for `namespace` in the database whose naming key
+/// (`sluice.tenant_naming`) is `key`: `sluice_`, 10 hex digits of the SHA-256 of the key and the
+/// namespace, `_` and the namespace, cut to its first 45 characters (the hash covers all of it, so two
+/// cut names still differ). Always at most 63 bytes; the same for (key, namespace) every time; never
+/// an earlier release's `sluice_ns_<namespace>` (`n` and `s` are no hex digits). Without the key the
+/// name cannot be known, so nobody outside the database can create the role before the operator does.
+pub fn role_name(key: &str, namespace: &str) -> String {
+    let hash = short_hash(format!("{key}\n{namespace}").as_bytes(), ROLE_HASH_DIGITS / 2);
+    // A namespace is ASCII (a DNS label); the boundary keeps this safe for anything else.
+    let cut = &namespace[..namespace.floor_char_boundary(ROLE_NAMESPACE_LEN)];
+    format!("{ROLE_PREFIX}{hash}_{cut}")
 }
 
 /// The name of the tenant Secret the operator writes for JobQueues naming `source`
@@ -241,7 +253,7 @@ pub async fn provision(
     let ns = jq.namespace().unwrap_or_default();
     let not_provisioned = |why: String| Error::TenantNotProvisioned {
         namespace: ns.clone(),
-        role: role_name(&ns),
+        role: None,
         why,
     };
     match login_tenant(pool).await? {
@@ -260,7 +272,7 @@ pub async fn provision(
     )
     .await
     {
-        Ok(r) => r.map(|hash| (TenantLogin::Provisioned, role_name(&ns), Some(hash))),
+        Ok(r) => r.map(|(role, hash)| (TenantLogin::Provisioned, role, Some(hash))),
         Err(_) => Err(not_provisioned(format!(
             "provisioning took longer than {}s; the operator retries",
             PROVISION_TIMEOUT.as_secs()
@@ -268,10 +280,14 @@ pub async fn provision(
     }
 }
 
-/// [`password_hash`] of the password in the tenant Secret of `jq`, if it exists for the database at
-/// `owner_url` and the namespace's role: written by an earlier provisioning, so workers can keep using
-/// it while a new one fails.
-pub async fn existing_secret(client: &Client, jq: &JobQueue, owner_url: &str) -> Result<Option<String>> {
+/// The role and [`password_hash`] of the password in the tenant Secret of `jq`, if it exists for the
+/// database at `owner_url`: written by an earlier provisioning, so workers can keep using it while a
+/// new one fails (which may be because the database cannot be asked for the role).
+pub async fn existing_secret(
+    client: &Client,
+    jq: &JobQueue,
+    owner_url: &str,
+) -> Result<Option<(String, String)>> {
     let ns = jq.namespace().unwrap_or_default();
     let Some(db) = database_id(owner_url) else {
         return Ok(None);
@@ -280,8 +296,8 @@ pub async fn existing_secret(client: &Client, jq: &JobQueue, owner_url: &str) ->
     Ok(secrets
         .get_opt(&secret_name(&jq.spec.database.secret_ref))
         .await?
-        .and_then(|s| usable(&s, &db, &role_name(&ns)))
-        .map(|p| password_hash(&p)))
+        .and_then(|s| tenant_in(&s, &db))
+        .map(|(role, p)| (role, password_hash(&p))))
 }
 
 /// 16 hex digits of the SHA-256 of a tenant password, for the worker pod template's annotation
@@ -291,28 +307,32 @@ pub fn password_hash(password: &str) -> String {
     short_hash(password.as_bytes(), 8)
 }
 
+/// Ensures the namespace's tenant role as the schema's owner and writes its Secret; returns the role and
+/// [`password_hash`] of its password.
 async fn provision_as_owner(
     client: &Client,
     pool: &PgPool,
     done: &Provisioned,
     jq: &JobQueue,
     owner_url: &str,
-) -> Result<String> {
+) -> Result<(String, String)> {
     let ns = jq.namespace().unwrap_or_default();
     let source = &jq.spec.database.secret_ref;
     let name = secret_name(source);
-    let role = role_name(&ns);
-    let not_provisioned = |why: String| Error::TenantNotProvisioned {
+    let not_provisioned = |role: Option<&str>, why: String| Error::TenantNotProvisioned {
         namespace: ns.clone(),
-        role: role.clone(),
+        role: role.map(str::to_owned),
         why,
     };
     let db = database_id(owner_url).ok_or_else(|| {
-        not_provisioned(format!(
-            "the URL in Secret {}/{} (key {}) is not a postgres:// URL the operator can derive the \
-             tenant's URL from",
-            ns, source.name, source.key
-        ))
+        not_provisioned(
+            None,
+            format!(
+                "the URL in Secret {}/{} (key {}) is not a postgres:// URL the operator can derive the \
+                 tenant's URL from",
+                ns, source.name, source.key
+            ),
+        )
     })?;
     let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
     // One of the Secret's owners, not its controller: several JobQueues may own one.
@@ -326,28 +346,25 @@ async fn provision_as_owner(
         )
     };
 
+    // A Secret this process wrote (that very version) names the role it ensured.
     let current = secrets.get_opt(&name).await?;
     if let Some(current) = &current
-        && let Some(password) = usable(current, &db, &role)
+        && let Some((role, password)) = tenant_in(current, &db)
         && done
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .contains(&memo(current))
     {
         add_owner(&secrets, current, &owner).await?;
-        return Ok(password_hash(&password));
+        return Ok((role, password_hash(&password)));
     }
 
-    // The Kubernetes reads happen before the transaction, so it holds the lock for the database's
-    // statements and the Secret's write (and, the first time, one list) only. The write is
-    // conditional (create, or replace on the version read): when another reconcile wrote this Secret
-    // in between, it fails (409), the transaction rolls back (and with it this password's verifier)
-    // and the retry reads theirs.
-    let known = match current.as_ref().and_then(|s| usable(s, &db, &role)) {
-        Some(p) => Some(p),
-        None => sibling_password(&secrets, &db, &role).await?,
-    };
-
+    // The Secret is read before the transaction, so it holds the lock for the database's statements
+    // and the Secret's write (and, the first time, one list) only. The write is conditional (create, or
+    // replace on the version read): when another reconcile wrote this Secret in between, it fails
+    // (409), the transaction rolls back (and with it this password's verifier) and the retry reads
+    // theirs.
+    //
     // One namespace at a time in this database. The lock's wait is bounded: any login of the database
     // can take the same advisory lock (a tenant included), and must not stall the operator.
     let mut tx = pool.begin().await.map_err(database)?;
@@ -361,23 +378,51 @@ async fn provision_as_owner(
         .await
         .map_err(
             |e| match e.as_database_error().and_then(|d| d.code()).as_deref() {
-                Some("55P03") => not_provisioned(format!(
-                    "another session of the database held the namespace's provisioning lock for more \
-                 than {}s (pg_advisory_xact_lock(hashtextextended('sluice.tenant/{ns}', 0))); see \
-                 pg_locks for who holds it; the operator retries",
-                    LOCK_TIMEOUT_SECS
-                )),
+                Some("55P03") => not_provisioned(
+                    None,
+                    format!(
+                        "another session of the database held the namespace's provisioning lock for \
+                         more than {}s (pg_advisory_xact_lock(hashtextextended('sluice.tenant/{ns}', \
+                         0))); see pg_locks for who holds it; the operator retries",
+                        LOCK_TIMEOUT_SECS
+                    ),
+                ),
                 _ => database(e),
             },
         )?;
+    // The namespace's registered tenant keeps its role, whatever its name; a new one is named with the
+    // database's key. Under the lock, so two reconciles agree.
+    let (registered, key): (Option<String>, Option<String>) =
+        sqlx::query_as(sluice_queue::sql::TENANT_ROLE_AND_NAMING_KEY)
+            .bind(&ns)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(|e| match e.as_database_error() {
+                Some(d) => not_provisioned(None, explain(d, &ns, None)),
+                None => database(e),
+            })?;
+    let role = match (registered, key) {
+        (Some(role), _) => role,
+        (None, Some(key)) => role_name(&key, &ns),
+        (None, None) => {
+            return Err(not_provisioned(
+                None,
+                "the database's key for naming tenant roles is gone (sluice.tenant_naming has no row): \
+                 make a new one as the schema's owner (INSERT INTO sluice.tenant_naming DEFAULT VALUES)"
+                    .into(),
+            ));
+        }
+    };
+    // The password the role has: this Secret's, or that of another tenant Secret of the namespace for
+    // this database (another JobQueue's, naming another Secret, may have set it, also while this one
+    // waited for the lock); a new one only if there is none.
+    let known = match current.as_ref().and_then(|s| tenant_in(s, &db)) {
+        Some((r, p)) if r == role => Some(p),
+        _ => sibling_password(&secrets, &db, &role).await?,
+    };
     let password = match known {
         Some(p) => p,
-        // A new password only if no other tenant Secret for this database appeared while this one
-        // waited for the lock (another JobQueue's, naming another Secret, may have set the role's).
-        None => match sibling_password(&secrets, &db, &role).await? {
-            Some(p) => p,
-            None => generate_password()?,
-        },
+        None => generate_password()?,
     };
     let verifier = scram_verifier(&password)?;
     let hash = password_hash(&password);
@@ -389,11 +434,11 @@ async fn provision_as_owner(
         .execute(&mut *tx)
         .await
         .map_err(|e| match e.as_database_error() {
-            Some(d) => not_provisioned(explain(d, &role)),
+            Some(d) => not_provisioned(Some(&role), explain(d, &ns, Some(&role))),
             None => database(e),
         })?;
     let url = tenant_url(owner_url, &role, &password)
-        .ok_or_else(|| not_provisioned("the tenant's URL cannot be built".into()))?;
+        .ok_or_else(|| not_provisioned(Some(&role), "the tenant's URL cannot be built".into()))?;
     let data = BTreeMap::from([
         (URL_KEY.to_owned(), ByteString(url.into_bytes())),
         (USERNAME_KEY.to_owned(), ByteString(role.clone().into_bytes())),
@@ -441,23 +486,22 @@ async fn provision_as_owner(
         .unwrap_or_else(|p| p.into_inner())
         .insert(memo(&written));
     tracing::info!(namespace = %ns, role = %role, secret = %name, "tenant role ensured");
-    Ok(hash)
+    Ok((role, hash))
 }
 
-/// The password of a tenant Secret that is for database `db` and role `role`, if it is one and its
-/// password has the shape of one the operator makes (at least [`PASSWORD_LEN`] of `[A-Za-z0-9]`): the
-/// verifier [`scram_verifier`] computes skips SASLprep, which leaves only such passwords unchanged. A
-/// Secret edited to hold anything else gets a new password.
-fn usable(secret: &Secret, db: &str, role: &str) -> Option<String> {
+/// The role and password of a tenant Secret that is for database `db`, if it is one and its password
+/// has the shape of one the operator makes (at least [`PASSWORD_LEN`] of `[A-Za-z0-9]`): the verifier
+/// [`scram_verifier`] computes skips SASLprep, which leaves only such passwords unchanged. A Secret
+/// edited to hold anything else gets a new password.
+fn tenant_in(secret: &Secret, db: &str) -> Option<(String, String)> {
     if secret.labels().get(DATABASE_LABEL).map(String::as_str) != Some(db) {
         return None;
     }
     let data = secret.data.as_ref()?;
     let field = |k: &str| data.get(k).and_then(|v| String::from_utf8(v.0.clone()).ok());
-    if field(USERNAME_KEY)? != role || field(URL_KEY).is_none() {
-        return None;
-    }
-    field(PASSWORD_KEY).filter(|p| well_formed(p))
+    field(URL_KEY)?;
+    let password = field(PASSWORD_KEY).filter(|p| well_formed(p))?;
+    Some((field(USERNAME_KEY)?, password))
 }
 
 /// `^[A-Za-z0-9]{40,}$`.
@@ -473,7 +517,11 @@ async fn sibling_password(secrets: &Api<Secret>, db: &str, role: &str) -> Result
             &ListParams::default().labels(&format!("{DATABASE_LABEL}={db},{MANAGED_BY}={MANAGED_BY_VALUE}")),
         )
         .await?;
-    Ok(list.items.iter().find_map(|s| usable(s, db, role)))
+    Ok(list
+        .items
+        .iter()
+        .filter_map(|s| tenant_in(s, db))
+        .find_map(|(r, p)| (r == role).then_some(p)))
 }
 
 /// Adds `owner` to the Secret's ownerReferences (a strategic merge by uid: concurrent additions keep
@@ -498,13 +546,26 @@ fn database(e: sqlx::Error) -> Error {
     Error::Database(sluice_queue::store::map_db_error(e))
 }
 
-/// What failed in `ensure_tenant`, and the fix, from the database's code and message only (the
-/// statement and its context, which would carry the password, are left out). Only called for a login
-/// that is no registered tenant ([`provision`] uses a tenant's Secret as it is).
-fn explain(db: &dyn sqlx::error::DatabaseError, role: &str) -> String {
+/// What failed in looking up the namespace's role or in `ensure_tenant`, and the fix, from the
+/// database's code and message only (the statement and its context, which would carry the password,
+/// are left out). `role` is the role provisioning was ensuring, if it got that far. Only called for a
+/// login that is no registered tenant ([`provision`] uses a tenant's Secret as it is).
+fn explain(db: &dyn sqlx::error::DatabaseError, namespace: &str, role: Option<&str>) -> String {
     let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
-    let message = db.message();
-    match code.as_str() {
+    advice(&code, db.message(), namespace, role)
+}
+
+/// [`explain`] from the code and message.
+fn advice(code: &str, message: &str, namespace: &str, role: Option<&str>) -> String {
+    let role = role.unwrap_or("<role>");
+    // Registering a tenant by hand is the way out of every clash of names: the operator keeps the role
+    // the namespace has in sluice.tenants, whatever its name, and sets its password.
+    let by_hand = format!(
+        "or have the database's admin make this namespace's tenant under a name of their choosing, as \
+         the schema's owner (SELECT sluice.ensure_tenant('<name>', '{namespace}', '<password>')): the \
+         operator keeps the namespace's registered tenant role and sets its password"
+    );
+    match code {
         // PostgreSQL says `permission denied to create role` / `to alter role` without CREATEROLE.
         "42501" if message.contains("role") => format!(
             "the database login of spec.database.secretRef owns the schema but may not create roles \
@@ -513,7 +574,8 @@ fn explain(db: &dyn sqlx::error::DatabaseError, role: &str) -> String {
              Secret; or set spec.database.rowLevelSecurity: Disabled to let workers use that login, \
              without isolation between namespaces"
         ),
-        // `permission denied for function ensure_tenant` (EXECUTE is the owner's) or for a table.
+        // `permission denied for function ensure_tenant` (EXECUTE is the owner's) or for a table (the
+        // naming key is the owner's alone).
         "42501" if message.contains("function") || message.contains("table") => format!(
             "the database login of spec.database.secretRef is not the owner of the sluice schema (the \
              login that created it) ({message}): put the owner's URL in the Secret, or have an admin \
@@ -530,15 +592,31 @@ fn explain(db: &dyn sqlx::error::DatabaseError, role: &str) -> String {
             "the database login of spec.database.secretRef lacks a privilege provisioning needs \
              ({message}): use the schema owner's login, with CREATEROLE"
         ),
-        "SL409" => format!(
-            "{message}: drop or rename the role {role:?} if nothing uses it, or set \
-             spec.database.rowLevelSecurity: Disabled"
+        // A role of the name this database gives the namespace exists in the server but is no tenant
+        // here: a tenant whose row was deleted, or made by a login that could read the naming key.
+        "SL409" if message.contains("is no Sluice tenant") => format!(
+            "{message}: a role of the name this database gives the namespace's tenant exists but is not \
+             registered here (a tenant whose row of sluice.tenants was deleted, or a role made by a \
+             login that can read the database's naming key, sluice.tenant_naming): drop or rename the \
+             role {role:?} if nothing uses it; if it was this namespace's tenant, register it again \
+             (INSERT INTO sluice.tenants (role_name, namespace) VALUES ('{role}', '{namespace}')); \
+             {by_hand}; or set spec.database.rowLevelSecurity: Disabled"
         ),
-        "42883" => format!(
-            "the database has no sluice.ensure_tenant ({message}): the schema is older than this \
+        // The name is registered for another namespace of this database (by hand).
+        "SL409" if message.contains("tenant of another namespace") => {
+            format!("{message}: {by_hand}; or set spec.database.rowLevelSecurity: Disabled")
+        }
+        // The message names the memberships and the REVOKE that ends them.
+        "SL409" if message.contains("is a member of") => {
+            format!("{message}; or set spec.database.rowLevelSecurity: Disabled")
+        }
+        // A tenant registered for the namespace by hand after the operator looked: the retry uses it.
+        "SL409" => format!("{message}: the operator retries with the namespace's registered tenant"),
+        "42883" | "42P01" => format!(
+            "the database lacks part of the sluice schema ({message}): the schema is older than this \
              operator; it is migrated when the operator prepares it"
         ),
-        _ => format!("sluice.ensure_tenant failed ({code}: {message})"),
+        _ => format!("provisioning the tenant failed ({code}: {message})"),
     }
 }
 
@@ -547,23 +625,73 @@ mod tests {
     use super::*;
 
     #[test]
-    fn role_names_are_short_identifiers_stable_and_distinct() {
-        assert_eq!(role_name("shop"), "sluice_ns_shop");
+    fn role_names_are_short_identifiers_stable_and_distinct_per_database() {
+        let key = "0b5c52ce-7d7d-4b0e-9f1e-2b8f3c6f1a11";
+        let shop = role_name(key, "shop");
+        let re = regex::Regex::new(r"^sluice_[0-9a-f]{10}_shop$").unwrap();
+        assert!(re.is_match(&shop), "{shop}");
+        assert_eq!(shop, role_name(key, "shop"));
+        // Another database (another key) names the namespace's role otherwise.
+        assert_ne!(shop, role_name("another-key", "shop"));
         let long = "a".repeat(63);
         let other = format!("{}b", "a".repeat(62));
         for ns in [
             long.as_str(),
             other.as_str(),
-            &"x-".repeat(26)[..52],
-            &"y".repeat(53),
+            &"x-".repeat(23)[..45],
+            &"y".repeat(46),
         ] {
-            let r = role_name(ns);
+            let r = role_name(key, ns);
             assert!(r.len() <= MAX_IDENTIFIER, "{r}");
-            assert_eq!(r, role_name(ns));
+            assert_eq!(r, role_name(key, ns));
+            assert!(!r.starts_with("sluice_ns_"), "{r}");
         }
-        assert_ne!(role_name(&long), role_name(&other));
-        assert_eq!(role_name(&"y".repeat(53)).len(), 63);
-        assert!(role_name(&"y".repeat(54)).contains('_'));
+        // Cut to the same 45 characters, told apart by the hash of the whole.
+        assert_ne!(role_name(key, &long), role_name(key, &other));
+        assert_eq!(role_name(key, &long).len(), 63);
+        assert!(role_name(key, &"y".repeat(45)).ends_with(&"y".repeat(45)));
+    }
+
+    #[test]
+    fn every_clash_of_role_names_says_how_to_get_past_it() {
+        let clash = |message: &str| advice("SL409", message, "shop", Some("sluice_0123456789_shop"));
+        let taken =
+            clash(r#"role "sluice_0123456789_shop" exists and is no Sluice tenant; not taking it over"#);
+        assert!(taken.contains("DROP") || taken.contains("drop"), "{taken}");
+        assert!(
+            taken.contains("VALUES ('sluice_0123456789_shop', 'shop')"),
+            "{taken}"
+        );
+        assert!(taken.contains("sluice.ensure_tenant('<name>', 'shop'"), "{taken}");
+        let elsewhere = clash(
+            r#"role "sluice_0123456789_shop" is the tenant of another namespace; not moving it to "shop""#,
+        );
+        assert!(
+            elsewhere.contains("sluice.ensure_tenant('<name>', 'shop'"),
+            "{elsewhere}"
+        );
+        let member = clash(
+            r#"role "x" is a member of reporting; a tenant could SET ROLE out of row-level security: revoke the membership first (REVOKE reporting FROM x)"#,
+        );
+        assert!(member.contains("REVOKE reporting FROM x"), "{member}");
+        assert!(!member.contains("drop"), "{member}");
+        let raced =
+            clash(r#"namespace "shop" has a tenant role other than "sluice_0123456789_shop" already"#);
+        assert!(raced.contains("retries"), "{raced}");
+        // Without the naming key (a schema older than the operator's), or not its owner.
+        assert!(
+            advice(
+                "42P01",
+                r#"relation "sluice.tenant_naming" does not exist"#,
+                "shop",
+                None
+            )
+            .contains("older")
+        );
+        assert!(
+            advice("42501", "permission denied for table tenant_naming", "shop", None)
+                .contains("not the owner of the sluice schema")
+        );
     }
 
     #[test]

@@ -2,8 +2,10 @@
 //! in-memory test API server and a real PostgreSQL that asks every role but the superuser for its
 //! password: the tenant Secret's URL logs in and sees its namespace only; JobQueues of one namespace on
 //! one database share the role and its password (through one Secret, or two); two namespaces get two
-//! roles; an owner without CREATEROLE gets `TenantNotProvisioned` and no worker; `Disabled` hands the
-//! workers the JobQueue's own Secret.
+//! roles, and one namespace on two databases of one server a role in each (which the role name an
+//! earlier release gave, made by someone else, does not block); a namespace's registered tenant keeps
+//! its role, whatever its name; an owner without CREATEROLE gets `TenantNotProvisioned` and no worker;
+//! `Disabled` hands the workers the JobQueue's own Secret.
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
@@ -202,6 +204,20 @@ async fn connect(url: &str) -> QueueStore {
     QueueStore::new(sluice_queue::pool::options(1).connect(url).await.expect("log in"))
 }
 
+/// The tenant role a JobQueue's status names; one the operator named has this database's hash in it.
+fn tenant_role(jq: &JobQueue) -> String {
+    jq.status
+        .as_ref()
+        .and_then(|s| s.tenant_role.clone())
+        .expect("status.tenantRole")
+}
+
+/// Whether `role` has the shape of a tenant role the operator names for namespace `ns`.
+fn named_by_the_operator(role: &str, ns: &str) -> bool {
+    let re = regex::Regex::new(&format!("^sluice_[0-9a-f]{{10}}_{}$", regex::escape(ns))).unwrap();
+    re.is_match(role)
+}
+
 #[tokio::test]
 async fn the_workers_log_in_as_their_namespace_s_tenant_and_see_only_its_queues() {
     let f = fixture().await;
@@ -215,10 +231,13 @@ async fn the_workers_log_in_as_their_namespace_s_tenant_and_see_only_its_queues(
             .await
             .unwrap();
     }
+    let mut roles = Vec::new();
     for ns in [&shop, &blog] {
         let jq = wait_condition(ns, "emails", "Ready", "True", "AsExpected").await;
-        let role = tenant::role_name(ns.name());
+        let role = tenant_role(&jq);
+        assert!(named_by_the_operator(&role, ns.name()), "{role}");
         assert!(jq.condition("Ready").unwrap().message.contains(&role));
+        roles.push(role.clone());
         // The workers read the tenant Secret, by reference.
         let r = workers_database_secret(ns, "emails").await;
         let name = tenant::secret_name(&jq.spec.database.secret_ref);
@@ -230,18 +249,12 @@ async fn the_workers_log_in_as_their_namespace_s_tenant_and_see_only_its_queues(
         assert!(!status.contains(&password), "the password is not in the status");
     }
     // Two namespaces, two roles.
-    let roles = f
+    let registered = f
         .pg
         .psql("SELECT string_agg(role_name || '=' || namespace, ',' ORDER BY namespace) FROM sluice.tenants");
     assert_eq!(
-        roles,
-        format!(
-            "{}={},{}={}",
-            tenant::role_name(blog.name()),
-            blog.name(),
-            tenant::role_name(shop.name()),
-            shop.name()
-        )
+        registered,
+        format!("{}={},{}={}", roles[1], blog.name(), roles[0], shop.name())
     );
 
     // The tenant's URL logs in (a wrong password does not) and reaches its namespace's queue only.
@@ -599,4 +612,184 @@ async fn a_new_tenant_password_rolls_the_workers() {
     .await
     .unwrap();
     assert_ne!(rotated, first);
+}
+
+#[tokio::test]
+async fn one_namespace_gets_a_tenant_in_each_database_of_one_server() {
+    let f = fixture().await;
+    let ns = f.env.namespace("shop").await.unwrap();
+    // The name an earlier release gave the namespace's tenant in every database, made first by another
+    // login of the server: it stands in the way of nothing now.
+    f.pg.psql(&format!(
+        "CREATE ROLE \"sluice_ns_{}\" LOGIN PASSWORD 'squatter-pw'",
+        ns.name()
+    ));
+    f.pg.psql("CREATE DATABASE second");
+    let owners = [f.pg.url(), f.pg.url_for("second")];
+    put_secret(&ns, "pg", &owners[0]).await;
+    put_secret(&ns, "pg-second", &owners[1]).await;
+    for (jq, secret) in [("emails", "pg"), ("reports", "pg-second")] {
+        ns.apply_yaml(&job_queue_yaml(jq, secret, None)).await.unwrap();
+    }
+    let mut tenants = Vec::new();
+    for name in ["emails", "reports"] {
+        let jq = wait_condition(&ns, name, "Ready", "True", "AsExpected").await;
+        let role = tenant_role(&jq);
+        assert!(named_by_the_operator(&role, ns.name()), "{role}");
+        let secret = workers_database_secret(&ns, name).await.name;
+        assert_eq!(secret_value(&ns, &secret, "username").await, role);
+        let url = secret_value(&ns, &secret, "url").await;
+        tenants.push((role, url, format!("{}/{name}", ns.name())));
+    }
+    assert_ne!(tenants[0].0, tenants[1].0, "one role per database");
+
+    for (i, (role, url, queue)) in tenants.iter().enumerate() {
+        // Each tenant works in its own database and sees that database's rows only.
+        connect(&owners[i])
+            .await
+            .enqueue(queue, &NewJob::new("send", serde_json::json!({})))
+            .await
+            .unwrap();
+        let store = connect(url).await;
+        let visible: Vec<String> = sqlx::query_scalar("SELECT queue FROM sluice.jobs")
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+        assert_eq!(&visible, std::slice::from_ref(queue), "{role}");
+        // In the other database it may log in (PUBLIC's CONNECT) but is no tenant and reads nothing.
+        let other = ["postgres", "second"][1 - i];
+        let (base, _) = url.rsplit_once('/').unwrap();
+        let there = connect(&format!("{base}/{other}")).await;
+        let e = sqlx::query_scalar::<_, i64>("SELECT count(*) FROM sluice.jobs")
+            .fetch_one(there.pool())
+            .await
+            .expect_err("no grant in the other database");
+        assert_eq!(
+            e.as_database_error().and_then(|d| d.code()).as_deref(),
+            Some("42501"),
+            "{role}: {e}"
+        );
+    }
+    assert_eq!(
+        f.pg.psql("SELECT count(*) FROM sluice.tenants WHERE role_name LIKE 'sluice\\_ns\\_%'"),
+        "0"
+    );
+}
+
+#[tokio::test]
+async fn a_namespace_s_registered_tenant_keeps_its_role_whatever_its_name() {
+    use sluice_crds::{
+        contract::label::{MANAGED_BY, MANAGED_BY_VALUE},
+        secret_ref::SecretKeyRef,
+    };
+    let f = fixture().await;
+    let (shop, blog) = (
+        f.env.namespace("shop").await.unwrap(),
+        f.env.namespace("blog").await.unwrap(),
+    );
+    // The database as the previous release left it: the schema through migration 0016, shop's tenant
+    // `sluice_ns_shop` with the tenant Secret the operator wrote for it, and blog's tenant made by the
+    // database's admin under a name of their own.
+    let owner = f.pg.url();
+    let pool = sluice_queue::pool::options(1).connect(&owner).await.unwrap();
+    sluice_queue::schema::migrator_through(16)
+        .run(&pool)
+        .await
+        .unwrap();
+    let old_role = format!("sluice_ns_{}", shop.name());
+    let password = tenant::generate_password().unwrap();
+    sqlx::query(sluice_queue::sql::TENANT_ENSURE)
+        .bind(&old_role)
+        .bind(shop.name())
+        .bind(tenant::scram_verifier(&password).unwrap())
+        .execute(&pool)
+        .await
+        .unwrap();
+    f.pg.psql(&format!(
+        "SELECT sluice.ensure_tenant('blog_app', '{}', 'blog-app-pw')",
+        blog.name()
+    ));
+    let source = SecretKeyRef {
+        name: "pg".into(),
+        key: "url".into(),
+    };
+    let tenant_secret = tenant::secret_name(&source);
+    let old = Secret {
+        metadata: ObjectMeta {
+            name: Some(tenant_secret.clone()),
+            labels: Some(BTreeMap::from([
+                (MANAGED_BY.into(), MANAGED_BY_VALUE.into()),
+                (
+                    tenant::DATABASE_LABEL.into(),
+                    tenant::database_id(&owner).unwrap(),
+                ),
+            ])),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([
+            (
+                tenant::URL_KEY.into(),
+                ByteString(
+                    tenant::tenant_url(&owner, &old_role, &password)
+                        .unwrap()
+                        .into_bytes(),
+                ),
+            ),
+            (
+                tenant::USERNAME_KEY.into(),
+                ByteString(old_role.clone().into_bytes()),
+            ),
+            (
+                tenant::PASSWORD_KEY.into(),
+                ByteString(password.clone().into_bytes()),
+            ),
+        ])),
+        ..Secret::default()
+    };
+    shop.api::<Secret>()
+        .create(&PostParams::default(), &old)
+        .await
+        .unwrap();
+
+    // The new operator: both namespaces' JobQueues on the owner's Secret.
+    for ns in [&shop, &blog] {
+        put_secret(ns, "pg", &owner).await;
+        ns.apply_yaml(&job_queue_yaml("emails", "pg", None))
+            .await
+            .unwrap();
+    }
+    let jq = wait_condition(&shop, "emails", "Ready", "True", "AsExpected").await;
+    assert_eq!(tenant_role(&jq), old_role);
+    // The same role and password: the workers log in as before and are not rolled.
+    assert_eq!(workers_database_secret(&shop, "emails").await.name, tenant_secret);
+    assert_eq!(secret_value(&shop, &tenant_secret, "password").await, password);
+    let worker = shop.api::<Deployment>().get("emails-worker").await.unwrap();
+    let template = worker.spec.unwrap().template.metadata.unwrap();
+    assert_eq!(
+        template.annotations.unwrap()["sluice.dev/tenant-password-hash"],
+        tenant::password_hash(&password)
+    );
+    let store = connect(&secret_value(&shop, &tenant_secret, "url").await).await;
+    store
+        .enqueue(
+            &format!("{}/emails", shop.name()),
+            &NewJob::new("send", serde_json::json!({})),
+        )
+        .await
+        .unwrap();
+
+    // The admin's tenant is the one the operator provisions, with a password of its own.
+    let jq = wait_condition(&blog, "emails", "Ready", "True", "AsExpected").await;
+    assert_eq!(tenant_role(&jq), "blog_app");
+    assert_eq!(secret_value(&blog, &tenant_secret, "username").await, "blog_app");
+    let queue = connect(&secret_value(&blog, &tenant_secret, "url").await)
+        .await
+        .queue(&format!("{}/emails", blog.name()))
+        .await
+        .unwrap();
+    assert!(queue.is_some());
+    assert_eq!(
+        f.pg.psql("SELECT string_agg(role_name, ',' ORDER BY role_name) FROM sluice.tenants"),
+        format!("blog_app,{old_role}")
+    );
 }

@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
 /// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
 /// which the workspace does not enable).
-const MIGRATIONS: [(i64, &str, &str); 16] = [
+const MIGRATIONS: [(i64, &str, &str); 17] = [
     (
         1,
         "queue tables",
@@ -95,6 +95,11 @@ const MIGRATIONS: [(i64, &str, &str); 16] = [
         16,
         "tenant without memberships",
         include_str!("../../migrations/0016_tenant_without_memberships.sql"),
+    ),
+    (
+        17,
+        "tenant role names per database",
+        include_str!("../../migrations/0017_tenant_role_names_per_database.sql"),
     ),
 ];
 

@@ -388,6 +388,12 @@ pub const QUEUE_ADOPT: &str = "SELECT sluice.adopt_queue($1, $2)";
 /// Creates or updates tenant role `$1` of namespace `$2` with password `$3` (`sluice.ensure_tenant`).
 pub const TENANT_ENSURE: &str = "SELECT sluice.ensure_tenant($1, $2, $3)";
 
+/// The tenant role registered for namespace `$1` (NULL when it has none) and the database's key for
+/// naming new tenant roles (`sluice.tenant_naming`, migration 0017; NULL when its row was deleted). For
+/// the schema's owner: the key is not readable by other logins (`42501`).
+pub const TENANT_ROLE_AND_NAMING_KEY: &str = "SELECT (SELECT role_name FROM sluice.tenants WHERE namespace = $1), \
+                                                   (SELECT key::text FROM sluice.tenant_naming)";
+
 /// Creates the row of schedule (`$1` queue, `$2` name) unless it exists: a new schedule has handled every
 /// fire time up to its creation.
 pub const SCHEDULE_ENSURE: &str = r#"

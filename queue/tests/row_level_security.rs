@@ -255,6 +255,8 @@ async fn raw_sql_on_a_tenant_connection_cannot_reach_another_namespace_or_lift_t
         "CREATE OR REPLACE FUNCTION sluice.tenant_prefix() RETURNS text LANGUAGE sql AS $$ SELECT '' $$",
         "SELECT sluice.ensure_tenant('sluice_tenant_a', 'b', 'x')",
         "ALTER ROLE sluice_tenant_a BYPASSRLS",
+        // The key the operator names new tenant roles with is the owner's alone.
+        "SELECT key FROM sluice.tenant_naming",
     ] {
         let code = db_code(sqlx::query(sql).execute(&mut *conn).await).await;
         assert!(

@@ -337,10 +337,9 @@ async fn provision_tenant(
         Ok((login, role, hash)) => Ok((Some((login, role)), hash, None)),
         Err(e) => {
             if matches!(e, Error::TenantNotProvisioned { .. } | Error::Database(_))
-                && let Some(hash) = tenant::existing_secret(&ctx.client, jq, url).await?
+                && let Some((role, hash)) = tenant::existing_secret(&ctx.client, jq, url).await?
             {
                 tracing::warn!(jobqueue = %super::key(jq), error = %e, "tenant provisioning failed; workers keep the tenant Secret");
-                let role = tenant::role_name(jq.namespace_or_default());
                 Ok((
                     Some((TenantLogin::Provisioned, role)),
                     Some(hash),
@@ -809,7 +808,7 @@ async fn write_status(jq: &JobQueue, ctx: &Context<State>, outcome: &Outcome, no
         .status
         .as_ref()
         .and_then(|s| s.tenant_role.clone())
-        .unwrap_or_else(|| tenant::role_name(jq.namespace_or_default()));
+        .unwrap_or_default();
     let ready_message = match jq.spec.database.row_level_security {
         RowLevelSecurity::Enabled if own_login_is_tenant => format!(
             "queue {queue:?} is registered and its workers are deployed; the queue is isolated as \
