@@ -287,6 +287,17 @@ class ChartTest(unittest.TestCase):
             self.assertEqual([(r["resources"], r["verbs"]) for r in role["rules"]],
                              [(["secrets"], ["get", "list", "create", "update", "patch"])])
 
+    def test_queue_databases_and_their_secrets_are_read_only_and_in_the_release_namespace(self):
+        docs, _ = render()
+        cluster = next(d for _, d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "sluice")
+        for resource in ("queuedatabases", "namespaces"):
+            verbs = [r["verbs"] for r in cluster["rules"] if resource in r.get("resources", [])]
+            self.assertEqual(verbs, [["get", "list", "watch"]], resource)
+        release = next(d for _, d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "sluice")
+        unnamed = [r["verbs"] for r in release["rules"]
+                   if r.get("resources") == ["secrets"] and "resourceNames" not in r]
+        self.assertEqual(sorted(unnamed), [["create"], ["get"]], "Secrets in the release namespace: no list or watch")
+
     def test_containers_run_as_non_root_with_a_read_only_root(self):
         docs, _ = render()
         pods = [d["spec"]["template"]["spec"] for _, d in docs if d["kind"] == "Deployment"]

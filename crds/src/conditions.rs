@@ -65,6 +65,12 @@ pub mod reason {
     /// a role of that name exists and is no tenant...). The message names what is missing and the fix;
     /// workers are not given the owner's credentials instead.
     pub const TENANT_NOT_PROVISIONED: &str = "TenantNotProvisioned";
+    /// `JobQueue` `Ready=False`: `spec.database.queueDatabaseRef` names a QueueDatabase that does not
+    /// exist; the JobQueue is reconciled again once it is created.
+    pub const QUEUE_DATABASE_NOT_FOUND: &str = "QueueDatabaseNotFound";
+    /// `JobQueue` `Ready=False`: the QueueDatabase's `namespaceSelector` does not admit the JobQueue's
+    /// namespace (an absent selector admits none); nothing is provisioned for it.
+    pub const NAMESPACE_NOT_ALLOWED: &str = "NamespaceNotAllowed";
     /// `JobQueue`: another provider serves `external.metrics.k8s.io`; the operator scales 1..N itself.
     pub const EXTERNAL_METRICS_OWNED_ELSEWHERE: &str = "ExternalMetricsOwnedElsewhere";
     /// `JobQueue`: nobody serves `external.metrics.k8s.io` for Sluice; the operator scales 1..N itself.

@@ -16,6 +16,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use crate::queue_database::QueueDatabaseRef;
 pub use crate::secret_ref::SecretKeyRef;
 use crate::{contract::annotation, duration::Duration, sidecar_config};
 
@@ -152,26 +153,64 @@ fn empty_object() -> serde_json::Value {
     serde_json::json!({})
 }
 
-/// The database holding the queue.
+/// The database holding the queue: a Secret of the JobQueue's own (`secretRef`) or a database an admin
+/// registered (`queueDatabaseRef`), exactly one of them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "has(self.secretRef) != has(self.queueDatabaseRef)",
+     "message": "spec.database must name exactly one of secretRef (a Secret in this namespace) or queueDatabaseRef (a QueueDatabase an admin registered)"},
+    {"rule": "!has(self.queueDatabaseRef) || !has(self.rowLevelSecurity) || self.rowLevelSecurity == 'Enabled'",
+     "message": "spec.database.rowLevelSecurity must be Enabled with queueDatabaseRef: the QueueDatabase's owner login is never given to a namespace's workers",
+     "fieldPath": ".rowLevelSecurity"}
+]))]
 pub struct DatabaseSpec {
     /// The Secret, in the JobQueue's namespace, holding the PostgreSQL URL
     /// (`postgres://user:password@host:5432/db`). The URL never leaves the Secret: worker pods read it
     /// through `secretKeyRef`, and the operator reads it only to prepare the schema and read depth.
-    pub secret_ref: SecretKeyRef,
+    /// Exactly one of `secretRef` and `queueDatabaseRef`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<SecretKeyRef>,
+
+    /// A `QueueDatabase` an admin registered: the owner's URL stays in the operator's namespace, and
+    /// this namespace gets only its tenant's URL (so `rowLevelSecurity` must be `Enabled`). The
+    /// QueueDatabase's `namespaceSelector` must admit this namespace. Exactly one of `secretRef` and
+    /// `queueDatabaseRef`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_database_ref: Option<QueueDatabaseRef>,
 
     /// Whether the namespace's workers log in as a role that row-level security limits to the rows
     /// of this namespace's queues. `Enabled` (the default): when it prepares the database, the
     /// operator creates (or reuses) the namespace's tenant role with `sluice.ensure_tenant` and writes
     /// its URL to a Secret in this namespace (`sluice-tenant-<hash>`, key `url`); worker pods and
-    /// injected sidecars read that Secret, never the one above, whose login must own the `sluice`
+    /// injected sidecars read that Secret, never the owner's, whose login must own the `sluice`
     /// schema and have `CREATEROLE`. When it cannot, the JobQueue is `Ready=False`, reason
-    /// `TenantNotProvisioned`, and no worker gets the owner's credentials. `Disabled`: workers and
-    /// sidecars use the Secret above as it is, and namespaces sharing the database are not isolated
-    /// from each other.
+    /// `TenantNotProvisioned`, and no worker gets the owner's credentials. `Disabled` (with `secretRef`
+    /// only): workers and sidecars use the Secret above as it is, and namespaces sharing the database
+    /// are not isolated from each other.
     #[serde(default)]
     pub row_level_security: RowLevelSecurity,
+}
+
+/// Where a JobQueue's database URL comes from ([`DatabaseSpec::source`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DatabaseSource<'a> {
+    /// `spec.database.secretRef`: a Secret in the JobQueue's namespace.
+    SecretRef(&'a SecretKeyRef),
+    /// `spec.database.queueDatabaseRef`: the name of a `QueueDatabase`.
+    QueueDatabase(&'a str),
+}
+
+impl DatabaseSpec {
+    /// The one source the spec names; `None` when it names both or neither (the CRD's CEL rule refuses
+    /// that, so only an object stored without it gets here).
+    pub fn source(&self) -> Option<DatabaseSource<'_>> {
+        match (&self.secret_ref, &self.queue_database_ref) {
+            (Some(r), None) => Some(DatabaseSource::SecretRef(r)),
+            (None, Some(q)) => Some(DatabaseSource::QueueDatabase(&q.name)),
+            _ => None,
+        }
+    }
 }
 
 /// Whether a JobQueue's workers are limited to their namespace's rows (`spec.database.rowLevelSecurity`).
@@ -731,7 +770,8 @@ mod tests {
             "database: {secretRef: {name: pg}}\nworker:\n  template:\n    spec:\n      containers: [{name: app, image: app:1}]\n",
         )
         .unwrap();
-        assert_eq!(jq.database.secret_ref.key, "url");
+        assert_eq!(jq.database.secret_ref.as_ref().unwrap().key, "url");
+        assert!(matches!(jq.database.source(), Some(DatabaseSource::SecretRef(r)) if r.name == "pg"));
         assert_eq!(jq.worker.concurrency, 16);
         assert_eq!(jq.worker.handler.port, 3000);
         assert_eq!(jq.scaling.min_replica_count, 0);

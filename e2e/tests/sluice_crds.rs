@@ -43,7 +43,11 @@ fn causes(err: kube::Error) -> Vec<String> {
 }
 
 async fn install(env: &Env) {
-    for file in ["ratelimitpolicies.sluice.dev.yaml", "jobqueues.sluice.dev.yaml"] {
+    for file in [
+        "ratelimitpolicies.sluice.dev.yaml",
+        "jobqueues.sluice.dev.yaml",
+        "queuedatabases.sluice.dev.yaml",
+    ] {
         let yaml = std::fs::read_to_string(crds_dir().join(file)).unwrap();
         env.apply_yaml(&yaml, None).await.unwrap();
     }
@@ -129,4 +133,48 @@ async fn a_job_queue_name_too_long_for_its_worker_deployment_is_refused() {
             .any(|g| g.contains("JobQueue names are at most 52 characters")),
         "{got:#?}"
     );
+}
+
+#[tokio::test]
+async fn a_job_queue_names_one_database_and_a_queue_database_only_with_row_level_security() {
+    let env = Env::start().await.unwrap();
+    let ns = env.namespace("jq").await.unwrap();
+    install(&env).await;
+    let queues = api(&env, ns.name(), "JobQueue", "jobqueues");
+    let worker = json!({"template": {"spec": {"containers": [{"name": "handler", "image": "h:1"}]}}});
+    let with = |database: Value| json!({"database": database, "worker": worker});
+    queues
+        .create(
+            &PostParams::default(),
+            &object(
+                "JobQueue",
+                "emails",
+                with(json!({"queueDatabaseRef": {"name": "shared"}})),
+            ),
+        )
+        .await
+        .unwrap();
+    let refused = [
+        (
+            json!({"queueDatabaseRef": {"name": "shared"}, "secretRef": {"name": "db"}}),
+            "spec.database must name exactly one of secretRef",
+        ),
+        (json!({}), "spec.database must name exactly one of secretRef"),
+        (
+            json!({"queueDatabaseRef": {"name": "shared"}, "rowLevelSecurity": "Disabled"}),
+            "spec.database.rowLevelSecurity must be Enabled with queueDatabaseRef",
+        ),
+    ];
+    for (database, message) in refused {
+        let got = causes(
+            queues
+                .create(
+                    &PostParams::default(),
+                    &object("JobQueue", "other", with(database)),
+                )
+                .await
+                .unwrap_err(),
+        );
+        assert!(got.iter().any(|g| g.contains(message)), "{message}: {got:#?}");
+    }
 }

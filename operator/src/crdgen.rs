@@ -5,6 +5,7 @@ use std::path::Path;
 
 use kube::CustomResourceExt;
 use sluice_crds::job_queue::JobQueue;
+use sluice_crds::queue_database::QueueDatabase;
 use sluice_crds::rate_limit_policy::RateLimitPolicy;
 
 use crate::Result;
@@ -13,7 +14,12 @@ use crate::Result;
 pub fn crds() -> Vec<(String, String)> {
     let rlp = RateLimitPolicy::crd();
     let jq = JobQueue::crd();
-    vec![(file_name(&rlp), to_yaml(&rlp)), (file_name(&jq), to_yaml(&jq))]
+    let qdb = QueueDatabase::crd();
+    vec![
+        (file_name(&rlp), to_yaml(&rlp)),
+        (file_name(&jq), to_yaml(&jq)),
+        (file_name(&qdb), to_yaml(&qdb)),
+    ]
 }
 
 /// Write every CRD into `dir`, one file each, named `<plural>.<group>.yaml`.

@@ -72,8 +72,9 @@ pub enum Error {
         namespace: String,
         /// Name of the Secret.
         name: String,
-        /// The reference's field (`spec.redis.secretRef`, `spec.database.secretRef`).
-        field: &'static str,
+        /// The reference's field (`spec.redis.secretRef`, `spec.database.secretRef`, a QueueDatabase's
+        /// `spec.secretRef`).
+        field: String,
     },
     /// The Secret exists but lacks the key (or its value is empty or not UTF-8).
     #[error("Secret {namespace}/{name} has no key {key:?} ({field}.key)")]
@@ -85,7 +86,29 @@ pub enum Error {
         /// The missing key.
         key: String,
         /// The reference's field.
-        field: &'static str,
+        field: String,
+    },
+    /// `spec.database.queueDatabaseRef` names a QueueDatabase that does not exist.
+    #[error(
+        "QueueDatabase {name:?} named by spec.database.queueDatabaseRef does not exist: name one that \
+         does (kubectl get queuedatabases), or have an admin create it; the JobQueue is reconciled again \
+         when it appears"
+    )]
+    QueueDatabaseNotFound {
+        /// The QueueDatabase's name.
+        name: String,
+    },
+    /// The QueueDatabase's `namespaceSelector` does not admit the JobQueue's namespace.
+    #[error(
+        "QueueDatabase {name:?} does not admit namespace {namespace}: its spec.namespaceSelector must \
+         select this namespace's labels (without a selector it admits none); an admin changes the \
+         selector or the namespace's labels, or name another database. Nothing was provisioned"
+    )]
+    NamespaceNotAllowed {
+        /// The QueueDatabase's name.
+        name: String,
+        /// The JobQueue's namespace.
+        namespace: String,
     },
     /// An object the operator would write or delete exists and is not controlled by the resource being
     /// reconciled (no controller ownerReference to it): the operator leaves it alone.
@@ -166,6 +189,8 @@ impl Error {
             Error::SecretNotFound { .. } => "secret_not_found",
             Error::SecretKeyMissing { .. } => "secret_key_missing",
             Error::NotOwned { .. } => "not_owned",
+            Error::QueueDatabaseNotFound { .. } => "queue_database_not_found",
+            Error::NamespaceNotAllowed { .. } => "namespace_not_allowed",
             Error::TooManyEndpoints { .. } => "too_many_endpoints",
             Error::TenantNotProvisioned { .. } => "tenant_not_provisioned",
             Error::Redis(_) => "redis_unreachable",
@@ -185,6 +210,8 @@ impl Error {
             Error::SecretNotFound { .. } => reason::SECRET_NOT_FOUND,
             Error::SecretKeyMissing { .. } => reason::SECRET_KEY_MISSING,
             Error::NotOwned { .. } => reason::OBJECT_NOT_OWNED,
+            Error::QueueDatabaseNotFound { .. } => reason::QUEUE_DATABASE_NOT_FOUND,
+            Error::NamespaceNotAllowed { .. } => reason::NAMESPACE_NOT_ALLOWED,
             Error::TooManyEndpoints { .. } => reason::TOO_MANY_ENDPOINTS,
             Error::TenantNotProvisioned { .. } => reason::TENANT_NOT_PROVISIONED,
             Error::Redis(_) => reason::REDIS_UNREACHABLE,
@@ -203,6 +230,8 @@ impl Error {
                 | Error::SecretNotFound { .. }
                 | Error::SecretKeyMissing { .. }
                 | Error::NotOwned { .. }
+                | Error::QueueDatabaseNotFound { .. }
+                | Error::NamespaceNotAllowed { .. }
                 | Error::TooManyEndpoints { .. }
                 | Error::TenantNotProvisioned { .. }
         )

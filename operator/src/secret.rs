@@ -1,10 +1,16 @@
 //! Reading a connection URL from the one Secret an object names (`spec.redis.secretRef`,
-//! `spec.database.secretRef`), in the object's own namespace. These are the only Secrets the operator
-//! reads for users; the URL goes to Redis or PostgreSQL clients and nowhere else (never a log or status).
+//! `spec.database.secretRef`), in the object's own namespace, or, for a JobQueue naming a
+//! `QueueDatabase`, from the QueueDatabase's Secret in the operator's own namespace ([`database_url`]).
+//! These are the only Secrets the operator reads for users; the URL goes to Redis or PostgreSQL clients
+//! and nowhere else (never a log, status or another namespace).
 
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::{Api, Client};
-use sluice_crds::secret_ref::SecretKeyRef;
+use sluice_crds::{
+    job_queue::{DatabaseSource, JobQueue},
+    queue_database::QueueDatabase,
+    secret_ref::SecretKeyRef,
+};
 
 use crate::{Error, Result};
 
@@ -20,7 +26,7 @@ pub async fn read_url(
     client: &Client,
     namespace: &str,
     reference: &SecretKeyRef,
-    field: &'static str,
+    field: &str,
 ) -> Result<String> {
     let secret = Api::<Secret>::namespaced(client.clone(), namespace)
         .get_opt(&reference.name)
@@ -28,14 +34,50 @@ pub async fn read_url(
         .ok_or_else(|| Error::SecretNotFound {
             namespace: namespace.into(),
             name: reference.name.clone(),
-            field,
+            field: field.to_owned(),
         })?;
     url_in(&secret, &reference.key).ok_or_else(|| Error::SecretKeyMissing {
         namespace: namespace.into(),
         name: reference.name.clone(),
         key: reference.key.clone(),
-        field,
+        field: field.to_owned(),
     })
+}
+
+/// The URL the operator connects to `jq`'s database with: `spec.database.secretRef`'s in the JobQueue's
+/// namespace, or for `spec.database.queueDatabaseRef` the QueueDatabase's (its Secret in
+/// `operator_namespace`), once the QueueDatabase is found and admits the JobQueue's namespace
+/// ([`Error::QueueDatabaseNotFound`], [`Error::NamespaceNotAllowed`]). A spec naming no single source
+/// is the render's to refuse; here it reads as a missing Secret.
+pub async fn database_url(client: &Client, operator_namespace: &str, jq: &JobQueue) -> Result<String> {
+    let ns = jq.namespace_or_default();
+    match jq.spec.database.source() {
+        Some(DatabaseSource::SecretRef(r)) => read_url(client, ns, r, DATABASE_SECRET_FIELD).await,
+        Some(DatabaseSource::QueueDatabase(name)) => {
+            let qdb = Api::<QueueDatabase>::all(client.clone())
+                .get_opt(name)
+                .await?
+                .ok_or_else(|| Error::QueueDatabaseNotFound { name: name.into() })?;
+            let labels = Api::<Namespace>::all(client.clone())
+                .get_opt(ns)
+                .await?
+                .and_then(|n| n.metadata.labels)
+                .unwrap_or_default();
+            if !qdb.spec.admits(&labels) {
+                return Err(Error::NamespaceNotAllowed {
+                    name: name.into(),
+                    namespace: ns.into(),
+                });
+            }
+            let field = format!("QueueDatabase {name:?} (spec.secretRef)");
+            read_url(client, operator_namespace, &qdb.spec.secret_ref, &field).await
+        }
+        None => Err(Error::SecretNotFound {
+            namespace: ns.into(),
+            name: String::new(),
+            field: "spec.database (it names neither secretRef nor queueDatabaseRef)".into(),
+        }),
+    }
 }
 
 fn url_in(secret: &Secret, key: &str) -> Option<String> {

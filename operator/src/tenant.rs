@@ -14,10 +14,11 @@
 //!   the database (another database's owner, with `CREATEROLE`) can know the name before the role
 //!   exists, to create it first. The lookup happens under the namespace's lock (below), in the
 //!   transaction that runs `ensure_tenant`. A name is at most 63 bytes and always passed quoted.
-//! - **One Secret per (namespace, `spec.database.secretRef`)**: [`secret_name`], `sluice-tenant-<hash of
-//!   the reference>`, key `url` (also `username`, `password`). The name depends on the JobQueue alone, so
-//!   the worker Deployment and the pod webhook name it without reading any Secret. JobQueues that share
-//!   a reference share the Secret (each is an owner of it: it goes when the last of them does).
+//! - **One Secret per (namespace, `spec.database.secretRef` or `queueDatabaseRef`)**: [`secret_name`],
+//!   `sluice-tenant-<hash of the reference>`, key `url` (also `username`, `password`). The name depends
+//!   on the JobQueue alone, so the worker Deployment and the pod webhook name it without reading any
+//!   Secret. JobQueues that share a reference share the Secret (each is an owner of it: it goes when the
+//!   last of them does).
 //! - **One password per role**: JobQueues of a namespace that name different Secrets for one database
 //!   get Secrets with the same password: a new Secret copies it from one the operator wrote for that
 //!   database before (label [`DATABASE_LABEL`], a hash of `host:port/dbname`). A password is made only
@@ -45,7 +46,7 @@ use kube::{
 use serde_json::json;
 use sluice_crds::{
     contract::label::{MANAGED_BY, MANAGED_BY_VALUE},
-    job_queue::{JobQueue, RowLevelSecurity, TenantLogin},
+    job_queue::{DatabaseSource, JobQueue, RowLevelSecurity, TenantLogin},
     secret_ref::{SECRET_KEY_DEFAULT, SecretKeyRef},
 };
 use sqlx::PgPool;
@@ -92,24 +93,52 @@ pub fn role_name(key: &str, namespace: &str) -> String {
     format!("{ROLE_PREFIX}{hash}_{cut}")
 }
 
-/// The name of the tenant Secret the operator writes for JobQueues naming `source`
-/// (`spec.database.secretRef`): `sluice-tenant-` and 12 hex digits of a hash of its name and key.
-pub fn secret_name(source: &SecretKeyRef) -> String {
-    let d = short_hash(format!("{}\n{}", source.name, source.key).as_bytes(), 6);
-    format!("{SECRET_PREFIX}{d}")
+/// The name of the tenant Secret the operator writes for JobQueues naming `source`: `sluice-tenant-`
+/// and 12 hex digits of a hash of `spec.database.secretRef`'s name and key, or of
+/// `QueueDatabase/<name>` for `spec.database.queueDatabaseRef` (a `/` is in no Secret's name and a
+/// newline in neither, so the two never hash the same text).
+pub fn secret_name(source: DatabaseSource<'_>) -> String {
+    let hashed = match source {
+        DatabaseSource::SecretRef(r) => format!("{}\n{}", r.name, r.key),
+        DatabaseSource::QueueDatabase(name) => format!("QueueDatabase/{name}"),
+    };
+    format!("{SECRET_PREFIX}{}", short_hash(hashed.as_bytes(), 6))
+}
+
+/// The tenant Secret's name for `jq` ([`secret_name`] of its database source). A spec naming no
+/// single source (which the CRD refuses) gets a name no provisioning ever writes.
+fn jq_secret_name(jq: &JobQueue) -> String {
+    secret_name(
+        jq.spec
+            .database
+            .source()
+            .unwrap_or(DatabaseSource::QueueDatabase("")),
+    )
+}
+
+/// What names the owner's URL, for messages: `spec.database.secretRef` or `QueueDatabase "<name>"`.
+fn source_field(jq: &JobQueue) -> String {
+    match jq.spec.database.source() {
+        Some(DatabaseSource::QueueDatabase(name)) => format!("QueueDatabase {name:?}"),
+        _ => "spec.database.secretRef".into(),
+    }
 }
 
 /// The Secret key workers and injected sidecars read `SLUICE_DATABASE_URL` from: the tenant Secret's
 /// `url` when `rowLevelSecurity` is `Enabled`, else the JobQueue's own `spec.database.secretRef` (also
 /// when its login already is the namespace's registered tenant: `status.tenantLogin: SecretRef`).
+/// With `queueDatabaseRef` always the tenant Secret: the owner's Secret is in no namespace but the
+/// operator's.
 pub fn workers_secret(jq: &JobQueue) -> SecretKeyRef {
     let own_login_is_tenant = jq.status.as_ref().and_then(|s| s.tenant_login) == Some(TenantLogin::SecretRef);
-    match jq.spec.database.row_level_security {
-        RowLevelSecurity::Enabled if !own_login_is_tenant => SecretKeyRef {
-            name: secret_name(&jq.spec.database.secret_ref),
-            key: URL_KEY.into(),
-        },
-        _ => jq.spec.database.secret_ref.clone(),
+    let tenant = || SecretKeyRef {
+        name: jq_secret_name(jq),
+        key: URL_KEY.into(),
+    };
+    match (jq.spec.database.source(), jq.spec.database.row_level_security) {
+        (Some(DatabaseSource::SecretRef(own)), RowLevelSecurity::Disabled) => own.clone(),
+        (Some(DatabaseSource::SecretRef(own)), _) if own_login_is_tenant => own.clone(),
+        _ => tenant(),
     }
 }
 
@@ -256,7 +285,16 @@ pub async fn provision(
         role: None,
         why,
     };
+    let from_queue_database = matches!(jq.spec.database.source(), Some(DatabaseSource::QueueDatabase(_)));
     match login_tenant(pool).await? {
+        // A QueueDatabase serves many namespaces: its login must be the owner, never one's tenant.
+        Some((_, of)) if from_queue_database => {
+            return Err(not_provisioned(format!(
+                "the login of {} is the tenant of namespace {of:?}, not the owner of the sluice schema: \
+                 an admin must put the owner's URL in the QueueDatabase's Secret",
+                source_field(jq)
+            )));
+        }
         Some((role, of)) if of == ns => return Ok((TenantLogin::SecretRef, role, None)),
         Some((_, of)) => {
             return Err(not_provisioned(format!(
@@ -294,7 +332,7 @@ pub async fn existing_secret(
     };
     let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
     Ok(secrets
-        .get_opt(&secret_name(&jq.spec.database.secret_ref))
+        .get_opt(&jq_secret_name(jq))
         .await?
         .and_then(|s| tenant_in(&s, &db))
         .map(|(role, p)| (role, password_hash(&p))))
@@ -317,8 +355,13 @@ async fn provision_as_owner(
     owner_url: &str,
 ) -> Result<(String, String)> {
     let ns = jq.namespace().unwrap_or_default();
-    let source = &jq.spec.database.secret_ref;
-    let name = secret_name(source);
+    let name = jq_secret_name(jq);
+    // What the Secret was made from, for people reading it: `<secret>/<key>` or `QueueDatabase/<name>`.
+    let source = match jq.spec.database.source() {
+        Some(DatabaseSource::SecretRef(r)) => format!("{}/{}", r.name, r.key),
+        Some(DatabaseSource::QueueDatabase(q)) => format!("QueueDatabase/{q}"),
+        None => String::new(),
+    };
     let not_provisioned = |role: Option<&str>, why: String| Error::TenantNotProvisioned {
         namespace: ns.clone(),
         role: role.map(str::to_owned),
@@ -328,9 +371,8 @@ async fn provision_as_owner(
         not_provisioned(
             None,
             format!(
-                "the URL in Secret {}/{} (key {}) is not a postgres:// URL the operator can derive the \
-                 tenant's URL from",
-                ns, source.name, source.key
+                "the URL of {} is not a postgres:// URL the operator can derive the tenant's URL from",
+                source_field(jq)
             ),
         )
     })?;
@@ -467,10 +509,7 @@ async fn provision_as_owner(
                         (MANAGED_BY.to_owned(), MANAGED_BY_VALUE.to_owned()),
                         (DATABASE_LABEL.to_owned(), db.clone()),
                     ])),
-                    annotations: Some(BTreeMap::from([(
-                        SOURCE_ANNOTATION.to_owned(),
-                        format!("{}/{}", source.name, source.key),
-                    )])),
+                    annotations: Some(BTreeMap::from([(SOURCE_ANNOTATION.to_owned(), source.clone())])),
                     owner_references: Some(vec![owner]),
                     ..ObjectMeta::default()
                 },
@@ -758,10 +797,29 @@ mod tests {
             name: name.into(),
             key: key.into(),
         };
-        let a = secret_name(&r("pg", "url"));
+        let name = |name: &str, key: &str| secret_name(DatabaseSource::SecretRef(&r(name, key)));
+        let a = name("pg", "url");
         assert!(a.starts_with(SECRET_PREFIX) && a.len() == SECRET_PREFIX.len() + 12);
-        assert_eq!(a, secret_name(&r("pg", "url")));
-        assert_ne!(a, secret_name(&r("pg", "dsn")));
-        assert_ne!(a, secret_name(&r("pg2", "url")));
+        assert_eq!(a, name("pg", "url"));
+        assert_ne!(a, name("pg", "dsn"));
+        assert_ne!(a, name("pg2", "url"));
+        // Unchanged for JobQueues that named their Secret before QueueDatabases existed.
+        assert_eq!(a, format!("{SECRET_PREFIX}{}", short_hash(b"pg\nurl", 6)));
+    }
+
+    #[test]
+    fn a_queue_database_gets_a_secret_name_no_secret_reference_shares() {
+        let q = secret_name(DatabaseSource::QueueDatabase("shared"));
+        assert!(q.starts_with(SECRET_PREFIX) && q.len() == SECRET_PREFIX.len() + 12);
+        assert_eq!(q, secret_name(DatabaseSource::QueueDatabase("shared")));
+        assert_ne!(q, secret_name(DatabaseSource::QueueDatabase("other")));
+        // A Secret named like the QueueDatabase, or like the text hashed for it, is another source.
+        for (name, key) in [("shared", "url"), ("queuedatabase", "shared")] {
+            let r = SecretKeyRef {
+                name: name.into(),
+                key: key.into(),
+            };
+            assert_ne!(q, secret_name(DatabaseSource::SecretRef(&r)));
+        }
     }
 }

@@ -165,3 +165,42 @@ fn schedules_need_five_or_six_cron_fields() {
         "schedules[].cron must have five fields",
     );
 }
+
+#[test]
+fn the_database_is_a_secret_or_a_queue_database_never_both_nor_neither() {
+    let exactly_one = "spec.database must name exactly one of secretRef";
+    let with_qdb = messages("emails", |s| {
+        s["database"] = json!({"queueDatabaseRef": {"name": "shared"}})
+    });
+    assert_eq!(with_qdb, Vec::<String>::new());
+    let enabled =
+        messages(
+            "emails",
+            |s| {
+                s["database"] = json!({"queueDatabaseRef": {"name": "shared"}, "rowLevelSecurity": "Enabled"})
+            },
+        );
+    assert_eq!(enabled, Vec::<String>::new());
+    assert_rejected(
+        |s| s["database"]["queueDatabaseRef"] = json!({"name": "shared"}),
+        exactly_one,
+    );
+    assert_rejected(|s| s["database"] = json!({}), exactly_one);
+    assert_rejected(
+        |s| s["database"] = json!({"rowLevelSecurity": "Disabled"}),
+        exactly_one,
+    );
+}
+
+#[test]
+fn a_queue_database_refuses_row_level_security_disabled() {
+    assert_rejected(
+        |s| s["database"] = json!({"queueDatabaseRef": {"name": "shared"}, "rowLevelSecurity": "Disabled"}),
+        "spec.database.rowLevelSecurity must be Enabled with queueDatabaseRef",
+    );
+    // With a Secret of its own, Disabled stays a choice.
+    let own = messages("emails", |s| {
+        s["database"]["rowLevelSecurity"] = json!("Disabled")
+    });
+    assert_eq!(own, Vec::<String>::new());
+}

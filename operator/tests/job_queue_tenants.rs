@@ -5,7 +5,10 @@
 //! roles, and one namespace on two databases of one server a role in each (which the role name an
 //! earlier release gave, made by someone else, does not block); a namespace's registered tenant keeps
 //! its role, whatever its name; an owner without CREATEROLE gets `TenantNotProvisioned` and no worker;
-//! `Disabled` hands the workers the JobQueue's own Secret.
+//! `Disabled` hands the workers the JobQueue's own Secret. With a `QueueDatabase`, the owner's URL stays
+//! in the operator's namespace and the JobQueue's gets the tenant's only; a namespace its selector does
+//! not admit, or a QueueDatabase that does not exist, is refused with the reason, and admitted once
+//! that is fixed.
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
@@ -240,7 +243,7 @@ async fn the_workers_log_in_as_their_namespace_s_tenant_and_see_only_its_queues(
         roles.push(role.clone());
         // The workers read the tenant Secret, by reference.
         let r = workers_database_secret(ns, "emails").await;
-        let name = tenant::secret_name(&jq.spec.database.secret_ref);
+        let name = tenant::secret_name(jq.spec.database.source().unwrap());
         assert_eq!((r.name.as_str(), r.key.as_str()), (name.as_str(), "url"));
         assert_eq!(secret_value(ns, &name, "username").await, role);
         let password = secret_value(ns, &name, "password").await;
@@ -258,10 +261,12 @@ async fn the_workers_log_in_as_their_namespace_s_tenant_and_see_only_its_queues(
     );
 
     // The tenant's URL logs in (a wrong password does not) and reaches its namespace's queue only.
-    let name = tenant::secret_name(&sluice_crds::job_queue::SecretKeyRef {
-        name: "pg".into(),
-        key: "url".into(),
-    });
+    let name = tenant::secret_name(sluice_crds::job_queue::DatabaseSource::SecretRef(
+        &sluice_crds::job_queue::SecretKeyRef {
+            name: "pg".into(),
+            key: "url".into(),
+        },
+    ));
     let url = secret_value(&shop, &name, "url").await;
     let store = connect(&url).await;
     let (mine, theirs) = (
@@ -388,7 +393,7 @@ async fn an_owner_without_createrole_gets_a_condition_and_no_worker() {
     wait_condition(&ns, "emails", "Ready", "True", "AsExpected").await;
     assert_eq!(
         workers_database_secret(&ns, "emails").await.name,
-        tenant::secret_name(&jq.spec.database.secret_ref)
+        tenant::secret_name(jq.spec.database.source().unwrap())
     );
 }
 
@@ -437,7 +442,13 @@ async fn two_operator_replicas_provisioning_at_once_agree_on_one_password() {
             let owner = format!(
                 "{}{}",
                 f.pg.url(),
-                if jq.spec.database.secret_ref.name == "pg" {
+                if jq
+                    .spec
+                    .database
+                    .secret_ref
+                    .as_ref()
+                    .is_some_and(|r| r.name == "pg")
+                {
                     ""
                 } else {
                     "?application_name=other"
@@ -454,7 +465,7 @@ async fn two_operator_replicas_provisioning_at_once_agree_on_one_password() {
     }
     let names: Vec<String> = queues
         .iter()
-        .map(|jq| tenant::secret_name(&jq.spec.database.secret_ref))
+        .map(|jq| tenant::secret_name(jq.spec.database.source().unwrap()))
         .collect();
     let a = secret_value(&ns, &names[0], "password").await;
     assert_eq!(a, secret_value(&ns, &names[1], "password").await);
@@ -501,7 +512,7 @@ async fn a_failed_reprovisioning_keeps_the_workers_and_their_scaling() {
     let f = fixture().await;
     let (ns, url) = emails_on_a_database_owned_by_limited(&f, "LOGIN CREATEROLE").await;
     let jq = wait_condition(&ns, "emails", "Ready", "True", "AsExpected").await;
-    let name = tenant::secret_name(&jq.spec.database.secret_ref);
+    let name = tenant::secret_name(jq.spec.database.source().unwrap());
 
     // The owner loses CREATEROLE, and a changed tenant Secret makes the operator ensure the role again.
     f.pg.psql("ALTER ROLE limited NOCREATEROLE");
@@ -579,7 +590,7 @@ async fn a_new_tenant_password_rolls_the_workers() {
         .await
         .unwrap();
     let jq = wait_condition(&ns, "emails", "Ready", "True", "AsExpected").await;
-    let name = tenant::secret_name(&jq.spec.database.secret_ref);
+    let name = tenant::secret_name(jq.spec.database.source().unwrap());
     let deployments = ns.api::<Deployment>();
     let annotation = |d: Deployment| {
         d.spec?
@@ -713,7 +724,7 @@ async fn a_namespace_s_registered_tenant_keeps_its_role_whatever_its_name() {
         name: "pg".into(),
         key: "url".into(),
     };
-    let tenant_secret = tenant::secret_name(&source);
+    let tenant_secret = tenant::secret_name(sluice_crds::job_queue::DatabaseSource::SecretRef(&source));
     let old = Secret {
         metadata: ObjectMeta {
             name: Some(tenant_secret.clone()),
@@ -792,4 +803,179 @@ async fn a_namespace_s_registered_tenant_keeps_its_role_whatever_its_name() {
         f.pg.psql("SELECT string_agg(role_name, ',' ORDER BY role_name) FROM sluice.tenants"),
         format!("blog_app,{old_role}")
     );
+}
+
+/// The operator's own namespace (the fixture's `Settings::namespace`), holding `owner-pg`, the URL of
+/// role `owner` (`CREATEROLE`, password `owner-pw`) owning database `queues`; and QueueDatabase
+/// `shared` on it, admitting namespaces labelled `team: <team>`. Returns the owner's URL.
+async fn shared_queue_database(f: &Fixture, team: &str) -> String {
+    f.pg.psql("CREATE ROLE owner LOGIN CREATEROLE PASSWORD 'owner-pw'");
+    f.pg.psql("CREATE DATABASE queues OWNER owner");
+    let url =
+        f.pg.url_for("queues")
+            .replace("postgres://postgres@", "postgres://owner:owner-pw@");
+    f.env
+        .apply_yaml(
+            "apiVersion: v1\nkind: Namespace\nmetadata: {name: sluice-system}\n",
+            None,
+        )
+        .await
+        .unwrap();
+    let secrets: kube::Api<Secret> = kube::Api::namespaced(f.env.client(), "sluice-system");
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some("owner-pg".into()),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(
+            "url".into(),
+            ByteString(url.clone().into_bytes()),
+        )])),
+        ..Secret::default()
+    };
+    secrets.create(&PostParams::default(), &secret).await.unwrap();
+    f.env
+        .apply_yaml(&queue_database_yaml("shared", team), None)
+        .await
+        .unwrap();
+    url
+}
+
+fn queue_database_yaml(name: &str, team: &str) -> String {
+    format!(
+        "apiVersion: sluice.dev/v1alpha1\nkind: QueueDatabase\nmetadata: {{name: {name}}}\nspec:\n  \
+         secretRef: {{name: owner-pg}}\n  namespaceSelector: {{matchLabels: {{team: {team}}}}}\n"
+    )
+}
+
+fn job_queue_on_queue_database_yaml(name: &str, database: &str) -> String {
+    job_queue_yaml(name, "unused", None).replace(
+        "database: {secretRef: {name: unused}}",
+        &format!("database: {{queueDatabaseRef: {{name: {database}}}}}"),
+    )
+}
+
+async fn label_namespace(f: &Fixture, ns: &TestNamespace, key: &str, value: &str) {
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(f.env.client());
+    let patch = serde_json::json!({"metadata": {"labels": {key: value}}});
+    namespaces
+        .patch(
+            ns.name(),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn with_a_queue_database_the_namespace_holds_the_tenant_s_url_and_never_the_owner_s() {
+    let f = fixture().await;
+    let owner_url = shared_queue_database(&f, "shop").await;
+    let shop = f.env.namespace("shop").await.unwrap();
+    label_namespace(&f, &shop, "team", "shop").await;
+    shop.apply_yaml(&job_queue_on_queue_database_yaml("emails", "shared"))
+        .await
+        .unwrap();
+    let jq = wait_condition(&shop, "emails", "Ready", "True", "AsExpected").await;
+    let role = jq.status.clone().unwrap().tenant_role.unwrap();
+    assert!(jq.condition("Ready").unwrap().message.contains(&role));
+
+    // The workers read the tenant Secret, named for the QueueDatabase.
+    let name = tenant::secret_name(sluice_crds::job_queue::DatabaseSource::QueueDatabase("shared"));
+    let r = workers_database_secret(&shop, "emails").await;
+    assert_eq!((r.name.as_str(), r.key.as_str()), (name.as_str(), "url"));
+    assert_eq!(secret_value(&shop, &name, "username").await, role);
+
+    // No Secret in the namespace holds the owner's URL or password.
+    for s in shop
+        .api::<Secret>()
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+    {
+        for (key, value) in s.data.unwrap_or_default() {
+            let value = String::from_utf8_lossy(&value.0).into_owned();
+            assert!(
+                !value.contains("owner-pw") && !value.contains("owner:") && value != owner_url,
+                "Secret {:?} key {key} holds the owner's credentials",
+                s.metadata.name
+            );
+        }
+    }
+
+    // The tenant's URL logs in as the tenant and reaches this namespace's queue only.
+    let store = connect(&secret_value(&shop, &name, "url").await).await;
+    let user: String = sqlx::query_scalar("SELECT current_user::text")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(user, role);
+    let visible: Vec<String> = sqlx::query_scalar("SELECT name FROM sluice.queues ORDER BY name")
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(visible, [format!("{}/emails", shop.name())]);
+}
+
+#[tokio::test]
+async fn a_namespace_the_selector_does_not_admit_is_refused_until_it_is_labelled() {
+    let f = fixture().await;
+    shared_queue_database(&f, "shop").await;
+    let blog = f.env.namespace("blog").await.unwrap();
+    blog.apply_yaml(&job_queue_on_queue_database_yaml("emails", "shared"))
+        .await
+        .unwrap();
+    let jq = wait_condition(&blog, "emails", "Ready", "False", "NamespaceNotAllowed").await;
+    let message = &jq.condition("Ready").unwrap().message;
+    assert!(
+        message.contains("\"shared\"")
+            && message.contains(blog.name())
+            && message.contains("namespaceSelector"),
+        "{message}"
+    );
+    assert_no_tenant_secret(&blog).await;
+    assert!(
+        blog.api::<Deployment>()
+            .get_opt("emails-worker")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(
+        f.pg.psql(&format!(
+            "SELECT count(*) FROM pg_roles WHERE rolname LIKE 'sluice%' AND rolname LIKE '%{}'",
+            blog.name()
+        )),
+        "0",
+        "no tenant role was made"
+    );
+
+    // Labelled as the selector asks, the namespace is admitted without touching the JobQueue.
+    label_namespace(&f, &blog, "team", "shop").await;
+    wait_condition(&blog, "emails", "Ready", "True", "AsExpected").await;
+}
+
+#[tokio::test]
+async fn a_missing_queue_database_is_reported_and_used_once_created() {
+    let f = fixture().await;
+    shared_queue_database(&f, "shop").await;
+    let shop = f.env.namespace("shop").await.unwrap();
+    label_namespace(&f, &shop, "team", "shop").await;
+    shop.apply_yaml(&job_queue_on_queue_database_yaml("emails", "later"))
+        .await
+        .unwrap();
+    let jq = wait_condition(&shop, "emails", "Ready", "False", "QueueDatabaseNotFound").await;
+    assert!(jq.condition("Ready").unwrap().message.contains("\"later\""));
+    assert_no_tenant_secret(&shop).await;
+
+    // Created, it is used without touching the JobQueue.
+    f.env
+        .apply_yaml(&queue_database_yaml("later", "shop"), None)
+        .await
+        .unwrap();
+    wait_condition(&shop, "emails", "Ready", "True", "AsExpected").await;
+    let name = tenant::secret_name(sluice_crds::job_queue::DatabaseSource::QueueDatabase("later"));
+    assert_eq!(workers_database_secret(&shop, "emails").await.name, name);
 }

@@ -248,10 +248,12 @@ async fn the_operator_serves_a_trusted_webhook_that_injects_pods_created_through
     // The namespace's tenant Secret (rowLevelSecurity is Enabled by default), not the owner's.
     assert_eq!(
         url.value_from.unwrap().secret_key_ref.unwrap().name,
-        sluice_operator::tenant::secret_name(&sluice_crds::job_queue::SecretKeyRef {
-            name: "pg".into(),
-            key: "url".into()
-        })
+        sluice_operator::tenant::secret_name(sluice_crds::job_queue::DatabaseSource::SecretRef(
+            &sluice_crds::job_queue::SecretKeyRef {
+                name: "pg".into(),
+                key: "url".into()
+            }
+        ))
     );
     assert_eq!(
         env("SLUICE_QUEUES").value.as_deref(),

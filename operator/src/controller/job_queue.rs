@@ -3,10 +3,10 @@
 //! cheaper to delete before a scale-in, and reports depth, replicas and conditions.
 //!
 //! Each reconcile, in order (see `steps`): render (a spec that cannot run needs no database round
-//! trip); read the database URL from the one Secret the queue names; `prepare_database` (schema,
-//! settings, paused flag); `observe` depth, replicas and when the queue was last busy;
-//! `choose_autoscaler`; `check_ownership` (a same-named ConfigMap, Deployment, HPA or `ScaledObject`
-//! the queue does not control stops the reconcile before anything is written or deleted:
+//! trip); read the database URL from the one Secret the queue names (its own, or its QueueDatabase's);
+//! `prepare_database` (schema, settings, paused flag); `observe` depth, replicas and when the queue was
+//! last busy; `choose_autoscaler`; `check_ownership` (a same-named ConfigMap, Deployment, HPA or
+//! `ScaledObject` the queue does not control stops the reconcile before anything is written or deleted:
 //! `Ready=False`, reason `ObjectNotOwned`); [`decide`] (pure); `apply_workers` (deletion costs,
 //! ConfigMap, Deployment); `apply_autoscaler`; `remember` what the wake-up path needs; `write_status`.
 //!
@@ -14,6 +14,11 @@
 //! at that moment, and applies a scale-up from zero at once through the Deployment's `/scale`; the
 //! Deployment's change then triggers a reconcile. A deleted JobQueue is forgotten (memory, gauges, and
 //! the database's LISTEN connection once no other queue uses it) when the controller next finds it gone.
+//!
+//! The database URL comes from the JobQueue's own Secret, or for `spec.database.queueDatabaseRef` from
+//! the QueueDatabase's Secret in the operator's namespace once its `namespaceSelector` admits the
+//! JobQueue's namespace ([`secret::database_url`]); QueueDatabases and namespaces are watched, so a
+//! QueueDatabase created or changed, or a namespace relabelled, reconciles the JobQueues naming one.
 //!
 //! Failure rules: a bad Secret reference or an unreachable database sets `Ready=False` with a reason and
 //! an Event, and the object is retried with per-object exponential backoff; replicas are left as they
@@ -30,7 +35,7 @@ use k8s_openapi::{
     api::{
         apps::v1::Deployment,
         autoscaling::v2::HorizontalPodAutoscaler,
-        core::v1::{ConfigMap, Pod},
+        core::v1::{ConfigMap, Namespace, Pod},
     },
     apimachinery::pkg::apis::meta::v1::Time,
     jiff::Timestamp,
@@ -42,7 +47,7 @@ use kube::{
         Controller,
         controller::{self as runtime, Action},
         events::EventType,
-        reflector::ObjectRef,
+        reflector::{ObjectRef, Store},
         watcher,
     },
 };
@@ -51,9 +56,10 @@ use sluice_crds::{
     conditions::{ACTIVE, DEGRADED, PAUSED, READY, reason},
     contract::{annotation, label::JOB_QUEUE as JOB_QUEUE_LABEL},
     job_queue::{
-        DepthStatus, JobQueue, JobQueueSchedule, JobQueueStatus, RowLevelSecurity, ScalingProvider,
-        ScheduleStatus, TenantLogin,
+        DatabaseSource, DepthStatus, JobQueue, JobQueueSchedule, JobQueueStatus, RowLevelSecurity,
+        ScalingProvider, ScheduleStatus, TenantLogin,
     },
+    queue_database::QueueDatabase,
 };
 use sluice_queue::{Depth, QueueSettings, QueueStore, schedule::CronSchedule, store::ScheduleState};
 use tokio::sync::mpsc;
@@ -75,8 +81,7 @@ use crate::{
         decide,
         deletion_cost::{POD_DELETION_COST_ANNOTATION, deletion_costs},
     },
-    secret::{self, DATABASE_SECRET_FIELD},
-    tenant,
+    secret, tenant,
 };
 
 /// The controller's name in metrics, logs and spans.
@@ -170,10 +175,35 @@ pub async fn run(
         async move {
             let client = ctx.client.clone();
             let ns = ns.as_deref();
-            Controller::new(api_in::<JobQueue>(&client, ns), watcher::Config::default())
+            let controller = Controller::new(api_in::<JobQueue>(&client, ns), watcher::Config::default());
+            // A QueueDatabase created, changed or deleted, and a namespace relabelled (its selector
+            // judges the labels), reconcile the JobQueues naming a QueueDatabase at once.
+            let queues = controller.store();
+            let by_database = move |qdb: QueueDatabase| {
+                let name = qdb.name_any();
+                naming_a_queue_database(&queues, move |jq| {
+                    jq.spec.database.source() == Some(DatabaseSource::QueueDatabase(&name))
+                })
+            };
+            let queues = controller.store();
+            let by_namespace = move |n: Namespace| {
+                let name = n.name_any();
+                naming_a_queue_database(&queues, move |jq| jq.namespace_or_default() == name)
+            };
+            let namespaces = match ns {
+                Some(ns) => watcher::Config::default().fields(&format!("metadata.name={ns}")),
+                None => watcher::Config::default(),
+            };
+            controller
                 .owns(api_in::<Deployment>(&client, ns), owned.clone())
                 .owns(api_in::<HorizontalPodAutoscaler>(&client, ns), owned.clone())
                 .owns(api_in::<ConfigMap>(&client, ns), owned)
+                .watches(
+                    Api::<QueueDatabase>::all(client.clone()),
+                    watcher::Config::default(),
+                    by_database,
+                )
+                .watches(Api::<Namespace>::all(client.clone()), namespaces, by_namespace)
                 .graceful_shutdown_on(shutdown)
                 .run(reconcile, error_policy, ctx.clone())
                 .for_each(|r| {
@@ -199,6 +229,19 @@ pub async fn run(
     });
     futures::future::join_all(runs).await;
     wakeups.abort();
+}
+
+/// The JobQueues in `queues` that name a QueueDatabase and pass `also`.
+fn naming_a_queue_database(
+    queues: &Store<JobQueue>,
+    also: impl Fn(&JobQueue) -> bool,
+) -> Vec<ObjectRef<JobQueue>> {
+    queues
+        .state()
+        .iter()
+        .filter(|jq| jq.spec.database.queue_database_ref.is_some() && also(jq))
+        .map(|jq| ObjectRef::from_obj(&**jq))
+        .collect()
 }
 
 /// Reconciles one JobQueue. See the module docs for the steps.
@@ -232,14 +275,7 @@ async fn steps(jq: &JobQueue, ctx: &Context<State>) -> Result<Action> {
     let now = ctx.now_ms();
     // Render first: a spec that cannot run needs no database round trip to be reported.
     render_worker_deployment(jq, &ctx.state.settings.sidecar, None)?;
-    let ns = jq.namespace().unwrap_or_default();
-    let url = secret::read_url(
-        &ctx.client,
-        &ns,
-        &jq.spec.database.secret_ref,
-        DATABASE_SECRET_FIELD,
-    )
-    .await?;
+    let url = secret::database_url(&ctx.client, &ctx.state.settings.namespace, jq).await?;
     admit_database(jq, ctx, &url)?;
     prepare_database(jq, ctx, &url).await?;
     let (tenant_login, password_hash, tenant_note) = provision_tenant(jq, ctx, &url).await?;

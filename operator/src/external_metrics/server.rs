@@ -36,7 +36,7 @@ use crate::{
     clock::Clock,
     render::hpa::EXTERNAL_METRIC_NAME,
     scaling::{Databases, JobQueueMetrics},
-    secret::{self, DATABASE_SECRET_FIELD},
+    secret,
 };
 
 /// The API group/version served.
@@ -47,19 +47,21 @@ pub const TARGET_CACHE_TTL: Duration = Duration::from_secs(10);
 /// Where a JobQueue's jobs live.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
-    /// The database URL (from the JobQueue's Secret).
+    /// The database URL (from the JobQueue's Secret, or its QueueDatabase's).
     pub url: String,
     /// The queue's name in the database.
     pub queue: String,
 }
 
-/// How JobQueues are found: from the Kubernetes API (JobQueue, then its Secret), or a fixed table
-/// (tests).
+/// How JobQueues are found: from the Kubernetes API (JobQueue, then its Secret or QueueDatabase), or a
+/// fixed table (tests).
 pub enum Targets {
     /// Read the JobQueue and its Secret, cached for [`TARGET_CACHE_TTL`].
     Kube {
         /// The client.
         client: Client,
+        /// The operator's namespace, where QueueDatabases' Secrets are.
+        namespace: String,
         /// (namespace, name) → (read at, target).
         cache: Mutex<HashMap<(String, String), (Instant, Target)>>,
     },
@@ -68,10 +70,11 @@ pub enum Targets {
 }
 
 impl Targets {
-    /// Targets read through `client`.
-    pub fn kube(client: Client) -> Self {
+    /// Targets read through `client`; QueueDatabases' Secrets are read in `namespace` (the operator's).
+    pub fn kube(client: Client, namespace: String) -> Self {
         Targets::Kube {
             client,
+            namespace,
             cache: Mutex::default(),
         }
     }
@@ -79,7 +82,11 @@ impl Targets {
     async fn resolve(&self, namespace: &str, name: &str) -> Result<Option<Target>, String> {
         match self {
             Targets::Static(map) => Ok(map.get(&(namespace.to_owned(), name.to_owned())).cloned()),
-            Targets::Kube { client, cache } => {
+            Targets::Kube {
+                client,
+                namespace: operator_namespace,
+                cache,
+            } => {
                 let key = (namespace.to_owned(), name.to_owned());
                 if let Some((at, t)) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key)
                     && at.elapsed() < TARGET_CACHE_TTL
@@ -90,14 +97,9 @@ impl Targets {
                 let Some(jq) = api.get_opt(name).await.map_err(|e| e.to_string())? else {
                     return Ok(None);
                 };
-                let url = secret::read_url(
-                    client,
-                    namespace,
-                    &jq.spec.database.secret_ref,
-                    DATABASE_SECRET_FIELD,
-                )
-                .await
-                .map_err(|e| e.to_string())?;
+                let url = secret::database_url(client, operator_namespace, &jq)
+                    .await
+                    .map_err(|e| e.to_string())?;
                 let t = Target {
                     url,
                     queue: jq.database_queue_name(),
@@ -299,6 +301,7 @@ pub async fn run(
     shutdown: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()> {
     let store = Arc::new(crate::certs::CertStore::default());
+    let namespace = keeper.settings.namespace.clone();
     tokio::spawn(crate::certs::keep(
         client.clone(),
         keeper,
@@ -313,7 +316,7 @@ pub async fn run(
     access.spawn_config_watch(client.clone(), shutdown.clone());
     let state = Arc::new(MetricsState {
         databases,
-        targets: Targets::kube(client),
+        targets: Targets::kube(client, namespace),
         metrics,
         clock: crate::clock::system_clock(),
         access,

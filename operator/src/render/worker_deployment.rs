@@ -21,7 +21,7 @@ use k8s_openapi::{
 };
 use kube::{Resource, ResourceExt, api::ObjectMeta};
 use sluice_crds::{
-    job_queue::{HandlerProtocol, JobQueue, JobQueueSchedule},
+    job_queue::{DatabaseSource, HandlerProtocol, JobQueue, JobQueueSchedule, RowLevelSecurity},
     sidecar_config::{
         CONFIG_VERSION, GrpcConfig, HandlerConfig, QueueApiConfig, QueueConfig, ScheduleSpec, SidecarConfig,
         WorkerConfig,
@@ -60,6 +60,15 @@ pub enum RenderError {
     /// The handler port collides with the sidecar's metrics port.
     #[error("spec.worker.handler.port: {0} is the Sluice worker's metrics port; use another")]
     PortInUse(u16),
+    /// `spec.database` names both or neither of `secretRef` and `queueDatabaseRef`.
+    #[error("spec.database: name exactly one of secretRef or queueDatabaseRef")]
+    NoSingleDatabase,
+    /// `queueDatabaseRef` with `rowLevelSecurity: Disabled`, which would hand workers the owner's login.
+    #[error(
+        "spec.database.rowLevelSecurity: Disabled cannot be used with queueDatabaseRef: the \
+         QueueDatabase's owner login is never given to a namespace's workers; set it to Enabled"
+    )]
+    OwnerLoginForWorkers,
 }
 
 /// Name of the worker Deployment (and its HPA): `<jobqueue>-worker`.
@@ -201,6 +210,15 @@ pub fn render_worker_deployment(
     }
     if w.handler.port == WORKER_METRICS_PORT {
         return Err(RenderError::PortInUse(w.handler.port));
+    }
+    match jq.spec.database.source() {
+        None => return Err(RenderError::NoSingleDatabase),
+        Some(DatabaseSource::QueueDatabase(_))
+            if jq.spec.database.row_level_security == RowLevelSecurity::Disabled =>
+        {
+            return Err(RenderError::OwnerLoginForWorkers);
+        }
+        Some(_) => {}
     }
 
     pod.containers.push(sidecar_container(jq, sidecar));
@@ -365,6 +383,29 @@ worker:
     }
 
     #[test]
+    fn with_a_queue_database_workers_read_the_tenant_secret_and_disabled_is_refused() {
+        let with_qdb = BASIC.replace(
+            "database: {secretRef: {name: pg, key: dsn}}",
+            "database: {queueDatabaseRef: {name: shared}}",
+        );
+        let jq = job_queue(&with_qdb);
+        let d = render_worker_deployment(&jq, &opts(), None).unwrap();
+        let env = sidecar(&d).env.as_ref().unwrap();
+        let url = env.iter().find(|e| e.name == "SLUICE_DATABASE_URL").unwrap();
+        let r = url.value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
+        let tenant = crate::tenant::secret_name(DatabaseSource::QueueDatabase("shared"));
+        assert_eq!((r.name.as_str(), r.key.as_str()), (tenant.as_str(), "url"));
+        let disabled =
+            job_queue(&with_qdb.replace("name: shared}", "name: shared}, rowLevelSecurity: Disabled"));
+        let e = render_worker_deployment(&disabled, &opts(), None).unwrap_err();
+        assert!(matches!(e, RenderError::OwnerLoginForWorkers), "{e}");
+        assert!(e.to_string().contains("set it to Enabled"));
+        let both = job_queue(&BASIC.replace("key: dsn}", "key: dsn}, queueDatabaseRef: {name: shared}"));
+        let e = render_worker_deployment(&both, &opts(), None).unwrap_err();
+        assert!(matches!(e, RenderError::NoSingleDatabase), "{e}");
+    }
+
+    #[test]
     fn the_database_url_reaches_pods_only_by_secret_reference() {
         let jq = job_queue(BASIC);
         let d = render_worker_deployment(&jq, &opts(), None).unwrap();
@@ -373,7 +414,7 @@ worker:
         assert!(url.value.is_none());
         let r = url.value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
         // By default from the namespace's tenant Secret; with row-level security off, from the JobQueue's.
-        let tenant = crate::tenant::secret_name(&jq.spec.database.secret_ref);
+        let tenant = crate::tenant::secret_name(jq.spec.database.source().unwrap());
         assert_eq!((r.name.as_str(), r.key.as_str()), (tenant.as_str(), "url"));
         let disabled = job_queue(&BASIC.replace("key: dsn}", "key: dsn}, rowLevelSecurity: Disabled"));
         let d2 = render_worker_deployment(&disabled, &opts(), None).unwrap();

@@ -432,7 +432,7 @@ fn job_queues_alone_get_a_sidecar_serving_only_the_queue_api_with_the_url_from_t
     .unwrap();
     let s = sidecar(&out);
     // The namespace's tenant Secret (rowLevelSecurity is Enabled by default), by reference.
-    let tenant = crate::tenant::secret_name(&queues()[0].spec.database.secret_ref);
+    let tenant = crate::tenant::secret_name(queues()[0].spec.database.source().unwrap());
     assert_eq!(
         env(s, "SLUICE_DATABASE_URL")["valueFrom"]["secretKeyRef"],
         json!({"name": tenant, "key": "url", "optional": false}),
@@ -496,7 +496,7 @@ fn job_queues_of_different_databases_are_refused() {
     )
     .unwrap_err();
     let msg = err.to_string();
-    let tenant = crate::tenant::secret_name(&queues()[2].spec.database.secret_ref);
+    let tenant = crate::tenant::secret_name(queues()[2].spec.database.source().unwrap());
     assert!(msg.contains("\"billing\"") && msg.contains(&tenant), "{msg}");
 }
 

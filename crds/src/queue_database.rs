@@ -1,0 +1,141 @@
+//! `QueueDatabase` (`sluice.dev/v1alpha1`, cluster-scoped): a PostgreSQL database an admin registers
+//! for JobQueues, the way a `StorageClass` or an `IngressClass` is registered for claims and Ingresses.
+//!
+//! The database owner's URL (the login owning the `sluice` schema, with `CREATEROLE`) stays in a Secret
+//! in the operator's own namespace; a JobQueue names the `QueueDatabase` (`spec.database.
+//! queueDatabaseRef`) instead of a Secret of its own. The operator prepares the schema and provisions
+//! the namespace's tenant role with the owner's login, and the namespace gets only the tenant's URL: who
+//! can read Secrets or run pods there never holds the owner's rights over other namespaces' jobs.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub use crate::secret_ref::SecretKeyRef;
+
+/// A PostgreSQL database an admin registers for JobQueues, with the owner's URL kept in the operator's
+/// namespace.
+///
+/// JobQueues name it in `spec.database.queueDatabaseRef`; only those in namespaces `namespaceSelector`
+/// admits may use it, and always with row-level security: their workers log in as the namespace's
+/// tenant role, whose URL the operator writes to a Secret in their namespace. The owner's URL never
+/// leaves the operator's namespace.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "sluice.dev",
+    version = "v1alpha1",
+    kind = "QueueDatabase",
+    plural = "queuedatabases",
+    singular = "queuedatabase",
+    shortname = "qdb",
+    category = "sluice",
+    derive = "PartialEq",
+    doc = "A PostgreSQL database registered by an admin for JobQueues: the owner's URL stays in a Secret in the operator's namespace, and the namespaces the selector admits get tenant logins only.",
+    printcolumn = r#"{"name":"Secret","type":"string","jsonPath":".spec.secretRef.name","description":"The Secret, in the operator's namespace, holding the owner's URL"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueDatabaseSpec {
+    /// The Secret, in the operator's own namespace (the namespace Sluice is installed in), holding the
+    /// URL of the login that owns the `sluice` schema and may create roles
+    /// (`postgres://owner:password@host:5432/db`). The operator reads it to prepare the schema, provision
+    /// tenant roles and read depth; it is never copied to another namespace or given to a pod.
+    pub secret_ref: SecretKeyRef,
+
+    /// Which namespaces' JobQueues may use this database, by the namespaces' labels
+    /// (`kubernetes.io/metadata.name` names one). Absent: no namespace may (state it to admit any);
+    /// `{}`: every namespace. A JobQueue in a namespace it does not admit is `Ready=False`, reason
+    /// `NamespaceNotAllowed`, and nothing is provisioned for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+}
+
+/// A JobQueue's reference to a [`QueueDatabase`] (`spec.database.queueDatabaseRef`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueDatabaseRef {
+    /// Name of the QueueDatabase (cluster-scoped).
+    #[schemars(length(min = 1, max = 253))]
+    #[schemars(regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
+    pub name: String,
+}
+
+impl QueueDatabaseSpec {
+    /// Whether a namespace with `labels` may use the database: an absent selector admits none, an
+    /// empty one every namespace; otherwise every `matchLabels` pair and `matchExpressions` requirement
+    /// must hold (Kubernetes' label selector semantics). A requirement with an unknown operator admits
+    /// nothing.
+    pub fn admits(&self, labels: &std::collections::BTreeMap<String, String>) -> bool {
+        let Some(selector) = &self.namespace_selector else {
+            return false;
+        };
+        let labels_match = selector
+            .match_labels
+            .iter()
+            .flatten()
+            .all(|(k, v)| labels.get(k) == Some(v));
+        let expressions_match = selector.match_expressions.iter().flatten().all(|r| {
+            let values = r.values.as_deref().unwrap_or_default();
+            let value = labels.get(&r.key);
+            match r.operator.as_str() {
+                "In" => value.is_some_and(|v| values.contains(v)),
+                "NotIn" => value.is_none_or(|v| !values.contains(v)),
+                "Exists" => value.is_some(),
+                "DoesNotExist" => value.is_none(),
+                _ => false,
+            }
+        });
+        labels_match && expressions_match
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn spec(selector: &str) -> QueueDatabaseSpec {
+        serde_yaml::from_str(&format!("secretRef: {{name: pg}}\n{selector}")).unwrap()
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn no_selector_admits_no_namespace_and_an_empty_one_admits_all() {
+        let none = spec("");
+        assert_eq!(none.secret_ref.key, "url");
+        assert!(!none.admits(&labels(&[])));
+        assert!(!none.admits(&labels(&[("team", "shop")])));
+        let all = spec("namespaceSelector: {}");
+        assert!(all.admits(&labels(&[])));
+        assert!(all.admits(&labels(&[("team", "shop")])));
+    }
+
+    #[test]
+    fn selectors_follow_kubernetes_label_selector_semantics() {
+        let s = spec(
+            "namespaceSelector:\n  matchLabels: {team: shop}\n  matchExpressions:\n    - {key: tier, operator: In, values: [prod, staging]}\n    - {key: frozen, operator: DoesNotExist}\n",
+        );
+        assert!(s.admits(&labels(&[("team", "shop"), ("tier", "prod")])));
+        assert!(!s.admits(&labels(&[("team", "blog"), ("tier", "prod")])));
+        assert!(!s.admits(&labels(&[("team", "shop"), ("tier", "dev")])));
+        assert!(!s.admits(&labels(&[("team", "shop"), ("tier", "prod"), ("frozen", "")])));
+        let not_in =
+            spec("namespaceSelector:\n  matchExpressions: [{key: team, operator: NotIn, values: [blog]}]\n");
+        assert!(not_in.admits(&labels(&[])));
+        assert!(!not_in.admits(&labels(&[("team", "blog")])));
+        let exists = spec("namespaceSelector:\n  matchExpressions: [{key: team, operator: Exists}]\n");
+        assert!(exists.admits(&labels(&[("team", "x")])));
+        assert!(!exists.admits(&labels(&[])));
+        let unknown =
+            spec("namespaceSelector:\n  matchExpressions: [{key: team, operator: Gt, values: ['1']}]\n");
+        assert!(!unknown.admits(&labels(&[("team", "2")])));
+    }
+}
