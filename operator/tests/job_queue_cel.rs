@@ -126,7 +126,7 @@ fn zero_targets_and_long_names_are_refused() {
 #[test]
 fn the_examples_are_valid_job_queues() {
     let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples");
-    for file in ["jobqueue.yaml", "jobqueue-keda.yaml"] {
+    for file in ["jobqueue.yaml", "jobqueue-keda.yaml", "queuedatabase.yaml"] {
         let text = std::fs::read_to_string(dir.join(file)).unwrap();
         let mut found = 0;
         for doc in serde_yaml::Deserializer::from_str(&text) {
@@ -203,4 +203,29 @@ fn a_queue_database_refuses_row_level_security_disabled() {
         s["database"]["rowLevelSecurity"] = json!("Disabled")
     });
     assert_eq!(own, Vec::<String>::new());
+}
+
+#[test]
+fn the_queue_database_example_admits_the_namespaces_it_labels() {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let text = std::fs::read_to_string(dir.join("queuedatabase.yaml")).unwrap();
+    let qdb = serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| <Value as serde::Deserialize>::deserialize(doc).unwrap())
+        .find(|v| v["kind"] == "QueueDatabase")
+        .unwrap();
+    let qdb: sluice_crds::queue_database::QueueDatabase = serde_json::from_value(qdb).unwrap();
+    let labels = |pairs: &[(&str, &str)]| {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    assert!(
+        qdb.spec
+            .admits(&labels(&[("sluice.dev/queue-database", "shared")]))
+    );
+    assert!(
+        !qdb.spec
+            .admits(&labels(&[("kubernetes.io/metadata.name", "shop")]))
+    );
 }
