@@ -11,9 +11,11 @@
 //!   longer once the JobQueue is deleted; never the group of every ServiceAccount. Upgrades the release
 //!   to `queueApi.auth: kubernetes` unless it is on already.
 //! - [`watch_namespaces`]: `helm upgrade` with `watchNamespaces`: the chart's Roles exist in the watched
-//!   namespace only, the operator's ServiceAccount has no rights elsewhere (`kubectl auth can-i --as`),
-//!   the operator reconciles a RateLimitPolicy in the watched namespace and leaves one in another alone,
-//!   and both webhooks are called for the watched namespace only.
+//!   namespace only, the operator's ServiceAccount has no rights elsewhere (`kubectl auth can-i --as`)
+//!   but reads QueueDatabases, namespaces, and Secrets of the release namespace by name only; a JobQueue
+//!   naming a QueueDatabase with `rowLevelSecurity: Disabled` is refused by the CRD's rule; the operator
+//!   reconciles a RateLimitPolicy in the watched namespace and leaves one in another alone, and both
+//!   webhooks are called for the watched namespace only.
 //!
 //! Requests that should be admitted are sent with `--dry-run=server`: the API server runs the whole
 //! admission chain, webhooks included (they declare `sideEffects: None`), and stores nothing, so no
@@ -383,6 +385,14 @@ pub async fn watch_namespaces(system: &SluiceSystem) {
         ("patch", "deployments.apps", None, "no"),
         ("create", "horizontalpodautoscalers.autoscaling", None, "no"),
         ("get", "secrets", None, "no"),
+        // QueueDatabases: read cluster-wide, their owners' Secrets by name in the release namespace only.
+        ("watch", "queuedatabases.sluice.dev", None, "yes"),
+        ("create", "queuedatabases.sluice.dev", None, "no"),
+        ("watch", "namespaces", None, "yes"),
+        ("patch", "namespaces", None, "no"),
+        ("get", "secrets", Some(RELEASE_NAMESPACE), "yes"),
+        ("list", "secrets", Some(RELEASE_NAMESPACE), "no"),
+        ("watch", "secrets", Some(RELEASE_NAMESPACE), "no"),
     ] {
         let got = operator_can(system, verb, resource, ns).await;
         assert_eq!(
@@ -392,6 +402,24 @@ pub async fn watch_namespaces(system: &SluiceSystem) {
             ns.unwrap_or("every namespace")
         );
     }
+
+    // The JobQueue CRD's rules on the real API server: a JobQueue naming a QueueDatabase must keep
+    // row-level security (it would hand the owner's login to the namespace's workers).
+    let disabled = job_queue(None).replace(
+        "database: {secretRef: {name: db}}",
+        "database: {queueDatabaseRef: {name: shared}, rowLevelSecurity: Disabled}",
+    );
+    assert_ne!(disabled, job_queue(None));
+    let out = system
+        .kubectl(&["apply", "-n", w, "-f", "-"], Some(&disabled))
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("spec.database.rowLevelSecurity must be Enabled with queueDatabaseRef"),
+        "{stderr}"
+    );
 
     // A policy in the unwatched namespace first, then one in the watched namespace: the second is
     // reconciled (status, NetworkPolicy, ConfigMap), the first left alone.
