@@ -254,12 +254,22 @@ pub const LOCK_TIMEOUT_SECS: u32 = 5;
 const SET_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '5s'";
 
 /// The role and namespace of `pool`'s login when it is a registered tenant (its own row of
-/// `sluice.tenants`, the only one it can see). `None` for the schema's owner and other logins.
-pub async fn login_tenant(pool: &PgPool) -> Result<Option<(String, String)>> {
-    sqlx::query_as("SELECT role_name, namespace FROM sluice.tenants WHERE role_name = current_user")
-        .fetch_optional(pool)
-        .await
-        .map_err(database)
+/// `sluice.tenants`, the only one it can see), and whether row-level security fails to limit it: a
+/// superuser, a `BYPASSRLS` role, or one that is (or is a member of) the owner of a table of the
+/// schema, such as the schema's owner registered by hand. `None` for logins that are no tenant.
+pub async fn login_tenant(pool: &PgPool) -> Result<Option<(String, String, bool)>> {
+    sqlx::query_as(
+        "SELECT t.role_name, t.namespace, \
+                r.rolsuper OR r.rolbypassrls OR EXISTS ( \
+                    SELECT 1 FROM pg_catalog.pg_class c \
+                    WHERE c.relnamespace = 'sluice'::regnamespace \
+                      AND pg_catalog.pg_has_role(current_user, c.relowner, 'MEMBER')) \
+         FROM sluice.tenants t JOIN pg_catalog.pg_roles r ON r.rolname = t.role_name \
+         WHERE t.role_name = current_user",
+    )
+    .fetch_optional(pool)
+    .await
+    .map_err(database)
 }
 
 /// Makes sure `jq`'s namespace has a tenant login for its workers, and says which Secret holds it.
@@ -287,16 +297,27 @@ pub async fn provision(
     };
     let from_queue_database = matches!(jq.spec.database.source(), Some(DatabaseSource::QueueDatabase(_)));
     match login_tenant(pool).await? {
+        Some((role, _, true)) => {
+            return Err(not_provisioned(format!(
+                "the login of {}, {role:?}, is registered in sluice.tenants as a tenant but row-level \
+                 security does not limit it (it owns the schema's tables, or is a superuser or \
+                 BYPASSRLS): remove that row as the schema's owner (DELETE FROM sluice.tenants WHERE \
+                 role_name = {}) and the operator makes the namespace a tenant role of its own, or \
+                 register a role of the namespace's own with sluice.ensure_tenant",
+                source_field(jq),
+                sql_literal(&role)
+            )));
+        }
         // A QueueDatabase serves many namespaces: its login must be the owner, never one's tenant.
-        Some((_, of)) if from_queue_database => {
+        Some((_, of, _)) if from_queue_database => {
             return Err(not_provisioned(format!(
                 "the login of {} is the tenant of namespace {of:?}, not the owner of the sluice schema: \
                  an admin must put the owner's URL in the QueueDatabase's Secret",
                 source_field(jq)
             )));
         }
-        Some((role, of)) if of == ns => return Ok((TenantLogin::SecretRef, role, None)),
-        Some((_, of)) => {
+        Some((role, of, false)) if of == ns => return Ok((TenantLogin::SecretRef, role, None)),
+        Some((_, of, false)) => {
             return Err(not_provisioned(format!(
                 "the login of spec.database.secretRef is the tenant of namespace {of:?}, not of this \
                  one: give this namespace its own tenant's URL"
@@ -455,6 +476,21 @@ async fn provision_as_owner(
             ));
         }
     };
+    // A namespace's role registered by hand could be any role; the login provisioning runs as (which
+    // owns the tables) is one `ensure_tenant` refuses too, and the operator says so before asking.
+    if logs_in_as(owner_url, &role) {
+        return Err(not_provisioned(
+            Some(&role),
+            format!(
+                "the role registered as this namespace's tenant in sluice.tenants, {role:?}, is the login \
+                 of {}, the schema's owner, which row-level security does not limit: remove that row \
+                 (DELETE FROM sluice.tenants WHERE role_name = {}) and let the operator make the \
+                 tenant, or register a role of the namespace's own with sluice.ensure_tenant",
+                source_field(jq),
+                sql_literal(&role)
+            ),
+        ));
+    }
     // The password the role has: this Secret's, or that of another tenant Secret of the namespace for
     // this database (another JobQueue's, naming another Secret, may have set it, also while this one
     // waited for the lock); a new one only if there is none.
@@ -531,16 +567,24 @@ async fn provision_as_owner(
 /// The role and password of a tenant Secret that is for database `db`, if it is one and its password
 /// has the shape of one the operator makes (at least [`PASSWORD_LEN`] of `[A-Za-z0-9]`): the verifier
 /// [`scram_verifier`] computes skips SASLprep, which leaves only such passwords unchanged. A Secret
-/// edited to hold anything else gets a new password.
+/// edited to hold anything else gets a new password. The role is the one its `url` logs in as (what
+/// workers use), and none when `username` names another: a Secret edited so is not trusted.
 fn tenant_in(secret: &Secret, db: &str) -> Option<(String, String)> {
     if secret.labels().get(DATABASE_LABEL).map(String::as_str) != Some(db) {
         return None;
     }
     let data = secret.data.as_ref()?;
     let field = |k: &str| data.get(k).and_then(|v| String::from_utf8(v.0.clone()).ok());
-    field(URL_KEY)?;
+    let role = field(USERNAME_KEY).filter(|r| logs_in_as(&field(URL_KEY).unwrap_or_default(), r))?;
     let password = field(PASSWORD_KEY).filter(|p| well_formed(p))?;
-    Some((field(USERNAME_KEY)?, password))
+    Some((role, password))
+}
+
+/// Whether a connection to the postgres:// URL `url` logs in as `role` (read as the operator's pools
+/// read it: the user name, percent-decoded, or a `user` parameter). False for a URL that cannot be read.
+fn logs_in_as(url: &str, role: &str) -> bool {
+    url.parse::<sqlx::postgres::PgConnectOptions>()
+        .is_ok_and(|o| !role.is_empty() && o.get_username() == role)
 }
 
 /// `^[A-Za-z0-9]{40,}$`.
@@ -580,6 +624,11 @@ async fn add_owner(secrets: &Api<Secret>, secret: &Secret, owner: &OwnerReferenc
     Ok(())
 }
 
+/// `s` as an SQL string literal: in single quotes, each `'` doubled.
+fn sql_literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
 /// A database error while taking the lock or committing: the database's message only.
 fn database(e: sqlx::Error) -> Error {
     Error::Database(sluice_queue::store::map_db_error(e))
@@ -596,12 +645,15 @@ fn explain(db: &dyn sqlx::error::DatabaseError, namespace: &str, role: Option<&s
 
 /// [`explain`] from the code and message.
 fn advice(code: &str, message: &str, namespace: &str, role: Option<&str>) -> String {
+    // Both go into SQL text the admin may paste: as literals, quotes doubled.
+    let role_literal = role.map_or_else(|| "'<role>'".to_owned(), sql_literal);
     let role = role.unwrap_or("<role>");
+    let ns_literal = sql_literal(namespace);
     // Registering a tenant by hand is the way out of every clash of names: the operator keeps the role
     // the namespace has in sluice.tenants, whatever its name, and sets its password.
     let by_hand = format!(
         "or have the database's admin make this namespace's tenant under a name of their choosing, as \
-         the schema's owner (SELECT sluice.ensure_tenant('<name>', '{namespace}', '<password>')): the \
+         the schema's owner (SELECT sluice.ensure_tenant('<name>', {ns_literal}, '<password>')): the \
          operator keeps the namespace's registered tenant role and sets its password"
     );
     match code {
@@ -637,13 +689,36 @@ fn advice(code: &str, message: &str, namespace: &str, role: Option<&str>) -> Str
             "{message}: a role of the name this database gives the namespace's tenant exists but is not \
              registered here (a tenant whose row of sluice.tenants was deleted, or a role made by a \
              login that can read the database's naming key, sluice.tenant_naming): drop or rename the \
-             role {role:?} if nothing uses it; if it was this namespace's tenant, register it again \
-             (INSERT INTO sluice.tenants (role_name, namespace) VALUES ('{role}', '{namespace}')); \
-             {by_hand}; or set spec.database.rowLevelSecurity: Disabled"
+             role {role:?} if nothing uses it (the operator then makes it anew); if it was this \
+             namespace's tenant, check with \\du {role} that it is a plain login (no attributes, member \
+             of no role, no members) and owns nothing, then register it again as the schema's owner, \
+             letting sluice.ensure_tenant refuse it if it is not (BEGIN; INSERT INTO sluice.tenants \
+             (role_name, namespace) VALUES ({role_literal}, {ns_literal}); SELECT \
+             sluice.ensure_tenant({role_literal}, {ns_literal}, '<password>'); COMMIT); {by_hand}; or \
+             set spec.database.rowLevelSecurity: Disabled"
         ),
         // The name is registered for another namespace of this database (by hand).
         "SL409" if message.contains("tenant of another namespace") => {
             format!("{message}: {by_hand}; or set spec.database.rowLevelSecurity: Disabled")
+        }
+        // A role registered for the namespace by hand that a tenant must not be (migration 0018): the
+        // provisioning login itself, an owner of objects, a privileged role, or one with members.
+        "SL409"
+            if [
+                "is the login making tenants",
+                "owns objects",
+                "is a superuser or has",
+                "has members (",
+            ]
+            .iter()
+            .any(|m| message.contains(m)) =>
+        {
+            format!(
+                "{message}; the role registered for this namespace in sluice.tenants cannot be its \
+                 tenant: remove its row as the schema's owner (DELETE FROM sluice.tenants WHERE \
+                 role_name = {role_literal}) and the operator makes a tenant role of its own, {by_hand}; \
+                 or set spec.database.rowLevelSecurity: Disabled"
+            )
         }
         // The message names the memberships and the REVOKE that ends them.
         "SL409" if message.contains("is a member of") => {
@@ -702,6 +777,12 @@ mod tests {
             "{taken}"
         );
         assert!(taken.contains("sluice.ensure_tenant('<name>', 'shop'"), "{taken}");
+        // Registered again through ensure_tenant, which checks the role, after a look with \du.
+        assert!(
+            taken.contains("sluice.ensure_tenant('sluice_0123456789_shop', 'shop'"),
+            "{taken}"
+        );
+        assert!(taken.contains("\\du"), "{taken}");
         let elsewhere = clash(
             r#"role "sluice_0123456789_shop" is the tenant of another namespace; not moving it to "shop""#,
         );
@@ -714,6 +795,29 @@ mod tests {
         );
         assert!(member.contains("REVOKE reporting FROM x"), "{member}");
         assert!(!member.contains("drop"), "{member}");
+        for refused in [
+            r#"role "app" is the login making tenants; a tenant must be a role of its own"#,
+            r#"role "app" owns objects (see \dp, \dn and \df, or pg_shdepend); the owner of a table is not limited by row-level security: register a role of its own for the namespace"#,
+            r#"role "app" is a superuser or has CREATEROLE, BYPASSRLS or REPLICATION; a tenant has none of them: register a role of its own for the namespace"#,
+            r#"role "app" has members (x) that could act as the tenant: revoke the membership first (REVOKE app FROM x)"#,
+        ] {
+            let said = clash(refused);
+            assert!(said.contains("DELETE FROM sluice.tenants"), "{said}");
+            assert!(!said.contains("retries"), "{said}");
+        }
+        // The role goes into SQL text as a literal: a quote in it is doubled.
+        let quoted = advice(
+            "SL409",
+            r#"role "o'brien" exists and is no Sluice tenant; not taking it over"#,
+            "shop",
+            Some("o'brien"),
+        );
+        assert!(quoted.contains("VALUES ('o''brien', 'shop')"), "{quoted}");
+        assert!(
+            quoted.contains("sluice.ensure_tenant('o''brien', 'shop'"),
+            "{quoted}"
+        );
+        assert!(!quoted.contains("'o'brien'"), "{quoted}");
         let raced =
             clash(r#"namespace "shop" has a tenant role other than "sluice_0123456789_shop" already"#);
         assert!(raced.contains("retries"), "{raced}");
@@ -750,6 +854,40 @@ mod tests {
             "postgres://sluice_ns_a-b:p@127.0.0.1:5432/postgres"
         );
         assert_eq!(tenant_url("not a url", "r", "p"), None);
+    }
+
+    #[test]
+    fn a_tenant_secret_names_the_role_its_url_logs_in_as() {
+        let secret = |username: &str, url: &str| Secret {
+            metadata: ObjectMeta {
+                labels: Some(BTreeMap::from([(DATABASE_LABEL.to_owned(), "db".to_owned())])),
+                ..ObjectMeta::default()
+            },
+            data: Some(BTreeMap::from([
+                (URL_KEY.to_owned(), ByteString(url.as_bytes().to_vec())),
+                (USERNAME_KEY.to_owned(), ByteString(username.as_bytes().to_vec())),
+                (PASSWORD_KEY.to_owned(), ByteString(vec![b'a'; PASSWORD_LEN])),
+            ])),
+            ..Secret::default()
+        };
+        let pw = "a".repeat(PASSWORD_LEN);
+        let url = tenant_url("postgres://owner@h/app", "sluice_0123456789_a-b", &pw).unwrap();
+        assert_eq!(
+            tenant_in(&secret("sluice_0123456789_a-b", &url), "db"),
+            Some(("sluice_0123456789_a-b".into(), pw.clone()))
+        );
+        assert_eq!(tenant_in(&secret("sluice_0123456789_a-b", &url), "other"), None);
+        // `username` edited to name another role than the URL's: not trusted.
+        assert_eq!(tenant_in(&secret("postgres", &url), "db"), None);
+        assert_eq!(tenant_in(&secret("", &url), "db"), None);
+        let owner = format!("postgres://owner:{pw}@h/app");
+        assert_eq!(tenant_in(&secret("sluice_x", &owner), "db"), None);
+        // A `user` parameter wins over the user name; the name is percent-decoded.
+        assert!(logs_in_as("postgres://a@h/app?user=b", "b"));
+        assert!(!logs_in_as("postgres://a@h/app?user=b", "a"));
+        assert!(logs_in_as("postgres://o%27brien@h/app", "o'brien"));
+        assert!(logs_in_as("postgres://o'brien@h/app", "o'brien"));
+        assert!(!logs_in_as("not a url", "a"));
     }
 
     #[test]

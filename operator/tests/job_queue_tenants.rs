@@ -4,7 +4,8 @@
 //! one database share the role and its password (through one Secret, or two); two namespaces get two
 //! roles, and one namespace on two databases of one server a role in each (which the role name an
 //! earlier release gave, made by someone else, does not block); a namespace's registered tenant keeps
-//! its role, whatever its name; an owner without CREATEROLE gets `TenantNotProvisioned` and no worker;
+//! its role, whatever its name, unless that role is the owner's login or could otherwise step out of
+//! row-level security; an owner without CREATEROLE gets `TenantNotProvisioned` and no worker;
 //! `Disabled` hands the workers the JobQueue's own Secret. With a `QueueDatabase`, the owner's URL stays
 //! in the operator's namespace and the JobQueue's gets the tenant's only; a namespace its selector does
 //! not admit, or a QueueDatabase that does not exist, is refused with the reason, and admitted once
@@ -978,4 +979,92 @@ async fn a_missing_queue_database_is_reported_and_used_once_created() {
     wait_condition(&shop, "emails", "Ready", "True", "AsExpected").await;
     let name = tenant::secret_name(sluice_crds::job_queue::DatabaseSource::QueueDatabase("later"));
     assert_eq!(workers_database_secret(&shop, "emails").await.name, name);
+}
+
+#[tokio::test]
+async fn a_registered_tenant_that_could_step_out_of_row_level_security_is_refused() {
+    let f = fixture().await;
+    // The schema's owner `limited`, registered by hand as the namespace's tenant: were it provisioned,
+    // the workers would log in as the tables' owner, which the policies do not limit.
+    f.pg.psql("CREATE ROLE limited LOGIN CREATEROLE PASSWORD 'limited-pw'");
+    f.pg.psql("CREATE DATABASE queues OWNER limited");
+    let ns = f.env.namespace("shop").await.unwrap();
+    let url =
+        f.pg.url_for("queues")
+            .replace("postgres://postgres@", "postgres://limited:limited-pw@");
+    migrate(&url).await;
+    let owner = connect(&url).await;
+    let register = |role: &'static str| {
+        sqlx::query("INSERT INTO sluice.tenants (role_name, namespace) VALUES ($1, $2)")
+            .bind(role)
+            .bind(ns.name().to_owned())
+            .execute(owner.pool())
+    };
+    register("limited").await.unwrap();
+    put_secret(&ns, "pg", &url).await;
+    ns.apply_yaml(&job_queue_yaml("emails", "pg", None))
+        .await
+        .unwrap();
+    let jq = wait_condition(&ns, "emails", "Ready", "False", "TenantNotProvisioned").await;
+    let message = jq.condition("Ready").unwrap().message.clone();
+    assert!(
+        message.contains("row-level security does not limit it"),
+        "{message}"
+    );
+    assert!(
+        message.contains("DELETE FROM sluice.tenants WHERE role_name = 'limited'"),
+        "{message}"
+    );
+    assert!(
+        ns.api::<Deployment>()
+            .get_opt("emails-worker")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_no_tenant_secret(&ns).await;
+    // Workers never got its login, and its password is the one it had.
+    connect(&url).await;
+
+    // A role that owns a table: refused by ensure_tenant, which the operator explains.
+    let admin = connect(&f.pg.url_for("queues")).await;
+    sqlx::raw_sql(
+        "DELETE FROM sluice.tenants; CREATE ROLE reporting LOGIN; CREATE TABLE public.report (x int); \
+         ALTER TABLE public.report OWNER TO reporting",
+    )
+    .execute(admin.pool())
+    .await
+    .unwrap();
+    register("reporting").await.unwrap();
+    let api = ns.api::<JobQueue>();
+    wait_for("the refusal of reporting", DEADLINE, || {
+        let api = api.clone();
+        async move {
+            let jq = api.get("emails").await.ok()?;
+            let c = jq.condition("Ready")?;
+            (c.reason == "TenantNotProvisioned" && c.message.contains("owns objects"))
+                .then_some(c.message.clone())
+        }
+    })
+    .await
+    .map(|m| {
+        assert!(
+            m.contains("DELETE FROM sluice.tenants WHERE role_name = 'reporting'"),
+            "{m}"
+        )
+    })
+    .unwrap();
+    assert_no_tenant_secret(&ns).await;
+
+    // Without the row, the operator makes the namespace a tenant role of its own.
+    sqlx::query("DELETE FROM sluice.tenants")
+        .execute(owner.pool())
+        .await
+        .unwrap();
+    let jq = wait_condition(&ns, "emails", "Ready", "True", "AsExpected").await;
+    assert!(
+        named_by_the_operator(&tenant_role(&jq), ns.name()),
+        "{}",
+        tenant_role(&jq)
+    );
 }

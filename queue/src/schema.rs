@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
 /// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
 /// which the workspace does not enable).
-const MIGRATIONS: [(i64, &str, &str); 17] = [
+const MIGRATIONS: [(i64, &str, &str); 18] = [
     (
         1,
         "queue tables",
@@ -100,6 +100,11 @@ const MIGRATIONS: [(i64, &str, &str); 17] = [
         17,
         "tenant role names per database",
         include_str!("../../migrations/0017_tenant_role_names_per_database.sql"),
+    ),
+    (
+        18,
+        "tenant refuses privileged roles",
+        include_str!("../../migrations/0018_tenant_refuses_privileged_roles.sql"),
     ),
 ];
 

@@ -223,7 +223,9 @@ impl QueueStore {
     /// namespace's existing one), registers it as the namespace's tenant and grants it the queue tables,
     /// whose rows of other namespaces row-level security hides from it (`sluice.ensure_tenant`). Needs
     /// CREATEROLE and the tables' owner (a database error `42501` otherwise); [`Error::Conflict`] when
-    /// `role` exists and is no tenant, or the namespace has another tenant role.
+    /// `role` exists and is no tenant, or the namespace has another tenant role, or `role` is the caller,
+    /// owns objects, is privileged (superuser, CREATEROLE, BYPASSRLS, REPLICATION), has members that
+    /// could act as it or is a member of another role.
     pub async fn ensure_tenant(&self, role: &str, namespace: &str, password: &str) -> Result<()> {
         sqlx::query(sql::TENANT_ENSURE)
             .bind(role)

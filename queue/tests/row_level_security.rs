@@ -441,3 +441,72 @@ async fn a_failed_ensure_tenant_carries_no_password() {
     assert!(!everything.contains(password), "{everything}");
     assert!(everything.contains("permission denied"), "{everything}");
 }
+
+#[tokio::test]
+async fn a_registered_role_that_could_step_out_of_row_level_security_is_refused() {
+    let (pg, owner, _a) = setup().await;
+    // Roles an admin might register by hand (a raw INSERT into sluice.tenants): were their password set
+    // to a tenant's, the namespace's workers would log in as them.
+    sqlx::raw_sql(
+        "CREATE ROLE table_owner LOGIN; CREATE TABLE public.owned (x int); \
+         ALTER TABLE public.owned OWNER TO table_owner; \
+         CREATE ROLE admin_like LOGIN CREATEROLE; \
+         CREATE ROLE bypasser LOGIN BYPASSRLS; \
+         CREATE ROLE grouped LOGIN; CREATE ROLE someone LOGIN; GRANT grouped TO someone; \
+         INSERT INTO sluice.tenants (role_name, namespace) VALUES \
+           ('postgres', 'p'), ('table_owner', 'o'), ('admin_like', 'c'), ('bypasser', 'x'), ('grouped', 'g')",
+    )
+    .execute(owner.pool())
+    .await
+    .unwrap();
+    let verifier_shape = "SCRAM-SHA-256$4096:c2FsdHNhbHRzYWx0c2FsdA==$do-not-show-this";
+    for (role, ns, says) in [
+        ("postgres", "p", "is the login making tenants"),
+        ("table_owner", "o", "owns objects"),
+        ("admin_like", "c", "CREATEROLE"),
+        ("bypasser", "x", "BYPASSRLS"),
+        ("grouped", "g", "has members (someone)"),
+    ] {
+        let e = sqlx::query(sluice_queue::sql::TENANT_ENSURE)
+            .bind(role)
+            .bind(ns)
+            .bind(verifier_shape)
+            .execute(owner.pool())
+            .await
+            .expect_err(role);
+        let db = e.as_database_error().expect("a database error");
+        assert_eq!(db.code().as_deref(), Some("SL409"), "{role}: {}", db.message());
+        assert!(db.message().contains(says), "{role}: {}", db.message());
+        let pg_err = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>().unwrap();
+        let everything = format!("{e} {e:?} {:?} {:?}", pg_err.r#where(), pg_err.detail());
+        assert!(!everything.contains("do-not-show-this"), "{everything}");
+    }
+    // None of them got the tenant's password: the owner still logs in with no password set, the table
+    // owner has none.
+    let has_password: bool =
+        sqlx::query_scalar("SELECT rolpassword IS NOT NULL FROM pg_authid WHERE rolname = 'table_owner'")
+            .fetch_one(owner.pool())
+            .await
+            .unwrap();
+    assert!(!has_password);
+    // A role owning something in another database of the server counts too.
+    pg.psql("CREATE DATABASE other");
+    sqlx::raw_sql("DROP TABLE public.owned; ALTER DATABASE other OWNER TO table_owner")
+        .execute(owner.pool())
+        .await
+        .unwrap();
+    assert!(matches!(
+        owner.ensure_tenant("table_owner", "o", "p").await,
+        Err(Error::Conflict(m)) if m.contains("owns objects")
+    ));
+    // Once it owns nothing, it is a tenant like any other; and the tenants made here stay ensurable.
+    sqlx::query("ALTER DATABASE other OWNER TO postgres")
+        .execute(owner.pool())
+        .await
+        .unwrap();
+    owner.ensure_tenant("table_owner", "o", "p").await.unwrap();
+    owner
+        .ensure_tenant("sluice_tenant_a", "a", "secret-4")
+        .await
+        .unwrap();
+}
