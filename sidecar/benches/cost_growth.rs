@@ -15,7 +15,8 @@
 //! A full run rewrites the section between `<!-- bench:cost-growth:start -->` and
 //! `<!-- bench:cost-growth:end -->` in BENCHMARKS.md; `scripts/cost-growth-plot.py` draws
 //! `cost-growth.png` from it. The operator's part is `cargo bench -p sluice-operator --bench
-//! reconcile_scale`. `--quick` and `--only` only print.
+//! reconcile_scale`. `--quick` and `--only` only print, as does a run of another sidecar build
+//! (`SLUICE_BENCH_SIDECAR_BIN=path`, to compare two builds in the same conditions).
 
 #![allow(missing_docs)] // a benchmark binary: its items are not an API
 
@@ -94,8 +95,8 @@ fn main() {
     let queue = on("queue").then(|| rt.block_on(retained(&s)));
     let section = render(&s, started, keys.as_ref(), queue.as_ref());
     println!("{section}");
-    if quick || only.is_some() {
-        eprintln!("--quick/--only: BENCHMARKS.md left as it is");
+    if quick || only.is_some() || std::env::var_os("SLUICE_BENCH_SIDECAR_BIN").is_some() {
+        eprintln!("--quick/--only/SLUICE_BENCH_SIDECAR_BIN: BENCHMARKS.md left as it is");
     } else {
         report::write_section(START, END, &section);
     }
@@ -123,13 +124,20 @@ fn wrk_script(keys: u64) -> String {
     )
 }
 
+/// The sidecar binary: `SLUICE_BENCH_SIDECAR_BIN` runs another build of it, to compare two builds in the
+/// same conditions (such a run only prints).
+fn sidecar_bin() -> String {
+    std::env::var("SLUICE_BENCH_SIDECAR_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_sluice-sidecar").to_owned())
+}
+
 fn start_sidecar(dir: &Path, upstream: SocketAddr, redis: &str) -> (Proc, SocketAddr) {
     let file = dir.join(format!("sidecar-{}.yaml", free_port()));
     std::fs::write(&file, RULE).expect("write config");
     let addr = local(free_port());
     let admin = local(free_port());
     let p = Proc(
-        Command::new(env!("CARGO_BIN_EXE_sluice-sidecar"))
+        Command::new(sidecar_bin())
             .arg("--config")
             .arg(&file)
             .env("SLUICE_LISTEN", addr.to_string())
