@@ -20,7 +20,8 @@ const START_DEADLINE: Duration = Duration::from_secs(30);
 /// The OS user servers run as when the tests run as root.
 const PG_USER: &str = "postgres";
 
-/// A PostgreSQL server owned by one test. Dropping it kills the postmaster and removes its data dir.
+/// A PostgreSQL server owned by one test. Dropping it shuts the postmaster down at once and removes
+/// its data dir and its System V shared memory segment.
 pub struct PgServer {
     port: u16,
     dir: TempDir,
@@ -227,11 +228,47 @@ impl PgServer {
     }
 }
 
+/// How long a dropped server may take to shut down before it is killed.
+const QUIT_DEADLINE: Duration = Duration::from_secs(5);
+
 impl Drop for PgServer {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
+            // Immediate shutdown rather than SIGKILL: the postmaster then removes its System V shared
+            // memory segment; a killed one leaves it behind, and the kernel's 4,096 segments run out
+            // after a few thousand test servers.
+            send_signal(child.id(), Signal::Cont);
+            send_signal(child.id(), Signal::Quit);
+            let deadline = Instant::now() + QUIT_DEADLINE;
+            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
             kill_child(&mut child);
         }
+        self.remove_shared_memory();
+    }
+}
+
+impl PgServer {
+    /// Removes the shared memory segment of a postmaster that did not clean up after itself (one killed
+    /// by [`PgServer::kill`] and never restarted): its `postmaster.pid` is still there, naming the
+    /// segment on its 7th line (`<key> <id>`). A segment still attached by an exiting backend goes when
+    /// the backend does.
+    fn remove_shared_memory(&self) {
+        let pid_file = std::fs::read_to_string(self.data_dir().join("postmaster.pid")).unwrap_or_default();
+        let Some(id) = pid_file
+            .lines()
+            .nth(6)
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|id| id.parse::<u64>().ok())
+        else {
+            return;
+        };
+        let _ = Command::new("ipcrm")
+            .args(["-m", &id.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
     }
 }
 
@@ -362,6 +399,46 @@ mod tests {
         pg.restart();
         assert_eq!(pg.port(), port);
         assert_eq!(pg.psql("SELECT v FROM t"), "42");
+    }
+
+    /// The id of `pg`'s shared memory segment, from its `postmaster.pid`.
+    fn segment_of(pg: &PgServer) -> String {
+        let pid_file = std::fs::read_to_string(pg.data_dir().join("postmaster.pid")).expect("postmaster.pid");
+        let line = pid_file.lines().nth(6).expect("7th line of postmaster.pid");
+        line.split_whitespace().nth(1).expect("shmid").to_owned()
+    }
+
+    /// Whether a System V shared memory segment with `id` exists.
+    fn segment_exists(id: &str) -> bool {
+        std::fs::read_to_string("/proc/sysvipc/shm")
+            .expect("/proc/sysvipc/shm")
+            .lines()
+            .skip(1)
+            .any(|l| l.split_whitespace().nth(1) == Some(id))
+    }
+
+    #[test]
+    fn a_dropped_server_leaves_no_shared_memory_running_frozen_or_killed() {
+        let running = PgServer::start();
+        let frozen = PgServer::start();
+        let mut killed = PgServer::start();
+        let ids = [segment_of(&running), segment_of(&frozen), segment_of(&killed)];
+        assert!(
+            ids.iter().all(|id| segment_exists(id)),
+            "each server has its segment: {ids:?}"
+        );
+        frozen.pause();
+        killed.kill();
+        drop((running, frozen, killed));
+        // A killed postmaster's backends notice its death and detach within moments; the segment, marked
+        // for removal, goes with the last of them.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while ids.iter().any(|id| segment_exists(id)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for id in &ids {
+            assert!(!segment_exists(id), "segment {id} is left behind");
+        }
     }
 
     #[test]

@@ -20,6 +20,8 @@ pub enum Signal {
     Int,
     /// Ask to stop.
     Term,
+    /// Quit at once; PostgreSQL takes it as "immediate shutdown" (no checkpoint, but it cleans up).
+    Quit,
 }
 
 impl Signal {
@@ -30,6 +32,7 @@ impl Signal {
             Signal::Kill => "-KILL",
             Signal::Int => "-INT",
             Signal::Term => "-TERM",
+            Signal::Quit => "-QUIT",
         }
     }
 }
