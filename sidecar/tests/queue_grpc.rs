@@ -56,6 +56,8 @@ async fn serve(url: &str, queues: &[&str], max_streams: u32, max_message_bytes: 
         engine,
         max_streams,
         max_message_bytes,
+        auth: None,
+        pod_name: None,
     };
     tokio::spawn(grpc::serve(
         listener,

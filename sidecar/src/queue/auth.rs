@@ -1,5 +1,6 @@
-//! Who may call the queue HTTP API (`queue.api.auth.mode: kubernetes`): callers are Kubernetes
-//! ServiceAccounts, authenticated by their projected token and authorized per queue by the cluster's RBAC.
+//! Who may call the queue HTTP API (`queue.api.auth.mode: kubernetes`), and the gRPC worker API (which
+//! uses this gatekeeper too, [`super::grpc`]): callers are Kubernetes ServiceAccounts, authenticated by
+//! their projected token and authorized per queue by the cluster's RBAC.
 //!
 //! 1. **Authentication.** `Authorization: Bearer <token>`, a token minted for audience
 //!    [`API_TOKEN_AUDIENCE`] (a projected ServiceAccount token volume), is checked with a `TokenReview`
@@ -92,7 +93,18 @@ pub struct User {
     pub extra: BTreeMap<String, Vec<String>>,
 }
 
+/// The `extra` key under which a TokenReview names the pod a bound ServiceAccount token belongs to.
+pub const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
+
 impl User {
+    /// Whether this user's token is bound to the pod `pod` (the TokenReview's [`POD_NAME_EXTRA`]): a
+    /// projected token of that pod, which the API server accepts only while the pod exists.
+    pub fn is_bound_to_pod(&self, pod: &str) -> bool {
+        self.extra
+            .get(POD_NAME_EXTRA)
+            .is_some_and(|names| names.len() == 1 && names[0] == pod)
+    }
+
     /// The ServiceAccount `name` of `namespace`, with the groups the API server gives ServiceAccounts.
     pub fn service_account(namespace: &str, name: &str) -> Self {
         Self {
@@ -396,6 +408,11 @@ impl Authenticator {
     /// The namespace whose JobQueues are checked.
     pub fn namespace(&self) -> &str {
         &self.namespace
+    }
+
+    /// The pod's own ServiceAccount, who tokenless loopback callers are (when they are let in).
+    pub fn pod_account(&self) -> Option<&User> {
+        self.pod_account.as_ref()
     }
 
     /// Who is calling: the token's user, or the pod's ServiceAccount for a tokenless loopback call.

@@ -5,7 +5,7 @@
 //!
 //! Layout (dependencies point down the list): [`metrics`]; [`worker`] (the engine: claim loop,
 //! heartbeats, batch completer, maintenance); [`dispatch`] (the [`worker::Handler`] that POSTs to the
-//! handler); [`grpc`] (the gRPC worker API: jobs pushed to workers over a stream); [`auth`] (who may call the HTTP API); [`api`] (the HTTP API for apps) and [`events`] (its job and queue status streams); [`client`] (the Rust client library: enqueue and an
+//! handler); [`auth`] (who may call the HTTP API and the gRPC worker API); [`grpc`] (the gRPC worker API: jobs pushed to workers over a stream); [`api`] (the HTTP API for apps) and [`events`] (its job and queue status streams); [`client`] (the Rust client library: enqueue and an
 //! in-process worker); [`role`] (the `worker` subcommand and the proxy role's queue API, as library
 //! functions the binary calls).
 

@@ -185,6 +185,12 @@ pub async fn run_worker(cfg: QueueConfig, shutdown: CancellationToken) -> Result
     if let Some(addr) = cfg.grpc.listen {
         // gRPC workers connect and take jobs; nothing is POSTed to the handler URL.
         let listener = bind("queue.grpc.listen", addr).await?;
+        let auth = Authenticator::from_config(&cfg.api.auth)
+            .map_err(|e| Error::Config(format!("queue.api.auth: {e}")))?
+            .map(Arc::new);
+        if let Some(auth) = &auth {
+            tracing::info!(namespace = auth.namespace(), loopback = ?cfg.api.auth.loopback, "gRPC worker API: callers are checked by TokenReview and SubjectAccessReview");
+        }
         let opts = grpc::GrpcOptions {
             database_url: url.to_owned(),
             queues: cfg.queues.clone(),
@@ -192,6 +198,8 @@ pub async fn run_worker(cfg: QueueConfig, shutdown: CancellationToken) -> Result
             engine,
             max_streams: cfg.grpc.max_streams,
             max_message_bytes: cfg.grpc.max_message_bytes as usize,
+            auth,
+            pod_name: std::env::var(var::POD_NAME).ok().filter(|v| !v.trim().is_empty()),
         };
         tracing::info!(%addr, queues = ?cfg.queues, "worker starting: jobs go to gRPC workers");
         grpc::serve(listener, opts, metrics, shutdown).await?;

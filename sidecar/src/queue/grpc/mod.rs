@@ -14,9 +14,23 @@
 //! (id, owner, attempt) like every other: if the lease was lost after the sidecar's last renewal the
 //! write matches no row and the result is discarded (`sluice_jobs_lease_lost_total`).
 //!
-//! Also served: `grpc.health.v1.Health` (`sluice.v1.Worker` and `""` are `SERVING` until shutdown) and
-//! server reflection (v1). Plaintext HTTP/2, meant for loopback or the pod network, like the queue HTTP
-//! API.
+//! Callers: with an [`Authenticator`] (`queue.api.auth.mode: kubernetes`), a `Work` stream is let in as
+//! the queue HTTP API lets in a request ([`super::auth`]): the token in the `authorization` metadata
+//! (`Bearer <token>`, audience `sluice`) is checked by TokenReview, else a tokenless caller from loopback
+//! to a loopback listener is the pod's own ServiceAccount unless `loopback: token` (host-network pods);
+//! refused: `UNAUTHENTICATED`. Once `subscribe` names its queues, the caller needs `update` on
+//! `jobqueues/jobs` of each queue's JobQueue (a SubjectAccessReview; refused: `PERMISSION_DENIED`
+//! naming user, verb and JobQueue), except the worker pod itself, which the operator made the
+//! JobQueue's worker: a tokenless loopback caller, or one whose token is bound to this pod
+//! (`SLUICE_POD_NAME`), may take the jobs of the queues this sidecar serves. Every
+//! [`Authenticator::recheck_every`] an open stream's caller is checked again (cached answers); once
+//! refused, the stream takes no more jobs (`draining`), the jobs in hand may still finish within the
+//! shutdown grace, and the stream ends with the refusal's code. An API server that cannot be asked is
+//! `UNAVAILABLE` at the start and ignored at a re-check (the next one asks again).
+//!
+//! Also served, to anyone: `grpc.health.v1.Health` (`sluice.v1.Worker` and `""` are `SERVING` until
+//! shutdown) and server reflection (v1). Plaintext HTTP/2, meant for loopback or the pod network, like
+//! the queue HTTP API.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -30,7 +44,7 @@ use std::{
 };
 
 use chrono::Utc;
-use futures::StreamExt as _;
+use futures::{StreamExt as _, future::OptionFuture};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tokio_util::sync::CancellationToken;
@@ -41,6 +55,7 @@ use sluice_crds::sidecar_config::queue_in_namespace;
 use sluice_queue::{ClaimedJob, QueueSettings, QueueStore};
 
 use super::{
+    auth::{Access, Authenticator, Grant, Origin, Refusal, User},
     metrics::QueueMetrics,
     worker::{CANCEL_GRACE, Handler, Outcome, Worker, WorkerOptions, default_owner},
 };
@@ -98,10 +113,79 @@ pub struct GrpcOptions {
     pub max_streams: u32,
     /// Largest message either way, bytes.
     pub max_message_bytes: usize,
+    /// Checks callers (`queue.api.auth.mode: kubernetes`); `None`: anyone who reaches the listener may
+    /// take jobs.
+    pub auth: Option<Arc<Authenticator>>,
+    /// The worker pod's name (`SLUICE_POD_NAME`): a caller whose token is bound to this pod is the pod
+    /// itself. `None`: only a tokenless loopback caller is.
+    pub pod_name: Option<String>,
+}
+
+/// The verb on `jobqueues/jobs` a gRPC worker needs on each queue it takes jobs from (the verb of the
+/// HTTP API's job-changing calls: taking, completing and retrying jobs changes them).
+pub const WORK_VERB: &str = "update";
+
+/// The gRPC code of a refusal, with its message.
+pub fn refusal_status(refusal: Refusal) -> Status {
+    match refusal {
+        Refusal::Unauthenticated(m) => Status::unauthenticated(m),
+        Refusal::Forbidden(m) => Status::permission_denied(m),
+        Refusal::Unavailable(m) => Status::unavailable(m),
+    }
+}
+
+/// Who opened a stream, and what to check again while it is open.
+struct Caller {
+    user: User,
+    /// The `authorization` metadata, the peer and the listener's address (`access` unset).
+    grant: Grant,
+    /// The worker pod itself: allowed on the queues this sidecar serves without a SubjectAccessReview.
+    own_pod: bool,
+}
+
+impl Caller {
+    /// Who, and how they were let in, for the log: `<user> (tokenless, loopback)`, `<user> (token bound
+    /// to this pod)` or `<user> (token)`.
+    fn describe(&self) -> String {
+        let how = match (&self.grant.authorization, self.own_pod) {
+            (None, _) => "tokenless, loopback",
+            (Some(_), true) => "token bound to this pod",
+            (Some(_), false) => "token",
+        };
+        format!("{} ({how})", self.user.name)
+    }
+}
+
+/// What an open stream was let in with, checked again every [`Authenticator::recheck_every`].
+struct Guard {
+    auth: Arc<Authenticator>,
+    /// One per queue authorized (or one without access: the worker pod itself, re-authenticated only).
+    grants: Vec<Grant>,
+}
+
+impl Guard {
+    /// `Ok` while the caller is still let in; an API server that cannot be asked counts as `Ok` (the
+    /// next check asks again).
+    async fn recheck(&self) -> std::result::Result<(), Refusal> {
+        for grant in &self.grants {
+            match self.auth.recheck(grant).await {
+                Ok(()) => {}
+                Err(Refusal::Unavailable(why)) => {
+                    tracing::debug!(reason = %why, "gRPC worker stream not rechecked");
+                    return Ok(());
+                }
+                Err(refusal) => return Err(refusal),
+            }
+        }
+        Ok(())
+    }
 }
 
 struct Inner {
     opts: GrpcOptions,
+    /// The address the listener is bound to (`0.0.0.0:9903` is not loopback, even for a connection that
+    /// reached it on 127.0.0.1); unknown: not loopback.
+    bound: SocketAddr,
     streams: Arc<Semaphore>,
     metrics: Arc<QueueMetrics>,
     shutdown: CancellationToken,
@@ -114,11 +198,18 @@ pub struct GrpcWorker {
 }
 
 impl GrpcWorker {
-    /// A service whose streams stop (drain, then end) when `shutdown` fires.
-    pub fn new(opts: GrpcOptions, metrics: Arc<QueueMetrics>, shutdown: CancellationToken) -> Self {
+    /// A service whose streams stop (drain, then end) when `shutdown` fires, served by a listener bound
+    /// to `bound`.
+    pub fn new(
+        opts: GrpcOptions,
+        bound: Option<SocketAddr>,
+        metrics: Arc<QueueMetrics>,
+        shutdown: CancellationToken,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 streams: Arc::new(Semaphore::new(opts.max_streams.max(1) as usize)),
+                bound: bound.unwrap_or_else(|| ([0, 0, 0, 0], 0).into()),
                 opts,
                 metrics,
                 shutdown,
@@ -144,7 +235,8 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<()> {
     let max_streams = opts.max_streams;
-    let service = GrpcWorker::new(opts, metrics, shutdown.clone());
+    let addr: Option<SocketAddr> = listener.local_addr().ok();
+    let service = GrpcWorker::new(opts, addr, metrics, shutdown.clone());
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<WorkerServer<GrpcWorker>>().await;
     let reflection = tonic_reflection::server::Builder::configure()
@@ -152,7 +244,6 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .map_err(|e| crate::Error::Config(format!("gRPC reflection: {e}")))?;
-    let addr: Option<SocketAddr> = listener.local_addr().ok();
     tracing::info!(?addr, "gRPC worker API serving");
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     let stop = shutdown.clone();
@@ -509,6 +600,88 @@ impl GrpcWorker {
         }
         Ok((queues, kinds))
     }
+
+    /// Who opened the stream (`None` when callers are not checked): `UNAUTHENTICATED` without a valid
+    /// token unless a tokenless caller is let in from loopback.
+    async fn authenticate<T>(&self, request: &Request<T>) -> std::result::Result<Option<Caller>, Status> {
+        let Some(auth) = &self.inner.opts.auth else {
+            return Ok(None);
+        };
+        let authorization = request
+            .metadata()
+            .get("authorization")
+            .map(|v| v.as_bytes().to_vec());
+        let grant = Grant {
+            authorization,
+            peer: request.remote_addr().unwrap_or_else(|| ([0, 0, 0, 0], 0).into()),
+            local: self.inner.bound,
+            access: None,
+        };
+        let user = auth
+            .authenticate(Origin {
+                authorization: grant.authorization.as_deref(),
+                peer: grant.peer,
+                local: grant.local,
+            })
+            .await
+            .map_err(refusal_status)?;
+        let own_pod = match &grant.authorization {
+            // Let in without a token: the pod's own loopback.
+            None => true,
+            Some(_) => {
+                auth.pod_account().is_some_and(|pod| pod.name == user.name)
+                    && self
+                        .inner
+                        .opts
+                        .pod_name
+                        .as_deref()
+                        .is_some_and(|pod| user.is_bound_to_pod(pod))
+            }
+        };
+        Ok(Some(Caller { user, grant, own_pod }))
+    }
+
+    /// Whether `caller` may take jobs from `queues` (served by this sidecar): what to check again while
+    /// the stream is open, or `PERMISSION_DENIED` naming the user, the verb and the first JobQueue
+    /// refused.
+    async fn authorize(&self, caller: Caller, queues: &[String]) -> std::result::Result<Guard, Status> {
+        let auth = self
+            .inner
+            .opts
+            .auth
+            .clone()
+            .expect("a caller is authenticated only with an authenticator");
+        if caller.own_pod {
+            return Ok(Guard {
+                auth,
+                grants: vec![caller.grant],
+            });
+        }
+        let mut grants = Vec::with_capacity(queues.len());
+        for q in queues {
+            let access = Access::jobs(WORK_VERB, self.short_name(q));
+            auth.authorize(&caller.user, &access)
+                .await
+                .map_err(refusal_status)?;
+            grants.push(Grant {
+                access: Some(access),
+                ..caller.grant.clone()
+            });
+        }
+        Ok(Guard { auth, grants })
+    }
+
+    /// `queue`'s name within the sidecar's namespace (its JobQueue's `queueName`), as the HTTP API names
+    /// it to authorize.
+    fn short_name(&self, queue: &str) -> String {
+        self.inner
+            .opts
+            .namespace
+            .as_deref()
+            .and_then(|ns| queue.strip_prefix(ns)?.strip_prefix('/'))
+            .unwrap_or(queue)
+            .to_owned()
+    }
 }
 
 type WorkStream = Pin<Box<dyn Stream<Item = std::result::Result<SidecarMessage, Status>> + Send>>;
@@ -521,6 +694,7 @@ impl WorkerService for GrpcWorker {
         &self,
         request: Request<Streaming<WorkerMessage>>,
     ) -> std::result::Result<Response<WorkStream>, Status> {
+        let caller = self.authenticate(&request).await?;
         let permit = self.inner.streams.clone().try_acquire_owned().map_err(|_| {
             Status::resource_exhausted(format!(
                 "this sidecar serves at most {} worker streams at once",
@@ -536,6 +710,11 @@ impl WorkerService for GrpcWorker {
             return Err(Status::invalid_argument("the first message must be subscribe"));
         };
         let (queues, kinds) = self.subscription(&sub)?;
+        let caller_name = caller.as_ref().map(Caller::describe);
+        let guard = match caller {
+            Some(caller) => Some(self.authorize(caller, &queues).await?),
+            None => None,
+        };
 
         let opts = &self.inner.opts;
         let pool = sluice_queue::pool::connect_lazy(&opts.database_url, STREAM_POOL_SIZE)
@@ -582,7 +761,7 @@ impl WorkerService for GrpcWorker {
                 })),
             }))
             .await;
-        tracing::info!(owner = %engine_opts.owner, worker = %sub.worker_name, slots = sub.slots, queues = ?engine_opts.queues, "gRPC worker subscribed");
+        tracing::info!(owner = %engine_opts.owner, worker = %sub.worker_name, slots = sub.slots, queues = ?engine_opts.queues, caller = caller_name.as_deref().unwrap_or("unchecked"), "gRPC worker subscribed");
         let engine = Worker::new(
             store,
             StreamHandler {
@@ -597,6 +776,7 @@ impl WorkerService for GrpcWorker {
             inbound,
             engine,
             self.inner.shutdown.clone(),
+            guard,
             permit,
         ));
         drop(tx);
@@ -610,12 +790,15 @@ impl WorkerService for GrpcWorker {
     }
 }
 
-/// Runs one stream: the engine, and the worker's messages, until both are done.
+/// Runs one stream: the engine, and the worker's messages, until both are done; with a `guard`, checks
+/// the caller again every [`Authenticator::recheck_every`], draining the stream and ending it with the
+/// refusal once refused.
 async fn run_session(
     session: Arc<Session>,
     mut inbound: Streaming<WorkerMessage>,
     engine: Worker<StreamHandler>,
     shutdown: CancellationToken,
+    guard: Option<Guard>,
     _permit: OwnedSemaphorePermit,
 ) {
     let stop = CancellationToken::new();
@@ -627,6 +810,12 @@ async fn run_session(
         stop.cancel();
     };
     let mut reading = true;
+    let every = guard
+        .as_ref()
+        .map_or(Duration::from_secs(3600), |g| g.auth.recheck_every());
+    let mut rechecks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    rechecks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut refused: Option<Status> = None;
     loop {
         tokio::select! {
             r = &mut engine => {
@@ -636,6 +825,13 @@ async fn run_session(
                 break;
             }
             _ = shutdown.cancelled(), if !stop.is_cancelled() => drain(&session, &stop),
+            _ = rechecks.tick(), if guard.is_some() && refused.is_none() => {
+                if let Some(Err(refusal)) = OptionFuture::from(guard.as_ref().map(Guard::recheck)).await {
+                    tracing::info!(reason = refusal.message(), "gRPC worker stream refused at a re-check: draining it");
+                    refused = Some(refusal_status(refusal));
+                    drain(&session, &stop);
+                }
+            }
             m = inbound.message(), if reading => match m {
                 Ok(Some(m)) => {
                     if let Err(status) = on_message(&session, m, &stop, &drain).await {
@@ -657,6 +853,9 @@ async fn run_session(
                 }
             },
         }
+    }
+    if let Some(status) = refused {
+        let _ = session.tx.try_send(Err(status));
     }
     session.gone.cancel();
 }

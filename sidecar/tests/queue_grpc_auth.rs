@@ -1,0 +1,442 @@
+//! The gRPC worker API with callers checked (`queue.api.auth.mode: kubernetes`), over real gRPC and a
+//! real PostgreSQL, with a stand-in for the API server's reviews: who is refused with
+//! `UNAUTHENTICATED`, `PERMISSION_DENIED` or `UNAVAILABLE` and with which message, who takes jobs
+//! (a token with the right, the worker pod itself by its bound token or tokenless on loopback), that
+//! health stays open, and that an open stream whose caller is refused at a re-check takes no more jobs
+//! and ends with the refusal. The reviews themselves against a real kube-apiserver, with the Python
+//! example sending its projected token, are in the e2e scenario `grpc_queue`.
+
+mod queue_support;
+
+use std::{
+    collections::BTreeSet,
+    net::SocketAddr,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering::SeqCst},
+    },
+    time::{Duration, Instant},
+};
+
+use futures::future::BoxFuture;
+use queue_support::*;
+use sluice_crds::sidecar_config::LoopbackCallers;
+use sluice_sidecar::queue::{
+    NewJob, QueueStore, WorkerOptions,
+    auth::{
+        ALLOW_TTL, Access, Authenticator, Decision, POD_NAME_EXTRA, Reviews, TokenAnswer, Unavailable, User,
+    },
+    grpc::{
+        self, GrpcOptions,
+        proto::{
+            self, SidecarMessage, WorkerMessage, outcome, sidecar_message::Msg as Out,
+            worker_client::WorkerClient, worker_message::Msg as In,
+        },
+    },
+    metrics::QueueMetrics,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Code, Status, Streaming, transport::Channel};
+
+const DEADLINE: Duration = Duration::from_secs(15);
+/// The worker pod the sidecar runs in.
+const POD: &str = "emails-worker-7d9f-abcde";
+
+/// Token `t-<sa>` is ServiceAccount `<sa>` of `shop`, `t-<sa>@<pod>` the same bound to pod `<pod>`,
+/// while `tokens_valid`; `unreachable` cannot be checked. `(sa, verb, subresource, queue)` in `grants`
+/// is allowed unless `revoked`; every access asked is kept in `asked`.
+struct Rbac {
+    grants: BTreeSet<(String, String, String, String)>,
+    tokens_valid: AtomicBool,
+    revoked: AtomicBool,
+    asked: Mutex<Vec<String>>,
+}
+
+impl Rbac {
+    fn new(grants: &[(&str, &str, &str, &str)]) -> Arc<Self> {
+        Arc::new(Self {
+            grants: grants
+                .iter()
+                .map(|(a, b, c, d)| ((*a).into(), (*b).into(), (*c).into(), (*d).into()))
+                .collect(),
+            tokens_valid: true.into(),
+            revoked: false.into(),
+            asked: Mutex::default(),
+        })
+    }
+}
+
+impl Reviews for Rbac {
+    fn review_token<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<TokenAnswer, Unavailable>> {
+        Box::pin(async move {
+            if token == "unreachable" {
+                return Err(Unavailable(
+                    "connecting to the API server: connection refused".into(),
+                ));
+            }
+            let Some(rest) = token.strip_prefix("t-") else {
+                return Ok(TokenAnswer::Invalid("invalid bearer token".into()));
+            };
+            if !self.tokens_valid.load(SeqCst) {
+                return Ok(TokenAnswer::Invalid("token has expired".into()));
+            }
+            let (sa, pod) = rest.split_once('@').map_or((rest, None), |(s, p)| (s, Some(p)));
+            let mut user = User::service_account("shop", sa);
+            user.uid = format!("uid-{sa}");
+            if let Some(pod) = pod {
+                user.extra.insert(POD_NAME_EXTRA.into(), vec![pod.into()]);
+            }
+            Ok(TokenAnswer::Valid(user))
+        })
+    }
+    fn review_access<'a>(
+        &'a self,
+        user: &'a User,
+        namespace: &'a str,
+        access: &'a Access,
+    ) -> BoxFuture<'a, Result<Decision, Unavailable>> {
+        Box::pin(async move {
+            assert_eq!(namespace, "shop");
+            let sa = user.name.rsplit(':').next().unwrap_or_default().to_owned();
+            self.asked.lock().unwrap().push(format!(
+                "{sa} {} {} {}",
+                access.verb, access.subresource, access.queue
+            ));
+            let key = (
+                sa,
+                access.verb.to_owned(),
+                access.subresource.to_owned(),
+                access.queue.clone(),
+            );
+            Ok(Decision {
+                allowed: !self.revoked.load(SeqCst) && self.grants.contains(&key),
+                reason: String::new(),
+            })
+        })
+    }
+}
+
+struct Server {
+    addr: SocketAddr,
+    shutdown: CancellationToken,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// Serves `shop/emails` and `shop/reports` (namespace `shop`) to gRPC workers checked by `auth`, in
+/// pod [`POD`].
+async fn serve(url: &str, auth: Authenticator) -> Server {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    let engine = WorkerOptions {
+        heartbeat_interval: Some(Duration::from_millis(100)),
+        ..opts("shop/emails", "unused")
+    };
+    let opts = GrpcOptions {
+        database_url: url.to_owned(),
+        queues: vec!["shop/emails".into(), "shop/reports".into()],
+        namespace: Some("shop".into()),
+        engine,
+        max_streams: 16,
+        max_message_bytes: 1 << 20,
+        auth: Some(Arc::new(auth)),
+        pod_name: Some(POD.into()),
+    };
+    tokio::spawn(grpc::serve(
+        listener,
+        opts,
+        Arc::new(QueueMetrics::new()),
+        shutdown.clone(),
+    ));
+    Server { addr, shutdown }
+}
+
+async fn channel(addr: SocketAddr) -> Channel {
+    Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// A worker's stream, opened with `token` (if any) in the `authorization` metadata.
+struct Stream {
+    tx: mpsc::Sender<WorkerMessage>,
+    rx: Streaming<SidecarMessage>,
+}
+
+impl Stream {
+    async fn open(addr: SocketAddr, token: Option<&str>, queues: &[&str]) -> Result<Self, Status> {
+        let (tx, rx) = mpsc::channel(64);
+        tx.send(WorkerMessage {
+            msg: Some(In::Subscribe(proto::Subscribe {
+                queues: queues.iter().map(|q| q.to_string()).collect(),
+                kinds: vec![],
+                slots: 1,
+                worker_name: "test".into(),
+            })),
+        })
+        .await
+        .unwrap();
+        let mut request = tonic::Request::new(ReceiverStream::new(rx));
+        if let Some(t) = token {
+            request
+                .metadata_mut()
+                .insert("authorization", format!("Bearer {t}").parse().unwrap());
+        }
+        let rx = WorkerClient::new(channel(addr).await)
+            .work(request)
+            .await?
+            .into_inner();
+        let mut s = Self { tx, rx };
+        match s.next().await {
+            Out::Subscribed(_) => Ok(s),
+            other => panic!("expected subscribed, got {other:?}"),
+        }
+    }
+
+    async fn next(&mut self) -> Out {
+        tokio::time::timeout(DEADLINE, self.rx.message())
+            .await
+            .expect("a message within the deadline")
+            .expect("the stream is healthy")
+            .expect("the stream is open")
+            .msg
+            .expect("a message with content")
+    }
+
+    async fn job(&mut self) -> proto::Job {
+        match self.next().await {
+            Out::Job(j) => j,
+            other => panic!("expected a job, got {other:?}"),
+        }
+    }
+
+    /// The status the stream ends with, and every message before it.
+    async fn ended_with(&mut self) -> (Status, Vec<Out>) {
+        let mut seen = Vec::new();
+        loop {
+            match tokio::time::timeout(DEADLINE, self.rx.message())
+                .await
+                .expect("the stream ends within the deadline")
+            {
+                Err(s) => return (s, seen),
+                Ok(None) => return (Status::ok(""), seen),
+                Ok(Some(m)) => seen.extend(m.msg),
+            }
+        }
+    }
+}
+
+fn refused(r: Result<Stream, Status>) -> Status {
+    match r {
+        Ok(_) => panic!("the stream was let in"),
+        Err(s) => s,
+    }
+}
+
+async fn enqueue(store: &QueueStore, queue: &str) -> uuid::Uuid {
+    store
+        .enqueue(queue, &NewJob::new("noop", serde_json::json!({})))
+        .await
+        .unwrap()
+        .id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_need_a_token_and_update_on_the_jobs_of_each_queue_unless_they_are_the_worker_pod() {
+    let (pgs, pool) = pg().await;
+    let store = QueueStore::new(pool);
+    queue(&store, "shop/emails").await;
+    queue(&store, "shop/reports").await;
+    let rbac = Rbac::new(&[
+        ("ops", "update", "jobs", "emails"),
+        ("web", "get", "jobs", "emails"),
+    ]);
+    // A host-network pod: even its loopback callers need a token.
+    let gate = Authenticator::new(rbac.clone(), "shop", Some("worker"), LoopbackCallers::Token);
+    let server = serve(&pgs.url(), gate).await;
+    let addr = server.addr;
+
+    let s = refused(Stream::open(addr, None, &["emails"]).await);
+    assert_eq!(s.code(), Code::Unauthenticated, "{s:?}");
+    assert!(
+        s.message()
+            .starts_with("no token: send `Authorization: Bearer <token>`"),
+        "{s:?}"
+    );
+    let s = refused(Stream::open(addr, Some("forged"), &["emails"]).await);
+    assert_eq!(s.code(), Code::Unauthenticated, "{s:?}");
+    assert!(
+        s.message()
+            .contains("not a valid ServiceAccount token for audience \"sluice\": invalid bearer token"),
+        "{s:?}"
+    );
+    let s = refused(Stream::open(addr, Some("unreachable"), &["emails"]).await);
+    assert_eq!(s.code(), Code::Unavailable, "{s:?}");
+    assert!(s.message().contains("connection refused"), "{s:?}");
+
+    // `get` is not enough to take jobs; the message names user, verb, subresource and JobQueue.
+    let s = refused(Stream::open(addr, Some("t-web"), &["emails"]).await);
+    assert_eq!(s.code(), Code::PermissionDenied, "{s:?}");
+    assert!(
+        s.message().starts_with(
+            "system:serviceaccount:shop:web may not update jobqueues/jobs of JobQueue \"emails\" in \
+             namespace \"shop\" (group sluice.dev)"
+        ),
+        "{s:?}"
+    );
+    // Every queue subscribed to is authorized: no subscribe.queues is all the sidecar serves.
+    let s = refused(Stream::open(addr, Some("t-ops"), &[]).await);
+    assert_eq!(s.code(), Code::PermissionDenied, "{s:?}");
+    assert!(s.message().contains("JobQueue \"reports\""), "{s:?}");
+    let s = refused(Stream::open(addr, Some("t-ops"), &["shop/emails", "reports"]).await);
+    assert!(s.message().contains("JobQueue \"reports\""), "{s:?}");
+
+    // With the right, jobs come.
+    let id = enqueue(&store, "shop/emails").await;
+    let mut ops = Stream::open(addr, Some("t-ops"), &["emails"]).await.unwrap();
+    let job = ops.job().await;
+    assert_eq!(job.job_id, id.to_string());
+    ops.tx
+        .send(WorkerMessage {
+            msg: Some(In::Outcome(proto::Outcome {
+                job_id: job.job_id.clone(),
+                attempt: job.attempt,
+                result: Some(outcome::Result::Succeeded(proto::Succeeded {})),
+            })),
+        })
+        .await
+        .unwrap();
+    wait_state(&store, id, "succeeded").await;
+    drop(ops);
+
+    // The worker pod itself, by its token bound to the pod: every queue served, without asking RBAC.
+    // The same ServiceAccount's token bound to another pod is anyone else.
+    rbac.asked.lock().unwrap().clear();
+    let own = format!("t-worker@{POD}");
+    let mut pod = Stream::open(addr, Some(&own), &[]).await.unwrap();
+    let id = enqueue(&store, "shop/reports").await;
+    assert_eq!(pod.job().await.job_id, id.to_string());
+    assert_eq!(
+        *rbac.asked.lock().unwrap(),
+        Vec::<String>::new(),
+        "no SubjectAccessReview"
+    );
+    let s = refused(Stream::open(addr, Some("t-worker@emails-worker-other"), &["emails"]).await);
+    assert_eq!(s.code(), Code::PermissionDenied, "{s:?}");
+    assert!(
+        s.message()
+            .starts_with("system:serviceaccount:shop:worker may not update"),
+        "{s:?}"
+    );
+    drop(pod);
+
+    // Health and reflection answer anyone.
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel(addr).await);
+    let status = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "sluice.v1.Worker".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status;
+    assert_eq!(
+        status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+    use tonic_reflection::pb::v1::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest,
+    };
+    let mut reflection = ServerReflectionClient::new(channel(addr).await);
+    let ask = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut answers = reflection
+        .server_reflection_info(tokio_stream::iter([ask]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(answers.message().await.unwrap().is_some());
+
+    // A pod off the host network: a tokenless caller on its loopback is the pod itself.
+    let gate = Authenticator::new(rbac.clone(), "shop", Some("worker"), LoopbackCallers::Pod);
+    let server = serve(&pgs.url(), gate).await;
+    let mut pod = Stream::open(server.addr, None, &["emails"]).await.unwrap();
+    let id = enqueue(&store, "shop/emails").await;
+    assert_eq!(pod.job().await.job_id, id.to_string());
+}
+
+/// Opens a stream as `t-ops` on a sidecar that checks it again every 20 ms, takes a job, refuses it
+/// with `refuse` (the cached answers expired by the gatekeeper's clock); the stream must say
+/// `draining`, still take the outcome of the job in hand, push no other job, and end with `code`.
+async fn an_open_stream_is_drained_and_ended_once(refuse: impl FnOnce(&Rbac), code: Code) {
+    let (pgs, pool) = pg().await;
+    let store = QueueStore::new(pool);
+    queue(&store, "shop/emails").await;
+    let rbac = Rbac::new(&[("ops", "update", "jobs", "emails")]);
+    let now = Arc::new(Mutex::new(Instant::now()));
+    let clock = now.clone();
+    let gate = Authenticator::new(rbac.clone(), "shop", Some("worker"), LoopbackCallers::Token)
+        .with_clock(Arc::new(move || *clock.lock().unwrap()))
+        .with_recheck_every(Duration::from_millis(20));
+    let server = serve(&pgs.url(), gate).await;
+    let first = enqueue(&store, "shop/emails").await;
+    let mut w = Stream::open(server.addr, Some("t-ops"), &["emails"])
+        .await
+        .unwrap();
+    let job = w.job().await;
+    assert_eq!(job.job_id, first.to_string());
+    let second = enqueue(&store, "shop/emails").await;
+
+    refuse(&rbac);
+    *now.lock().unwrap() += ALLOW_TTL;
+    match w.next().await {
+        Out::Draining(_) => {}
+        other => panic!("expected draining, got {other:?}"),
+    }
+    w.tx.send(WorkerMessage {
+        msg: Some(In::Outcome(proto::Outcome {
+            job_id: job.job_id.clone(),
+            attempt: job.attempt,
+            result: Some(outcome::Result::Succeeded(proto::Succeeded {})),
+        })),
+    })
+    .await
+    .unwrap();
+    let (status, seen) = w.ended_with().await;
+    assert_eq!(status.code(), code, "{status:?}");
+    assert!(
+        status.message().contains("system:serviceaccount:shop:ops")
+            || status.message().contains("token has expired"),
+        "{status:?}"
+    );
+    assert!(!seen.iter().any(|m| matches!(m, Out::Job(_))), "{seen:?}");
+    wait_state(&store, first, "succeeded").await;
+    assert_eq!(
+        state(&store, second).await,
+        "pending",
+        "handed back, never pushed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_right_is_revoked_takes_no_more_jobs_and_ends_permission_denied() {
+    an_open_stream_is_drained_and_ended_once(|r| r.revoked.store(true, SeqCst), Code::PermissionDenied).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_token_expired_takes_no_more_jobs_and_ends_unauthenticated() {
+    an_open_stream_is_drained_and_ended_once(|r| r.tokens_valid.store(false, SeqCst), Code::Unauthenticated)
+        .await;
+}
