@@ -398,6 +398,7 @@ subjects:
             image: "ghcr.io/sluice-dev/sluice-sidecar:0.1.0".into(),
             image_pull_policy: None,
             resources: None,
+            queue_api_auth: true,
         },
         native: true,
         config_verify_key: None,

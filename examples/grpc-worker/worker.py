@@ -9,6 +9,13 @@ stream. `handle` below is the part to replace: return SUCCEEDED, raise Retry/Fai
 With `--exit-when-idle S` the worker asks the sidecar to drain once it had no job for S seconds, and exits
 when the stream ends (used by the tests; a real worker runs until it is stopped). It prints `done <id>` for
 each job it completed.
+
+Callers checked (`queueApi.auth: kubernetes`): the worker sends the ServiceAccount token in the file that
+`--token-file` names (default: `$SLUICE_QUEUE_API_TOKEN_FILE`, which the operator sets in a gRPC handler
+container, `/var/run/secrets/sluice.dev/token`) as `authorization: Bearer <token>`, read again for each
+stream, when the file exists. A stream the sidecar ends with UNAUTHENTICATED (the token expired since it
+was opened: the kubelet rotates it) or UNAVAILABLE (the API server could not be asked) is opened again
+with the current token, after a pause; any other error ends the worker.
 """
 
 import argparse
@@ -52,6 +59,19 @@ def handle(job, payload, cancelled):
     return SUCCEEDED
 
 
+# Stream ends after which the worker opens a new stream rather than exiting.
+REOPEN = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.UNAVAILABLE)
+
+
+def metadata(token_file):
+    """The call's metadata: the token in `token_file`, when there is one."""
+    if not token_file or not os.path.exists(token_file):
+        return ()
+    with open(token_file) as f:
+        token = f.read().strip()
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
 class Worker:
     def __init__(self, args):
         self.args = args
@@ -60,15 +80,16 @@ class Worker:
         self.in_hand = {}  # job_id -> (attempt, cancelled event)
         self.heartbeat_s = 10.0
         self.last_activity = time.monotonic()
-        self.draining = False
+        self.draining = False  # this stream takes no more jobs
+        self.stopping = False  # the worker asked to drain: it exits when the stream ends
         self.pool = ThreadPoolExecutor(max_workers=args.slots)
 
     def send(self, **msg):
         self.outbox.put(pb.WorkerMessage(**msg))
 
-    def requests(self):
+    def requests(self, outbox):
         while True:
-            msg = self.outbox.get()
+            msg = outbox.get()
             if msg is None:
                 return
             yield msg
@@ -101,10 +122,10 @@ class Worker:
                 sys.stdout.write(f"done {job.job_id}\n")
                 sys.stdout.flush()
 
-    def background(self):
-        """Heartbeats for the jobs in hand; the idle drain."""
+    def background(self, stopped):
+        """Heartbeats for the jobs in hand; the idle drain; until `stopped` is set."""
         next_beat = time.monotonic()
-        while not self.stopped.wait(0.05):
+        while not stopped.wait(0.05):
             now = time.monotonic()
             with self.lock:
                 jobs = [pb.JobRef(job_id=i, attempt=a) for i, (a, _) in self.in_hand.items()]
@@ -117,18 +138,46 @@ class Worker:
 
     def drain(self):
         self.draining = True
+        self.stopping = True
         self.send(drain=pb.Drain())
 
     def run(self):
         channel = grpc.insecure_channel(self.args.target)
         grpc.channel_ready_future(channel).result(timeout=self.args.connect_timeout)
         stub = pb_grpc.WorkerStub(channel)
-        self.send(subscribe=pb.Subscribe(queues=self.args.queue, slots=self.args.slots, worker_name="python-example"))
-        self.stopped = threading.Event()
-        threading.Thread(target=self.background, daemon=True).start()
         signal.signal(signal.SIGTERM, lambda *_: self.drain())
+        pause = 0.5
         try:
-            for msg in stub.Work(self.requests()):
+            while True:
+                started = time.monotonic()
+                try:
+                    self.stream(stub)
+                    return
+                except grpc.RpcError as e:
+                    if self.stopping or e.code() not in REOPEN:
+                        raise
+                    if time.monotonic() - started > 60:
+                        pause = 0.5  # a stream that served a while: not a failing loop
+                    print(f"stream ended ({e.code().name}: {e.details()}); opening another in {pause:.1f}s",
+                          file=sys.stderr, flush=True)
+                    time.sleep(pause)
+                    pause = min(pause * 2, 10.0)
+        finally:
+            self.pool.shutdown(wait=True)
+            channel.close()
+
+    def stream(self, stub):
+        """One stream, until it ends; raises grpc.RpcError when it ends with an error."""
+        self.outbox = queue.Queue()
+        self.draining = False
+        with self.lock:
+            self.in_hand.clear()  # jobs of an earlier stream: the sidecar took them back
+        self.send(subscribe=pb.Subscribe(queues=self.args.queue, slots=self.args.slots, worker_name="python-example"))
+        stopped = threading.Event()
+        threading.Thread(target=self.background, args=(stopped,), daemon=True).start()
+        outbox = self.outbox
+        try:
+            for msg in stub.Work(self.requests(outbox), metadata=metadata(self.args.token_file)):
                 kind = msg.WhichOneof("msg")
                 if kind == "job":
                     job = msg.job
@@ -154,10 +203,8 @@ class Worker:
                 elif kind == "subscribed":
                     print(f"subscribed as {msg.subscribed.owner} to {', '.join(msg.subscribed.queues)}", file=sys.stderr, flush=True)
         finally:
-            self.stopped.set()
-            self.outbox.put(None)
-            self.pool.shutdown(wait=True)
-            channel.close()
+            stopped.set()
+            outbox.put(None)
 
 
 def main():
@@ -167,6 +214,9 @@ def main():
     p.add_argument("--slots", type=int, default=8, help="jobs at once")
     p.add_argument("--exit-when-idle", type=float, default=None, metavar="SECONDS", help="drain and exit after this long without a job")
     p.add_argument("--connect-timeout", type=float, default=30.0, metavar="SECONDS")
+    p.add_argument("--token-file", default=os.environ.get("SLUICE_QUEUE_API_TOKEN_FILE"),
+                   help="a ServiceAccount token (audience sluice) to send, when the file exists "
+                        "(default: $SLUICE_QUEUE_API_TOKEN_FILE)")
     Worker(p.parse_args()).run()
 
 

@@ -231,6 +231,7 @@ fn config() -> InjectConfig {
             image: "ghcr.io/sluice-dev/sluice-sidecar:0.1.0".into(),
             image_pull_policy: Some("IfNotPresent".into()),
             resources: None,
+            queue_api_auth: false,
         },
         native: true,
         config_verify_key: Some("ab".repeat(32)),

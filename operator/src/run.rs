@@ -314,6 +314,7 @@ pub async fn run_with(client: Client, args: RunArgs, shutdown: CancellationToken
         image: args.sidecar_image.clone(),
         image_pull_policy: args.sidecar_image_pull_policy.clone(),
         resources: Some(args.sidecar_resources.clone()),
+        queue_api_auth: args.queue_api_auth == crate::config::QueueApiAuth::Kubernetes,
     };
     let state = Arc::new(WebhookState {
         policies,

@@ -6,6 +6,12 @@
 //! once: one success per job in the table, on its first attempt, and each job's id printed once by the
 //! workers (`done <id>`).
 //!
+//! With the queue APIs checking callers (`queueApi.auth: kubernetes`, the real control plane's install)
+//! each worker's sidecar checks its gRPC callers: the handler sends the projected `sluice` token the
+//! operator mounts in it (`SLUICE_QUEUE_API_TOKEN_FILE`), a real TokenReview accepts it as the pod's
+//! ServiceAccount bound to that pod, and the pod itself takes its JobQueue's jobs without a Role; each
+//! sidecar's log says its handler came in so (`token bound to this pod`).
+//!
 //! Every Pod shares 127.0.0.1 under the kubelet stand-in: the gRPC port 9903, named in the worker's
 //! rendered config and in the handler's `--target`, gets a local port per Pod like any other Pod port.
 
@@ -89,6 +95,10 @@ pub async fn run(system: &SluiceSystem) {
         .unwrap();
     let pods = ns.api::<Pod>();
     let workers = ListParams::default().labels("sluice.dev/jobqueue=mail");
+    // The worker sidecars review their handlers' tokens as the namespace's ServiceAccounts.
+    if system.queue_api_auth() {
+        crate::scenarios::queue_api_auth::reviewers_bound(system, &n).await;
+    }
 
     // Two worker pods Ready, each with its own local port for the pod's 9903.
     let worker_pods = wait_for("two gRPC worker pods Ready", DEADLINE, || async {
@@ -142,7 +152,15 @@ pub async fn run(system: &SluiceSystem) {
     });
 
     if system.queue_api_auth() {
-        crate::scenarios::queue_api_auth::reviewers_bound(system, &n).await;
+        // Each handler came in with its own pod's token, checked by the real API server.
+        let caller = format!("system:serviceaccount:{n}:default (token bound to this pod)");
+        for p in &worker_pods {
+            let log = system.container_log(&n, p, "sluice-sidecar");
+            assert!(
+                log.contains(&caller),
+                "{p}: no stream let in as {caller:?}:\n{log}"
+            );
+        }
     }
     system
         .kubectl_ok(&["apply", "-n", &n, "-f", "-"], Some(ENQUEUER))

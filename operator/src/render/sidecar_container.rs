@@ -32,6 +32,10 @@ pub struct SidecarSettings {
     pub image_pull_policy: Option<String>,
     /// Requests and limits.
     pub resources: Option<ResourceRequirements>,
+    /// The queue APIs check their callers (`--queue-api-auth kubernetes`): the gRPC worker API of worker
+    /// pods with `handler.protocol: grpc` too (the webhook's injected sidecars follow
+    /// `InjectConfig::queue_api_auth`).
+    pub queue_api_auth: bool,
 }
 
 /// A sidecar container being built. Methods add to it in the order called.
@@ -231,6 +235,7 @@ mod tests {
             image: "ghcr.io/sluice-dev/sluice-sidecar:0.1.0".into(),
             image_pull_policy: Some("IfNotPresent".into()),
             resources: None,
+            queue_api_auth: false,
         }
     }
 

@@ -8,14 +8,20 @@
 //!   so a scale-in lets a running job finish instead of killing it;
 //! - the sidecar runs non-root, read-only, without privilege escalation and with every capability
 //!   dropped;
-//! - a config change changes the pod template (a hash annotation), so workers roll onto it.
+//! - a config change changes the pod template (a hash annotation), so workers roll onto it;
+//! - with the queue APIs checking callers, a `protocol: grpc` worker's sidecar checks its gRPC workers
+//!   too, and the handler container has a projected token (audience `sluice`) to send.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::{
     api::{
         apps::v1::{Deployment, DeploymentSpec},
-        core::v1::{ConfigMap, ConfigMapVolumeSource, Container, EnvVar, Volume},
+        core::v1::{
+            ConfigMap, ConfigMapProjection, ConfigMapVolumeSource, Container, DownwardAPIProjection,
+            DownwardAPIVolumeFile, EnvVar, EnvVarSource, KeyToPath, ObjectFieldSelector, PodSpec,
+            ProjectedVolumeSource, ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
+        },
     },
     apimachinery::pkg::apis::meta::v1::LabelSelector,
 };
@@ -23,8 +29,8 @@ use kube::{Resource, ResourceExt, api::ObjectMeta};
 use sluice_crds::{
     job_queue::{DatabaseSource, HandlerProtocol, JobQueue, JobQueueSchedule, RowLevelSecurity},
     sidecar_config::{
-        CONFIG_VERSION, GrpcConfig, HandlerConfig, QueueApiConfig, QueueConfig, ScheduleSpec, SidecarConfig,
-        WorkerConfig,
+        API_TOKEN_AUDIENCE, CONFIG_VERSION, GrpcConfig, HandlerConfig, QueueApiConfig, QueueConfig,
+        ScheduleSpec, SidecarConfig, WorkerConfig,
     },
 };
 
@@ -38,6 +44,10 @@ use sluice_crds::contract::{
 };
 
 use super::sidecar_container::{SidecarContainer, SidecarSettings, env_from_secret, http_probe};
+use crate::webhook::inject::{
+    KUBE_API_DIR, KUBE_API_VOLUME, QUEUE_API_TOKEN_DIR, QUEUE_API_TOKEN_PATH, QUEUE_API_TOKEN_SECONDS,
+    QUEUE_API_TOKEN_VOLUME,
+};
 
 /// Name of the config volume added to worker pods.
 pub const WORKER_CONFIG_VOLUME: &str = "sluice-worker-config";
@@ -69,6 +79,12 @@ pub enum RenderError {
          QueueDatabase's owner login is never given to a namespace's workers; set it to Enabled"
     )]
     OwnerLoginForWorkers,
+    /// A template volume is named like one the gRPC worker API's caller checks add.
+    #[error(
+        "spec.worker.template.spec.volumes: the name {0:?} is reserved for the gRPC worker's token and the \
+         Sluice worker sidecar's API credentials"
+    )]
+    ReservedVolume(String),
 }
 
 /// Name of the worker Deployment (and its HPA): `<jobqueue>-worker`.
@@ -220,8 +236,21 @@ pub fn render_worker_deployment(
         }
         Some(_) => {}
     }
+    let checks_grpc_callers = sidecar.queue_api_auth && w.handler.protocol == HandlerProtocol::Grpc;
+    if checks_grpc_callers
+        && let Some(v) = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == QUEUE_API_TOKEN_VOLUME || v.name == KUBE_API_VOLUME)
+    {
+        return Err(RenderError::ReservedVolume(v.name.clone()));
+    }
 
     pod.containers.push(sidecar_container(jq, sidecar));
+    if checks_grpc_callers {
+        check_grpc_callers(jq, &mut pod);
+    }
     pod.volumes.get_or_insert_with(Vec::new).push(Volume {
         name: WORKER_CONFIG_VOLUME.into(),
         config_map: Some(ConfigMapVolumeSource {
@@ -265,6 +294,135 @@ pub fn termination_grace_seconds(jq: &JobQueue) -> i64 {
 /// A short hash of the worker config, for [`CONFIG_HASH_ANNOTATION`].
 pub fn config_hash(jq: &JobQueue) -> String {
     crate::digest::short_hash(worker_config_yaml(jq).as_bytes(), 8)
+}
+
+/// Makes the worker sidecar check who calls its gRPC worker API (docs/queue.md, "gRPC worker API"),
+/// as the webhook does for an injected sidecar's queue HTTP API: the sidecar gets
+/// `SLUICE_API_AUTH=kubernetes`, the pod's namespace and ServiceAccount name, the JobQueue its queue is
+/// authorized on when `spec.queueName` differs, `SLUICE_API_AUTH_LOOPBACK=token` in a host-network pod
+/// (whose loopback is the node's), and the pod's API credentials at [`KUBE_API_DIR`] (mounted even when
+/// the template turns automounting off); the handler container gets a projected ServiceAccount token
+/// for the audience `sluice` at [`QUEUE_API_TOKEN_PATH`], named by `SLUICE_QUEUE_API_TOKEN_FILE`, to send
+/// as `authorization: Bearer <token>`. A token bound to the pod lets its handler take the JobQueue's jobs
+/// without a Role.
+fn check_grpc_callers(jq: &JobQueue, pod: &mut PodSpec) {
+    let field = |path: &str| EnvVarSource {
+        field_ref: Some(ObjectFieldSelector {
+            field_path: path.into(),
+            ..ObjectFieldSelector::default()
+        }),
+        ..EnvVarSource::default()
+    };
+    let var = |name: &str, value: String| EnvVar {
+        name: name.into(),
+        value: Some(value),
+        ..EnvVar::default()
+    };
+    let mut sidecar_env = vec![
+        var(env::API_AUTH, "kubernetes".into()),
+        EnvVar {
+            name: env::POD_NAMESPACE.into(),
+            value_from: Some(field("metadata.namespace")),
+            ..EnvVar::default()
+        },
+        EnvVar {
+            name: env::POD_SERVICE_ACCOUNT.into(),
+            value_from: Some(field("spec.serviceAccountName")),
+            ..EnvVar::default()
+        },
+    ];
+    if pod.host_network == Some(true) {
+        sidecar_env.push(var(env::API_AUTH_LOOPBACK, "token".into()));
+    }
+    let queue = jq.queue_name();
+    if queue != jq.name_any() {
+        sidecar_env.push(var(env::API_JOB_QUEUES, format!("{queue}={}", jq.name_any())));
+    }
+    let mount = |name: &str, path: &str| VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    };
+    if let Some(sidecar) = pod
+        .containers
+        .iter_mut()
+        .find(|c| c.name == SIDECAR_CONTAINER_NAME)
+    {
+        sidecar.env.get_or_insert_with(Vec::new).extend(sidecar_env);
+        sidecar
+            .volume_mounts
+            .get_or_insert_with(Vec::new)
+            .push(mount(KUBE_API_VOLUME, KUBE_API_DIR));
+    }
+    let handler = match &jq.spec.worker.handler.container {
+        Some(name) => pod.containers.iter_mut().find(|c| &c.name == name),
+        None => pod.containers.first_mut(),
+    };
+    if let Some(handler) = handler {
+        let mounts = handler.volume_mounts.get_or_insert_with(Vec::new);
+        if !mounts.iter().any(|m| m.mount_path == QUEUE_API_TOKEN_DIR) {
+            mounts.push(mount(QUEUE_API_TOKEN_VOLUME, QUEUE_API_TOKEN_DIR));
+        }
+        let env = handler.env.get_or_insert_with(Vec::new);
+        if !env.iter().any(|e| e.name == env::QUEUE_API_TOKEN_FILE) {
+            env.push(var(env::QUEUE_API_TOKEN_FILE, QUEUE_API_TOKEN_PATH.into()));
+        }
+    }
+    let projected = |sources: Vec<VolumeProjection>| ProjectedVolumeSource {
+        sources: Some(sources),
+        ..ProjectedVolumeSource::default()
+    };
+    let token = |audience: Option<&str>, seconds: i64| VolumeProjection {
+        service_account_token: Some(ServiceAccountTokenProjection {
+            audience: audience.map(Into::into),
+            expiration_seconds: Some(seconds),
+            path: "token".into(),
+        }),
+        ..VolumeProjection::default()
+    };
+    let volumes = pod.volumes.get_or_insert_with(Vec::new);
+    volumes.push(Volume {
+        name: QUEUE_API_TOKEN_VOLUME.into(),
+        projected: Some(projected(vec![token(
+            Some(API_TOKEN_AUDIENCE),
+            QUEUE_API_TOKEN_SECONDS,
+        )])),
+        ..Volume::default()
+    });
+    // What the ServiceAccount admission plugin mounts as kube-api-access-*.
+    volumes.push(Volume {
+        name: KUBE_API_VOLUME.into(),
+        projected: Some(projected(vec![
+            token(None, 3607),
+            VolumeProjection {
+                config_map: Some(ConfigMapProjection {
+                    name: "kube-root-ca.crt".into(),
+                    items: Some(vec![KeyToPath {
+                        key: "ca.crt".into(),
+                        path: "ca.crt".into(),
+                        mode: None,
+                    }]),
+                    optional: None,
+                }),
+                ..VolumeProjection::default()
+            },
+            VolumeProjection {
+                downward_api: Some(DownwardAPIProjection {
+                    items: Some(vec![DownwardAPIVolumeFile {
+                        path: "namespace".into(),
+                        field_ref: Some(ObjectFieldSelector {
+                            field_path: "metadata.namespace".into(),
+                            api_version: Some("v1".into()),
+                        }),
+                        ..DownwardAPIVolumeFile::default()
+                    }]),
+                }),
+                ..VolumeProjection::default()
+            },
+        ])),
+        ..Volume::default()
+    });
 }
 
 /// `SLUICE_DATABASE_URL` by reference: from the namespace's tenant Secret, or with
@@ -327,6 +485,7 @@ worker:
             image: "ghcr.io/sluice-dev/sluice-sidecar:0.1.0".into(),
             image_pull_policy: None,
             resources: None,
+            queue_api_auth: false,
         }
     }
 
@@ -518,6 +677,130 @@ worker:
         )
         .unwrap_err();
         assert!(err.to_string().contains("soap"), "{err}");
+    }
+
+    /// The value of env var `name` of `c` as JSON (`value` or `valueFrom`), `Null` when absent.
+    fn env_of(c: &Container, name: &str) -> serde_json::Value {
+        c.env
+            .iter()
+            .flatten()
+            .find(|e| e.name == name)
+            .map_or(serde_json::Value::Null, |e| {
+                serde_json::to_value(e.value.clone().map_or_else(
+                    || serde_json::to_value(&e.value_from).unwrap(),
+                    serde_json::Value::String,
+                ))
+                .unwrap()
+            })
+    }
+
+    #[test]
+    fn with_queue_api_auth_a_grpc_workers_sidecar_checks_callers_and_the_handler_has_a_sluice_token() {
+        let grpc = BASIC
+            .replace("handler: {port: 8080", "handler: {protocol: grpc, port: 8080")
+            .replace("database:", "queueName: mail.outbound\ndatabase:");
+        let auth = SidecarSettings {
+            queue_api_auth: true,
+            ..opts()
+        };
+        let d = render_worker_deployment(&job_queue(&grpc), &auth, None).unwrap();
+        let s = sidecar(&d);
+        assert_eq!(env_of(s, env::API_AUTH), "kubernetes");
+        assert_eq!(
+            env_of(s, env::POD_SERVICE_ACCOUNT)["fieldRef"]["fieldPath"],
+            "spec.serviceAccountName"
+        );
+        assert_eq!(
+            env_of(s, env::POD_NAMESPACE)["fieldRef"]["fieldPath"],
+            "metadata.namespace"
+        );
+        assert_eq!(env_of(s, env::POD_NAME)["fieldRef"]["fieldPath"], "metadata.name");
+        assert_eq!(env_of(s, env::API_JOB_QUEUES), "mail.outbound=emails");
+        assert_eq!(env_of(s, env::API_AUTH_LOOPBACK), serde_json::Value::Null);
+        let mounts = |c: &Container| -> Vec<(String, String)> {
+            c.volume_mounts
+                .iter()
+                .flatten()
+                .map(|m| (m.name.clone(), m.mount_path.clone()))
+                .collect()
+        };
+        assert!(mounts(s).contains(&(KUBE_API_VOLUME.into(), KUBE_API_DIR.into())));
+        let handler = &pod(&d).containers[0];
+        assert_eq!(handler.name, "handler");
+        assert_eq!(env_of(handler, env::QUEUE_API_TOKEN_FILE), QUEUE_API_TOKEN_PATH);
+        assert_eq!(
+            mounts(handler),
+            vec![(QUEUE_API_TOKEN_VOLUME.to_owned(), QUEUE_API_TOKEN_DIR.to_owned())]
+        );
+        let volumes = serde_json::to_value(&pod(&d).volumes).unwrap();
+        let token = volumes
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == QUEUE_API_TOKEN_VOLUME)
+            .unwrap();
+        assert_eq!(
+            token["projected"]["sources"][0]["serviceAccountToken"],
+            serde_json::json!({"audience": "sluice", "expirationSeconds": 600, "path": "token"})
+        );
+        let api = volumes
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == KUBE_API_VOLUME)
+            .unwrap();
+        assert_eq!(
+            api["projected"]["sources"][1]["configMap"]["name"],
+            "kube-root-ca.crt"
+        );
+
+        // On the host network, loopback is the node's: every caller needs a token.
+        let host = grpc.replace("    spec:\n", "    spec:\n      hostNetwork: true\n");
+        let d = render_worker_deployment(&job_queue(&host), &auth, None).unwrap();
+        assert_eq!(pod(&d).host_network, Some(true));
+        assert_eq!(env_of(sidecar(&d), env::API_AUTH_LOOPBACK), "token");
+
+        // The handler named by handler.container gets the token, not the other containers.
+        let two = grpc
+            .replace("handler: {protocol: grpc,", "handler: {container: main, protocol: grpc,")
+            .replace(
+                "      containers:\n",
+                "      containers:\n      - {name: log-shipper, image: shipper:1}\n      - {name: main, image: mail:1}\n",
+            );
+        let d = render_worker_deployment(&job_queue(&two), &auth, None).unwrap();
+        let with_token: Vec<&str> = pod(&d)
+            .containers
+            .iter()
+            .filter(|c| env_of(c, env::QUEUE_API_TOKEN_FILE) != serde_json::Value::Null)
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(with_token, ["main"]);
+
+        // A template volume of a reserved name is refused, naming it.
+        let taken = grpc.replace(
+            "    spec:\n",
+            "    spec:\n      volumes: [{name: sluice-queue-api-token, emptyDir: {}}]\n",
+        );
+        let err = render_worker_deployment(&job_queue(&taken), &auth, None).unwrap_err();
+        assert_eq!(err, RenderError::ReservedVolume(QUEUE_API_TOKEN_VOLUME.into()));
+        assert!(err.to_string().contains("sluice-queue-api-token"), "{err}");
+
+        // Without auth, or for an HTTP handler, none of it.
+        for (spec, settings) in [(grpc.as_str(), opts()), (BASIC, auth.clone())] {
+            let d = render_worker_deployment(&job_queue(spec), &settings, None).unwrap();
+            assert_eq!(env_of(sidecar(&d), env::API_AUTH), serde_json::Value::Null);
+            assert!(
+                pod(&d)
+                    .containers
+                    .iter()
+                    .all(|c| env_of(c, env::QUEUE_API_TOKEN_FILE) == serde_json::Value::Null)
+            );
+            assert_eq!(
+                pod(&d).volumes.as_ref().map(Vec::len),
+                Some(1),
+                "the config volume only"
+            );
+        }
     }
 
     #[test]

@@ -15,6 +15,7 @@ fn config() -> InjectConfig {
                 )
                 .unwrap(),
             ),
+            queue_api_auth: false,
         },
         native: true,
         config_verify_key: Some("ab".repeat(32)),
