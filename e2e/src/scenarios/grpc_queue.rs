@@ -10,7 +10,10 @@
 //! each worker's sidecar checks its gRPC callers: the handler sends the projected `sluice` token the
 //! operator mounts in it (`SLUICE_QUEUE_API_TOKEN_FILE`), a real TokenReview accepts it as the pod's
 //! ServiceAccount bound to that pod, and the pod itself takes its JobQueue's jobs without a Role; each
-//! sidecar's log says its handler came in so (`token bound to this pod`).
+//! sidecar's log says its handler came in so (`token bound to this pod`). Real `sluice` tokens that are
+//! not the pod's (`kubectl create token`: of another ServiceAccount, and of the pod's own ServiceAccount
+//! but bound to no pod) are refused `PERMISSION_DENIED` naming user, verb and JobQueue, since no Role
+//! grants them `update` on `jobqueues/jobs` of `mail`.
 //!
 //! Every Pod shares 127.0.0.1 under the kubelet stand-in: the gRPC port 9903, named in the worker's
 //! rendered config and in the handler's `--target`, gets a local port per Pod like any other Pod port.
@@ -82,6 +85,27 @@ spec:
       image: example/sluice-demo-app:1
       ports: [{name: app, containerPort: 8080}]
 "#;
+
+/// Runs the Python example worker against a worker pod's gRPC port (local `port`) with `token`; it
+/// must exit failing: its error output.
+async fn worker_refused(port: u16, token: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, token).unwrap();
+    let run = tokio::process::Command::new("python3")
+        .arg(crate::kubelet::GRPC_WORKER_SCRIPT)
+        .args(["--target", &format!("127.0.0.1:{port}"), "--queue", "mail"])
+        .args(["--connect-timeout", "10", "--token-file"])
+        .arg(&token_file)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .expect("the refused worker exits within 30 s")
+        .expect("python3 runs");
+    assert!(!out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
 
 /// Runs the scenario on an installed system (either control plane); panics naming what failed.
 pub async fn run(system: &SluiceSystem) {
@@ -159,6 +183,38 @@ pub async fn run(system: &SluiceSystem) {
             assert!(
                 log.contains(&caller),
                 "{p}: no stream let in as {caller:?}:\n{log}"
+            );
+        }
+        let port = *grpc_ports.iter().next().unwrap();
+        system
+            .kubectl_ok(&["create", "serviceaccount", "intruder", "-n", &n], None)
+            .await
+            .unwrap();
+        for account in ["intruder", "default"] {
+            let token = system
+                .kubectl_ok(
+                    &[
+                        "create",
+                        "token",
+                        account,
+                        "-n",
+                        &n,
+                        "--audience",
+                        "sluice",
+                        "--duration",
+                        "10m",
+                    ],
+                    None,
+                )
+                .await
+                .unwrap();
+            let refusal = worker_refused(port, token.trim()).await;
+            let want = format!(
+                "system:serviceaccount:{n}:{account} may not update jobqueues/jobs of JobQueue \"mail\""
+            );
+            assert!(
+                refusal.contains("PERMISSION_DENIED") && refusal.contains(&want),
+                "{account}: {refusal}"
             );
         }
     }
