@@ -74,8 +74,21 @@ pub struct Waiter<T> {
     pub answer: oneshot::Sender<T>,
 }
 
-/// Hits a call counted in Redis beyond the requests it decided: spendable in order, while `now` is before
-/// `until_ms` and the rule's parameters are unchanged.
+/// What sizes a key's prefetch besides its own traffic: the rule's parameters, the most hits one call may
+/// take ahead (`limits.redis.prefetch`) and the replicas sharing the limit. A prefetch reckoned under other
+/// sizing (before a hot reload, or before the replica count changed) is not used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sizing {
+    /// The rule's parameters.
+    pub params: Params,
+    /// Most hits one call takes ahead.
+    pub prefetch: u64,
+    /// Replicas sharing the limit.
+    pub replicas: u32,
+}
+
+/// Hits a call counted in Redis beyond the requests it decided: spendable in order by requests timed in
+/// the window they were counted in (`from_ms..until_ms`), while the rule's parameters are unchanged.
 #[derive(Debug, Clone)]
 pub struct Reserve {
     /// The call's reply; hit `i` of it is decided by `nth(reply, i)`.
@@ -86,13 +99,21 @@ pub struct Reserve {
     pub next: u64,
     /// One past the last allowed hit.
     pub end: u64,
+    /// Start of the window the hits were counted in (limiter clock, ms): a request timed earlier (a clock
+    /// stepped back, or a time read just before the window began) belongs to the window before.
+    pub from_ms: u64,
     /// End of the window the hits were counted in (limiter clock, ms).
     pub until_ms: u64,
 }
 
 impl Reserve {
     fn usable(&self, params: &Params, now: u64) -> bool {
-        self.next < self.end && now < self.until_ms && self.params == *params
+        self.next < self.end && self.from_ms <= now && now < self.until_ms && self.params == *params
+    }
+
+    /// Spendable later but not at `now`: its window has not begun.
+    fn early(&self, now: u64) -> bool {
+        now < self.from_ms
     }
 
     /// Hits still unspent.
@@ -108,8 +129,12 @@ struct Reserves(std::collections::VecDeque<Reserve>);
 
 impl Reserves {
     /// Spends the next usable hit, dropping reserves that ran out, expired or belong to other parameters.
+    /// A reserve whose window has not begun at `now` is kept, and nothing is spent.
     fn take(&mut self, params: &Params, now: u64) -> Option<Spent> {
         while let Some(r) = self.0.front_mut() {
+            if r.early(now) && r.params == *params && r.next < r.end {
+                return None;
+            }
             if r.usable(params, now) {
                 let spent = Spent {
                     reply: Arc::clone(&r.reply),
@@ -127,6 +152,7 @@ impl Reserves {
         self.0.iter().map(Reserve::left).sum()
     }
 
+    /// Whether any reserve has hits that are or will be spendable (worth keeping the key for).
     fn usable(&self, now: u64) -> bool {
         self.0.iter().any(|r| r.next < r.end && now < r.until_ms)
     }
@@ -239,6 +265,8 @@ struct Entry<T> {
     slow: u64,
     /// When the last call was settled (limiter clock, ms).
     settled_at: u64,
+    /// What `prefetched` and `slow` were reckoned under: under other sizing they are not used.
+    sized: Option<Sizing>,
 }
 
 impl<T> Entry<T> {
@@ -254,6 +282,7 @@ impl<T> Entry<T> {
             prefetched: 0,
             slow: 0,
             settled_at: now,
+            sized: None,
         }
     }
 
@@ -327,23 +356,31 @@ pub fn prefetch_size(wanted: u64, floor: u64, remaining: u64, replicas: u32, lim
 }
 
 impl<T> Coalescer<T> {
-    /// Joins `key` at `now` for a rule with `params`: spend from its reserve, lead when no call is in
-    /// flight for it, else wait in its queue.
-    pub fn join(&self, key: &str, params: &Params, now: u64) -> Turn<T> {
+    /// Joins `key` at `now` for a rule sized by `sizing`: spend from its reserve, lead when no call is in
+    /// flight for it, else wait in its queue. Takes hits ahead only as reckoned under the same sizing.
+    pub fn join(&self, key: &str, sizing: &Sizing, now: u64) -> Turn<T> {
+        let params = &sizing.params;
         let mut entries = self.lock();
         let Some(entry) = entries.by_key.get_mut(key) else {
             entries.by_key.insert(key.to_owned(), Entry::new(now));
             return Turn::Lead { prefetch: 0 };
         };
         let quiet = !entry.rate.recent(now);
+        // Reckoned under other limits, prefetch setting or replica count (a hot reload): take nothing
+        // ahead until the next settle reckons again.
+        let (prefetched, slow) = if entry.sized == Some(*sizing) {
+            (entry.prefetched, entry.slow_prefetch(now))
+        } else {
+            (0, 0)
+        };
         entry.demand += 1;
         entry.rate.record(now);
         if let Some(spent) = entry.reserves.take(params, now) {
-            let low = entry.reserves.left() * 2 <= entry.prefetched;
-            let refill = if low && entry.prefetched > 0 && !entry.in_flight {
+            let low = entry.reserves.left() * 2 <= prefetched;
+            let refill = if low && prefetched > 0 && !entry.in_flight {
                 entry.in_flight = true;
                 entry.demand = 0;
-                entry.prefetched
+                prefetched
             } else {
                 0
             };
@@ -353,11 +390,7 @@ impl<T> Coalescer<T> {
             entry.in_flight = true;
             // Quiet since its last call: what that call reckoned for a busy key no longer holds; for a
             // slow key far from its limit it does, for a while.
-            let prefetch = if quiet {
-                entry.slow_prefetch(now)
-            } else {
-                entry.prefetched
-            };
+            let prefetch = if quiet { slow } else { prefetched };
             entry.demand = 0;
             return Turn::Lead { prefetch };
         }
@@ -374,18 +407,20 @@ impl<T> Coalescer<T> {
 
     /// Called when the call in flight for `key` finished, with the hits it took ahead (`reserve`, if any
     /// were allowed) and the size of the next call's prefetch, which `next_prefetch(wanted, floor)`
-    /// reckons from the hits the key wants and the floor a slow key may take (see [`prefetch_size`]).
+    /// reckons under `sizing` from the hits the key wants and the floor a slow key may take (see
+    /// [`prefetch_size`]).
     /// Serves the queue that formed meanwhile from the reserve and returns the rest as the next batch;
     /// with nothing left to decide the key is no longer in flight, and it is forgotten unless it holds
     /// hits, saw a request lately or was found far from its limit lately.
     pub fn settle(
         &self,
         key: &str,
-        params: &Params,
+        sizing: &Sizing,
         reserve: Option<Reserve>,
         now: u64,
         next_prefetch: impl Fn(u64, u64) -> u64,
     ) -> Settled<T> {
+        let params = &sizing.params;
         let mut entries = self.lock();
         if entries.by_key.len() >= SWEEP_ABOVE && now.saturating_sub(entries.swept_at) >= SWEEP_EVERY_MS {
             entries.swept_at = now;
@@ -424,6 +459,7 @@ impl<T> Coalescer<T> {
         };
         entry.prefetched = prefetch;
         entry.slow = slow;
+        entry.sized = Some(*sizing);
         entry.settled_at = now;
         let reserve_left = entry.reserves.left();
         if !settled.batch.is_empty() {
@@ -473,6 +509,11 @@ mod tests {
         window_ms: 60_000,
         burst: 0,
     };
+    const S: Sizing = Sizing {
+        params: P,
+        prefetch: 256,
+        replicas: 1,
+    };
 
     fn reserve(next: u64, end: u64, until_ms: u64) -> Reserve {
         Reserve {
@@ -480,6 +521,7 @@ mod tests {
             params: P,
             next,
             end,
+            from_ms: until_ms.saturating_sub(P.window_ms),
             until_ms,
         }
     }
@@ -491,44 +533,44 @@ mod tests {
     #[test]
     fn the_first_request_leads_and_later_ones_queue_until_the_call_finishes() {
         let c = Coalescer::<u32>::default();
-        assert!(matches!(c.join("k", &P, 0), Turn::Lead { prefetch: 0 }));
-        let Turn::Follow(mut a) = c.join("k", &P, 0) else {
+        assert!(matches!(c.join("k", &S, 0), Turn::Lead { prefetch: 0 }));
+        let Turn::Follow(mut a) = c.join("k", &S, 0) else {
             panic!("second must follow")
         };
-        let Turn::Follow(_b) = c.join("k", &P, 0) else {
+        let Turn::Follow(_b) = c.join("k", &S, 0) else {
             panic!("third must follow")
         };
         assert!(
-            matches!(c.join("other", &P, 0), Turn::Lead { .. }),
+            matches!(c.join("other", &S, 0), Turn::Lead { .. }),
             "keys never wait for each other"
         );
 
-        let settled = c.settle("k", &P, None, 0, none);
+        let settled = c.settle("k", &S, None, 0, none);
         assert_eq!(settled.batch.len(), 2);
         assert!(settled.served.is_empty());
         assert_eq!(c.tracked(), 2, "the batch's call keeps the key in flight");
         assert!(
-            matches!(c.join("k", &P, 0), Turn::Follow(_)),
+            matches!(c.join("k", &S, 0), Turn::Follow(_)),
             "joins the next batch"
         );
         let mut batch = settled.batch.into_iter();
         batch.next().unwrap().answer.send(7).unwrap();
         assert_eq!(a.try_recv().unwrap(), 7);
 
-        assert_eq!(c.settle("k", &P, None, 0, none).batch.len(), 1);
-        assert!(c.settle("k", &P, None, 0, none).batch.is_empty());
+        assert_eq!(c.settle("k", &S, None, 0, none).batch.len(), 1);
+        assert!(c.settle("k", &S, None, 0, none).batch.is_empty());
         assert_eq!(c.tracked(), 2, "an idle key seen lately is remembered");
         let quiet = 2 * RATE_WINDOW_MS;
-        assert!(c.settle("other", &P, None, quiet, none).batch.is_empty());
-        let _ = c.join("k", &P, quiet);
+        assert!(c.settle("other", &S, None, quiet, none).batch.is_empty());
+        let _ = c.join("k", &S, quiet);
         assert!(
-            c.settle("k", &P, None, quiet + 2 * RATE_WINDOW_MS, none)
+            c.settle("k", &S, None, quiet + 2 * RATE_WINDOW_MS, none)
                 .batch
                 .is_empty()
         );
         assert_eq!(c.tracked(), 0, "quiet idle keys are forgotten");
         assert!(
-            matches!(c.join("k", &P, 0), Turn::Lead { .. }),
+            matches!(c.join("k", &S, 0), Turn::Lead { .. }),
             "an idle key is led again"
         );
     }
@@ -536,25 +578,25 @@ mod tests {
     #[test]
     fn a_full_queue_sends_further_requests_alone() {
         let c = Coalescer::<()>::default();
-        assert!(matches!(c.join("k", &P, 0), Turn::Lead { .. }));
-        let _waiting: Vec<_> = (0..MAX_BATCH).map(|_| c.join("k", &P, 0)).collect();
-        assert!(matches!(c.join("k", &P, 0), Turn::Alone));
+        assert!(matches!(c.join("k", &S, 0), Turn::Lead { .. }));
+        let _waiting: Vec<_> = (0..MAX_BATCH).map(|_| c.join("k", &S, 0)).collect();
+        assert!(matches!(c.join("k", &S, 0), Turn::Alone));
     }
 
     #[test]
     fn a_reserve_serves_the_queue_first_then_later_requests_in_order() {
         let c = Coalescer::<()>::default();
-        let _ = c.join("k", &P, 0);
-        let queued: Vec<_> = (0..2).map(|_| c.join("k", &P, 0)).collect();
+        let _ = c.join("k", &S, 0);
+        let queued: Vec<_> = (0..2).map(|_| c.join("k", &S, 0)).collect();
         assert!(queued.iter().all(|t| matches!(t, Turn::Follow(_))));
         // The leader's call allowed hit 0 (its own) and hits 1..5 ahead.
-        let settled = c.settle("k", &P, Some(reserve(1, 5, 60_000)), 10, |_, _| 4);
+        let settled = c.settle("k", &S, Some(reserve(1, 5, 60_000)), 10, |_, _| 4);
         let served: Vec<u64> = settled.served.iter().map(|(_, s)| s.index).collect();
         assert_eq!(served, [1, 2], "queued requests spend the first hits");
         assert!(settled.batch.is_empty());
         assert_eq!(c.reserved("k"), 2);
 
-        let Turn::Reserved { spent, refill } = c.join("k", &P, 20) else {
+        let Turn::Reserved { spent, refill } = c.join("k", &S, 20) else {
             panic!("served from the reserve")
         };
         assert_eq!(
@@ -562,12 +604,12 @@ mod tests {
             (3, 4),
             "half spent: refill by the last prefetch"
         );
-        let Turn::Reserved { spent, refill } = c.join("k", &P, 20) else {
+        let Turn::Reserved { spent, refill } = c.join("k", &S, 20) else {
             panic!("served from the reserve")
         };
         assert_eq!((spent.index, refill), (4, 0), "one refill in flight at a time");
         assert!(
-            matches!(c.join("k", &P, 20), Turn::Follow(_)),
+            matches!(c.join("k", &S, 20), Turn::Follow(_)),
             "spent: wait for the refill"
         );
     }
@@ -575,44 +617,101 @@ mod tests {
     #[test]
     fn a_reserve_is_not_spent_after_its_window_or_under_other_parameters() {
         let c = Coalescer::<()>::default();
-        let _ = c.join("k", &P, 0);
-        let _ = c.settle("k", &P, Some(reserve(1, 100, 60_000)), 0, |_, _| 50);
-        let changed = Params { requests: 10, ..P };
+        let _ = c.join("k", &S, 0);
+        let _ = c.settle("k", &S, Some(reserve(1, 100, 60_000)), 0, |_, _| 50);
+        let changed = Sizing {
+            params: Params { requests: 10, ..P },
+            ..S
+        };
         assert!(
             matches!(c.join("k", &changed, 10), Turn::Lead { .. }),
             "a changed limit drops the reserve"
         );
-        let _ = c.settle("k", &P, Some(reserve(1, 100, 60_000)), 0, |_, _| 50);
+        let _ = c.settle("k", &S, Some(reserve(1, 100, 60_000)), 0, |_, _| 50);
         assert!(
-            matches!(c.join("k", &P, 60_000), Turn::Lead { prefetch: 0 }),
+            matches!(c.join("k", &S, 60_000), Turn::Lead { prefetch: 0 }),
             "the next window needs a new call (and a key quiet this long takes nothing ahead)"
         );
         assert_eq!(c.reserved("k"), 0);
     }
 
     #[test]
+    fn a_reserve_is_not_spent_by_a_request_timed_before_its_window_and_is_kept_for_it() {
+        let c = Coalescer::<()>::default();
+        let _ = c.join("k", &S, 60_000);
+        // Counted in the window 60,000..120,000.
+        let _ = c.settle("k", &S, Some(reserve(1, 5, 120_000)), 60_000, |_, _| 4);
+        assert!(
+            matches!(c.join("k", &S, 59_999), Turn::Lead { .. }),
+            "a request timed in the window before (a clock stepped back) asks Redis"
+        );
+        assert_eq!(c.reserved("k"), 4, "the reserve is kept");
+        let _ = c.settle("k", &S, None, 59_999, |_, _| 4);
+        let Turn::Reserved { spent, .. } = c.join("k", &S, 60_000) else {
+            panic!("spent in its own window")
+        };
+        assert_eq!(spent.index, 1);
+    }
+
+    #[test]
+    fn a_prefetch_reckoned_before_a_reload_is_not_taken() {
+        let c = Coalescer::<()>::default();
+        let far = |w, f| prefetch_size(w, f, 1_000_000, 1, 256);
+        let _ = c.join("k", &S, 0);
+        let _ = c.settle("k", &S, None, 0, far);
+        let fewer = Sizing {
+            params: Params { requests: 100, ..P },
+            replicas: 4,
+            ..S
+        };
+        assert!(
+            matches!(c.join("k", &fewer, 100), Turn::Lead { prefetch: 0 }),
+            "a lower limit and more replicas: nothing ahead until reckoned again"
+        );
+        let _ = c.settle("k", &fewer, None, 100, |w, f| prefetch_size(w, f, 99, 4, 256));
+        assert!(
+            matches!(c.join("k", &fewer, 200), Turn::Lead { prefetch: 0 }),
+            "reckoned again: near the limit per replica, exact"
+        );
+        let _ = c.settle("k", &S, None, 200, far);
+        let off = Sizing { prefetch: 0, ..S };
+        assert!(
+            matches!(c.join("k", &off, 300), Turn::Lead { prefetch: 0 }),
+            "prefetch: 0 turns it off at once"
+        );
+
+        // A refill reckoned before the reload is not made either.
+        let _ = c.settle("k", &S, Some(reserve(1, 5, 60_000)), 300, |_, _| 4);
+        let _ = c.join("k", &S, 301);
+        let Turn::Reserved { refill, .. } = c.join("k", &off, 302) else {
+            panic!("hits already counted are still spent")
+        };
+        assert_eq!(refill, 0, "half spent, but reckoned under other sizing");
+    }
+
+    #[test]
     fn a_refill_arriving_early_is_spent_after_what_is_left_of_the_last_one() {
         let c = Coalescer::<()>::default();
-        let _ = c.join("k", &P, 0);
-        let _ = c.settle("k", &P, Some(reserve(1, 5, 60_000)), 0, |_, _| 4);
-        let Turn::Reserved { refill, .. } = c.join("k", &P, 1) else {
+        let _ = c.join("k", &S, 0);
+        let _ = c.settle("k", &S, Some(reserve(1, 5, 60_000)), 0, |_, _| 4);
+        let Turn::Reserved { refill, .. } = c.join("k", &S, 1) else {
             panic!("reserved")
         };
         assert_eq!(refill, 0);
-        let Turn::Reserved { refill, .. } = c.join("k", &P, 1) else {
+        let Turn::Reserved { refill, .. } = c.join("k", &S, 1) else {
             panic!("reserved")
         };
         assert_eq!(refill, 4, "half spent");
         let mut refilled = reserve(0, 4, 60_000);
         refilled.reply = Arc::new(vec![4, 9]);
-        let _ = c.settle("k", &P, Some(refilled), 2, |_, _| 4);
+        let _ = c.settle("k", &S, Some(refilled), 2, |_, _| 4);
         assert_eq!(
             c.reserved("k"),
             6,
             "two left of the first reserve, four of the refill"
         );
         let order: Vec<(i64, u64)> = (0..6)
-            .map(|_| match c.join("k", &P, 3) {
+            .map(|_| match c.join("k", &S, 3) {
                 Turn::Reserved { spent, .. } => (spent.reply[1], spent.index),
                 other => panic!("{other:?}"),
             })
@@ -649,11 +748,11 @@ mod tests {
         // Two requests a millisecond, each call finished before the next request arrives.
         for t in 0..2 * RATE_WINDOW_MS {
             for _ in 0..2 {
-                let Turn::Lead { prefetch } = c.join("k", &P, t) else {
+                let Turn::Lead { prefetch } = c.join("k", &S, t) else {
                     panic!("nothing overlaps, nothing is reserved: every request leads")
                 };
                 prefetches.push(prefetch);
-                let _ = c.settle("k", &P, None, t, |wanted, _| wanted);
+                let _ = c.settle("k", &S, None, t, |wanted, _| wanted);
             }
         }
         let per_window = 2 * RATE_WINDOW_MS;
@@ -756,6 +855,14 @@ mod tests {
         }
     }
 
+    fn sizing(p: &Params, replicas: u32) -> Sizing {
+        Sizing {
+            params: *p,
+            prefetch: 256,
+            replicas,
+        }
+    }
+
     /// Settles a call on `w` that decided `decided` requests, as `limiter::remote` does.
     fn settle_call(
         c: &Coalescer<()>,
@@ -772,10 +879,11 @@ mod tests {
             params: *p,
             next: decided,
             end: allowed,
+            from_ms: now / p.window_ms * p.window_ms,
             until_ms: (now / p.window_ms + 1) * p.window_ms,
         });
         let remaining = w.limit - w.count;
-        let settled = c.settle("k", p, reserve, now, |wanted, floor| {
+        let settled = c.settle("k", &sizing(p, replicas), reserve, now, |wanted, floor| {
             prefetch_size(wanted, floor, remaining, replicas, 256)
         });
         assert!(
@@ -787,7 +895,7 @@ mod tests {
     /// One request for `k` at `now` through `c` (a replica of `replicas`), its calls made on `w` at once:
     /// whether it was allowed, and whether a reserve decided it.
     fn request(c: &Coalescer<()>, w: &mut Window, p: &Params, replicas: u32, now: u64) -> (bool, bool) {
-        match c.join("k", p, now) {
+        match c.join("k", &sizing(p, replicas), now) {
             Turn::Lead { prefetch } => {
                 let reply = w.call(now, 1 + prefetch);
                 settle_call(c, w, p, replicas, now, &reply, 1);
@@ -886,35 +994,35 @@ mod tests {
         let far = |w, f| prefetch_size(w, f, 1_000_000, 1, 256);
         let near = |w, f| prefetch_size(w, f, FAR_FROM_LIMIT - 1, 1, 256);
         assert!(
-            matches!(c.join("k", &P, 0), Turn::Lead { prefetch: 0 }),
+            matches!(c.join("k", &S, 0), Turn::Lead { prefetch: 0 }),
             "unknown: exact"
         );
-        let _ = c.settle("k", &P, None, 0, far);
+        let _ = c.settle("k", &S, None, 0, far);
         let later = SLOW_MEMORY_MS - 1;
         assert!(
             matches!(
-                c.join("k", &P, later),
+                c.join("k", &S, later),
                 Turn::Lead {
                     prefetch: SLOW_PREFETCH
                 }
             ),
             "quiet, but found far from its limit lately"
         );
-        let _ = c.settle("k", &P, None, later, near);
+        let _ = c.settle("k", &S, None, later, near);
         assert_eq!(c.tracked(), 1, "seen lately");
         assert!(
-            matches!(c.join("k", &P, later + 1_000), Turn::Lead { prefetch: 0 }),
+            matches!(c.join("k", &S, later + 1_000), Turn::Lead { prefetch: 0 }),
             "near its limit: exact"
         );
-        let _ = c.settle("k", &P, None, later + 1_000, far);
+        let _ = c.settle("k", &S, None, later + 1_000, far);
         let much_later = later + 1_000 + SLOW_MEMORY_MS;
         assert!(
-            matches!(c.join("k", &P, much_later), Turn::Lead { prefetch: 0 }),
+            matches!(c.join("k", &S, much_later), Turn::Lead { prefetch: 0 }),
             "found far too long ago: exact"
         );
-        let _ = c.settle("k", &P, None, much_later, none);
+        let _ = c.settle("k", &S, None, much_later, none);
         assert!(
-            c.settle("k", &P, None, much_later + 2 * RATE_WINDOW_MS, none)
+            c.settle("k", &S, None, much_later + 2 * RATE_WINDOW_MS, none)
                 .batch
                 .is_empty()
         );
@@ -927,32 +1035,32 @@ mod tests {
         let far = |w, f| prefetch_size(w, f, 1_000_000, 1, 256);
         for i in 0..MAX_SLOW_RESERVES - 1 {
             let key = i.to_string();
-            let _ = c.join(&key, &P, 0);
-            let _ = c.settle(&key, &P, None, 0, far);
+            let _ = c.join(&key, &S, 0);
+            let _ = c.settle(&key, &S, None, 0, far);
         }
         assert_eq!(c.tracked(), MAX_SLOW_RESERVES - 1);
         // "0" was found far before; "new" is the key that fills the table.
-        let _ = c.join("new", &P, 1_000);
-        let _ = c.settle("new", &P, None, 1_000, far);
+        let _ = c.join("new", &S, 1_000);
+        let _ = c.settle("new", &S, None, 1_000, far);
         assert!(
-            matches!(c.join("new", &P, 1_500), Turn::Lead { prefetch: 0 }),
+            matches!(c.join("new", &S, 1_500), Turn::Lead { prefetch: 0 }),
             "no room"
         );
-        let _ = c.settle("new", &P, None, 1_500, far);
+        let _ = c.settle("new", &S, None, 1_500, far);
         assert!(
             matches!(
-                c.join("0", &P, 1_500),
+                c.join("0", &S, 1_500),
                 Turn::Lead {
                     prefetch: SLOW_PREFETCH
                 }
             ),
             "a key already taking hits ahead goes on"
         );
-        let _ = c.settle("0", &P, None, 1_500, far);
+        let _ = c.settle("0", &S, None, 1_500, far);
         // A busy key still finds room below MAX_RESERVES.
-        let _ = c.join("busy", &P, 1_500);
-        let _waiting: Vec<_> = (0..16).map(|_| c.join("busy", &P, 1_500)).collect();
-        let settled = c.settle("busy", &P, None, 1_500, far);
+        let _ = c.join("busy", &S, 1_500);
+        let _waiting: Vec<_> = (0..16).map(|_| c.join("busy", &S, 1_500)).collect();
+        let settled = c.settle("busy", &S, None, 1_500, far);
         assert_eq!(settled.prefetch, 32, "twice the arrivals during its call");
         assert!(c.tracked() <= MAX_SLOW_RESERVES + 1);
     }
@@ -960,9 +1068,9 @@ mod tests {
     #[test]
     fn a_batch_gets_what_is_left_of_its_oldest_deadline() {
         let c = Coalescer::<()>::default();
-        let _ = c.join("k", &P, 0);
-        let _rx = c.join("k", &P, 0);
-        let batch = c.settle("k", &P, None, 0, none).batch;
+        let _ = c.join("k", &S, 0);
+        let _rx = c.join("k", &S, 0);
+        let batch = c.settle("k", &S, None, 0, none).batch;
         assert!(batch_deadline(&batch, Duration::from_millis(50)) <= Duration::from_millis(50));
         assert!(batch_deadline(&batch, Duration::from_secs(3600)) > Duration::from_secs(3000));
         assert_eq!(batch_deadline(&batch, Duration::ZERO), Duration::ZERO);

@@ -12,7 +12,7 @@ use sluice_crds::sidecar_config::Algorithm as AlgorithmKind;
 use super::{
     Settings, Shared,
     algorithm::{self, Hits, Outcome, Params, Unique},
-    coalesce::{Reserve, Turn, Waiter, batch_deadline, prefetch_size},
+    coalesce::{Reserve, Sizing, Turn, Waiter, batch_deadline, prefetch_size},
     metrics::RedisErrorKind,
     redis_store::{CallError, RedisStore},
     rule::CompiledRule,
@@ -64,7 +64,12 @@ pub(super) async fn decide(
     };
     // The calls below are boxed: most requests of a busy key never make one, and this future lives in
     // every request's state.
-    match shared.coalescer.join(&key, &rule.params, now) {
+    let sizing = Sizing {
+        params: rule.params,
+        prefetch: settings.prefetch,
+        replicas: shared.replicas(settings),
+    };
+    match shared.coalescer.join(&key, &sizing, now) {
         Turn::Follow(answer) => {
             let share = tokio::time::timeout(settings.timeout, answer)
                 .await
@@ -276,6 +281,7 @@ fn settle(
             params: *p,
             next: decided,
             end: allowed,
+            from_ms: prefetch_from(kind, p, now),
             until_ms,
         }),
         _ => None,
@@ -288,11 +294,16 @@ fn settle(
         .map_or(0, |o| o.remaining);
     let settings = shared.settings.load();
     let (limit, replicas) = (settings.prefetch, shared.replicas(&settings));
+    let sizing = Sizing {
+        params: *p,
+        prefetch: limit,
+        replicas,
+    };
     // A token bucket's held hits live in short slots: a slow key would mostly let them lapse.
     let slow_ok = matches!(kind, AlgorithmKind::FixedWindow | AlgorithmKind::SlidingCounter);
     let settled = shared
         .coalescer
-        .settle(&counter.key, p, reserve, now, |wanted, floor| {
+        .settle(&counter.key, &sizing, reserve, now, |wanted, floor| {
             if until.is_some() {
                 let floor = if slow_ok { floor } else { 0 };
                 prefetch_size(wanted, floor, remaining, replicas, limit)
@@ -310,6 +321,16 @@ fn settle(
         }));
     }
     (!settled.batch.is_empty()).then_some((settled.batch, settled.prefetch))
+}
+
+/// Start of the window hits taken ahead at `now` are counted in: a fixed window's or sliding counter's
+/// window, a token bucket's hold slot. A request timed earlier does not spend them.
+fn prefetch_from(kind: AlgorithmKind, p: &Params, now: u64) -> u64 {
+    let len = match kind {
+        AlgorithmKind::TokenBucket => algorithm::token_bucket::HOLD_SLOT_MS,
+        _ => p.window_ms,
+    };
+    now - now % len.max(1)
 }
 
 /// Decides batches for `counter` (each call taking `prefetch` hits ahead as well) until no more requests
