@@ -140,9 +140,11 @@ pub struct RedisSpec {
     #[schemars(schema_with = "go_duration_schema")]
     pub timeout: Duration,
 
-    /// Most requests of a hot key's budget one Redis call may take ahead, for a sidecar to spend in
-    /// process without waiting (fixed window, sliding-window counter, token bucket). Never over the
-    /// limit; 0 makes every request wait for its own Redis decision. See docs/rate-limiting.md.
+    /// Most requests of a key's budget one Redis call may take ahead, for a sidecar to spend in process
+    /// without waiting: for a busy key (fixed window, sliding-window counter, token bucket), and up to 8
+    /// for any key far from its limit, however slow (fixed window, sliding-window counter). Never over
+    /// the limit, and at most a quarter of what is left per replica; 0 makes every request wait for its
+    /// own Redis decision. See docs/rate-limiting.md.
     #[serde(default = "default_prefetch")]
     #[schemars(range(min = 0, max = sidecar_config::PREFETCH_MAX))]
     pub prefetch: u64,

@@ -18,7 +18,7 @@ pub const ADMIN_LISTEN_DEFAULT: &str = "0.0.0.0:9901";
 pub const REDIS_TIMEOUT_DEFAULT: Duration = Duration::from_millis(50);
 /// Default largest request body forwarded (larger ones get 413).
 pub const MAX_REQUEST_BODY_DEFAULT: u64 = 10 * 1024 * 1024;
-/// Default of `limits.redis.prefetch`: most requests of a hot key's budget taken ahead in one call.
+/// Default of `limits.redis.prefetch`: most requests of a key's budget taken ahead in one call.
 pub const PREFETCH_DEFAULT: u64 = 256;
 /// Largest `limits.redis.prefetch`.
 pub const PREFETCH_MAX: u64 = 100_000;
@@ -165,9 +165,11 @@ pub struct RedisConfig {
     /// Connections in the pool (each pipelines many calls).
     #[serde(default = "default_pool_size")]
     pub pool_size: usize,
-    /// Most requests of a hot key's budget one call may take ahead for this sidecar to spend in process
-    /// (fixed window, sliding-window counter, token bucket). Never over the limit; 0 makes every request wait for
-    /// its own decision. See docs/rate-limiting.md, "Hot keys take their budget ahead".
+    /// Most requests of a key's budget one call may take ahead for this sidecar to spend in process: for
+    /// a busy key (fixed window, sliding-window counter, token bucket), and up to 8 for any key far from
+    /// its limit, however slow (fixed window, sliding-window counter). Never over the limit, and at most
+    /// a quarter of what is left per replica; 0 makes every request wait for its own decision (at once
+    /// on reload). See docs/rate-limiting.md, "Hot keys take their budget ahead".
     #[serde(default = "default_prefetch")]
     pub prefetch: u64,
 }
