@@ -9,7 +9,7 @@
 //! `Disabled` hands the workers the JobQueue's own Secret. With a `QueueDatabase`, the owner's URL stays
 //! in the operator's namespace and the JobQueue's gets the tenant's only; a namespace its selector does
 //! not admit, or a QueueDatabase that does not exist, is refused with the reason, and admitted once
-//! that is fixed.
+//! that is fixed; a queue an earlier release named without a namespace is never adopted by a tenant.
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
@@ -198,7 +198,7 @@ async fn secret_value(ns: &TestNamespace, name: &str, key: &str) -> String {
     String::from_utf8(s.data.unwrap()[key].0.clone()).unwrap()
 }
 
-/// Creates the sluice schema, as the server's superuser (the schema's owner).
+/// Creates the sluice schema as the login `url` names (the schema's owner).
 async fn migrate(url: &str) {
     let pool = sluice_queue::pool::options(1).connect(url).await.expect("log in");
     sluice_queue::schema::migrate(&pool).await.unwrap();
@@ -979,6 +979,44 @@ async fn a_missing_queue_database_is_reported_and_used_once_created() {
     wait_condition(&shop, "emails", "Ready", "True", "AsExpected").await;
     let name = tenant::secret_name(sluice_crds::job_queue::DatabaseSource::QueueDatabase("later"));
     assert_eq!(workers_database_secret(&shop, "emails").await.name, name);
+}
+
+#[tokio::test]
+async fn a_queue_named_before_namespaces_on_a_queue_database_is_never_adopted_by_a_tenant() {
+    let f = fixture().await;
+    let owner_url = shared_queue_database(&f, "shop").await;
+    // Another team's queue `emails`, named without a namespace by an earlier release, with jobs.
+    migrate(&owner_url).await;
+    let owner = connect(&owner_url).await;
+    owner
+        .upsert_queue(&QueueSettings::defaults("emails"))
+        .await
+        .unwrap();
+    for n in 0..2 {
+        owner
+            .enqueue("emails", &NewJob::new("send", serde_json::json!({ "n": n })))
+            .await
+            .unwrap();
+    }
+    // An admitted namespace's JobQueue of that name, the only one claiming it, does not take it.
+    let shop = f.env.namespace("shop").await.unwrap();
+    label_namespace(&f, &shop, "team", "shop").await;
+    shop.apply_yaml(&job_queue_on_queue_database_yaml("emails", "shared"))
+        .await
+        .unwrap();
+    // Adoption is decided before the status is written, in the same reconcile: once Ready, it is done.
+    // (The Degraded condition reports the missing external metrics API first, in this fixture.)
+    let jq = wait_condition(&shop, "emails", "Ready", "True", "AsExpected").await;
+    assert_eq!(jq.status.unwrap().depth.unwrap().ready, 0);
+    assert!(
+        owner.queue("emails").await.unwrap().is_some(),
+        "the old queue stays"
+    );
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM sluice.jobs WHERE queue = 'emails'")
+        .fetch_one(owner.pool())
+        .await
+        .unwrap();
+    assert_eq!(left, 2, "nothing moved into the namespace");
 }
 
 #[tokio::test]

@@ -393,33 +393,46 @@ async fn provision_tenant(
 /// the operator sees claiming that name. Otherwise the old queue is left alone and the message returned
 /// (for `Degraded`) says why and how to move it by hand. One lookup by primary key per reconcile while
 /// no such queue exists.
+///
+/// A JobQueue on a `QueueDatabase` never adopts: that database is shared by namespaces that do not
+/// trust each other, and being the only claimant the operator sees does not make the old queue this
+/// namespace's. An administrator moves it with `sluice.adopt_queue`. The message never names another
+/// namespace's JobQueues, only how many there are.
 async fn adopt_legacy_queue(jq: &JobQueue, ctx: &Context<State>, url: &str) -> Result<Option<String>> {
     let (short, full) = (jq.queue_name(), jq.database_queue_name());
     let store = QueueStore::new(ctx.state.settings.databases.pool(url)?);
     if store.queue(&short).await?.is_none() {
         return Ok(None);
     }
-    let mut claimants = Vec::new();
-    for scope in ctx.state.settings.namespaces.scopes() {
-        let list = api_in::<JobQueue>(&ctx.client, scope.as_deref())
-            .list(&ListParams::default())
-            .await?;
-        claimants.extend(
-            list.items
-                .iter()
-                .filter(|q| q.queue_name() == short)
-                .map(|q| format!("{}/{}", q.namespace_or_default(), q.name_any())),
-        );
-    }
     let by_hand = format!(
         "move it with SELECT sluice.adopt_queue('{short}', '<namespace>/{short}') into the queue of the \
          JobQueue it belongs to"
     );
-    if claimants.len() != 1 {
+    if jq.spec.database.queue_database_ref.is_some() {
         return Ok(Some(format!(
-            "queue {short:?} was named without a namespace by an earlier version and JobQueues {} all \
-             claim it, so it was not adopted into {full:?}: {by_hand}",
-            claimants.join(", ")
+            "queue {short:?} was named without a namespace by an earlier version; on a shared \
+             QueueDatabase it is not adopted into {full:?} automatically: an administrator who knows \
+             whose it is can {by_hand}"
+        )));
+    }
+    let mut claimants = 0usize;
+    let mut this_one = false;
+    for scope in ctx.state.settings.namespaces.scopes() {
+        let list = api_in::<JobQueue>(&ctx.client, scope.as_deref())
+            .list(&ListParams::default())
+            .await?;
+        for q in list.items.iter().filter(|q| q.queue_name() == short) {
+            claimants += 1;
+            this_one |= q.namespace() == jq.namespace() && q.name_any() == jq.name_any();
+        }
+    }
+    if claimants != 1 || !this_one {
+        let others = claimants - usize::from(this_one);
+        return Ok(Some(format!(
+            "queue {short:?} was named without a namespace by an earlier version and {others} other \
+             JobQueue{} claim{} it, so it was not adopted into {full:?}: {by_hand}",
+            if others == 1 { "" } else { "s" },
+            if others == 1 { "s" } else { "" },
         )));
     }
     match store.adopt_queue(&short, &full).await {
