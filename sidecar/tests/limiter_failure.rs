@@ -31,8 +31,10 @@ mod limiter {
 
     /// The configured Redis deadline.
     const DEADLINE: Duration = Duration::from_millis(50);
-    /// What the test tolerates beyond the deadline for scheduling on a busy two-core machine (timer wheel
-    /// granularity, tasks waiting for a core); the limiter itself never waits longer than the deadline.
+    /// What the test tolerates between a timer of the deadline started with a decision firing and the
+    /// decision finishing: the in-process work after the deadline (a fallback decision) and a worker
+    /// thread losing its core in between on a busy machine. The limiter itself never waits longer than
+    /// the deadline.
     const SCHEDULING_SLACK: Duration = Duration::from_millis(100);
     /// Concurrent clients.
     const CLIENTS: usize = 16;
@@ -57,9 +59,8 @@ mod limiter {
                     tokio::spawn(async move {
                         let ip = format!("198.51.100.{i}");
                         while !stop.load(Ordering::Relaxed) {
-                            let start = Instant::now();
-                            l.check(&get_from(&ip)).await;
-                            slowest.fetch_max(start.elapsed().as_micros() as u64, Ordering::Relaxed);
+                            let overrun = past_the_deadline(l.check(&get_from(&ip))).await;
+                            slowest.fetch_max(overrun.as_micros() as u64, Ordering::Relaxed);
                             done.fetch_add(1, Ordering::Relaxed);
                             tokio::task::yield_now().await;
                         }
@@ -83,7 +84,8 @@ mod limiter {
             .await;
         }
 
-        /// Stops the clients; returns the slowest decision seen.
+        /// Stops the clients; returns the longest a decision outlasted its deadline (see
+        /// [`past_the_deadline`]).
         async fn stop(self) -> Duration {
             self.stop.store(true, Ordering::Relaxed);
             for t in self.tasks {
@@ -93,11 +95,28 @@ mod limiter {
         }
     }
 
-    fn assert_within_deadline(slowest: Duration) {
-        eprintln!("slowest decision: {slowest:?}");
+    /// Runs `decision` alongside a timer of [`DEADLINE`] started with it, in the same task: how long the
+    /// decision went on after the timer was seen firing (zero if it finished first). A loaded machine
+    /// delays the task's wake-up for both alike, so this is what the limiter adds beyond its deadline,
+    /// not how long the task waited for a core.
+    async fn past_the_deadline<T>(decision: impl std::future::Future<Output = T>) -> Duration {
+        let mut decision = std::pin::pin!(decision);
+        let mut timer = std::pin::pin!(tokio::time::sleep(DEADLINE));
+        let mut fired = None;
+        loop {
+            tokio::select! {
+                biased;
+                () = &mut timer, if fired.is_none() => fired = Some(Instant::now()),
+                _ = &mut decision => return fired.map_or(Duration::ZERO, |at: Instant| at.elapsed()),
+            }
+        }
+    }
+
+    fn assert_within_deadline(overrun: Duration) {
+        eprintln!("longest a decision went on past its deadline: {overrun:?}");
         assert!(
-            slowest <= DEADLINE + SCHEDULING_SLACK,
-            "a decision took {slowest:?}; the Redis deadline is {DEADLINE:?}"
+            overrun <= SCHEDULING_SLACK,
+            "a decision went on {overrun:?} after its {DEADLINE:?} Redis deadline"
         );
     }
 
