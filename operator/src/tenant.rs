@@ -23,8 +23,9 @@
 //!   get Secrets with the same password: a new Secret copies it from one the operator wrote for that
 //!   database before (label [`DATABASE_LABEL`], a hash of `host:port/dbname`). A password is made only
 //!   when none exists (40 characters from the OS's random generator) and never rotated by a reconcile.
-//! - **Idempotent**: the work happens under a transaction-scoped advisory lock per namespace in that
-//!   database, so two reconciles (of two JobQueues, or in two operator replicas) cannot set two
+//! - **Idempotent**: the work happens under a lock of the namespace's row of `sluice.tenant_locks` in
+//!   that database (migration 0019, the schema owner's alone: no tenant can take or hold it), so two
+//!   reconciles (of two JobQueues, or in two operator replicas) cannot set two
 //!   passwords; `ensure_tenant` runs in the same transaction, after which the Secret is written.
 //!   Once done, a reconcile only reads the Secret (and `ensure_tenant` runs again after a restart or
 //!   when the Secret changed).
@@ -161,14 +162,43 @@ pub fn database_id(url: &str) -> Option<String> {
     Some(short_hash(format!("{host}:{port}/{db}").as_bytes(), 8))
 }
 
-/// `owner`'s URL with the user and password replaced by `role`'s (and `user`/`password` query
-/// parameters dropped); host, port, database, `sslmode` and every other parameter kept. `None` when the
-/// URL cannot be read.
+/// The query parameters of the owner's URL a tenant's URL keeps ([`tenant_url`]): where the server is
+/// and how to reach it safely. The others, the owner's credentials and files above all (`sslkey`,
+/// `sslcert`, `sslpassword`, `passfile`, `service`) and its session settings (`options`), stay out of
+/// every tenant namespace.
+pub const TENANT_URL_PARAMETERS: &[&str] = &[
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "sslmode",
+    "sslrootcert",
+    "sslcrl",
+    "sslcrldir",
+    "sslnegotiation",
+    "ssl_min_protocol_version",
+    "ssl_max_protocol_version",
+    "channel_binding",
+    "require_auth",
+    "gssencmode",
+    "application_name",
+    "connect_timeout",
+    "target_session_attrs",
+    "load_balance_hosts",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_count",
+    "tcp_user_timeout",
+];
+
+/// `owner`'s URL with the user and password replaced by `role`'s; host, port and database kept, and of
+/// the query parameters only those of [`TENANT_URL_PARAMETERS`]. `None` when the URL cannot be read.
 pub fn tenant_url(owner: &str, role: &str, password: &str) -> Option<String> {
     let mut u = url::Url::parse(owner).ok()?;
     let kept: Vec<(String, String)> = u
         .query_pairs()
-        .filter(|(k, _)| k != "user" && k != "password")
+        .filter(|(k, _)| TENANT_URL_PARAMETERS.contains(&k.as_ref()))
         .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect();
     if kept.is_empty() {
@@ -248,10 +278,14 @@ pub type Provisioned = std::sync::Mutex<HashSet<(String, String, String, String)
 /// How long one provisioning may take in all (the lock, `ensure_tenant`, the Secret's write); past it
 /// the reconcile reports `TenantNotProvisioned` and retries.
 pub const PROVISION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
-/// How long provisioning waits for the namespace's advisory lock, in seconds.
+/// How long provisioning waits for the namespace's lock, in seconds.
 pub const LOCK_TIMEOUT_SECS: u32 = 5;
-/// Bounds the wait for locks in provisioning's transaction; it applies to advisory locks too.
+/// Bounds the wait for locks in provisioning's transaction (the namespace's row lock included).
 const SET_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '5s'";
+/// Locks the namespace's row of `sluice.tenant_locks` (made the first time) until the transaction
+/// ends. The table is the schema owner's alone (migration 0019): a tenant may not lock its rows.
+const LOCK_NAMESPACE: &str = "INSERT INTO sluice.tenant_locks (namespace) VALUES ($1) \
+                              ON CONFLICT (namespace) DO UPDATE SET namespace = EXCLUDED.namespace";
 
 /// The role and namespace of `pool`'s login when it is a registered tenant (its own row of
 /// `sluice.tenants`, the only one it can see), and whether row-level security fails to limit it: a
@@ -383,6 +417,12 @@ async fn provision_as_owner(
         Some(DatabaseSource::QueueDatabase(q)) => format!("QueueDatabase/{q}"),
         None => String::new(),
     };
+    // The QueueDatabase the owner's URL comes from, if any: its owner login is an admin's to fix, not
+    // the namespace's.
+    let queue_database = match jq.spec.database.source() {
+        Some(DatabaseSource::QueueDatabase(q)) => Some(q),
+        _ => None,
+    };
     let not_provisioned = |role: Option<&str>, why: String| Error::TenantNotProvisioned {
         namespace: ns.clone(),
         role: role.map(str::to_owned),
@@ -428,14 +468,16 @@ async fn provision_as_owner(
     // (409), the transaction rolls back (and with it this password's verifier) and the retry reads
     // theirs.
     //
-    // One namespace at a time in this database. The lock's wait is bounded: any login of the database
-    // can take the same advisory lock (a tenant included), and must not stall the operator.
+    // One namespace at a time in this database: the upsert locks the namespace's row of
+    // sluice.tenant_locks until the transaction ends. Only the schema's owner (and a superuser) may
+    // lock its rows, so a tenant cannot hold up another namespace's provisioning; the wait is bounded
+    // all the same.
     let mut tx = pool.begin().await.map_err(database)?;
     sqlx::query(SET_LOCK_TIMEOUT)
         .execute(&mut *tx)
         .await
         .map_err(database)?;
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('sluice.tenant/' || $1, 0))")
+    sqlx::query(LOCK_NAMESPACE)
         .bind(&ns)
         .execute(&mut *tx)
         .await
@@ -445,8 +487,9 @@ async fn provision_as_owner(
                     None,
                     format!(
                         "another session of the database held the namespace's provisioning lock for \
-                         more than {}s (pg_advisory_xact_lock(hashtextextended('sluice.tenant/{ns}', \
-                         0))); see pg_locks for who holds it; the operator retries",
+                         more than {}s (the row of sluice.tenant_locks for namespace {ns:?}: a session \
+                         of the schema's owner or a superuser); see pg_locks for who holds it; the \
+                         operator retries",
                         LOCK_TIMEOUT_SECS
                     ),
                 ),
@@ -461,7 +504,7 @@ async fn provision_as_owner(
             .fetch_one(&mut *tx)
             .await
             .map_err(|e| match e.as_database_error() {
-                Some(d) => not_provisioned(None, explain(d, &ns, None)),
+                Some(d) => not_provisioned(None, explain(d, &ns, None, queue_database)),
                 None => database(e),
             })?;
     let role = match (registered, key) {
@@ -512,7 +555,7 @@ async fn provision_as_owner(
         .execute(&mut *tx)
         .await
         .map_err(|e| match e.as_database_error() {
-            Some(d) => not_provisioned(Some(&role), explain(d, &ns, Some(&role))),
+            Some(d) => not_provisioned(Some(&role), explain(d, &ns, Some(&role), queue_database)),
             None => database(e),
         })?;
     let url = tenant_url(owner_url, &role, &password)
@@ -637,14 +680,28 @@ fn database(e: sqlx::Error) -> Error {
 /// What failed in looking up the namespace's role or in `ensure_tenant`, and the fix, from the
 /// database's code and message only (the statement and its context, which would carry the password,
 /// are left out). `role` is the role provisioning was ensuring, if it got that far. Only called for a
-/// login that is no registered tenant ([`provision`] uses a tenant's Secret as it is).
-fn explain(db: &dyn sqlx::error::DatabaseError, namespace: &str, role: Option<&str>) -> String {
+/// login that is no registered tenant ([`provision`] uses a tenant's Secret as it is). `queue_database`
+/// is the QueueDatabase the JobQueue names, if it names one instead of a Secret: then the fix is an
+/// admin's, on that QueueDatabase's owner login (the namespace can neither change that login nor opt
+/// out of row-level security).
+fn explain(
+    db: &dyn sqlx::error::DatabaseError,
+    namespace: &str,
+    role: Option<&str>,
+    queue_database: Option<&str>,
+) -> String {
     let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
-    advice(&code, db.message(), namespace, role)
+    advice(&code, db.message(), namespace, role, queue_database)
 }
 
 /// [`explain`] from the code and message.
-fn advice(code: &str, message: &str, namespace: &str, role: Option<&str>) -> String {
+fn advice(
+    code: &str,
+    message: &str,
+    namespace: &str,
+    role: Option<&str>,
+    queue_database: Option<&str>,
+) -> String {
     // Both go into SQL text the admin may paste: as literals, quotes doubled.
     let role_literal = role.map_or_else(|| "'<role>'".to_owned(), sql_literal);
     let role = role.unwrap_or("<role>");
@@ -656,9 +713,33 @@ fn advice(code: &str, message: &str, namespace: &str, role: Option<&str>) -> Str
          the schema's owner (SELECT sluice.ensure_tenant('<name>', {ns_literal}, '<password>')): the \
          operator keeps the namespace's registered tenant role and sets its password"
     );
-    match code {
+    // With a Secret of its own the namespace may opt out of row-level security; a JobQueue of a
+    // QueueDatabase may not.
+    let or_disabled = if queue_database.is_some() {
+        ""
+    } else {
+        "; or set spec.database.rowLevelSecurity: Disabled"
+    };
+    match (code, queue_database) {
+        // A QueueDatabase's owner login is the cluster admin's: only they can fix it.
+        ("42501", Some(qdb)) => {
+            let fix = if message.contains("role") {
+                "grant it CREATEROLE (ALTER ROLE <login> CREATEROLE)"
+            } else if message.contains("function") || message.contains("table") {
+                "put the sluice schema owner's URL (the login that created the schema) in the \
+                 QueueDatabase's Secret"
+            } else if message.contains("database") {
+                "make it the database's owner, or grant it CONNECT WITH GRANT OPTION"
+            } else {
+                "make it the schema owner's login, with CREATEROLE"
+            };
+            format!(
+                "the owner login of QueueDatabase {qdb:?} lacks a privilege provisioning this namespace's \
+                 tenant needs ({message}): an admin must fix that login: {fix}"
+            )
+        }
         // PostgreSQL says `permission denied to create role` / `to alter role` without CREATEROLE.
-        "42501" if message.contains("role") => format!(
+        ("42501", None) if message.contains("role") => format!(
             "the database login of spec.database.secretRef owns the schema but may not create roles \
              ({message}): grant it CREATEROLE (ALTER ROLE <login> CREATEROLE); or have an admin create \
              this namespace's tenant (SELECT sluice.ensure_tenant(...)) and put the tenant's URL in the \
@@ -667,25 +748,25 @@ fn advice(code: &str, message: &str, namespace: &str, role: Option<&str>) -> Str
         ),
         // `permission denied for function ensure_tenant` (EXECUTE is the owner's) or for a table (the
         // naming key is the owner's alone).
-        "42501" if message.contains("function") || message.contains("table") => format!(
+        ("42501", None) if message.contains("function") || message.contains("table") => format!(
             "the database login of spec.database.secretRef is not the owner of the sluice schema (the \
              login that created it) ({message}): put the owner's URL in the Secret, or have an admin \
              create this namespace's tenant (SELECT sluice.ensure_tenant(...)) and put the tenant's URL \
              in the Secret"
         ),
         // `permission denied for database`: GRANT CONNECT needs the database's owner (or the grant option).
-        "42501" if message.contains("database") => format!(
+        ("42501", None) if message.contains("database") => format!(
             "the database login of spec.database.secretRef may not grant CONNECT on the database to \
              the tenant ({message}): make it the database's owner, or grant it CONNECT WITH GRANT \
              OPTION"
         ),
-        "42501" => format!(
+        ("42501", None) => format!(
             "the database login of spec.database.secretRef lacks a privilege provisioning needs \
              ({message}): use the schema owner's login, with CREATEROLE"
         ),
         // A role of the name this database gives the namespace exists in the server but is no tenant
         // here: a tenant whose row was deleted, or made by a login that could read the naming key.
-        "SL409" if message.contains("is no Sluice tenant") => format!(
+        ("SL409", _) if message.contains("is no Sluice tenant") => format!(
             "{message}: a role of the name this database gives the namespace's tenant exists but is not \
              registered here (a tenant whose row of sluice.tenants was deleted, or a role made by a \
              login that can read the database's naming key, sluice.tenant_naming): drop or rename the \
@@ -694,16 +775,16 @@ fn advice(code: &str, message: &str, namespace: &str, role: Option<&str>) -> Str
              of no role, no members) and owns nothing, then register it again as the schema's owner, \
              letting sluice.ensure_tenant refuse it if it is not (BEGIN; INSERT INTO sluice.tenants \
              (role_name, namespace) VALUES ({role_literal}, {ns_literal}); SELECT \
-             sluice.ensure_tenant({role_literal}, {ns_literal}, '<password>'); COMMIT); {by_hand}; or \
-             set spec.database.rowLevelSecurity: Disabled"
+             sluice.ensure_tenant({role_literal}, {ns_literal}, '<password>'); COMMIT); \
+             {by_hand}{or_disabled}"
         ),
         // The name is registered for another namespace of this database (by hand).
-        "SL409" if message.contains("tenant of another namespace") => {
-            format!("{message}: {by_hand}; or set spec.database.rowLevelSecurity: Disabled")
+        ("SL409", _) if message.contains("tenant of another namespace") => {
+            format!("{message}: {by_hand}{or_disabled}")
         }
         // A role registered for the namespace by hand that a tenant must not be (migration 0018): the
         // provisioning login itself, an owner of objects, a privileged role, or one with members.
-        "SL409"
+        ("SL409", _)
             if [
                 "is the login making tenants",
                 "owns objects",
@@ -716,17 +797,15 @@ fn advice(code: &str, message: &str, namespace: &str, role: Option<&str>) -> Str
             format!(
                 "{message}; the role registered for this namespace in sluice.tenants cannot be its \
                  tenant: remove its row as the schema's owner (DELETE FROM sluice.tenants WHERE \
-                 role_name = {role_literal}) and the operator makes a tenant role of its own, {by_hand}; \
-                 or set spec.database.rowLevelSecurity: Disabled"
+                 role_name = {role_literal}) and the operator makes a tenant role of its own, \
+                 {by_hand}{or_disabled}"
             )
         }
         // The message names the memberships and the REVOKE that ends them.
-        "SL409" if message.contains("is a member of") => {
-            format!("{message}; or set spec.database.rowLevelSecurity: Disabled")
-        }
+        ("SL409", _) if message.contains("is a member of") => format!("{message}{or_disabled}"),
         // A tenant registered for the namespace by hand after the operator looked: the retry uses it.
-        "SL409" => format!("{message}: the operator retries with the namespace's registered tenant"),
-        "42883" | "42P01" => format!(
+        ("SL409", _) => format!("{message}: the operator retries with the namespace's registered tenant"),
+        ("42883" | "42P01", _) => format!(
             "the database lacks part of the sluice schema ({message}): the schema is older than this \
              operator; it is migrated when the operator prepares it"
         ),
@@ -768,7 +847,7 @@ mod tests {
 
     #[test]
     fn every_clash_of_role_names_says_how_to_get_past_it() {
-        let clash = |message: &str| advice("SL409", message, "shop", Some("sluice_0123456789_shop"));
+        let clash = |message: &str| advice("SL409", message, "shop", Some("sluice_0123456789_shop"), None);
         let taken =
             clash(r#"role "sluice_0123456789_shop" exists and is no Sluice tenant; not taking it over"#);
         assert!(taken.contains("DROP") || taken.contains("drop"), "{taken}");
@@ -811,6 +890,7 @@ mod tests {
             r#"role "o'brien" exists and is no Sluice tenant; not taking it over"#,
             "shop",
             Some("o'brien"),
+            None,
         );
         assert!(quoted.contains("VALUES ('o''brien', 'shop')"), "{quoted}");
         assert!(
@@ -827,18 +907,75 @@ mod tests {
                 "42P01",
                 r#"relation "sluice.tenant_naming" does not exist"#,
                 "shop",
+                None,
                 None
             )
             .contains("older")
         );
         assert!(
-            advice("42501", "permission denied for table tenant_naming", "shop", None)
-                .contains("not the owner of the sluice schema")
+            advice(
+                "42501",
+                "permission denied for table tenant_naming",
+                "shop",
+                None,
+                None
+            )
+            .contains("not the owner of the sluice schema")
         );
     }
 
     #[test]
-    fn the_tenant_url_keeps_everything_but_the_credentials() {
+    fn advice_names_what_the_jobqueues_source_lets_each_side_fix() {
+        let denials = [
+            "permission denied to create role",
+            "permission denied for function ensure_tenant",
+            "permission denied for table tenant_naming",
+            "permission denied for database app",
+            "permission denied for schema sluice",
+        ];
+        let clashes = [
+            r#"role "sluice_0123456789_shop" exists and is no Sluice tenant; not taking it over"#,
+            r#"role "sluice_0123456789_shop" is the tenant of another namespace; not moving it to "shop""#,
+            r#"role "app" owns objects (see \dp, \dn and \df, or pg_shdepend); register a role of its own for the namespace"#,
+            r#"role "x" is a member of reporting; a tenant could SET ROLE out of row-level security: revoke the membership first (REVOKE reporting FROM x)"#,
+        ];
+        let role = Some("sluice_0123456789_shop");
+        // A Secret of the namespace's own: its login is the namespace's to change, and it may opt out.
+        let own = advice("42501", denials[0], "shop", role, None);
+        assert!(own.contains("spec.database.secretRef"), "{own}");
+        assert!(own.contains("CREATEROLE"), "{own}");
+        assert!(own.contains("rowLevelSecurity: Disabled"), "{own}");
+        assert!(own.contains("tenant's URL in the Secret"), "{own}");
+        for clash in clashes {
+            let said = advice("SL409", clash, "shop", role, None);
+            assert!(said.contains("rowLevelSecurity: Disabled"), "{said}");
+        }
+        // A QueueDatabase: the owner login is an admin's; no opting out, no URL of the namespace's own.
+        for denial in denials {
+            let said = advice("42501", denial, "shop", role, Some("shared"));
+            assert!(
+                said.contains(r#"owner login of QueueDatabase "shared""#),
+                "{said}"
+            );
+            assert!(said.contains("an admin must"), "{said}");
+            assert!(said.contains(denial), "{said}");
+            for refused in ["secretRef", "rowLevelSecurity", "tenant's URL"] {
+                assert!(!said.contains(refused), "{said}");
+            }
+        }
+        assert!(advice("42501", denials[0], "shop", role, Some("shared")).contains("CREATEROLE"));
+        assert!(advice("42501", denials[2], "shop", role, Some("shared")).contains("schema owner's URL"));
+        for clash in clashes {
+            let said = advice("SL409", clash, "shop", role, Some("shared"));
+            assert!(said.starts_with(clash), "{said}");
+            for refused in ["secretRef", "rowLevelSecurity"] {
+                assert!(!said.contains(refused), "{said}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_tenant_url_keeps_where_the_server_is_and_drops_the_owners_credentials_and_settings() {
         let url = tenant_url(
             "postgres://owner:s%40cret@db.example:6432/app?sslmode=verify-full&user=x&password=y&application_name=a",
             "sluice_ns_shop",
@@ -852,6 +989,20 @@ mod tests {
         assert_eq!(
             tenant_url("postgres://owner@127.0.0.1:5432/postgres", "sluice_ns_a-b", "p").unwrap(),
             "postgres://sluice_ns_a-b:p@127.0.0.1:5432/postgres"
+        );
+        // The owner's client key and certificate, their passphrase, a password file, a service file's
+        // entry and session options are the owner's: none reaches a tenant namespace.
+        assert_eq!(
+            tenant_url(
+                "postgres://owner:pw@db.example/app?sslkey=%2Fk.pem&sslcert=%2Fc.pem&sslpassword=s3&\
+                 passfile=%2Fp&service=s&options=-c%20role%3Dadmin&sslmode=require&sslrootcert=%2Fca.pem&\
+                 connect_timeout=5&keepalives_idle=30&target_session_attrs=read-write&hostaddr=10.0.0.1",
+                "r",
+                "p"
+            )
+            .unwrap(),
+            "postgres://r:p@db.example/app?sslmode=require&sslrootcert=%2Fca.pem&connect_timeout=5&\
+             keepalives_idle=30&target_session_attrs=read-write&hostaddr=10.0.0.1"
         );
         assert_eq!(tenant_url("not a url", "r", "p"), None);
     }

@@ -560,13 +560,18 @@ async fn a_session_holding_the_provisioning_lock_delays_its_namespace_only() {
         f.env.namespace("blog").await.unwrap(),
     );
     migrate(&f.pg.url()).await;
-    // Any login of the database can take the advisory lock provisioning uses (a tenant as well).
+    // A session of the schema's owner (here the superuser) holding the namespace's row, in an open
+    // transaction.
     let mut holder = sqlx::PgConnection::connect(&f.pg.url()).await.unwrap();
-    sqlx::query("SELECT pg_advisory_lock(hashtextextended('sluice.tenant/' || $1, 0))")
-        .bind(shop.name())
-        .execute(&mut holder)
-        .await
-        .unwrap();
+    sqlx::query("BEGIN").execute(&mut holder).await.unwrap();
+    sqlx::query(
+        "INSERT INTO sluice.tenant_locks (namespace) VALUES ($1) \
+         ON CONFLICT (namespace) DO UPDATE SET namespace = EXCLUDED.namespace",
+    )
+    .bind(shop.name())
+    .execute(&mut holder)
+    .await
+    .unwrap();
     for ns in [&shop, &blog] {
         put_secret(ns, "pg", &f.pg.url()).await;
         ns.apply_yaml(&job_queue_yaml("emails", "pg", None))
@@ -580,6 +585,47 @@ async fn a_session_holding_the_provisioning_lock_delays_its_namespace_only() {
 
     holder.close().await.unwrap();
     wait_condition(&shop, "emails", "Ready", "True", "AsExpected").await;
+}
+
+#[tokio::test]
+async fn a_tenant_cannot_hold_up_another_namespaces_provisioning() {
+    use sqlx::Connection;
+    let f = fixture().await;
+    let (shop, blog) = (
+        f.env.namespace("shop").await.unwrap(),
+        f.env.namespace("blog").await.unwrap(),
+    );
+    put_secret(&blog, "pg", &f.pg.url()).await;
+    blog.apply_yaml(&job_queue_yaml("emails", "pg", None))
+        .await
+        .unwrap();
+    wait_condition(&blog, "emails", "Ready", "True", "AsExpected").await;
+    let tenant_url = secret_value(&blog, &workers_database_secret(&blog, "emails").await.name, "url").await;
+
+    // Blog's tenant holds the advisory lock an earlier release provisioned shop under, and may not
+    // lock shop's row of the table provisioning locks now.
+    let mut tenant = sqlx::PgConnection::connect(&tenant_url).await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(hashtextextended('sluice.tenant/' || $1, 0))")
+        .bind(shop.name())
+        .execute(&mut tenant)
+        .await
+        .unwrap();
+    let denied = sqlx::query("SELECT namespace FROM sluice.tenant_locks FOR UPDATE")
+        .execute(&mut tenant)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        denied.as_database_error().and_then(|d| d.code()).as_deref(),
+        Some("42501"),
+        "{denied}"
+    );
+
+    put_secret(&shop, "pg", &f.pg.url()).await;
+    shop.apply_yaml(&job_queue_yaml("emails", "pg", None))
+        .await
+        .unwrap();
+    wait_condition(&shop, "emails", "Ready", "True", "AsExpected").await;
+    tenant.close().await.unwrap();
 }
 
 #[tokio::test]

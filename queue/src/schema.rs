@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
 /// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
 /// which the workspace does not enable).
-const MIGRATIONS: [(i64, &str, &str); 18] = [
+const MIGRATIONS: [(i64, &str, &str); 19] = [
     (
         1,
         "queue tables",
@@ -105,6 +105,11 @@ const MIGRATIONS: [(i64, &str, &str); 18] = [
         18,
         "tenant refuses privileged roles",
         include_str!("../../migrations/0018_tenant_refuses_privileged_roles.sql"),
+    ),
+    (
+        19,
+        "tenant provisioning locks",
+        include_str!("../../migrations/0019_tenant_provisioning_locks.sql"),
     ),
 ];
 
