@@ -8,7 +8,10 @@
 //! can read Secrets or run pods there never holds the owner's rights over other namespaces' jobs.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::CustomResource;
+use kube::{
+    CustomResource,
+    core::{Selector, SelectorExt as _},
+};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -62,31 +65,35 @@ pub struct QueueDatabaseRef {
 }
 
 impl QueueDatabaseSpec {
-    /// Whether a namespace with `labels` may use the database: an absent selector admits none, an
-    /// empty one every namespace; otherwise every `matchLabels` pair and `matchExpressions` requirement
-    /// must hold (Kubernetes' label selector semantics). A requirement with an unknown operator admits
-    /// nothing.
-    pub fn admits(&self, labels: &std::collections::BTreeMap<String, String>) -> bool {
+    /// Whether a namespace with `labels` may use the database, with Kubernetes' label selector
+    /// semantics: an absent selector admits none, an empty one every namespace; otherwise every
+    /// `matchLabels` pair and `matchExpressions` requirement must hold. A selector Kubernetes would
+    /// refuse (an unknown operator, `In`/`NotIn` without values, `Exists`/`DoesNotExist` with values)
+    /// admits nothing: the error says what is wrong with it.
+    pub fn admits(&self, labels: &std::collections::BTreeMap<String, String>) -> Result<bool, String> {
         let Some(selector) = &self.namespace_selector else {
-            return false;
+            return Ok(false);
         };
-        let labels_match = selector
-            .match_labels
-            .iter()
-            .flatten()
-            .all(|(k, v)| labels.get(k) == Some(v));
-        let expressions_match = selector.match_expressions.iter().flatten().all(|r| {
-            let values = r.values.as_deref().unwrap_or_default();
-            let value = labels.get(&r.key);
-            match r.operator.as_str() {
-                "In" => value.is_some_and(|v| values.contains(v)),
-                "NotIn" => value.is_none_or(|v| !values.contains(v)),
-                "Exists" => value.is_some(),
-                "DoesNotExist" => value.is_none(),
-                _ => false,
+        for r in selector.match_expressions.iter().flatten() {
+            let has_values = r.values.as_ref().is_some_and(|v| !v.is_empty());
+            match (r.operator.as_str(), has_values) {
+                ("In" | "NotIn", false) => {
+                    return Err(format!(
+                        "requirement on {:?}: operator {} needs values",
+                        r.key, r.operator
+                    ));
+                }
+                ("Exists" | "DoesNotExist", true) => {
+                    return Err(format!(
+                        "requirement on {:?}: operator {} takes no values",
+                        r.key, r.operator
+                    ));
+                }
+                _ => {}
             }
-        });
-        labels_match && expressions_match
+        }
+        let selector = Selector::try_from(selector.clone()).map_err(|e| e.0)?;
+        Ok(selector.matches(labels))
     }
 }
 
@@ -111,11 +118,11 @@ mod tests {
     fn no_selector_admits_no_namespace_and_an_empty_one_admits_all() {
         let none = spec("");
         assert_eq!(none.secret_ref.key, "url");
-        assert!(!none.admits(&labels(&[])));
-        assert!(!none.admits(&labels(&[("team", "shop")])));
+        assert_eq!(none.admits(&labels(&[])), Ok(false));
+        assert_eq!(none.admits(&labels(&[("team", "shop")])), Ok(false));
         let all = spec("namespaceSelector: {}");
-        assert!(all.admits(&labels(&[])));
-        assert!(all.admits(&labels(&[("team", "shop")])));
+        assert_eq!(all.admits(&labels(&[])), Ok(true));
+        assert_eq!(all.admits(&labels(&[("team", "shop")])), Ok(true));
     }
 
     #[test]
@@ -123,19 +130,43 @@ mod tests {
         let s = spec(
             "namespaceSelector:\n  matchLabels: {team: shop}\n  matchExpressions:\n    - {key: tier, operator: In, values: [prod, staging]}\n    - {key: frozen, operator: DoesNotExist}\n",
         );
-        assert!(s.admits(&labels(&[("team", "shop"), ("tier", "prod")])));
-        assert!(!s.admits(&labels(&[("team", "blog"), ("tier", "prod")])));
-        assert!(!s.admits(&labels(&[("team", "shop"), ("tier", "dev")])));
-        assert!(!s.admits(&labels(&[("team", "shop"), ("tier", "prod"), ("frozen", "")])));
+        let admits = |s: &QueueDatabaseSpec, l: &[(&str, &str)]| s.admits(&labels(l)).unwrap();
+        assert!(admits(&s, &[("team", "shop"), ("tier", "prod")]));
+        assert!(!admits(&s, &[("team", "blog"), ("tier", "prod")]));
+        assert!(!admits(&s, &[("team", "shop"), ("tier", "dev")]));
+        assert!(!admits(&s, &[("team", "shop"), ("tier", "prod"), ("frozen", "")]));
         let not_in =
             spec("namespaceSelector:\n  matchExpressions: [{key: team, operator: NotIn, values: [blog]}]\n");
-        assert!(not_in.admits(&labels(&[])));
-        assert!(!not_in.admits(&labels(&[("team", "blog")])));
+        assert!(admits(&not_in, &[]));
+        assert!(!admits(&not_in, &[("team", "blog")]));
         let exists = spec("namespaceSelector:\n  matchExpressions: [{key: team, operator: Exists}]\n");
-        assert!(exists.admits(&labels(&[("team", "x")])));
-        assert!(!exists.admits(&labels(&[])));
-        let unknown =
-            spec("namespaceSelector:\n  matchExpressions: [{key: team, operator: Gt, values: ['1']}]\n");
-        assert!(!unknown.admits(&labels(&[("team", "2")])));
+        assert!(admits(&exists, &[("team", "x")]));
+        assert!(!admits(&exists, &[]));
+    }
+
+    #[test]
+    fn a_selector_kubernetes_would_refuse_admits_nothing_and_says_why() {
+        for (expression, why) in [
+            ("{key: team, operator: Gt, values: ['1']}", "operator"),
+            ("{key: team, operator: NotIn}", "NotIn needs values"),
+            ("{key: team, operator: NotIn, values: []}", "NotIn needs values"),
+            ("{key: team, operator: In}", "In needs values"),
+            (
+                "{key: team, operator: Exists, values: [x]}",
+                "Exists takes no values",
+            ),
+            (
+                "{key: team, operator: DoesNotExist, values: [x]}",
+                "DoesNotExist takes no values",
+            ),
+        ] {
+            let s = spec(&format!(
+                "namespaceSelector:\n  matchExpressions: [{expression}]\n"
+            ));
+            for l in [&[][..], &[("team", "x")][..], &[("team", "2")][..]] {
+                let e = s.admits(&labels(l)).expect_err(expression);
+                assert!(e.contains(why), "{expression}: {e}");
+            }
+        }
     }
 }

@@ -91,8 +91,8 @@ pub enum Error {
     /// `spec.database.queueDatabaseRef` names a QueueDatabase that does not exist.
     #[error(
         "QueueDatabase {name:?} named by spec.database.queueDatabaseRef does not exist: name one that \
-         does (kubectl get queuedatabases), or have an admin create it; the JobQueue is reconciled again \
-         when it appears"
+         does (kubectl get queuedatabases), or an administrator must create it; the JobQueue is \
+         reconciled again when it appears"
     )]
     QueueDatabaseNotFound {
         /// The QueueDatabase's name.
@@ -109,6 +109,17 @@ pub enum Error {
         name: String,
         /// The JobQueue's namespace.
         namespace: String,
+    },
+    /// The QueueDatabase's `namespaceSelector` is not a valid label selector, so it admits no namespace.
+    #[error(
+        "QueueDatabase {name:?} has an invalid spec.namespaceSelector ({why}), so it admits no namespace: \
+         an administrator must fix the selector. Nothing was provisioned"
+    )]
+    QueueDatabaseSelectorInvalid {
+        /// The QueueDatabase's name.
+        name: String,
+        /// What is wrong with the selector.
+        why: String,
     },
     /// An object the operator would write or delete exists and is not controlled by the resource being
     /// reconciled (no controller ownerReference to it): the operator leaves it alone.
@@ -190,7 +201,9 @@ impl Error {
             Error::SecretKeyMissing { .. } => "secret_key_missing",
             Error::NotOwned { .. } => "not_owned",
             Error::QueueDatabaseNotFound { .. } => "queue_database_not_found",
-            Error::NamespaceNotAllowed { .. } => "namespace_not_allowed",
+            Error::NamespaceNotAllowed { .. } | Error::QueueDatabaseSelectorInvalid { .. } => {
+                "namespace_not_allowed"
+            }
             Error::TooManyEndpoints { .. } => "too_many_endpoints",
             Error::TenantNotProvisioned { .. } => "tenant_not_provisioned",
             Error::Redis(_) => "redis_unreachable",
@@ -211,7 +224,9 @@ impl Error {
             Error::SecretKeyMissing { .. } => reason::SECRET_KEY_MISSING,
             Error::NotOwned { .. } => reason::OBJECT_NOT_OWNED,
             Error::QueueDatabaseNotFound { .. } => reason::QUEUE_DATABASE_NOT_FOUND,
-            Error::NamespaceNotAllowed { .. } => reason::NAMESPACE_NOT_ALLOWED,
+            Error::NamespaceNotAllowed { .. } | Error::QueueDatabaseSelectorInvalid { .. } => {
+                reason::NAMESPACE_NOT_ALLOWED
+            }
             Error::TooManyEndpoints { .. } => reason::TOO_MANY_ENDPOINTS,
             Error::TenantNotProvisioned { .. } => reason::TENANT_NOT_PROVISIONED,
             Error::Redis(_) => reason::REDIS_UNREACHABLE,
@@ -232,6 +247,7 @@ impl Error {
                 | Error::NotOwned { .. }
                 | Error::QueueDatabaseNotFound { .. }
                 | Error::NamespaceNotAllowed { .. }
+                | Error::QueueDatabaseSelectorInvalid { .. }
                 | Error::TooManyEndpoints { .. }
                 | Error::TenantNotProvisioned { .. }
         )

@@ -47,7 +47,8 @@ pub async fn read_url(
 /// The URL the operator connects to `jq`'s database with: `spec.database.secretRef`'s in the JobQueue's
 /// namespace, or for `spec.database.queueDatabaseRef` the QueueDatabase's (its Secret in
 /// `operator_namespace`), once the QueueDatabase is found and admits the JobQueue's namespace
-/// ([`Error::QueueDatabaseNotFound`], [`Error::NamespaceNotAllowed`]). A spec naming no single source
+/// ([`Error::QueueDatabaseNotFound`], [`Error::NamespaceNotAllowed`],
+/// [`Error::QueueDatabaseSelectorInvalid`]). A spec naming no single source
 /// is the render's to refuse; here it reads as a missing Secret.
 pub async fn database_url(client: &Client, operator_namespace: &str, jq: &JobQueue) -> Result<String> {
     let ns = jq.namespace_or_default();
@@ -63,13 +64,22 @@ pub async fn database_url(client: &Client, operator_namespace: &str, jq: &JobQue
                 .await?
                 .and_then(|n| n.metadata.labels)
                 .unwrap_or_default();
-            if !qdb.spec.admits(&labels) {
-                return Err(Error::NamespaceNotAllowed {
-                    name: name.into(),
-                    namespace: ns.into(),
-                });
+            match qdb.spec.admits(&labels) {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Err(Error::NamespaceNotAllowed {
+                        name: name.into(),
+                        namespace: ns.into(),
+                    });
+                }
+                Err(why) => {
+                    return Err(Error::QueueDatabaseSelectorInvalid {
+                        name: name.into(),
+                        why,
+                    });
+                }
             }
-            let field = format!("QueueDatabase {name:?} (spec.secretRef)");
+            let field = format!("QueueDatabase {name:?} spec.secretRef (an administrator must fix it)");
             read_url(client, operator_namespace, &qdb.spec.secret_ref, &field).await
         }
         None => Err(Error::SecretNotFound {

@@ -220,12 +220,14 @@ fn the_queue_database_example_admits_the_namespaces_it_labels() {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect::<std::collections::BTreeMap<_, _>>()
     };
-    assert!(
+    assert_eq!(
         qdb.spec
-            .admits(&labels(&[("sluice.dev/queue-database", "shared")]))
+            .admits(&labels(&[("sluice.dev/queue-database", "shared")])),
+        Ok(true)
     );
-    assert!(
-        !qdb.spec
-            .admits(&labels(&[("kubernetes.io/metadata.name", "shop")]))
+    assert_eq!(
+        qdb.spec
+            .admits(&labels(&[("kubernetes.io/metadata.name", "shop")])),
+        Ok(false)
     );
 }

@@ -220,8 +220,8 @@ pub fn resolve_job_queues(
             format!(
                 "JobQueues {first_name:?} (Secret {a_secret}, key {a_key}) and {other_name:?} (Secret \
                  {b_secret}, key {b_key}) use different database Secrets; one sidecar serves the queue \
-                 API of one database: name only JobQueues that share spec.database.secretRef and \
-                 spec.database.rowLevelSecurity"
+                 API of one database: name only JobQueues that share spec.database.secretRef (or \
+                 spec.database.queueDatabaseRef) and spec.database.rowLevelSecurity"
             ),
         ));
     }
