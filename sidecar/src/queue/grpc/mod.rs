@@ -22,11 +22,15 @@
 //! `jobqueues/jobs` of each queue's JobQueue (a SubjectAccessReview; refused: `PERMISSION_DENIED`
 //! naming user, verb and JobQueue), except the worker pod itself, which the operator made the
 //! JobQueue's worker: a tokenless loopback caller, or one whose token is bound to this pod
-//! (`SLUICE_POD_NAME`), may take the jobs of the queues this sidecar serves. Every
-//! [`Authenticator::recheck_every`] an open stream's caller is checked again (cached answers); once
-//! refused, the stream takes no more jobs (`draining`), the jobs in hand may still finish within the
-//! shutdown grace, and the stream ends with the refusal's code. An API server that cannot be asked is
-//! `UNAVAILABLE` at the start and ignored at a re-check (the next one asks again).
+//! (`SLUICE_POD_NAME`), may take the jobs of the queues this sidecar serves. The caller is authenticated
+//! once, when the stream opens (as the Kubernetes API server does for a long watch): a projected token
+//! the kubelet rotates while the stream is open does not end it. Every
+//! [`Authenticator::recheck_every`] an open stream's user, as authenticated at the start, is authorized
+//! again on each queue (a SubjectAccessReview unless cached; the worker pod itself is not checked again:
+//! its identity cannot change, and its deletion stops the sidecar); once refused, the stream takes no
+//! more jobs (`draining`), the jobs in hand may still finish within the shutdown grace, and the stream
+//! ends with the refusal's code. An API server that cannot be asked is `UNAVAILABLE` at the start and
+//! ignored at a re-check (the next one asks again).
 //!
 //! Also served, to anyone: `grpc.health.v1.Health` (`sluice.v1.Worker` and `""` are `SERVING` until
 //! shutdown) and server reflection (v1). Plaintext HTTP/2, meant for loopback or the pod network, like
@@ -55,7 +59,7 @@ use sluice_crds::sidecar_config::queue_in_namespace;
 use sluice_queue::{ClaimedJob, QueueSettings, QueueStore};
 
 use super::{
-    auth::{Access, Authenticator, Grant, Origin, Refusal, User},
+    auth::{Access, Authenticator, Origin, Refusal, User},
     metrics::QueueMetrics,
     worker::{CANCEL_GRACE, Handler, Outcome, Worker, WorkerOptions, default_owner},
 };
@@ -134,11 +138,12 @@ pub fn refusal_status(refusal: Refusal) -> Status {
     }
 }
 
-/// Who opened a stream, and what to check again while it is open.
+/// Who opened a stream: authenticated once, at the start (as the Kubernetes API server does for a long
+/// watch), so that a projected token the kubelet rotates while the stream is open does not end it.
 struct Caller {
     user: User,
-    /// The `authorization` metadata, the peer and the listener's address (`access` unset).
-    grant: Grant,
+    /// Let in by a token (else: tokenless, from loopback).
+    token: bool,
     /// The worker pod itself: allowed on the queues this sidecar serves without a SubjectAccessReview.
     own_pod: bool,
 }
@@ -147,28 +152,31 @@ impl Caller {
     /// Who, and how they were let in, for the log: `<user> (tokenless, loopback)`, `<user> (token bound
     /// to this pod)` or `<user> (token)`.
     fn describe(&self) -> String {
-        let how = match (&self.grant.authorization, self.own_pod) {
-            (None, _) => "tokenless, loopback",
-            (Some(_), true) => "token bound to this pod",
-            (Some(_), false) => "token",
+        let how = match (self.token, self.own_pod) {
+            (false, _) => "tokenless, loopback",
+            (true, true) => "token bound to this pod",
+            (true, false) => "token",
         };
         format!("{} ({how})", self.user.name)
     }
 }
 
-/// What an open stream was let in with, checked again every [`Authenticator::recheck_every`].
+/// What an open stream's caller (other than the worker pod itself) was authorized for, authorized
+/// again every [`Authenticator::recheck_every`] for the user authenticated at the start (no new
+/// TokenReview: the token may have been rotated since).
 struct Guard {
     auth: Arc<Authenticator>,
-    /// One per queue authorized (or one without access: the worker pod itself, re-authenticated only).
-    grants: Vec<Grant>,
+    user: User,
+    /// One per queue subscribed to.
+    accesses: Vec<Access>,
 }
 
 impl Guard {
-    /// `Ok` while the caller is still let in; an API server that cannot be asked counts as `Ok` (the
+    /// `Ok` while the caller is still authorized; an API server that cannot be asked counts as `Ok` (the
     /// next check asks again).
     async fn recheck(&self) -> std::result::Result<(), Refusal> {
-        for grant in &self.grants {
-            match self.auth.recheck(grant).await {
+        for access in &self.accesses {
+            match self.auth.authorize(&self.user, access).await {
                 Ok(()) => {}
                 Err(Refusal::Unavailable(why)) => {
                     tracing::debug!(reason = %why, "gRPC worker stream not rechecked");
@@ -607,25 +615,16 @@ impl GrpcWorker {
         let Some(auth) = &self.inner.opts.auth else {
             return Ok(None);
         };
-        let authorization = request
-            .metadata()
-            .get("authorization")
-            .map(|v| v.as_bytes().to_vec());
-        let grant = Grant {
-            authorization,
-            peer: request.remote_addr().unwrap_or_else(|| ([0, 0, 0, 0], 0).into()),
-            local: self.inner.bound,
-            access: None,
-        };
+        let authorization = request.metadata().get("authorization").map(|v| v.as_bytes());
         let user = auth
             .authenticate(Origin {
-                authorization: grant.authorization.as_deref(),
-                peer: grant.peer,
-                local: grant.local,
+                authorization,
+                peer: request.remote_addr().unwrap_or_else(|| ([0, 0, 0, 0], 0).into()),
+                local: self.inner.bound,
             })
             .await
             .map_err(refusal_status)?;
-        let own_pod = match &grant.authorization {
+        let own_pod = match authorization {
             // Let in without a token: the pod's own loopback.
             None => true,
             Some(_) => {
@@ -638,13 +637,22 @@ impl GrpcWorker {
                         .is_some_and(|pod| user.is_bound_to_pod(pod))
             }
         };
-        Ok(Some(Caller { user, grant, own_pod }))
+        Ok(Some(Caller {
+            user,
+            token: authorization.is_some(),
+            own_pod,
+        }))
     }
 
-    /// Whether `caller` may take jobs from `queues` (served by this sidecar): what to check again while
-    /// the stream is open, or `PERMISSION_DENIED` naming the user, the verb and the first JobQueue
-    /// refused.
-    async fn authorize(&self, caller: Caller, queues: &[String]) -> std::result::Result<Guard, Status> {
+    /// Whether `caller` may take jobs from `queues` (served by this sidecar): what to authorize again
+    /// while the stream is open (nothing for the worker pod itself: its identity cannot change, and the
+    /// pod's deletion stops this sidecar), or `PERMISSION_DENIED` naming the user, the verb and the
+    /// first JobQueue refused.
+    async fn authorize(
+        &self,
+        caller: Caller,
+        queues: &[String],
+    ) -> std::result::Result<Option<Guard>, Status> {
         let auth = self
             .inner
             .opts
@@ -652,23 +660,21 @@ impl GrpcWorker {
             .clone()
             .expect("a caller is authenticated only with an authenticator");
         if caller.own_pod {
-            return Ok(Guard {
-                auth,
-                grants: vec![caller.grant],
-            });
+            return Ok(None);
         }
-        let mut grants = Vec::with_capacity(queues.len());
+        let mut accesses = Vec::with_capacity(queues.len());
         for q in queues {
             let access = Access::jobs(WORK_VERB, self.short_name(q));
             auth.authorize(&caller.user, &access)
                 .await
                 .map_err(refusal_status)?;
-            grants.push(Grant {
-                access: Some(access),
-                ..caller.grant.clone()
-            });
+            accesses.push(access);
         }
-        Ok(Guard { auth, grants })
+        Ok(Some(Guard {
+            auth,
+            user: caller.user,
+            accesses,
+        }))
     }
 
     /// `queue`'s name within the sidecar's namespace (its JobQueue's `queueName`), as the HTTP API names
@@ -712,7 +718,7 @@ impl WorkerService for GrpcWorker {
         let (queues, kinds) = self.subscription(&sub)?;
         let caller_name = caller.as_ref().map(Caller::describe);
         let guard = match caller {
-            Some(caller) => Some(self.authorize(caller, &queues).await?),
+            Some(caller) => self.authorize(caller, &queues).await?,
             None => None,
         };
 
