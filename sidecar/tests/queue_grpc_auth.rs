@@ -51,6 +51,8 @@ struct Rbac {
     grants: BTreeSet<(String, String, String, String)>,
     tokens_valid: AtomicBool,
     revoked: AtomicBool,
+    /// SubjectAccessReviews cannot be asked.
+    down: AtomicBool,
     asked: Mutex<Vec<String>>,
 }
 
@@ -63,6 +65,7 @@ impl Rbac {
                 .collect(),
             tokens_valid: true.into(),
             revoked: false.into(),
+            down: false.into(),
             asked: Mutex::default(),
         })
     }
@@ -99,6 +102,11 @@ impl Reviews for Rbac {
     ) -> BoxFuture<'a, Result<Decision, Unavailable>> {
         Box::pin(async move {
             assert_eq!(namespace, "shop");
+            if self.down.load(SeqCst) {
+                return Err(Unavailable(
+                    "connecting to the API server: connection refused".into(),
+                ));
+            }
             let sa = user.name.rsplit(':').next().unwrap_or_default().to_owned();
             self.asked.lock().unwrap().push(format!(
                 "{sa} {} {} {}",
@@ -401,11 +409,10 @@ async fn succeed(w: &Stream, job: &proto::Job) {
     .unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stream_whose_right_is_revoked_takes_no_more_jobs_and_ends_permission_denied() {
-    // Opens a stream as `t-ops`, takes a job, revokes the right (the cached answers expired by the
-    // gatekeeper's clock); the stream must say `draining`, still take the outcome of the job in hand,
-    // push no other job, and end with PERMISSION_DENIED.
+/// Opens a stream as `t-ops`, takes a job, then `refuse`s it (the cached answers expired by the
+/// gatekeeper's clock); the stream must say `draining`, still take the outcome of the job in hand, push
+/// no other job, and end with `code` and a message containing `says`.
+async fn an_open_stream_is_drained_and_ended_once(refuse: impl FnOnce(&Rbac), code: Code, says: &str) {
     let (pgs, pool) = pg().await;
     let store = QueueStore::new(pool);
     queue(&store, "shop/emails").await;
@@ -419,7 +426,7 @@ async fn a_stream_whose_right_is_revoked_takes_no_more_jobs_and_ends_permission_
     assert_eq!(job.job_id, first.to_string());
     let second = enqueue(&store, "shop/emails").await;
 
-    rbac.revoked.store(true, SeqCst);
+    refuse(&rbac);
     *now.lock().unwrap() += ALLOW_TTL;
     match w.next().await {
         Out::Draining(_) => {}
@@ -427,11 +434,8 @@ async fn a_stream_whose_right_is_revoked_takes_no_more_jobs_and_ends_permission_
     }
     succeed(&w, &job).await;
     let (status, seen) = w.ended_with().await;
-    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
-    assert!(
-        status.message().contains("system:serviceaccount:shop:ops"),
-        "{status:?}"
-    );
+    assert_eq!(status.code(), code, "{status:?}");
+    assert!(status.message().contains(says), "{status:?}");
     assert!(!seen.iter().any(|m| matches!(m, Out::Job(_))), "{seen:?}");
     wait_state(&store, first, "succeeded").await;
     assert_eq!(
@@ -439,6 +443,26 @@ async fn a_stream_whose_right_is_revoked_takes_no_more_jobs_and_ends_permission_
         "pending",
         "handed back, never pushed"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_right_is_revoked_takes_no_more_jobs_and_ends_permission_denied() {
+    an_open_stream_is_drained_and_ended_once(
+        |r| r.revoked.store(true, SeqCst),
+        Code::PermissionDenied,
+        "system:serviceaccount:shop:ops may not update",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_right_cannot_be_checked_again_three_times_in_a_row_ends_unavailable() {
+    an_open_stream_is_drained_and_ended_once(
+        |r| r.down.store(true, SeqCst),
+        Code::Unavailable,
+        "could not be authorized again 3 times in a row",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -29,8 +29,10 @@
 //! again on each queue (a SubjectAccessReview unless cached; the worker pod itself is not checked again:
 //! its identity cannot change, and its deletion stops the sidecar); once refused, the stream takes no
 //! more jobs (`draining`), the jobs in hand may still finish within the shutdown grace, and the stream
-//! ends with the refusal's code. An API server that cannot be asked is `UNAVAILABLE` at the start and
-//! ignored at a re-check (the next one asks again).
+//! ends with the refusal's code. Re-checks run alongside the stream's other work (heartbeats and
+//! outcomes are read meanwhile). An API server that cannot be asked is `UNAVAILABLE` at the start; at a
+//! re-check it is let pass until [`MAX_UNAVAILABLE_RECHECKS`] re-checks in a row could not be answered,
+//! then the stream is drained and ended `UNAVAILABLE` like a refused one.
 //!
 //! Also served, to anyone: `grpc.health.v1.Health` (`sluice.v1.Worker` and `""` are `SERVING` until
 //! shutdown) and server reflection (v1). Plaintext HTTP/2, meant for loopback or the pod network, like
@@ -172,22 +174,25 @@ struct Guard {
 }
 
 impl Guard {
-    /// `Ok` while the caller is still authorized; an API server that cannot be asked counts as `Ok` (the
-    /// next check asks again).
+    /// `Ok` while the caller is still authorized on every queue; the first refusal; else, when the API
+    /// server could not be asked about some queue (the others were), `Refusal::Unavailable`.
     async fn recheck(&self) -> std::result::Result<(), Refusal> {
+        let mut unavailable = None;
         for access in &self.accesses {
             match self.auth.authorize(&self.user, access).await {
                 Ok(()) => {}
-                Err(Refusal::Unavailable(why)) => {
-                    tracing::debug!(reason = %why, "gRPC worker stream not rechecked");
-                    return Ok(());
-                }
+                Err(Refusal::Unavailable(why)) => unavailable = Some(Refusal::Unavailable(why)),
                 Err(refusal) => return Err(refusal),
             }
         }
-        Ok(())
+        unavailable.map_or(Ok(()), Err)
     }
 }
+
+/// Consecutive re-checks the API server could not answer before an open stream is drained and ended
+/// `UNAVAILABLE` (about 30 s at the default [`Authenticator::recheck_every`]): a caller whose right
+/// was revoked must not keep its stream by an outage.
+pub const MAX_UNAVAILABLE_RECHECKS: u32 = 3;
 
 struct Inner {
     opts: GrpcOptions,
@@ -822,6 +827,10 @@ async fn run_session(
     let mut rechecks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     rechecks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut refused: Option<Status> = None;
+    // The re-check under way, polled with the stream's other work: reviews can wait for a slot and for
+    // the API server, and the worker's heartbeats and outcomes must be read meanwhile.
+    let mut check: Option<futures::future::BoxFuture<'_, std::result::Result<(), Refusal>>> = None;
+    let mut unavailable = 0u32;
     loop {
         tokio::select! {
             r = &mut engine => {
@@ -831,11 +840,29 @@ async fn run_session(
                 break;
             }
             _ = shutdown.cancelled(), if !stop.is_cancelled() => drain(&session, &stop),
-            _ = rechecks.tick(), if guard.is_some() && refused.is_none() => {
-                if let Some(Err(refusal)) = OptionFuture::from(guard.as_ref().map(Guard::recheck)).await {
-                    tracing::info!(reason = refusal.message(), "gRPC worker stream refused at a re-check: draining it");
-                    refused = Some(refusal_status(refusal));
-                    drain(&session, &stop);
+            _ = rechecks.tick(), if guard.is_some() && refused.is_none() && check.is_none() => {
+                check = guard.as_ref().map(|g| Box::pin(g.recheck()) as _);
+            }
+            Some(r) = OptionFuture::from(check.as_mut()), if check.is_some() => {
+                check = None;
+                match r {
+                    Ok(()) => unavailable = 0,
+                    Err(Refusal::Unavailable(why)) => {
+                        unavailable += 1;
+                        tracing::debug!(reason = %why, unavailable, "gRPC worker stream not rechecked");
+                        if unavailable >= MAX_UNAVAILABLE_RECHECKS {
+                            tracing::info!(reason = %why, "gRPC worker stream not rechecked {unavailable} times in a row: draining it");
+                            refused = Some(Status::unavailable(format!(
+                                "the caller could not be authorized again {unavailable} times in a row: {why}"
+                            )));
+                            drain(&session, &stop);
+                        }
+                    }
+                    Err(refusal) => {
+                        tracing::info!(reason = refusal.message(), "gRPC worker stream refused at a re-check: draining it");
+                        refused = Some(refusal_status(refusal));
+                        drain(&session, &stop);
+                    }
                 }
             }
             m = inbound.message(), if reading => match m {
