@@ -307,6 +307,14 @@ async fn callers_need_a_token_and_update_on_the_jobs_of_each_queue_unless_they_a
     assert!(s.message().contains("JobQueue \"reports\""), "{s:?}");
     let s = refused(Stream::open(addr, Some("t-ops"), &["shop/emails", "reports"]).await);
     assert!(s.message().contains("JobQueue \"reports\""), "{s:?}");
+    // A queue not served is refused without naming the queues served, which the caller is not yet
+    // authorized for.
+    let s = refused(Stream::open(addr, Some("t-web"), &["nope"]).await);
+    assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+    assert_eq!(
+        s.message(),
+        "subscribe.queues: this sidecar does not serve queue \"shop/nope\""
+    );
 
     // With the right, jobs come.
     let id = enqueue(&store, "shop/emails").await;

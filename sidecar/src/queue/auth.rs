@@ -248,7 +248,7 @@ pub struct Origin<'a> {
 pub type Clock = Arc<dyn Fn() -> Instant + Send + Sync>;
 
 /// What a request was let in with, to check again while its answer lasts (a status stream).
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Grant {
     /// The `Authorization` header, if any.
     pub authorization: Option<Vec<u8>>,
@@ -258,6 +258,21 @@ pub struct Grant {
     pub local: SocketAddr,
     /// What the request asked to do, if it named a queue.
     pub access: Option<Access>,
+}
+
+impl std::fmt::Debug for Grant {
+    /// The token is not shown.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grant")
+            .field(
+                "authorization",
+                &self.authorization.as_ref().map(|_| "<redacted>"),
+            )
+            .field("peer", &self.peer)
+            .field("local", &self.local)
+            .field("access", &self.access)
+            .finish()
+    }
 }
 
 /// The queue API's gatekeeper: authenticates and authorizes with a [`Reviews`], caching the answers.
@@ -963,6 +978,19 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
+
+    #[test]
+    fn a_grant_does_not_show_its_token_when_logged() {
+        let grant = Grant {
+            authorization: Some(b"Bearer secret-token".to_vec()),
+            peer: ([127, 0, 0, 1], 4000).into(),
+            local: ([127, 0, 0, 1], 9903).into(),
+            access: None,
+        };
+        let shown = format!("{grant:?}");
+        assert!(!shown.contains("secret"), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
+    }
 
     /// Tokens `good-<name>` are ServiceAccount `<name>` of `shop`; `down` cannot be asked about;
     /// anything else is invalid. Users in `allowed` may do anything; counts the reviews.

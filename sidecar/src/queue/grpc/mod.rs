@@ -97,6 +97,8 @@ pub const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a finished stream's last messages (an error saying why it ended) wait to be read.
 const FINAL_MESSAGES_GRACE: Duration = Duration::from_secs(5);
+/// Longest wait for room on a full stream for the status that ends it.
+const FINAL_STATUS_TIMEOUT: Duration = Duration::from_secs(1);
 /// Most characters of a worker's error kept as the job's `last_error` (as for the HTTP handler).
 const ERROR_LIMIT: usize = 2048;
 /// Ended jobs whose reason a stream remembers, to say why a late outcome is refused.
@@ -602,9 +604,15 @@ impl GrpcWorker {
         for q in &sub.queues {
             let q = &queue_in_namespace(self.inner.opts.namespace.as_deref(), q);
             if !served.contains(q) {
+                // With callers checked, the queues served are named to nobody before they are
+                // authorized.
+                let serves = if self.inner.opts.auth.is_some() {
+                    String::new()
+                } else {
+                    format!(" (it serves {})", served.join(", "))
+                };
                 return Err(Status::invalid_argument(format!(
-                    "subscribe.queues: this sidecar does not serve queue {q:?} (it serves {})",
-                    served.join(", ")
+                    "subscribe.queues: this sidecar does not serve queue {q:?}{serves}"
                 )));
             }
             if !queues.contains(q) {
@@ -868,7 +876,7 @@ async fn run_session(
             m = inbound.message(), if reading => match m {
                 Ok(Some(m)) => {
                     if let Err(status) = on_message(&session, m, &stop, &drain).await {
-                        let _ = session.tx.try_send(Err(status));
+                        end_with(&session, status).await;
                         reading = false;
                         session.gone.cancel();
                         stop.cancel();
@@ -878,7 +886,7 @@ async fn run_session(
                     // The worker closed its side or the stream broke (or sent what could not be
                     // decoded, which it is told): no outcome can come any more.
                     if let Err(status) = m {
-                        let _ = session.tx.try_send(Err(status));
+                        end_with(&session, status).await;
                     }
                     reading = false;
                     session.gone.cancel();
@@ -888,9 +896,15 @@ async fn run_session(
         }
     }
     if let Some(status) = refused {
-        let _ = session.tx.try_send(Err(status));
+        end_with(&session, status).await;
     }
     session.gone.cancel();
+}
+
+/// Queues the status the stream ends with, waiting a little for room (a worker slow to read still learns
+/// why its stream ended).
+async fn end_with(session: &Session, status: Status) {
+    let _ = tokio::time::timeout(FINAL_STATUS_TIMEOUT, session.tx.send(Err(status))).await;
 }
 
 async fn on_message(
