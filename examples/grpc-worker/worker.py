@@ -13,9 +13,10 @@ each job it completed.
 Callers checked (`queueApi.auth: kubernetes`): the worker sends the ServiceAccount token in the file that
 `--token-file` names (default: `$SLUICE_QUEUE_API_TOKEN_FILE`, which the operator sets in a gRPC handler
 container, `/var/run/secrets/sluice.dev/token`) as `authorization: Bearer <token>`, read again for each
-stream, when the file exists. A stream the sidecar ends with UNAUTHENTICATED (the token expired since it
-was opened: the kubelet rotates it) or UNAVAILABLE (the API server could not be asked) is opened again
-with the current token, after a pause; any other error ends the worker.
+stream, when the file exists. A stream the sidecar ends with UNAUTHENTICATED (the token was refused when
+the stream opened, e.g. read just before the kubelet rotated it) or UNAVAILABLE (the API server could not
+be asked) is opened again with the current token, after a pause; any other error ends the worker. An open
+stream outlives its token: the sidecar authenticates once per stream and re-checks only the right.
 """
 
 import argparse
