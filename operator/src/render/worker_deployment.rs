@@ -18,9 +18,8 @@ use k8s_openapi::{
     api::{
         apps::v1::{Deployment, DeploymentSpec},
         core::v1::{
-            ConfigMap, ConfigMapProjection, ConfigMapVolumeSource, Container, DownwardAPIProjection,
-            DownwardAPIVolumeFile, EnvVar, EnvVarSource, KeyToPath, ObjectFieldSelector, PodSpec,
-            ProjectedVolumeSource, ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
+            ConfigMap, ConfigMapVolumeSource, Container, EnvVar, EnvVarSource, ObjectFieldSelector, PodSpec,
+            Volume,
         },
     },
     apimachinery::pkg::apis::meta::v1::LabelSelector,
@@ -29,8 +28,8 @@ use kube::{Resource, ResourceExt, api::ObjectMeta};
 use sluice_crds::{
     job_queue::{DatabaseSource, HandlerProtocol, JobQueue, JobQueueSchedule, RowLevelSecurity},
     sidecar_config::{
-        API_TOKEN_AUDIENCE, CONFIG_VERSION, GrpcConfig, HandlerConfig, QueueApiConfig, QueueConfig,
-        ScheduleSpec, SidecarConfig, WorkerConfig,
+        CONFIG_VERSION, GrpcConfig, HandlerConfig, QueueApiConfig, QueueConfig, ScheduleSpec, SidecarConfig,
+        WorkerConfig,
     },
 };
 
@@ -43,11 +42,11 @@ use sluice_crds::contract::{
     port::{self, WORKER_METRICS as WORKER_METRICS_PORT},
 };
 
-use super::sidecar_container::{SidecarContainer, SidecarSettings, env_from_secret, http_probe};
-use crate::webhook::inject::{
-    KUBE_API_DIR, KUBE_API_VOLUME, QUEUE_API_TOKEN_DIR, QUEUE_API_TOKEN_PATH, QUEUE_API_TOKEN_SECONDS,
-    QUEUE_API_TOKEN_VOLUME,
+use super::caller_token::{
+    self, KUBE_API_DIR, KUBE_API_VOLUME, QUEUE_API_TOKEN_DIR, QUEUE_API_TOKEN_PATH, QUEUE_API_TOKEN_VOLUME,
+    read_only_mount,
 };
+use super::sidecar_container::{SidecarContainer, SidecarSettings, env_from_secret, http_probe};
 
 /// Name of the config volume added to worker pods.
 pub const WORKER_CONFIG_VOLUME: &str = "sluice-worker-config";
@@ -338,12 +337,7 @@ fn check_grpc_callers(jq: &JobQueue, pod: &mut PodSpec) {
     if queue != jq.name_any() {
         sidecar_env.push(var(env::API_JOB_QUEUES, format!("{queue}={}", jq.name_any())));
     }
-    let mount = |name: &str, path: &str| VolumeMount {
-        name: name.into(),
-        mount_path: path.into(),
-        read_only: Some(true),
-        ..VolumeMount::default()
-    };
+    let mount = read_only_mount;
     if let Some(sidecar) = pod
         .containers
         .iter_mut()
@@ -369,60 +363,9 @@ fn check_grpc_callers(jq: &JobQueue, pod: &mut PodSpec) {
             env.push(var(env::QUEUE_API_TOKEN_FILE, QUEUE_API_TOKEN_PATH.into()));
         }
     }
-    let projected = |sources: Vec<VolumeProjection>| ProjectedVolumeSource {
-        sources: Some(sources),
-        ..ProjectedVolumeSource::default()
-    };
-    let token = |audience: Option<&str>, seconds: i64| VolumeProjection {
-        service_account_token: Some(ServiceAccountTokenProjection {
-            audience: audience.map(Into::into),
-            expiration_seconds: Some(seconds),
-            path: "token".into(),
-        }),
-        ..VolumeProjection::default()
-    };
-    let volumes = pod.volumes.get_or_insert_with(Vec::new);
-    volumes.push(Volume {
-        name: QUEUE_API_TOKEN_VOLUME.into(),
-        projected: Some(projected(vec![token(
-            Some(API_TOKEN_AUDIENCE),
-            QUEUE_API_TOKEN_SECONDS,
-        )])),
-        ..Volume::default()
-    });
-    // What the ServiceAccount admission plugin mounts as kube-api-access-*.
-    volumes.push(Volume {
-        name: KUBE_API_VOLUME.into(),
-        projected: Some(projected(vec![
-            token(None, 3607),
-            VolumeProjection {
-                config_map: Some(ConfigMapProjection {
-                    name: "kube-root-ca.crt".into(),
-                    items: Some(vec![KeyToPath {
-                        key: "ca.crt".into(),
-                        path: "ca.crt".into(),
-                        mode: None,
-                    }]),
-                    optional: None,
-                }),
-                ..VolumeProjection::default()
-            },
-            VolumeProjection {
-                downward_api: Some(DownwardAPIProjection {
-                    items: Some(vec![DownwardAPIVolumeFile {
-                        path: "namespace".into(),
-                        field_ref: Some(ObjectFieldSelector {
-                            field_path: "metadata.namespace".into(),
-                            api_version: Some("v1".into()),
-                        }),
-                        ..DownwardAPIVolumeFile::default()
-                    }]),
-                }),
-                ..VolumeProjection::default()
-            },
-        ])),
-        ..Volume::default()
-    });
+    pod.volumes
+        .get_or_insert_with(Vec::new)
+        .extend(caller_token::volumes());
 }
 
 /// `SLUICE_DATABASE_URL` by reference: from the namespace's tenant Secret, or with

@@ -29,9 +29,8 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use k8s_openapi::{
     api::core::v1::{
-        ConfigMapProjection, ConfigMapVolumeSource, Container, ContainerPort, DownwardAPIProjection,
-        DownwardAPIVolumeFile, EnvVar, EnvVarSource, KeyToPath, ObjectFieldSelector, Pod, PodSpec, Probe,
-        ProjectedVolumeSource, ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
+        ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, ObjectFieldSelector, Pod,
+        PodSpec, Probe, Volume,
     },
     apimachinery::pkg::util::intstr::IntOrString,
 };
@@ -47,11 +46,14 @@ use sluice_crds::{
     },
     job_queue::JobQueue,
     rate_limit_policy::{RateLimitPolicy, SecretKeyRef},
-    sidecar_config::API_TOKEN_AUDIENCE,
 };
 
 use super::annotations::{self, AnnotationError, InjectAnnotations, PortRef};
 use crate::render::{
+    caller_token::{
+        self, KUBE_API_DIR, KUBE_API_VOLUME, QUEUE_API_TOKEN_DIR, QUEUE_API_TOKEN_PATH,
+        QUEUE_API_TOKEN_VOLUME, read_only_mount,
+    },
     sidecar_config::config_map_name,
     sidecar_container::{QUEUE_API_LISTEN, SidecarContainer, SidecarSettings, http_probe, queue_api_env},
 };
@@ -64,21 +66,6 @@ pub const LISTEN_PORT_NAME: &str = port_name::LISTEN;
 pub const ADMIN_PORT_NAME: &str = port_name::ADMIN;
 /// The port name fronted when no `sluice.dev/app-port` annotation says otherwise.
 pub const APP_PORT_NAME_DEFAULT: &str = "http";
-/// Volume of the app containers' token for the queue API (`--queue-api-auth kubernetes`).
-pub const QUEUE_API_TOKEN_VOLUME: &str = "sluice-queue-api-token";
-/// Where the app containers find it.
-pub const QUEUE_API_TOKEN_DIR: &str = "/var/run/secrets/sluice.dev";
-/// The token file in [`QUEUE_API_TOKEN_DIR`].
-pub const QUEUE_API_TOKEN_PATH: &str = "/var/run/secrets/sluice.dev/token";
-/// Lifetime asked for the app's token (the kubelet refreshes it at 80 %; 600 s is the least allowed).
-pub const QUEUE_API_TOKEN_SECONDS: i64 = 600;
-/// Volume of the sidecar's API server credentials (the pod's ServiceAccount), which it needs to review
-/// callers: the ServiceAccount admission plugin mounts them only in the containers the pod was created
-/// with, before the webhook adds the sidecar.
-pub const KUBE_API_VOLUME: &str = "sluice-kube-api";
-/// Where a container finds its ServiceAccount's API credentials.
-pub const KUBE_API_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
-
 /// The operator's injection settings (flags `--sidecar-*`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct InjectConfig {
@@ -513,12 +500,7 @@ fn check_queue_api_callers(spec: &mut PodSpec) {
     if spec.host_network == Some(true) {
         sidecar_env.push(var(env::API_AUTH_LOOPBACK, "token"));
     }
-    let mount = |name: &str, path: &str| VolumeMount {
-        name: name.into(),
-        mount_path: path.into(),
-        read_only: Some(true),
-        ..VolumeMount::default()
-    };
+    let mount = read_only_mount;
     if let Some(sidecar) = spec
         .containers
         .iter_mut()
@@ -544,63 +526,9 @@ fn check_queue_api_callers(spec: &mut PodSpec) {
             env.push(var(QUEUE_API_TOKEN_FILE, QUEUE_API_TOKEN_PATH));
         }
     }
-    let projected = |sources: Vec<VolumeProjection>| ProjectedVolumeSource {
-        sources: Some(sources),
-        ..ProjectedVolumeSource::default()
-    };
-    let volumes = spec.volumes.get_or_insert_with(Vec::new);
-    volumes.push(Volume {
-        name: QUEUE_API_TOKEN_VOLUME.into(),
-        projected: Some(projected(vec![VolumeProjection {
-            service_account_token: Some(ServiceAccountTokenProjection {
-                audience: Some(API_TOKEN_AUDIENCE.into()),
-                expiration_seconds: Some(QUEUE_API_TOKEN_SECONDS),
-                path: "token".into(),
-            }),
-            ..VolumeProjection::default()
-        }])),
-        ..Volume::default()
-    });
-    // What the ServiceAccount admission plugin mounts as kube-api-access-*.
-    volumes.push(Volume {
-        name: KUBE_API_VOLUME.into(),
-        projected: Some(projected(vec![
-            VolumeProjection {
-                service_account_token: Some(ServiceAccountTokenProjection {
-                    audience: None,
-                    expiration_seconds: Some(3607),
-                    path: "token".into(),
-                }),
-                ..VolumeProjection::default()
-            },
-            VolumeProjection {
-                config_map: Some(ConfigMapProjection {
-                    name: "kube-root-ca.crt".into(),
-                    items: Some(vec![KeyToPath {
-                        key: "ca.crt".into(),
-                        path: "ca.crt".into(),
-                        mode: None,
-                    }]),
-                    optional: None,
-                }),
-                ..VolumeProjection::default()
-            },
-            VolumeProjection {
-                downward_api: Some(DownwardAPIProjection {
-                    items: Some(vec![DownwardAPIVolumeFile {
-                        path: "namespace".into(),
-                        field_ref: Some(ObjectFieldSelector {
-                            field_path: "metadata.namespace".into(),
-                            api_version: Some("v1".into()),
-                        }),
-                        ..DownwardAPIVolumeFile::default()
-                    }]),
-                }),
-                ..VolumeProjection::default()
-            },
-        ])),
-        ..Volume::default()
-    });
+    spec.volumes
+        .get_or_insert_with(Vec::new)
+        .extend(caller_token::volumes());
 }
 
 /// `SLUICE_QUEUE_API=http://127.0.0.1:7070` in every app container that does not set it already.
