@@ -5,10 +5,11 @@
 //! same two volumes.
 
 use k8s_openapi::api::core::v1::{
-    ConfigMapProjection, DownwardAPIProjection, DownwardAPIVolumeFile, KeyToPath, ObjectFieldSelector,
-    ProjectedVolumeSource, ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
+    ConfigMapProjection, Container, DownwardAPIProjection, DownwardAPIVolumeFile, EnvVar, EnvVarSource,
+    KeyToPath, ObjectFieldSelector, ProjectedVolumeSource, ServiceAccountTokenProjection, Volume,
+    VolumeMount, VolumeProjection,
 };
-use sluice_crds::sidecar_config::API_TOKEN_AUDIENCE;
+use sluice_crds::{contract::env, sidecar_config::API_TOKEN_AUDIENCE};
 
 /// Volume of the callers' token for the queue API.
 pub const QUEUE_API_TOKEN_VOLUME: &str = "sluice-queue-api-token";
@@ -32,6 +33,57 @@ pub fn read_only_mount(name: &str, path: &str) -> VolumeMount {
         mount_path: path.into(),
         read_only: Some(true),
         ..VolumeMount::default()
+    }
+}
+
+/// `name=value`.
+pub fn var(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        ..EnvVar::default()
+    }
+}
+
+/// The sidecar's side: its settings to check callers (the pod's namespace and ServiceAccount from the
+/// downward API; on the host network, tokens even from loopback) and its API server credentials
+/// mounted from [`KUBE_API_VOLUME`] (replacing any mount at [`KUBE_API_DIR`]).
+pub fn let_sidecar_check_callers(sidecar: &mut Container, host_network: bool) {
+    let field = |name: &str, path: &str| EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                ..ObjectFieldSelector::default()
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    };
+    let vars = sidecar.env.get_or_insert_with(Vec::new);
+    vars.extend([
+        var(env::API_AUTH, "kubernetes"),
+        field(env::POD_NAMESPACE, "metadata.namespace"),
+        field(env::POD_SERVICE_ACCOUNT, "spec.serviceAccountName"),
+    ]);
+    if host_network {
+        vars.push(var(env::API_AUTH_LOOPBACK, "token"));
+    }
+    let mounts = sidecar.volume_mounts.get_or_insert_with(Vec::new);
+    mounts.retain(|m| m.mount_path != KUBE_API_DIR);
+    mounts.push(read_only_mount(KUBE_API_VOLUME, KUBE_API_DIR));
+}
+
+/// A caller's side: the token mounted at [`QUEUE_API_TOKEN_DIR`] and `SLUICE_QUEUE_API_TOKEN_FILE`
+/// naming it, each unless the container has its own already.
+pub fn give_caller_a_token(c: &mut Container) {
+    let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
+    if !mounts.iter().any(|m| m.mount_path == QUEUE_API_TOKEN_DIR) {
+        mounts.push(read_only_mount(QUEUE_API_TOKEN_VOLUME, QUEUE_API_TOKEN_DIR));
+    }
+    let vars = c.env.get_or_insert_with(Vec::new);
+    if !vars.iter().any(|e| e.name == env::QUEUE_API_TOKEN_FILE) {
+        vars.push(var(env::QUEUE_API_TOKEN_FILE, QUEUE_API_TOKEN_PATH));
     }
 }
 

@@ -17,10 +17,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::{
     api::{
         apps::v1::{Deployment, DeploymentSpec},
-        core::v1::{
-            ConfigMap, ConfigMapVolumeSource, Container, EnvVar, EnvVarSource, ObjectFieldSelector, PodSpec,
-            Volume,
-        },
+        core::v1::{ConfigMap, ConfigMapVolumeSource, Container, EnvVar, PodSpec, Volume},
     },
     apimachinery::pkg::apis::meta::v1::LabelSelector,
 };
@@ -42,10 +39,7 @@ use sluice_crds::contract::{
     port::{self, WORKER_METRICS as WORKER_METRICS_PORT},
 };
 
-use super::caller_token::{
-    self, KUBE_API_DIR, KUBE_API_VOLUME, QUEUE_API_TOKEN_DIR, QUEUE_API_TOKEN_PATH, QUEUE_API_TOKEN_VOLUME,
-    read_only_mount,
-};
+use super::caller_token::{self, KUBE_API_VOLUME, QUEUE_API_TOKEN_VOLUME};
 use super::sidecar_container::{SidecarContainer, SidecarSettings, env_from_secret, http_probe};
 
 /// Name of the config volume added to worker pods.
@@ -305,63 +299,28 @@ pub fn config_hash(jq: &JobQueue) -> String {
 /// as `authorization: Bearer <token>`. A token bound to the pod lets its handler take the JobQueue's jobs
 /// without a Role.
 fn check_grpc_callers(jq: &JobQueue, pod: &mut PodSpec) {
-    let field = |path: &str| EnvVarSource {
-        field_ref: Some(ObjectFieldSelector {
-            field_path: path.into(),
-            ..ObjectFieldSelector::default()
-        }),
-        ..EnvVarSource::default()
-    };
-    let var = |name: &str, value: String| EnvVar {
-        name: name.into(),
-        value: Some(value),
-        ..EnvVar::default()
-    };
-    let mut sidecar_env = vec![
-        var(env::API_AUTH, "kubernetes".into()),
-        EnvVar {
-            name: env::POD_NAMESPACE.into(),
-            value_from: Some(field("metadata.namespace")),
-            ..EnvVar::default()
-        },
-        EnvVar {
-            name: env::POD_SERVICE_ACCOUNT.into(),
-            value_from: Some(field("spec.serviceAccountName")),
-            ..EnvVar::default()
-        },
-    ];
-    if pod.host_network == Some(true) {
-        sidecar_env.push(var(env::API_AUTH_LOOPBACK, "token".into()));
-    }
-    let queue = jq.queue_name();
-    if queue != jq.name_any() {
-        sidecar_env.push(var(env::API_JOB_QUEUES, format!("{queue}={}", jq.name_any())));
-    }
-    let mount = read_only_mount;
+    let host_network = pod.host_network == Some(true);
     if let Some(sidecar) = pod
         .containers
         .iter_mut()
         .find(|c| c.name == SIDECAR_CONTAINER_NAME)
     {
-        sidecar.env.get_or_insert_with(Vec::new).extend(sidecar_env);
-        sidecar
-            .volume_mounts
-            .get_or_insert_with(Vec::new)
-            .push(mount(KUBE_API_VOLUME, KUBE_API_DIR));
+        caller_token::let_sidecar_check_callers(sidecar, host_network);
+        let queue = jq.queue_name();
+        if queue != jq.name_any() {
+            let job_queues = format!("{queue}={}", jq.name_any());
+            sidecar
+                .env
+                .get_or_insert_with(Vec::new)
+                .push(caller_token::var(env::API_JOB_QUEUES, job_queues));
+        }
     }
     let handler = match &jq.spec.worker.handler.container {
         Some(name) => pod.containers.iter_mut().find(|c| &c.name == name),
         None => pod.containers.first_mut(),
     };
     if let Some(handler) = handler {
-        let mounts = handler.volume_mounts.get_or_insert_with(Vec::new);
-        if !mounts.iter().any(|m| m.mount_path == QUEUE_API_TOKEN_DIR) {
-            mounts.push(mount(QUEUE_API_TOKEN_VOLUME, QUEUE_API_TOKEN_DIR));
-        }
-        let env = handler.env.get_or_insert_with(Vec::new);
-        if !env.iter().any(|e| e.name == env::QUEUE_API_TOKEN_FILE) {
-            env.push(var(env::QUEUE_API_TOKEN_FILE, QUEUE_API_TOKEN_PATH.into()));
-        }
+        caller_token::give_caller_a_token(handler);
     }
     pod.volumes
         .get_or_insert_with(Vec::new)
@@ -396,6 +355,7 @@ pub(crate) mod tests {
     use k8s_openapi::api::core::v1::PodSpec;
 
     use super::*;
+    use crate::render::caller_token::{KUBE_API_DIR, QUEUE_API_TOKEN_DIR, QUEUE_API_TOKEN_PATH};
     use sluice_crds::job_queue::JobQueueSpec;
 
     /// A JobQueue `emails` in `shop` from a YAML spec, with a uid so it can own objects.

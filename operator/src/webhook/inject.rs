@@ -28,17 +28,14 @@ mod tests;
 use std::{collections::BTreeMap, sync::Arc};
 
 use k8s_openapi::{
-    api::core::v1::{
-        ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, ObjectFieldSelector, Pod,
-        PodSpec, Probe, Volume,
-    },
+    api::core::v1::{ConfigMapVolumeSource, Container, ContainerPort, EnvVar, Pod, PodSpec, Probe, Volume},
     apimachinery::pkg::util::intstr::IntOrString,
 };
 use kube::core::{Selector, SelectorExt};
 use sluice_crds::{
     contract::{
         SIDECAR_CONTAINER as SIDECAR_CONTAINER_NAME,
-        env::{self, QUEUE_API as QUEUE_API_ENV, QUEUE_API_TOKEN_FILE},
+        env::{self, QUEUE_API as QUEUE_API_ENV},
         label::POLICY as POLICY_LABEL,
         path::{CONFIG_DIR as CONFIG_MOUNT_DIR, POLICY_CONFIG_FILE as CONFIG_KEY},
         port::{ADMIN as SIDECAR_ADMIN_PORT, LISTEN_DEFAULT as SIDECAR_LISTEN_PORT_DEFAULT, QUEUE_API},
@@ -50,10 +47,7 @@ use sluice_crds::{
 
 use super::annotations::{self, AnnotationError, InjectAnnotations, PortRef};
 use crate::render::{
-    caller_token::{
-        self, KUBE_API_DIR, KUBE_API_VOLUME, QUEUE_API_TOKEN_DIR, QUEUE_API_TOKEN_PATH,
-        QUEUE_API_TOKEN_VOLUME, read_only_mount,
-    },
+    caller_token::{self, KUBE_API_VOLUME, QUEUE_API_TOKEN_VOLUME},
     sidecar_config::config_map_name,
     sidecar_container::{QUEUE_API_LISTEN, SidecarContainer, SidecarSettings, http_probe, queue_api_env},
 };
@@ -472,59 +466,21 @@ fn inject_queue_only(
 /// namespace and ServiceAccount name, and `SLUICE_API_AUTH=kubernetes`; in a host-network pod, whose
 /// loopback is the node's, every caller needs a token (`SLUICE_API_AUTH_LOOPBACK=token`).
 fn check_queue_api_callers(spec: &mut PodSpec) {
-    let field = |path: &str| EnvVarSource {
-        field_ref: Some(ObjectFieldSelector {
-            field_path: path.into(),
-            ..ObjectFieldSelector::default()
-        }),
-        ..EnvVarSource::default()
-    };
-    let var = |name: &str, value: &str| EnvVar {
-        name: name.into(),
-        value: Some(value.into()),
-        ..EnvVar::default()
-    };
-    let mut sidecar_env = vec![
-        var(env::API_AUTH, "kubernetes"),
-        EnvVar {
-            name: env::POD_NAMESPACE.into(),
-            value_from: Some(field("metadata.namespace")),
-            ..EnvVar::default()
-        },
-        EnvVar {
-            name: env::POD_SERVICE_ACCOUNT.into(),
-            value_from: Some(field("spec.serviceAccountName")),
-            ..EnvVar::default()
-        },
-    ];
-    if spec.host_network == Some(true) {
-        sidecar_env.push(var(env::API_AUTH_LOOPBACK, "token"));
-    }
-    let mount = read_only_mount;
+    let host_network = spec.host_network == Some(true);
     if let Some(sidecar) = spec
         .containers
         .iter_mut()
         .chain(spec.init_containers.iter_mut().flatten())
         .find(|c| c.name == SIDECAR_CONTAINER_NAME)
     {
-        sidecar.env.get_or_insert_with(Vec::new).extend(sidecar_env);
-        let mounts = sidecar.volume_mounts.get_or_insert_with(Vec::new);
-        mounts.retain(|m| m.mount_path != KUBE_API_DIR);
-        mounts.push(mount(KUBE_API_VOLUME, KUBE_API_DIR));
+        caller_token::let_sidecar_check_callers(sidecar, host_network);
     }
     for c in spec
         .containers
         .iter_mut()
         .filter(|c| c.name != SIDECAR_CONTAINER_NAME)
     {
-        let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
-        if !mounts.iter().any(|m| m.mount_path == QUEUE_API_TOKEN_DIR) {
-            mounts.push(mount(QUEUE_API_TOKEN_VOLUME, QUEUE_API_TOKEN_DIR));
-        }
-        let env = c.env.get_or_insert_with(Vec::new);
-        if !env.iter().any(|e| e.name == QUEUE_API_TOKEN_FILE) {
-            env.push(var(QUEUE_API_TOKEN_FILE, QUEUE_API_TOKEN_PATH));
-        }
+        caller_token::give_caller_a_token(c);
     }
     spec.volumes
         .get_or_insert_with(Vec::new)
