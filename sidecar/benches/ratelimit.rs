@@ -10,6 +10,10 @@
 //! sidecar's RSS is read at a fixed 1,000 req/s. Results replace the section between
 //! `<!-- bench:ratelimit:start -->` and `<!-- bench:ratelimit:end -->` in BENCHMARKS.md.
 //!
+//! `SLUICE_BENCH_SIDECAR_BIN=path` runs another build of the sidecar, to compare two builds in the same
+//! conditions (such a run only prints). `--open-loop ADDR RATE SECS` runs the fixed-rate client alone
+//! against `ADDR` and prints its p50 and p99, for measuring by hand.
+//!
 //! nginx and wrk come from Debian (`nginx-light`, `wrk`); when missing they are installed with apt-get,
 //! and the run says so. Redis is a throwaway `redis-server` (sluice_testsupport).
 
@@ -53,6 +57,10 @@ fn main() {
         serve_upstream(args[i + 1].parse().expect("upstream address"));
         return;
     }
+    if let Some(i) = args.iter().position(|a| a == "--open-loop") {
+        open_loop_alone(&args[i + 1..]);
+        return;
+    }
     let quick = args.iter().any(|a| a == "--quick") || std::env::var_os("SLUICE_BENCH_QUICK").is_some();
     let settings = Settings {
         quick,
@@ -76,12 +84,39 @@ fn main() {
         .build()
         .expect("runtime");
     let report = rt.block_on(run(&settings, notes));
-    if quick {
-        eprintln!("quick mode: BENCHMARKS.md left as it is");
+    if quick || std::env::var_os("SLUICE_BENCH_SIDECAR_BIN").is_some() {
+        eprintln!("quick mode or SLUICE_BENCH_SIDECAR_BIN: BENCHMARKS.md left as it is");
     } else {
         report::write_section(START, END, &report);
     }
     println!("{report}");
+}
+
+/// `--open-loop ADDR RATE SECS`: the fixed-rate client alone, after half a second at a quarter of the rate
+/// to open connections; prints `p50_us p99_us errors`.
+fn open_loop_alone(args: &[String]) {
+    let [addr, rate, secs, ..] = args else {
+        panic!("--open-loop ADDR RATE SECS");
+    };
+    let addr: SocketAddr = addr.parse().expect("address");
+    let rate: u32 = rate.parse().expect("rate");
+    let secs: u64 = secs.parse().expect("seconds");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let r = rt.block_on(async {
+        let _ = open_loop(addr, rate / 4, Duration::from_millis(500)).await;
+        open_loop(addr, rate, Duration::from_secs(secs)).await
+    });
+    println!("{} {} {}", r.p50_us, r.p99_us, r.errors);
+}
+
+/// The sidecar binary: `SLUICE_BENCH_SIDECAR_BIN` runs another build of it (see the crate docs).
+fn sidecar_bin() -> String {
+    std::env::var("SLUICE_BENCH_SIDECAR_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_sluice-sidecar").to_owned())
 }
 
 /// Installs nginx-light and wrk from Debian when missing; returns what it did.
@@ -271,7 +306,7 @@ fn start_sidecar(
     std::fs::write(&file, yaml).expect("write config");
     let addr = local(free_port());
     let admin = local(free_port());
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice-sidecar"));
+    let mut cmd = Command::new(sidecar_bin());
     cmd.arg("--config")
         .arg(&file)
         .env("SLUICE_LISTEN", addr.to_string())
