@@ -255,7 +255,7 @@ impl Connection {
             let was_empty = self.buf.is_empty();
             let read = tokio::select! {
                 biased;
-                read = read_when_ready(&self.client, &mut self.buf, BUFFER_INITIAL) => read,
+                read = read_when_ready(&mut self.client, &mut self.buf, BUFFER_INITIAL) => read,
                 () = cancelled.as_mut() => return Next::Closed,
                 () = self.timer.as_mut() => {
                     let deadline = self.quiet.deadline();
@@ -591,15 +591,14 @@ impl Connection {
 
 /// Reads what the client sent into `buf` once there is something to read, making room for at least
 /// `at_least` bytes only then: a connection that waits holds no buffer.
-async fn read_when_ready(client: &TcpStream, buf: &mut BytesMut, at_least: usize) -> io::Result<usize> {
-    loop {
-        client.readable().await?;
-        make_room(buf, at_least);
-        match client.try_read_buf(buf) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            read => return read,
-        }
-    }
+///
+/// The read itself goes through `AsyncRead` rather than `try_read_buf`: a read that fills less than the
+/// room it had tells tokio the socket is drained (epoll is edge-triggered), so the next wait for the
+/// client — while the app works, or for the next request — costs no `recv` that only finds nothing.
+async fn read_when_ready(client: &mut TcpStream, buf: &mut BytesMut, at_least: usize) -> io::Result<usize> {
+    client.readable().await?;
+    make_room(buf, at_least);
+    client.read_buf(buf).await
 }
 
 /// Writes all of `bytes` to the client, failing with `TimedOut` when it takes none of them for `limit`
