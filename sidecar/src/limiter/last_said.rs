@@ -45,11 +45,26 @@ impl Said {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Shard {
     map: HashMap<(KeyHash, u64), Said>,
     /// The next answer's version (a key always falls in the same shard).
     next: u64,
+    /// No answer in `map` is a window old before this (limiter clock, ms; a lower bound): a full shard
+    /// refuses a new key without walking its answers until then. With many keys and long windows the
+    /// shard stays full for the whole window, and walking it for every new key cost each such request
+    /// time in proportion to `localMaxKeys`.
+    first_expiry: u64,
+}
+
+impl Default for Shard {
+    fn default() -> Self {
+        Self {
+            map: HashMap::new(),
+            next: 0,
+            first_expiry: u64::MAX,
+        }
+    }
 }
 
 /// The last answer of Redis per key (the key hash names the rule) and window length.
@@ -79,6 +94,7 @@ impl LastSaid {
             version: shard.next,
         };
         if let Some(slot) = shard.map.get_mut(&(*key, window_ms)) {
+            // A later answer moves only this key's expiry later: `first_expiry` stays a lower bound.
             if now >= slot.at {
                 *slot = said;
             }
@@ -86,14 +102,25 @@ impl LastSaid {
         }
         let shard_cap = cap.div_ceil(SHARDS);
         if shard.map.len() >= shard_cap {
+            if now < shard.first_expiry {
+                return false;
+            }
             // Answers older than their window seed nothing any more.
-            shard
-                .map
-                .retain(|(_, w), s| now.saturating_sub(s.at) < (*w).max(1));
+            let mut first_expiry = u64::MAX;
+            shard.map.retain(|(_, w), s| {
+                let expiry = s.at.saturating_add((*w).max(1));
+                let keep = now.saturating_sub(s.at) < (*w).max(1);
+                if keep {
+                    first_expiry = first_expiry.min(expiry);
+                }
+                keep
+            });
+            shard.first_expiry = first_expiry;
             if shard.map.len() >= shard_cap {
                 return false;
             }
         }
+        shard.first_expiry = shard.first_expiry.min(now.saturating_add(window_ms.max(1)));
         shard.map.insert((*key, window_ms), said);
         true
     }
@@ -161,6 +188,37 @@ mod tests {
         );
         assert_eq!(said.get(&key(0), 1_000), None);
         assert_eq!(said.len(), 16);
+    }
+
+    #[test]
+    fn a_full_map_drops_an_answer_once_its_latest_is_a_window_old_and_not_before() {
+        let said = LastSaid::default();
+        for i in 0..16 {
+            assert!(said.record(&key(i), 1_000, 1, 1_000, 16));
+        }
+        // Key 0 answered again later: its answer is a window old only at 2_600.
+        assert!(said.record(&key(0), 1_000, 1, 1_600, 16));
+        assert!(
+            !said.record(&key(16), 1_000, 1, 2_000, 16),
+            "key 0's answer is recent"
+        );
+        assert!(!said.record(&key(16), 1_000, 1, 2_599, 16));
+        assert!(
+            said.record(&key(16), 1_000, 1, 2_600, 16),
+            "now it is a window old"
+        );
+        assert_eq!(said.get(&key(0), 1_000), None);
+        // A shorter window in the same shard expires first.
+        assert!(said.record(&key(32), 10, 1, 2_600, 32));
+        assert!(
+            !said.record(&key(48), 1_000, 1, 2_605, 32),
+            "shard 0 is full (cap 2)"
+        );
+        assert!(
+            said.record(&key(48), 1_000, 1, 2_610, 32),
+            "key 32's 10 ms answer lapsed"
+        );
+        assert_eq!(said.get(&key(32), 10), None);
     }
 
     #[test]
