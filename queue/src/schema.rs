@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
 /// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
 /// which the workspace does not enable).
-const MIGRATIONS: [(i64, &str, &str); 19] = [
+const MIGRATIONS: [(i64, &str, &str); 20] = [
     (
         1,
         "queue tables",
@@ -110,6 +110,11 @@ const MIGRATIONS: [(i64, &str, &str); 19] = [
         19,
         "tenant provisioning locks",
         include_str!("../../migrations/0019_tenant_provisioning_locks.sql"),
+    ),
+    (
+        20,
+        "finish jobs in one call",
+        include_str!("../../migrations/0020_finish_jobs_in_one_call.sql"),
     ),
 ];
 

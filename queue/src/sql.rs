@@ -13,7 +13,8 @@
 //! running job against the whole id array: O(running × batch) per statement. Found by the 100k-job
 //! benchmark, where completing 1,000 jobs took 0.3-1.4 s; `tests/plans.rs` keeps it fixed.
 //!
-//! The store runs those three under [`PLAN_GENERIC`]. Their generic plan (the planner expects ~10 ids)
+//! The store runs heartbeat and release under [`PLAN_GENERIC`], and finish through `sluice.finish_jobs`,
+//! whose `SET plan_cache_mode` does the same. Their generic plan (the planner expects ~10 ids)
 //! is always a nested loop from the ids into the primary key. A custom plan sees the 1,000 ids, prices
 //! 1,000 index probes above one sequential scan of a table of ~100k rows, and — misled by statistics
 //! saying no job has an owner — filters that scan into a nested loop against the id list: 0.4 s per batch
@@ -21,7 +22,7 @@
 //! five executions custom, so every new pool connection paid that five times.
 
 /// Makes the rest of the transaction use generic plans (`SET LOCAL`: it ends with the transaction, so a
-/// pooled connection goes back unchanged). For the by-id batch statements; see the module docs.
+/// pooled connection goes back unchanged). For heartbeat and release; see the module docs.
 pub const PLAN_GENERIC: &str = "SET LOCAL plan_cache_mode = force_generic_plan";
 
 /// Claims up to `$3` ready jobs of queue `$1` for owner `$2` with a lease of `$4` ms. Highest priority
@@ -83,11 +84,22 @@ RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempt
           j.created_at
 "#;
 
-/// Finishes a batch of running jobs in one statement. Per job: id, attempt (the fence), outcome
-/// (`s` succeeded, `r` retry, `p` permanent failure, `c` cancelled by its handler), retry delay in ms and
-/// error text. A retry past `max_attempts` or a permanent failure makes the job `dead`; a failing job
-/// whose cancellation was requested becomes `cancelled`. Returns the rows that matched the fence with
-/// their new state.
+/// Finishes a batch of running jobs in one call (`sluice.finish_jobs`, migration 0020), an autocommit
+/// statement. Per job (`$1`-`$5`): id, attempt (the fence), outcome (`s` succeeded, `r` retry, `p`
+/// permanent failure, `c` cancelled by its handler), retry delay in ms and error text; `$6` the owner.
+/// Returns the rows that matched the fence with their new state.
+///
+/// The function runs [`JOB_FINISH_FENCED`] with its generic plan (`SET plan_cache_mode` on the function).
+/// Before it, only when some of the jobs have children still waiting on them (one probe each of the
+/// small partial index of unresolved edges), it locks those jobs and then their waiting children, each
+/// in id order: the update's trigger releases children parent by parent, and two batches finishing
+/// parents of shared children reached them in opposite orders and deadlocked (PostgreSQL aborted one
+/// after `deadlock_timeout` and its worker retried the batch). Locking first gives all batches one order.
+pub const JOB_FINISH: &str = "SELECT id, state FROM sluice.finish_jobs($1, $2, $3, $4, $5, $6)";
+
+/// The fenced update [`JOB_FINISH`] runs (its text is part of `sluice.finish_jobs`). A retry past
+/// `max_attempts` or a permanent failure makes the job `dead`; a failing job whose cancellation was
+/// requested becomes `cancelled`.
 pub const JOB_FINISH_FENCED: &str = r#"
 UPDATE sluice.jobs j
    SET state = CASE
@@ -117,35 +129,13 @@ UPDATE sluice.jobs j
 RETURNING j.id, j.state
 "#;
 
-/// Locks the owner's running jobs among `$1` (a finish batch, `$2` the owner) in id order before
-/// [`JOB_FINISH_FENCED`] writes them, and returns those with dependents, whose children
-/// [`JOB_LOCK_CHILDREN`] locks next. The finish's trigger releases children parent by parent; two batches
-/// finishing parents of shared children reached them in opposite orders and deadlocked (PostgreSQL
-/// aborted one after `deadlock_timeout` and its worker retried the batch). Locking every batch's jobs,
-/// then their children, each in id order, gives all batches one order.
-pub const JOB_LOCK_FINISHING: &str = r#"
-WITH locked AS (
-    SELECT j.id, j.has_dependents
-      FROM sluice.jobs j
-     WHERE j.id = ANY ($1)
-       AND j.lease_owner = $2
-       AND j.lease_expires_at IS NOT NULL
-     ORDER BY j.id
-       FOR NO KEY UPDATE
-)
-SELECT locked.id FROM locked WHERE locked.has_dependents
-"#;
-
-/// Locks the waiting children of the jobs `$1` (blocked, with an unresolved edge to one of them) in id
-/// order: the second step of [`JOB_LOCK_FINISHING`].
-pub const JOB_LOCK_CHILDREN: &str = r#"
-SELECT c.id
-  FROM sluice.jobs c
- WHERE c.id IN (SELECT d.job_id FROM sluice.job_dependencies d
-                 WHERE d.parent_id = ANY ($1) AND NOT d.resolved)
-   AND c.state = 'blocked'
- ORDER BY c.id
-   FOR NO KEY UPDATE
+/// The jobs among `$1` with children still waiting on them: how `sluice.finish_jobs` decides whether a
+/// batch needs its locks (its first statement). A lookup of each id in the partial index of unresolved
+/// edges, which is small (edges are resolved when their parent finishes).
+pub const JOB_OPEN_PARENTS: &str = r#"
+SELECT DISTINCT d.parent_id
+  FROM sluice.job_dependencies d
+ WHERE d.parent_id = ANY ($1) AND NOT d.resolved
 "#;
 
 /// Extends the leases of the owner's running jobs (`$1` ids, `$2` attempts) by `$4` ms from now. Returns

@@ -549,12 +549,13 @@ impl QueueStore {
         Ok(jobs)
     }
 
-    /// Records finished attempts in one statement, fenced on (id, running, owner, attempt). Returns the
-    /// jobs written with their new state; a job missing from the result was no longer this owner's.
+    /// Records finished attempts in one call, fenced on (id, running, owner, attempt). Returns the jobs
+    /// written with their new state; a job missing from the result was no longer this owner's.
     ///
-    /// Before the write, the batch's jobs and then the children waiting on them are locked, each in id
-    /// order ([`sql::JOB_LOCK_FINISHING`]), so two batches finishing parents of shared children never
-    /// deadlock: one waits for the other. One more round trip per batch, two when a job has dependents.
+    /// One autocommit statement, [`sql::JOB_FINISH`] (`sluice.finish_jobs`): the fenced update with its
+    /// generic plan; when some of the jobs have children waiting on them, those jobs and then the
+    /// children are locked first, each in id order, so two batches finishing parents of shared children
+    /// never deadlock: one waits for the other.
     pub async fn finish_batch(&self, owner: &str, done: &[Finished]) -> Result<Vec<(Uuid, String)>> {
         let mut done: Vec<&Finished> = done.iter().collect();
         done.sort_by_key(|d| d.id);
@@ -567,38 +568,24 @@ impl QueueStore {
             ids.push(d.id);
             attempts.push(d.attempt);
             let (o, delay, err) = match &d.finish {
-                Finish::Succeeded => ("s", 0, String::new()),
-                Finish::Retry { delay, error } => ("r", delay.as_millis() as i64, error.clone()),
-                Finish::Permanent { error } => ("p", 0, error.clone()),
-                Finish::Cancelled => ("c", 0, "cancelled while running".to_owned()),
+                Finish::Succeeded => ("s", 0, ""),
+                Finish::Retry { delay, error } => ("r", delay.as_millis() as i64, error.as_str()),
+                Finish::Permanent { error } => ("p", 0, error.as_str()),
+                Finish::Cancelled => ("c", 0, "cancelled while running"),
             };
-            outcomes.push(o.to_owned());
+            outcomes.push(o);
             delays.push(delay);
             errors.push(err);
         }
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(sql::PLAN_GENERIC).execute(&mut *tx).await?;
-        let parents: Vec<Uuid> = sqlx::query_scalar(sql::JOB_LOCK_FINISHING)
-            .bind(&ids)
-            .bind(owner)
-            .fetch_all(&mut *tx)
-            .await?;
-        if !parents.is_empty() {
-            sqlx::query(sql::JOB_LOCK_CHILDREN)
-                .bind(&parents)
-                .execute(&mut *tx)
-                .await?;
-        }
-        let rows = sqlx::query(sql::JOB_FINISH_FENCED)
+        let rows = sqlx::query(sql::JOB_FINISH)
             .bind(ids)
             .bind(attempts)
             .bind(outcomes)
             .bind(delays)
             .bind(errors)
             .bind(owner)
-            .fetch_all(&mut *tx)
+            .fetch_all(&self.pool)
             .await?;
-        tx.commit().await?;
         rows.iter()
             .map(|r| Ok((r.try_get("id")?, r.try_get("state")?)))
             .collect()
