@@ -17,12 +17,17 @@
 mod queue_setup;
 mod report;
 
-use queue_setup::{cpu_secs, fill, pg_bin, pg_cpu, pgbench_claim_complete, wait_drained};
+use queue_setup::{
+    cpu_secs, fill, pg_bin, pg_cpu, pgbench_claim_complete, wait_drained, wait_drained_every, wait_handled,
+};
 
 use std::{
     fmt::Write as _,
     process::{Command, Stdio},
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -142,6 +147,7 @@ async fn main() {
     let mut r = Results::default();
     if on("raw") {
         let b = raw_sql_limit(&pg, &store, sizes.burn_down).await;
+        print_statements(&store, "raw").await;
         eprintln!("raw SQL limit: {:.0} jobs/s; {}", b.jobs_per_sec, b.detail);
         r.raw = Some(b);
     }
@@ -502,6 +508,7 @@ async fn print_statements(store: &QueueStore, what: &str) {
 /// allow without any worker overhead.
 async fn raw_sql_limit(pg: &PgServer, store: &QueueStore, n: usize) -> BurnDown {
     fill(store, "raw", n).await;
+    reset_statements(store).await;
     // PostgreSQL's CPU alone: pgbench's own is not the queue's.
     let cpu = CpuMeter::start(pg, None);
     let secs = pgbench_claim_complete(pg, "raw", n);
@@ -513,9 +520,11 @@ async fn raw_sql_limit(pg: &PgServer, store: &QueueStore, n: usize) -> BurnDown 
     }
 }
 
-struct Noop;
+/// A no-op handler counting the jobs it has seen.
+struct Noop(Arc<AtomicUsize>);
 impl Handler for Noop {
     async fn handle(&self, _job: ClaimedJob, _cancel: CancellationToken) -> Outcome {
+        self.0.fetch_add(1, Ordering::Relaxed);
         Outcome::Succeeded
     }
 }
@@ -540,10 +549,12 @@ async fn in_process(pg: &PgServer, store: &QueueStore, n: usize) -> BurnDown {
     };
     let cpu = CpuMeter::start(pg, Some(std::process::id()));
     let t0 = Instant::now();
-    let worker = Worker::new(store.clone(), Noop, opts);
+    let handled = Arc::new(AtomicUsize::new(0));
+    let worker = Worker::new(store.clone(), Noop(handled.clone()), opts);
     let metrics = worker.metrics();
     let w = tokio::spawn(worker.run(shutdown.clone()));
-    wait_drained(store, "inproc").await;
+    wait_handled(|| handled.load(Ordering::Relaxed), n).await;
+    wait_drained_every(store, "inproc", Duration::from_millis(1)).await;
     let secs = t0.elapsed().as_secs_f64();
     let detail = cpu.report(pg, "bench process (worker)", secs);
     shutdown.cancel();
@@ -610,6 +621,8 @@ async fn sidecar_worker(
     let url = format!("http://{}/jobs", listener.local_addr().unwrap());
     let seen: Seen = Arc::default();
     let record = seen.clone();
+    let handled = Arc::new(AtomicUsize::new(0));
+    let counted = handled.clone();
     let app = Router::new().route(
         "/jobs",
         post(move |headers: axum::http::HeaderMap| {
@@ -619,7 +632,9 @@ async fn sidecar_worker(
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or_default()
                 .to_owned();
-            record.lock().unwrap().push((id, start, epoch_secs()));
+            let mut seen = record.lock().unwrap();
+            seen.push((id, start, epoch_secs()));
+            handled.store(seen.len(), Ordering::Relaxed);
             async { "" }
         }),
     );
@@ -639,7 +654,8 @@ async fn sidecar_worker(
         .stdout(Stdio::null())
         .spawn()
         .expect("start sluice-sidecar worker");
-    wait_drained(store, queue).await;
+    wait_handled(|| counted.load(Ordering::Relaxed), n).await;
+    wait_drained_every(store, queue, Duration::from_millis(1)).await;
     let secs = t0.elapsed().as_secs_f64();
     let sidecar_cpu = cpu_secs(child.id());
     let detail = own.report(pg, "bench process (HTTP handler)", secs);

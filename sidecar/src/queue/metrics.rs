@@ -122,8 +122,8 @@ impl QueueMetrics {
         self.duration.get_or_create(&Self::qk(queue, kind)).observe(secs);
     }
 
-    /// A finished attempt was recorded with `state`.
-    pub fn finished(&self, queue: &str, kind: &str, state: &str) {
+    /// `n` finished attempts of one queue and kind were recorded with `state`.
+    pub fn finished_many(&self, queue: &str, kind: &str, state: &str, n: u64) {
         let family = match state {
             "succeeded" => &self.succeeded,
             "retrying" => &self.failed,
@@ -131,7 +131,7 @@ impl QueueMetrics {
             "cancelled" => &self.cancelled,
             _ => return,
         };
-        family.get_or_create(&Self::qk(queue, kind)).inc();
+        family.get_or_create(&Self::qk(queue, kind)).inc_by(n);
     }
 
     /// An attempt's lease was lost.

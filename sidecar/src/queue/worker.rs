@@ -693,14 +693,25 @@ async fn record<H>(shared: Arc<Shared<H>>, batch: Vec<Done>, shutdown: Cancellat
     for attempt in 0.. {
         match write_batch(&shared.store, owner, &finish, &release).await {
             Ok(written) => {
+                // Counted per (queue, kind, state) of the batch, not per job: a batch is mostly one.
+                let mut counts: Vec<(&str, &str, &str, u64)> = Vec::new();
                 for d in finish.iter().chain(&release) {
                     match written.get(&d.id) {
-                        Some(state) => shared.metrics.finished(&d.queue, &d.kind, state),
+                        Some(state) => match counts
+                            .iter_mut()
+                            .find(|c| c.0 == d.queue && c.1 == d.kind && c.2 == state)
+                        {
+                            Some(c) => c.3 += 1,
+                            None => counts.push((&d.queue, &d.kind, state, 1)),
+                        },
                         None => {
                             shared.metrics.lease_lost(&d.queue);
                             tracing::warn!(id = %d.id, attempt = d.attempt, "result discarded: lease lost");
                         }
                     }
+                }
+                for (queue, kind, state, n) in counts {
+                    shared.metrics.finished_many(queue, kind, state, n);
                 }
                 break;
             }
