@@ -62,6 +62,8 @@ const COMPLETER_BATCH: usize = 1000;
 /// Completer batches written at once (measured: 2 keeps both of a 2-core database's cores busy next to
 /// the claim loops; 1 left it idle between batches).
 const COMPLETER_WRITES: usize = 2;
+/// A batch smaller than this waits for the write under way before it is written (see [`complete`]).
+const COMPLETER_GATHER: usize = 100;
 /// Most expired leases rescued, or finished jobs deleted, by one statement.
 const MAINTENANCE_BATCH: i64 = 1000;
 /// How often finished jobs past retention are deleted.
@@ -677,6 +679,17 @@ async fn complete<H: Send + Sync + 'static>(
             match rx.try_recv() {
                 Ok(d) => batch.push(d),
                 Err(_) => break,
+            }
+        }
+        // While another batch is being written, a small one gathers until that write is done or it
+        // has grown: many small writes cost the database more per job than a few larger ones.
+        while !writes.is_empty() && batch.len() < COMPLETER_GATHER {
+            tokio::select! {
+                _ = writes.join_next() => break,
+                d = rx.recv() => match d {
+                    Some(d) => batch.push(d),
+                    None => break,
+                },
             }
         }
         writes.spawn(record(shared.clone(), batch, shutdown.clone()));
