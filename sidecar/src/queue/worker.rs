@@ -64,6 +64,10 @@ const COMPLETER_BATCH: usize = 1000;
 const COMPLETER_WRITES: usize = 2;
 /// A batch smaller than this waits for the write under way before it is written (see [`complete`]).
 const COMPLETER_GATHER: usize = 100;
+/// Longest a small batch gathers (see [`gather_deadline`]).
+const COMPLETER_GATHER_MAX: Duration = Duration::from_millis(10);
+/// How long a small batch gathers before any write has been timed.
+const COMPLETER_GATHER_FIRST: Duration = Duration::from_millis(2);
 /// Most expired leases rescued, or finished jobs deleted, by one statement.
 const MAINTENANCE_BATCH: i64 = 1000;
 /// How often finished jobs past retention are deleted.
@@ -253,6 +257,8 @@ struct Shared<H> {
     settings: Mutex<HashMap<String, QueueSettings>>,
     wake: Notify,
     ahead: Mutex<Ahead>,
+    /// Moving average of one completer write's time, seconds; None until a write has succeeded.
+    write_secs: Mutex<Option<f64>>,
     /// Notified whenever a handler slot frees up.
     room: Notify,
 }
@@ -312,6 +318,7 @@ impl<H: Handler> Worker<H> {
             settings: Mutex::new(HashMap::new()),
             wake: Notify::new(),
             ahead: Mutex::new(Ahead::default()),
+            write_secs: Mutex::new(None),
             room: Notify::new(),
         });
         if !prepare_queues(&shared, &shutdown).await {
@@ -671,6 +678,7 @@ async fn complete<H: Send + Sync + 'static>(
 ) {
     let mut writes = JoinSet::new();
     while let Some(first) = rx.recv().await {
+        let first_at = tokio::time::Instant::now();
         while writes.len() >= COMPLETER_WRITES {
             writes.join_next().await;
         }
@@ -681,20 +689,52 @@ async fn complete<H: Send + Sync + 'static>(
                 Err(_) => break,
             }
         }
-        // While another batch is being written, a small one gathers until that write is done or it
-        // has grown: many small writes cost the database more per job than a few larger ones.
-        while !writes.is_empty() && batch.len() < COMPLETER_GATHER {
-            tokio::select! {
-                _ = writes.join_next() => break,
-                d = rx.recv() => match d {
-                    Some(d) => batch.push(d),
-                    None => break,
-                },
-            }
-        }
+        let deadline = gather_deadline(*shared.write_secs.lock().expect("write_secs lock"));
+        gather(
+            &mut batch,
+            &mut rx,
+            &mut writes,
+            tokio::time::sleep_until(first_at + deadline),
+        )
+        .await;
         writes.spawn(record(shared.clone(), batch, shutdown.clone()));
     }
     while writes.join_next().await.is_some() {}
+}
+
+/// How long a small batch may gather, counted from its first outcome: the measured time of one write,
+/// at most [`COMPLETER_GATHER_MAX`]. A batch starts gathering part-way through the other write, so it
+/// usually ends with that write (the batches stay large, the throughput win of gathering); a write that
+/// does not end (a batch PostgreSQL rejects on every retry, a long row-lock wait) delays each later
+/// batch by this much at most, instead of holding it until 100 outcomes have gathered, which may never
+/// happen once finished outcomes hold every lease permit. The cap keeps one slow write (a lock wait
+/// that did end) from stretching it.
+fn gather_deadline(write_secs: Option<f64>) -> Duration {
+    write_secs.map_or(COMPLETER_GATHER_FIRST, |s| {
+        Duration::from_secs_f64(s.max(0.0)).min(COMPLETER_GATHER_MAX)
+    })
+}
+
+/// While another batch is being written, a small one gathers until the first of: that write is done,
+/// the batch has grown to [`COMPLETER_GATHER`], or `deadline`. Many small writes cost the database more
+/// per job than a few larger ones.
+async fn gather<T>(
+    batch: &mut Vec<T>,
+    rx: &mut mpsc::UnboundedReceiver<T>,
+    writes: &mut JoinSet<()>,
+    deadline: impl Future<Output = ()>,
+) {
+    tokio::pin!(deadline);
+    while !writes.is_empty() && batch.len() < COMPLETER_GATHER {
+        tokio::select! {
+            _ = writes.join_next() => break,
+            _ = &mut deadline => break,
+            d = rx.recv() => match d {
+                Some(d) => batch.push(d),
+                None => break,
+            },
+        }
+    }
 }
 
 /// Records one batch of finished attempts, retrying while the database is away; then frees their
@@ -704,8 +744,13 @@ async fn record<H>(shared: Arc<Shared<H>>, batch: Vec<Done>, shutdown: Cancellat
     let (finish, release): (Vec<Done>, Vec<Done>) = batch.into_iter().partition(|d| d.finish.is_some());
     let mut wait = Duration::from_millis(50);
     for attempt in 0.. {
+        let t0 = tokio::time::Instant::now();
         match write_batch(&shared.store, owner, &finish, &release).await {
             Ok(written) => {
+                let secs = t0.elapsed().as_secs_f64();
+                let mut write_secs = shared.write_secs.lock().expect("write_secs lock");
+                *write_secs = Some(write_secs.map_or(secs, |w| ewma(w, secs)));
+                drop(write_secs);
                 // Counted per (queue, kind, state) of the batch, not per job: a batch is mostly one.
                 let mut counts: Vec<(&str, &str, &str, u64)> = Vec::new();
                 for d in finish.iter().chain(&release) {
@@ -737,8 +782,9 @@ async fn record<H>(shared: Arc<Shared<H>>, batch: Vec<Done>, shutdown: Cancellat
                     break;
                 }
                 tracing::warn!(error = %e, attempt, "recording finished jobs failed; retrying");
-                // The leases keep being renewed while we retry; if the database stays away longer than
-                // the lease, other workers rescue the jobs and this write is fenced out.
+                // The heartbeat does not renew these leases (their jobs are finishing): once one lapses,
+                // the job may be rescued and run again by any worker, and this write is fenced out for
+                // it (its result discarded as a lost lease).
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(Duration::from_secs(2));
             }
@@ -902,12 +948,98 @@ mod tests {
     use std::{
         collections::HashMap,
         sync::{Arc, Mutex, atomic::AtomicBool},
+        time::Duration,
     };
 
+    use tokio::{sync::mpsc, task::JoinSet};
     use tokio_util::sync::CancellationToken;
     use uuid::Uuid;
 
-    use super::{Ahead, InFlight, forget};
+    use super::{Ahead, COMPLETER_GATHER, InFlight, forget, gather, gather_deadline};
+
+    /// A bound for awaiting what must happen at once; reaching it fails the test.
+    const SOON: Duration = Duration::from_secs(10);
+
+    #[tokio::test]
+    async fn a_small_batch_is_written_at_its_deadline_while_the_other_write_is_stuck() {
+        // The other write never ends (a batch PostgreSQL rejects on every retry, a row lock held).
+        let mut writes = JoinSet::new();
+        writes.spawn(std::future::pending::<()>());
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (fire, deadline) = tokio::sync::oneshot::channel::<()>();
+        let gathering = tokio::spawn(async move {
+            let mut batch = vec![0];
+            gather(&mut batch, &mut rx, &mut writes, async {
+                let _ = deadline.await;
+            })
+            .await;
+            (batch, writes.len())
+        });
+        // Outcomes arriving before the deadline join the batch.
+        tx.send(1).unwrap();
+        tx.send(2).unwrap();
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            !gathering.is_finished(),
+            "the batch gathers while the other write is under way"
+        );
+        // Far fewer outcomes than a full gather: only the deadline can end it.
+        fire.send(()).unwrap();
+        let (batch, writes) = tokio::time::timeout(SOON, gathering)
+            .await
+            .expect("the gather ends at its deadline")
+            .unwrap();
+        assert_eq!(batch, vec![0, 1, 2]);
+        assert_eq!(writes, 1, "the stuck write is still under way");
+    }
+
+    #[tokio::test]
+    async fn a_small_batch_gathers_until_the_other_write_is_done_or_it_is_full() {
+        // The other write ends: the batch is written then, deadline or not.
+        let mut writes = JoinSet::new();
+        let (end_write, write) = tokio::sync::oneshot::channel::<()>();
+        writes.spawn(async {
+            let _ = write.await;
+        });
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let gathering = tokio::spawn(async move {
+            let mut batch = vec![0];
+            gather(&mut batch, &mut rx, &mut writes, std::future::pending()).await;
+            batch
+        });
+        tx.send(1).unwrap();
+        end_write.send(()).unwrap();
+        let batch = tokio::time::timeout(SOON, gathering)
+            .await
+            .expect("ends with the write")
+            .unwrap();
+        assert!(batch.starts_with(&[0]) && batch.len() <= 2);
+
+        // Full: written at once, the other write still under way.
+        let mut writes = JoinSet::new();
+        writes.spawn(std::future::pending::<()>());
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        for d in 1..COMPLETER_GATHER {
+            tx.send(d).unwrap();
+        }
+        let mut batch = vec![0];
+        tokio::time::timeout(
+            SOON,
+            gather(&mut batch, &mut rx, &mut writes, std::future::pending()),
+        )
+        .await
+        .expect("ends when full");
+        assert_eq!(batch.len(), COMPLETER_GATHER);
+    }
+
+    #[test]
+    fn a_batch_gathers_for_about_one_write_at_most_ten_milliseconds() {
+        assert_eq!(gather_deadline(None), Duration::from_millis(2));
+        assert_eq!(gather_deadline(Some(0.003)), Duration::from_millis(3));
+        assert_eq!(gather_deadline(Some(30.0)), Duration::from_millis(10));
+    }
 
     #[test]
     fn an_earlier_attempts_end_does_not_forget_a_later_attempt_of_the_job() {
