@@ -553,9 +553,16 @@ impl QueueStore {
     /// written with their new state; a job missing from the result was no longer this owner's.
     ///
     /// One autocommit statement, [`sql::JOB_FINISH`] (`sluice.finish_jobs`): the fenced update with its
-    /// generic plan; when some of the jobs have children waiting on them, those jobs and then the
-    /// children are locked first, each in id order, so two batches finishing parents of shared children
-    /// never deadlock: one waits for the other.
+    /// generic plan; when some of the jobs have children waiting on them, every job of the batch and then
+    /// the waiting children are locked first, each in id order, so two batches finishing parents of
+    /// shared children, or a batch and an enqueue naming its jobs as parents, lock in one order: one
+    /// waits for the other. A child enqueued between the function's look for waiting children and its
+    /// update can still make PostgreSQL abort one of them as a deadlock; the batch is then run once more,
+    /// as an enqueue is.
+    ///
+    /// A NUL character, which PostgreSQL text cannot hold, is written as U+FFFD in the error texts (a
+    /// handler's answer may contain one); one such text would otherwise make PostgreSQL refuse the whole
+    /// batch, every time it is retried.
     pub async fn finish_batch(&self, owner: &str, done: &[Finished]) -> Result<Vec<(Uuid, String)>> {
         let mut done: Vec<&Finished> = done.iter().collect();
         done.sort_by_key(|d| d.id);
@@ -575,17 +582,22 @@ impl QueueStore {
             };
             outcomes.push(o);
             delays.push(delay);
-            errors.push(err);
+            errors.push(without_nul(err));
         }
-        let rows = sqlx::query(sql::JOB_FINISH)
-            .bind(ids)
-            .bind(attempts)
-            .bind(outcomes)
-            .bind(delays)
-            .bind(errors)
-            .bind(owner)
-            .fetch_all(&self.pool)
-            .await?;
+        let run = || {
+            sqlx::query(sql::JOB_FINISH)
+                .bind(&ids)
+                .bind(&attempts)
+                .bind(&outcomes)
+                .bind(&delays)
+                .bind(&errors)
+                .bind(owner)
+                .fetch_all(&self.pool)
+        };
+        let rows = match run().await.map_err(Error::from) {
+            Err(e) if is_deadlock(&e) => run().await?,
+            r => r?,
+        };
         rows.iter()
             .map(|r| Ok((r.try_get("id")?, r.try_get("state")?)))
             .collect()
@@ -622,7 +634,7 @@ impl QueueStore {
         rows.iter().map(|r| Ok(r.try_get("id")?)).collect()
     }
 
-    /// Runs one of the by-id batch statements (finish, heartbeat, release) with its generic plan, in a
+    /// Runs one of the by-id batch statements (heartbeat, release) with its generic plan, in a
     /// transaction of its own: `SET LOCAL plan_cache_mode = force_generic_plan` (see [`sql`] for why the
     /// generic plan is the right one at every table size and a custom plan is not). Costs two more round
     /// trips per batch, not per job.
@@ -968,13 +980,23 @@ fn millis(d: sluice_crds::duration::Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// `s` with each NUL character (which PostgreSQL text refuses) replaced by U+FFFD; borrowed when it has none.
+fn without_nul(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.contains('\0') {
+        std::borrow::Cow::Owned(s.replace('\0', "\u{FFFD}"))
+    } else {
+        std::borrow::Cow::Borrowed(s)
+    }
+}
+
 /// Whether `e` is PostgreSQL's deadlock error (40P01): the transaction was aborted and can be run again.
 pub fn is_deadlock(e: &Error) -> bool {
     matches!(e, Error::Database(sqlx::Error::Database(db)) if db.code().as_deref() == Some("40P01"))
 }
 
 /// Maps the SQL API's SQLSTATEs to the crate's errors: SL404 → not found, SL409 → conflict, constraint
-/// violations → invalid.
+/// violations → invalid, and so is a NUL character in a text (22021) or a JSON string (`\u0000`, 22P05),
+/// which PostgreSQL cannot store.
 pub fn map_db_error(e: sqlx::Error) -> Error {
     if let sqlx::Error::Database(db) = &e {
         let msg = db.message().to_owned();
@@ -982,6 +1004,11 @@ pub fn map_db_error(e: sqlx::Error) -> Error {
             Some("SL404") => return Error::NotFound(msg),
             Some("SL409") => return Error::Conflict(msg),
             Some("23514") | Some("22P02") | Some("22023") | Some("23503") => return Error::Invalid(msg),
+            Some("22021") | Some("22P05") => {
+                return Error::Invalid(format!(
+                    "a NUL character (\\u0000) cannot be stored in a text or JSON string: {msg}"
+                ));
+            }
             _ => {}
         }
     }

@@ -1,0 +1,122 @@
+//! `sluice.finish_jobs` on a real PostgreSQL: a batch finishing parents waits for an enqueue naming two
+//! of its jobs as parents instead of deadlocking with it.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sluice_queue::{NewJob, QueueSettings, QueueStore, schema, sql};
+use sluice_testsupport::PgServer;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+async fn setup() -> (PgServer, PgPool, QueueStore) {
+    let server = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+    let pool = sluice_queue::pool::options(10)
+        .connect(&server.url())
+        .await
+        .expect("connect");
+    schema::migrate(&pool).await.expect("migrate");
+    let store = QueueStore::new(pool.clone());
+    store.upsert_queue(&QueueSettings::defaults("q")).await.unwrap();
+    (server, pool, store)
+}
+
+async fn state(store: &QueueStore, id: Uuid) -> String {
+    store.get(id).await.unwrap().expect("job exists").state
+}
+
+/// An enqueue naming parents X < P locks X, then P (id order). A batch finishing X and P, where only P
+/// has a waiting child, used to lock P first and then wait for X in its update: with the enqueue holding
+/// X and waiting for P, PostgreSQL aborted one of them as a deadlock. The batch now locks X before P.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finishing_batch_waits_for_an_enqueue_naming_its_jobs_as_parents() {
+    let (_pg, pool, store) = setup().await;
+    let mut ids = Vec::new();
+    for kind in ["x", "p"] {
+        ids.push(
+            store
+                .enqueue("q", &NewJob::new(kind, json!({})))
+                .await
+                .unwrap()
+                .id,
+        );
+    }
+    ids.sort();
+    let (x, p) = (ids[0], ids[1]);
+    let waiting = store
+        .enqueue("q", &NewJob::new("c", json!({})).depends_on([p]))
+        .await
+        .unwrap()
+        .id;
+    let claimed = store
+        .claim_batch("q", "w", 10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 2);
+
+    // The enqueue's first step: X locked, in a transaction that stays open.
+    let mut enqueuer = pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL lock_timeout = '20s'")
+        .execute(&mut *enqueuer)
+        .await
+        .unwrap();
+    sqlx::query("SELECT 1 FROM sluice.jobs WHERE id = $1 FOR NO KEY UPDATE")
+        .bind(x)
+        .execute(&mut *enqueuer)
+        .await
+        .unwrap();
+
+    // The batch starts and waits for X. The function is called directly: the store would run a batch
+    // PostgreSQL aborted as a deadlock once more, which would hide one.
+    let ids: Vec<Uuid> = claimed.iter().map(|j| j.id).collect();
+    let attempts: Vec<i32> = claimed.iter().map(|j| j.attempt).collect();
+    let finisher = pool.clone();
+    let batch = tokio::spawn(async move {
+        sqlx::query_as::<_, (Uuid, String)>(sql::JOB_FINISH)
+            .bind(&ids)
+            .bind(&attempts)
+            .bind(vec!["s"; ids.len()])
+            .bind(vec![0_i64; ids.len()])
+            .bind(vec![""; ids.len()])
+            .bind("w")
+            .fetch_all(&finisher)
+            .await
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+              WHERE wait_event_type = 'Lock' AND query LIKE '%sluice.finish_jobs%'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        if waiting == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the batch never waited for X");
+        tokio::task::yield_now().await;
+    }
+
+    // The whole enqueue, naming X and P: P is not held by the waiting batch, so it goes through.
+    let child = sluice_queue::store::enqueue(
+        &mut *enqueuer,
+        "q",
+        &NewJob::new("child", json!({})).depends_on([x, p]),
+    )
+    .await
+    .expect("the enqueue is not aborted as a deadlock");
+    enqueuer.commit().await.unwrap();
+
+    let finished = batch
+        .await
+        .unwrap()
+        .expect("the batch is not aborted as a deadlock");
+    assert_eq!(finished.len(), 2);
+    assert_eq!(state(&store, waiting).await, "pending");
+    assert_eq!(
+        state(&store, child.id).await,
+        "pending",
+        "the batch finished both parents after the enqueue committed, and released the child"
+    );
+}
