@@ -1,10 +1,14 @@
 //! `sluice.finish_jobs` on a real PostgreSQL: a batch finishing parents waits for an enqueue naming two
-//! of its jobs as parents instead of deadlocking with it.
+//! of its jobs as parents instead of deadlocking with it, and the store runs a batch PostgreSQL aborted
+//! as a deadlock once more.
 
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sluice_queue::{NewJob, QueueSettings, QueueStore, schema, sql};
+use sluice_queue::{
+    NewJob, QueueSettings, QueueStore, schema, sql,
+    store::{Finish, Finished},
+};
 use sluice_testsupport::PgServer;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -19,6 +23,25 @@ async fn setup() -> (PgServer, PgPool, QueueStore) {
     let store = QueueStore::new(pool.clone());
     store.upsert_queue(&QueueSettings::defaults("q")).await.unwrap();
     (server, pool, store)
+}
+
+/// Returns once a call of `sluice.finish_jobs` waits for a row lock.
+async fn wait_for_a_finish_waiting_on_a_lock(pool: &PgPool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+              WHERE wait_event_type = 'Lock' AND query LIKE '%sluice.finish_jobs%'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if waiting == 1 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the batch never waited for a lock");
+        tokio::task::yield_now().await;
+    }
 }
 
 async fn state(store: &QueueStore, id: Uuid) -> String {
@@ -82,21 +105,7 @@ async fn a_finishing_batch_waits_for_an_enqueue_naming_its_jobs_as_parents() {
             .fetch_all(&finisher)
             .await
     });
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity \
-              WHERE wait_event_type = 'Lock' AND query LIKE '%sluice.finish_jobs%'",
-        )
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        if waiting == 1 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the batch never waited for X");
-        tokio::task::yield_now().await;
-    }
+    wait_for_a_finish_waiting_on_a_lock(&pool).await;
 
     // The whole enqueue, naming X and P: P is not held by the waiting batch, so it goes through.
     let child = sluice_queue::store::enqueue(
@@ -119,4 +128,59 @@ async fn a_finishing_batch_waits_for_an_enqueue_naming_its_jobs_as_parents() {
         "pending",
         "the batch finished both parents after the enqueue committed, and released the child"
     );
+}
+
+/// Another transaction holds the batch's second job; the batch writes its first and waits; the other
+/// transaction then asks for the first. PostgreSQL aborts the batch (the other transaction's
+/// `deadlock_timeout` is long, so the batch's own check finds the cycle), and `finish_batch` runs it
+/// once more, after the other transaction committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_aborted_as_a_deadlock_is_run_once_more() {
+    let (_pg, pool, store) = setup().await;
+    for kind in ["a", "b"] {
+        store.enqueue("q", &NewJob::new(kind, json!({}))).await.unwrap();
+    }
+    let mut claimed = store
+        .claim_batch("q", "w", 10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    claimed.sort_by_key(|j| j.id);
+    assert_eq!(claimed.len(), 2);
+    let (first, second) = (claimed[0].id, claimed[1].id);
+
+    let mut other = pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL deadlock_timeout = '1h'")
+        .execute(&mut *other)
+        .await
+        .unwrap();
+    sqlx::query("SET LOCAL lock_timeout = '20s'")
+        .execute(&mut *other)
+        .await
+        .unwrap();
+    let lock = "SELECT 1 FROM sluice.jobs WHERE id = $1 FOR NO KEY UPDATE";
+    sqlx::query(lock).bind(second).execute(&mut *other).await.unwrap();
+
+    let finisher = QueueStore::new(pool.clone());
+    let done: Vec<Finished> = claimed
+        .iter()
+        .map(|j| Finished {
+            id: j.id,
+            attempt: j.attempt,
+            finish: Finish::Succeeded,
+        })
+        .collect();
+    let batch = tokio::spawn(async move { finisher.finish_batch("w", &done).await });
+    wait_for_a_finish_waiting_on_a_lock(&pool).await;
+
+    sqlx::query(lock)
+        .bind(first)
+        .execute(&mut *other)
+        .await
+        .expect("the batch, not this transaction, is aborted as a deadlock");
+    other.commit().await.unwrap();
+
+    let finished = batch.await.unwrap().expect("the batch is run once more");
+    assert_eq!(finished.len(), 2);
+    assert_eq!(state(&store, first).await, "succeeded");
+    assert_eq!(state(&store, second).await, "succeeded");
 }
