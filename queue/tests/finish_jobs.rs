@@ -2,7 +2,10 @@
 //! of its jobs as parents instead of deadlocking with it, and the store runs a batch PostgreSQL aborted
 //! as a deadlock once more.
 
-use std::time::{Duration, Instant};
+use std::{
+    str::FromStr,
+    time::{Duration, Instant},
+};
 
 use serde_json::json;
 use sluice_queue::{
@@ -10,7 +13,7 @@ use sluice_queue::{
     store::{Finish, Finished},
 };
 use sluice_testsupport::PgServer;
-use sqlx::PgPool;
+use sqlx::{PgPool, postgres::PgConnectOptions};
 use uuid::Uuid;
 
 async fn setup() -> (PgServer, PgPool, QueueStore) {
@@ -136,7 +139,7 @@ async fn a_finishing_batch_waits_for_an_enqueue_naming_its_jobs_as_parents() {
 /// once more, after the other transaction committed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_aborted_as_a_deadlock_is_run_once_more() {
-    let (_pg, pool, store) = setup().await;
+    let (pg, pool, store) = setup().await;
     for kind in ["a", "b"] {
         store.enqueue("q", &NewJob::new(kind, json!({}))).await.unwrap();
     }
@@ -160,7 +163,18 @@ async fn a_batch_aborted_as_a_deadlock_is_run_once_more() {
     let lock = "SELECT 1 FROM sluice.jobs WHERE id = $1 FOR NO KEY UPDATE";
     sqlx::query(lock).bind(second).execute(&mut *other).await.unwrap();
 
-    let finisher = QueueStore::new(pool.clone());
+    // PostgreSQL looks for a deadlock once per wait, `deadlock_timeout` after it began: the batch's look
+    // must come after this transaction also waits, however long the test takes to get there, so the
+    // batch's connections look late (3 s) and this transaction never (1 h).
+    let finisher_pool = sluice_queue::pool::options(2)
+        .connect_with(
+            PgConnectOptions::from_str(&pg.url())
+                .unwrap()
+                .options([("deadlock_timeout", "3s")]),
+        )
+        .await
+        .expect("connect");
+    let finisher = QueueStore::new(finisher_pool);
     let done: Vec<Finished> = claimed
         .iter()
         .map(|j| Finished {
