@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
 /// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
 /// which the workspace does not enable).
-const MIGRATIONS: [(i64, &str, &str); 21] = [
+const MIGRATIONS: [(i64, &str, &str); 22] = [
     (
         1,
         "queue tables",
@@ -120,6 +120,11 @@ const MIGRATIONS: [(i64, &str, &str); 21] = [
         21,
         "finish jobs lock order",
         include_str!("../../migrations/0021_finish_jobs_lock_order.sql"),
+    ),
+    (
+        22,
+        "finish jobs one lock order",
+        include_str!("../../migrations/0022_finish_jobs_one_lock_order.sql"),
     ),
 ];
 

@@ -84,19 +84,20 @@ RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempt
           j.created_at
 "#;
 
-/// Finishes a batch of running jobs in one call (`sluice.finish_jobs`, migrations 0020 and 0021), an
+/// Finishes a batch of running jobs in one call (`sluice.finish_jobs`, migrations 0020 to 0022), an
 /// autocommit statement. Per job (`$1`-`$5`): id, attempt (the fence), outcome (`s` succeeded, `r` retry,
 /// `p` permanent failure, `c` cancelled by its handler), retry delay in ms and error text; `$6` the owner.
 /// Returns the rows that matched the fence with their new state.
 ///
 /// The function runs [`JOB_FINISH_FENCED`] with its generic plan (`SET plan_cache_mode` on the function).
 /// Before it, only when some of the jobs have children still waiting on them ([`JOB_OPEN_PARENTS`], one
-/// probe each of the small partial index of unresolved edges), it locks every job of the batch the owner
-/// holds ([`JOB_LOCK_FINISHING`]), then the waiting children ([`JOB_LOCK_CHILDREN`]), each in id order:
-/// the update's trigger releases children parent by parent, and two batches finishing parents of shared
-/// children reached them in opposite orders and deadlocked; an enqueue naming jobs of the batch as
-/// parents locks them in id order too. The probe itself takes no lock, so a child enqueued between it
-/// and the update can still meet the finish in another order: the store retries a deadlock once.
+/// probe each of the small partial index of unresolved edges), it locks the jobs of the batch the owner
+/// holds and those waiting children in one statement, in one id order ([`JOB_LOCK_FINISHING`]): the
+/// update's trigger releases children parent by parent, and two batches finishing parents of shared
+/// children reached them in opposite orders and deadlocked; an enqueue locks the parents it names in id
+/// order too, and so meets the finish in the same order whichever of its parents are batch jobs and
+/// which are waiting children. The probe itself takes no lock, so a child enqueued between it and the
+/// update can still meet the finish in another order: the store retries a deadlock once.
 pub const JOB_FINISH: &str = "SELECT id, state FROM sluice.finish_jobs($1, $2, $3, $4, $5, $6)";
 
 /// The fenced update [`JOB_FINISH`] runs (its text is part of `sluice.finish_jobs`). A retry past
@@ -140,37 +141,32 @@ SELECT DISTINCT d.parent_id
  WHERE d.parent_id = ANY ($1) AND NOT d.resolved
 "#;
 
-/// Locks the owner's running jobs among `$1` (a finish batch, `$6` the owner: the parameters of
-/// `sluice.finish_jobs`) in id order, the order an enqueue locks the parents it names, and returns those
-/// among `v_parents` (the function's variable: the result of [`JOB_OPEN_PARENTS`]), whose children
-/// [`JOB_LOCK_CHILDREN`] locks next. Run only when `v_parents` is not empty. `MATERIALIZED` keeps the
-/// filter on `v_parents` out of the locking scan: every job of the batch is locked, not just the parents.
+/// Locks, in one id order, the owner's running jobs among `$1` (a finish batch, `$6` the owner: the
+/// parameters of `sluice.finish_jobs`) and the children waiting (with an unresolved edge) on the jobs
+/// `v_parents` (the function's variable: the result of [`JOB_OPEN_PARENTS`]), and returns the jobs among
+/// `v_parents` it locked. Run only when `v_parents` is not empty. One statement, so that its locks follow
+/// one id order, the order an enqueue locks the parents it names in: the batch's jobs and the children
+/// never share a row (a job with an unresolved edge is blocked or cancelled, never running). The children
+/// of a batch job the owner does not hold are locked too, which the update then does not write.
+/// `MATERIALIZED` keeps the filter on `v_parents` out of the locking scan: every row is locked, not just
+/// the parents.
+///
+/// The children are not filtered by `state = 'blocked'` (the only children the finish's trigger writes):
+/// that let the planner scan the partial index of blocked jobs, which statistics taken between bursts
+/// make look empty, and filter every blocked job against the edges. A child with an unresolved edge that
+/// is not blocked (one a failed parent already cancelled) is locked too: not free, a row lock writes the
+/// row's header (and WAL) each time another of that child's parents finishes in a batch.
 pub const JOB_LOCK_FINISHING: &str = r#"
 WITH locked AS MATERIALIZED (
     SELECT j.id
       FROM sluice.jobs j
-     WHERE j.id = ANY ($1)
-       AND j.lease_owner = $6
-       AND j.lease_expires_at IS NOT NULL
+     WHERE j.id = ANY ($1 || ARRAY(SELECT d.job_id FROM sluice.job_dependencies d
+                                    WHERE d.parent_id = ANY (v_parents) AND NOT d.resolved))
+       AND (j.id <> ALL ($1) OR (j.lease_owner = $6 AND j.lease_expires_at IS NOT NULL))
      ORDER BY j.id
        FOR NO KEY UPDATE
 )
 SELECT locked.id FROM locked WHERE locked.id = ANY (v_parents)
-"#;
-
-/// Locks the waiting children (with an unresolved edge to one of them) of the jobs `v_parents` (what
-/// [`JOB_LOCK_FINISHING`] locked and returned) in id order: the second step of the finish's locks. It
-/// does not say `c.state = 'blocked'` (the only children the finish's trigger writes): that let the
-/// planner scan the partial index of blocked jobs, which statistics taken between bursts make look
-/// empty, and filter every blocked job against the edges. A child with an unresolved edge that is not
-/// blocked (one a failed parent already cancelled) is locked too, which costs nothing.
-pub const JOB_LOCK_CHILDREN: &str = r#"
-SELECT c.id
-  FROM sluice.jobs c
- WHERE c.id IN (SELECT d.job_id FROM sluice.job_dependencies d
-                 WHERE d.parent_id = ANY (v_parents) AND NOT d.resolved)
- ORDER BY c.id
-   FOR NO KEY UPDATE
 "#;
 
 /// Extends the leases of the owner's running jobs (`$1` ids, `$2` attempts) by `$4` ms from now. Returns

@@ -1,6 +1,6 @@
 //! `sluice.finish_jobs` on a real PostgreSQL: a batch finishing parents waits for an enqueue naming two
-//! of its jobs as parents instead of deadlocking with it, and the store runs a batch PostgreSQL aborted
-//! as a deadlock once more.
+//! of its jobs, or one of its jobs and a child waiting on another, as parents instead of deadlocking
+//! with it, and the store runs a batch PostgreSQL aborted as a deadlock once more.
 
 use std::{
     str::FromStr,
@@ -43,6 +43,26 @@ async fn wait_for_a_finish_waiting_on_a_lock(pool: &PgPool) {
             return;
         }
         assert!(Instant::now() < deadline, "the batch never waited for a lock");
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Returns once PostgreSQL's clock is past the millisecond of `id` (a UUIDv7): the next job enqueued
+/// gets a greater id.
+async fn past_the_millisecond_of(pool: &PgPool, id: Uuid) {
+    let mut ms = [0_u8; 8];
+    ms[2..].copy_from_slice(&id.as_bytes()[..6]);
+    let ms = i64::from_be_bytes(ms);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now: i64 = sqlx::query_scalar("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        if now > ms {
+            return;
+        }
+        assert!(Instant::now() < deadline, "PostgreSQL's clock never moved on");
         tokio::task::yield_now().await;
     }
 }
@@ -133,6 +153,85 @@ async fn a_finishing_batch_waits_for_an_enqueue_naming_its_jobs_as_parents() {
     );
 }
 
+/// A batch finishing P and X, where a child Y waits on P and P < Y < X, and an enqueue naming Y and X
+/// as parents, which locks Y, then X (id order). The batch used to lock its own jobs P and X first and
+/// then wait for the child Y: with the enqueue holding Y and waiting for X, PostgreSQL aborted one of
+/// them as a deadlock. The batch now takes P, Y and X in one id order, so it waits for Y before X.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finishing_batch_waits_for_an_enqueue_naming_a_waiting_child_and_a_batch_job() {
+    let (_pg, pool, store) = setup().await;
+    let p = store.enqueue("q", &NewJob::new("p", json!({}))).await.unwrap().id;
+    past_the_millisecond_of(&pool, p).await;
+    let y = store
+        .enqueue("q", &NewJob::new("y", json!({})).depends_on([p]))
+        .await
+        .unwrap()
+        .id;
+    past_the_millisecond_of(&pool, y).await;
+    let x = store.enqueue("q", &NewJob::new("x", json!({}))).await.unwrap().id;
+    assert!(p < y && y < x, "ids in the order of their enqueues");
+    let claimed = store
+        .claim_batch("q", "w", 10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let mut claimed_ids: Vec<Uuid> = claimed.iter().map(|j| j.id).collect();
+    claimed_ids.sort();
+    assert_eq!(claimed_ids, [p, x], "the batch is P and X; Y waits on P");
+
+    // The enqueue's first step: Y locked, in a transaction that stays open.
+    let mut enqueuer = pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL lock_timeout = '20s'")
+        .execute(&mut *enqueuer)
+        .await
+        .unwrap();
+    sqlx::query("SELECT 1 FROM sluice.jobs WHERE id = $1 FOR NO KEY UPDATE")
+        .bind(y)
+        .execute(&mut *enqueuer)
+        .await
+        .unwrap();
+
+    // The batch starts and waits for Y, called directly so that no retry hides a deadlock.
+    let ids: Vec<Uuid> = claimed.iter().map(|j| j.id).collect();
+    let attempts: Vec<i32> = claimed.iter().map(|j| j.attempt).collect();
+    let finisher = pool.clone();
+    let batch = tokio::spawn(async move {
+        sqlx::query_as::<_, (Uuid, String)>(sql::JOB_FINISH)
+            .bind(&ids)
+            .bind(&attempts)
+            .bind(vec!["s"; ids.len()])
+            .bind(vec![0_i64; ids.len()])
+            .bind(vec![""; ids.len()])
+            .bind("w")
+            .fetch_all(&finisher)
+            .await
+    });
+    wait_for_a_finish_waiting_on_a_lock(&pool).await;
+
+    // The whole enqueue, naming Y and X: X comes after Y, so the waiting batch does not hold it yet.
+    let child = sluice_queue::store::enqueue(
+        &mut *enqueuer,
+        "q",
+        &NewJob::new("child", json!({})).depends_on([y, x]),
+    )
+    .await
+    .expect("the enqueue is not aborted as a deadlock");
+    enqueuer.commit().await.unwrap();
+
+    let finished = batch
+        .await
+        .unwrap()
+        .expect("the batch is not aborted as a deadlock");
+    assert_eq!(finished.len(), 2);
+    assert_eq!(state(&store, p).await, "succeeded");
+    assert_eq!(state(&store, x).await, "succeeded");
+    assert_eq!(state(&store, y).await, "pending", "P released Y");
+    assert_eq!(
+        state(&store, child.id).await,
+        "blocked",
+        "the child still waits on Y"
+    );
+}
+
 /// Another transaction holds the batch's second job; the batch writes its first and waits; the other
 /// transaction then asks for the first. PostgreSQL aborts the batch (the other transaction's
 /// `deadlock_timeout` is long, so the batch's own check finds the cycle), and `finish_batch` runs it
@@ -164,8 +263,11 @@ async fn a_batch_aborted_as_a_deadlock_is_run_once_more() {
     sqlx::query(lock).bind(second).execute(&mut *other).await.unwrap();
 
     // PostgreSQL looks for a deadlock once per wait, `deadlock_timeout` after it began: the batch's look
-    // must come after this transaction also waits, however long the test takes to get there, so the
-    // batch's connections look late (3 s) and this transaction never (1 h).
+    // must come after this transaction also waits, so the batch's connections look late (3 s) and this
+    // transaction never (1 h). The test relies on that one look: its margin is the 3 s between the
+    // batch's wait beginning and this transaction's, which must begin before the batch looks. Were it
+    // later, the batch's one look would find no cycle and nothing would look again: this transaction
+    // would fail on its `lock_timeout`.
     let finisher_pool = sluice_queue::pool::options(2)
         .connect_with(
             PgConnectOptions::from_str(&pg.url())

@@ -215,14 +215,11 @@ async fn batch_statements_look_jobs_up_by_primary_key_in_a_large_table() {
     );
 
     // The finish's locks, run only when some job of the batch has waiting children: every job of the
-    // batch by primary key, then the children by primary key from the index of unresolved edges. In the
-    // function `v_parents` is a variable; here it is the seventh parameter.
+    // batch and every waiting child by primary key, the children found in the index of unresolved edges,
+    // in one statement. In the function `v_parents` is a variable; here it is the seventh parameter.
     let finish_types = "uuid[], integer[], text[], bigint[], text[], text, uuid[]";
     let finish_args = format!("{ids}, {ones}, {s}, {zeros}, {empty}, 'w', {ids}");
-    for (name, statement) in [
-        ("lock_finishing", sql::JOB_LOCK_FINISHING),
-        ("lock_children", sql::JOB_LOCK_CHILDREN),
-    ] {
+    for (name, statement) in [("lock_finishing", sql::JOB_LOCK_FINISHING)] {
         sqlx::raw_sql(AssertSqlSafe(format!(
             "PREPARE {name}({finish_types}) AS {}",
             statement.replace("v_parents", "$7")
@@ -389,7 +386,6 @@ async fn the_store_runs_the_batch_statements_with_their_generic_plan() {
         ("finish", sql::JOB_FINISH_FENCED),
         ("open_parents", sql::JOB_OPEN_PARENTS),
         ("lock_finishing", sql::JOB_LOCK_FINISHING),
-        ("lock_children", sql::JOB_LOCK_CHILDREN),
     ] {
         assert!(
             words(&body).contains(&words(statement)),
