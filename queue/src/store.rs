@@ -852,6 +852,10 @@ async fn enqueue_graph_at<'e>(
         if j.reference.is_empty() || j.reference.len() > 255 {
             return Err(Error::Invalid(format!("jobs[{i}].ref: must be 1-255 characters")));
         }
+        check_no_nul(&format!("jobs[{i}].ref"), &j.reference)?;
+        for (k, parent) in j.depends_on.iter().enumerate() {
+            check_no_nul(&format!("jobs[{i}].dependsOn[{k}]"), parent)?;
+        }
         if j.depends_on.len() > MAX_PARENTS {
             return Err(Error::Invalid(format!(
                 "jobs[{i}].dependsOn: at most {MAX_PARENTS} parents"
@@ -906,6 +910,15 @@ pub fn check_new_job(job: &NewJob) -> Result<()> {
     if job.kind.is_empty() || job.kind.len() > 200 {
         return Err(Error::Invalid("kind: must be 1-200 characters".into()));
     }
+    check_no_nul("kind", &job.kind)?;
+    for (field, key) in [
+        ("idempotencyKey", &job.idempotency_key),
+        ("uniqueKey", &job.unique_key),
+    ] {
+        if let Some(key) = key {
+            check_no_nul(field, key)?;
+        }
+    }
     if !(-1000..=1000).contains(&job.priority) {
         return Err(Error::Invalid("priority: must be between -1000 and 1000".into()));
     }
@@ -932,6 +945,38 @@ pub fn check_new_job(job: &NewJob) -> Result<()> {
         return Err(Error::Invalid(format!(
             "payload: {size} bytes is over the limit of {MAX_PAYLOAD_BYTES}"
         )));
+    }
+    check_payload_has_no_nul(&job.payload)
+}
+
+/// What a text or JSON string with a NUL character gets: PostgreSQL cannot store one.
+const NUL_REFUSED: &str = "a NUL character (\\u0000) cannot be stored in a text or JSON string";
+
+/// Refuses `value` of `field` when it holds a NUL character, naming the field.
+fn check_no_nul(field: &str, value: &str) -> Result<()> {
+    if value.contains('\0') {
+        return Err(Error::Invalid(format!("{field}: {NUL_REFUSED}")));
+    }
+    Ok(())
+}
+
+/// Refuses a payload with a NUL character in any string or object key, at any depth (walked with a
+/// stack of its own: the depth of a payload built in Rust has no limit).
+fn check_payload_has_no_nul(payload: &serde_json::Value) -> Result<()> {
+    use serde_json::Value;
+    let mut stack = vec![payload];
+    while let Some(value) = stack.pop() {
+        match value {
+            Value::String(s) => check_no_nul("payload", s)?,
+            Value::Array(items) => stack.extend(items),
+            Value::Object(fields) => {
+                for (key, item) in fields {
+                    check_no_nul("payload (an object key)", key)?;
+                    stack.push(item);
+                }
+            }
+            Value::Null | Value::Bool(_) | Value::Number(_) => {}
+        }
     }
     Ok(())
 }
@@ -995,8 +1040,10 @@ pub fn is_deadlock(e: &Error) -> bool {
 }
 
 /// Maps the SQL API's SQLSTATEs to the crate's errors: SL404 → not found, SL409 → conflict, constraint
-/// violations → invalid, and so is a NUL character in a text (22021) or a JSON string (`\u0000`, 22P05),
-/// which PostgreSQL cannot store.
+/// violations → invalid. A NUL character in a text (22021, "… 0x00") or a JSON string (22P05, "`\u0000`
+/// cannot be converted to text"), which PostgreSQL cannot store and [`check_new_job`] refuses before
+/// the server sees it, is invalid too; the same SQLSTATEs for anything else (a character the database's
+/// encoding cannot hold) stay a database error.
 pub fn map_db_error(e: sqlx::Error) -> Error {
     if let sqlx::Error::Database(db) = &e {
         let msg = db.message().to_owned();
@@ -1005,9 +1052,14 @@ pub fn map_db_error(e: sqlx::Error) -> Error {
             Some("SL409") => return Error::Conflict(msg),
             Some("23514") | Some("22P02") | Some("22023") | Some("23503") => return Error::Invalid(msg),
             Some("22021") | Some("22P05") => {
-                return Error::Invalid(format!(
-                    "a NUL character (\\u0000) cannot be stored in a text or JSON string: {msg}"
-                ));
+                let detail = db
+                    .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                    .and_then(|pg| pg.detail())
+                    .unwrap_or_default();
+                let names_nul = |s: &str| s.contains("0x00") || s.contains("\\u0000");
+                if names_nul(&msg) || names_nul(detail) {
+                    return Error::Invalid(format!("{NUL_REFUSED}: {msg}"));
+                }
             }
             _ => {}
         }
