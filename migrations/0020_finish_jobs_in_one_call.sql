@@ -7,18 +7,28 @@
 --
 -- Now one call: `sluice.finish_jobs` runs as its own statement, with the generic plans set on the
 -- function (`SET plan_cache_mode`, which ends with the call). It first looks for the batch's jobs with
--- open edges in the small partial index of unresolved dependencies; only when there are any does it lock
--- those jobs, then their waiting children, each in id order, as before. Then the fenced update (the same
--- statement as before), which returns the jobs it wrote with their new state.
+-- open edges in the small partial index of unresolved dependencies. Only when there are any does it lock,
+-- in one statement and one id order (the order an enqueue locks the parents it names, 0010), the jobs of
+-- the batch this owner holds and the children waiting on the batch's jobs. Two rounds (the batch, then
+-- the children) could cross an enqueue: with a batch {P, X}, a child Y waiting on P and ids P < Y < X,
+-- an enqueue naming Y and X would lock Y while the finish held X. The two sets never share a row: a job
+-- with an unresolved edge is blocked (or cancelled), never running, so it is not a job of the batch the
+-- owner holds. A child of a batch job the owner does not hold is locked too (the update then does not
+-- write that parent); `v_parents` keeps only the parents the statement locked. Then the fenced update,
+-- which returns the jobs it wrote with their new state. The probe for waiting children takes no lock,
+-- so a child enqueued between it and the update can still meet the finish in another order; the store
+-- retries a batch PostgreSQL aborts as a deadlock once.
 --
 -- Parameters: the ids, the attempts (the fence), the outcomes (`s` succeeded, `r` retry, `p` permanent
 -- failure, `c` cancelled by its handler), the retry delays in ms, the error texts, and the lease owner.
--- Runs as the caller (row-level security applies as to the statements it replaces).
+-- Runs as the caller (row-level security applies as to the statements it replaces), with a fixed
+-- search path (every name in it and in the triggers it fires is qualified).
 
 CREATE FUNCTION sluice.finish_jobs(uuid[], integer[], text[], bigint[], text[], text)
 RETURNS TABLE (id uuid, state text)
 LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan
+SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -30,20 +40,18 @@ SELECT DISTINCT d.parent_id
  WHERE d.parent_id = ANY ($1) AND NOT d.resolved
     );
     IF cardinality(v_parents) > 0 THEN
-        PERFORM j.id
-           FROM sluice.jobs j
-          WHERE j.id = ANY (v_parents)
-            AND j.lease_owner = $6
-            AND j.lease_expires_at IS NOT NULL
-          ORDER BY j.id
-            FOR NO KEY UPDATE;
-        PERFORM c.id
-           FROM sluice.jobs c
-          WHERE c.id IN (SELECT d.job_id FROM sluice.job_dependencies d
-                          WHERE d.parent_id = ANY (v_parents) AND NOT d.resolved)
-            AND c.state = 'blocked'
-          ORDER BY c.id
-            FOR NO KEY UPDATE;
+        v_parents := ARRAY(
+WITH locked AS MATERIALIZED (
+    SELECT j.id
+      FROM sluice.jobs j
+     WHERE j.id = ANY ($1 || ARRAY(SELECT d.job_id FROM sluice.job_dependencies d
+                                    WHERE d.parent_id = ANY (v_parents) AND NOT d.resolved))
+       AND (j.id <> ALL ($1) OR (j.lease_owner = $6 AND j.lease_expires_at IS NOT NULL))
+     ORDER BY j.id
+       FOR NO KEY UPDATE
+)
+SELECT locked.id FROM locked WHERE locked.id = ANY (v_parents)
+        );
     END IF;
     RETURN QUERY
 UPDATE sluice.jobs j

@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
 /// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
 /// which the workspace does not enable).
-const MIGRATIONS: [(i64, &str, &str); 22] = [
+const MIGRATIONS: [(i64, &str, &str); 20] = [
     (
         1,
         "queue tables",
@@ -115,16 +115,6 @@ const MIGRATIONS: [(i64, &str, &str); 22] = [
         20,
         "finish jobs in one call",
         include_str!("../../migrations/0020_finish_jobs_in_one_call.sql"),
-    ),
-    (
-        21,
-        "finish jobs lock order",
-        include_str!("../../migrations/0021_finish_jobs_lock_order.sql"),
-    ),
-    (
-        22,
-        "finish jobs one lock order",
-        include_str!("../../migrations/0022_finish_jobs_one_lock_order.sql"),
     ),
 ];
 

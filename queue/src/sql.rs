@@ -84,7 +84,7 @@ RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempt
           j.created_at
 "#;
 
-/// Finishes a batch of running jobs in one call (`sluice.finish_jobs`, migrations 0020 to 0022), an
+/// Finishes a batch of running jobs in one call (`sluice.finish_jobs`, migration 0020), an
 /// autocommit statement. Per job (`$1`-`$5`): id, attempt (the fence), outcome (`s` succeeded, `r` retry,
 /// `p` permanent failure, `c` cancelled by its handler), retry delay in ms and error text; `$6` the owner.
 /// Returns the rows that matched the fence with their new state.
