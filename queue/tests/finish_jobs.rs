@@ -2,6 +2,8 @@
 //! of its jobs, or one of its jobs and a child waiting on another, as parents instead of deadlocking
 //! with it, and the store runs a batch PostgreSQL aborted as a deadlock once more.
 
+mod support;
+
 use std::{
     str::FromStr,
     time::{Duration, Instant},
@@ -9,7 +11,7 @@ use std::{
 
 use serde_json::json;
 use sluice_queue::{
-    NewJob, QueueSettings, QueueStore, schema, sql,
+    NewJob, QueueStore, sql,
     store::{Finish, Finished},
 };
 use sluice_testsupport::PgServer;
@@ -17,15 +19,7 @@ use sqlx::{PgPool, postgres::PgConnectOptions};
 use uuid::Uuid;
 
 async fn setup() -> (PgServer, PgPool, QueueStore) {
-    let server = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
-    let pool = sluice_queue::pool::options(10)
-        .connect(&server.url())
-        .await
-        .expect("connect");
-    schema::migrate(&pool).await.expect("migrate");
-    let store = QueueStore::new(pool.clone());
-    store.upsert_queue(&QueueSettings::defaults("q")).await.unwrap();
-    (server, pool, store)
+    support::server_with_queue(10).await
 }
 
 /// Returns once a call of `sluice.finish_jobs` waits for a row lock.

@@ -3,25 +3,20 @@
 //! not, with `onParentFailure: run`), concurrent completions of two parents release a child once, and a
 //! graph of jobs with refs is enqueued all or nothing.
 
+mod support;
+
 use std::time::Duration;
 
 use serde_json::json;
 use sluice_queue::{
-    Error, GraphJob, JobState, NewJob, OnParentFailure, QueueSettings, QueueStore, schema,
+    Error, GraphJob, JobState, NewJob, OnParentFailure, QueueStore,
     store::{Finish, Finished},
 };
 use sluice_testsupport::PgServer;
 use uuid::Uuid;
 
 async fn setup() -> (PgServer, QueueStore) {
-    let server = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
-    let pool = sluice_queue::pool::options(20)
-        .connect(&server.url())
-        .await
-        .expect("connect");
-    schema::migrate(&pool).await.expect("migrate");
-    let store = QueueStore::new(pool);
-    store.upsert_queue(&QueueSettings::defaults("q")).await.unwrap();
+    let (server, _, store) = support::server_with_queue(20).await;
     (server, store)
 }
 

@@ -3,25 +3,20 @@
 //! then the unique key decides; a new job keeps its parents, an existing one answers without taking
 //! them; concurrent batches sharing keys make one job per key.
 
+mod support;
+
 use std::time::Duration;
 
 use serde_json::json;
 use sluice_queue::{
-    Error, GraphJob, NewJob, OnParentFailure, QueueSettings, QueueStore, UniqueMode, schema,
+    Error, GraphJob, NewJob, OnParentFailure, QueueSettings, QueueStore, UniqueMode,
     store::{Finish, Finished},
 };
 use sluice_testsupport::PgServer;
 use uuid::Uuid;
 
 async fn setup() -> (PgServer, QueueStore) {
-    let server = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
-    let pool = sluice_queue::pool::options(40)
-        .connect(&server.url())
-        .await
-        .expect("connect");
-    schema::migrate(&pool).await.expect("migrate");
-    let store = QueueStore::new(pool);
-    store.upsert_queue(&QueueSettings::defaults("q")).await.unwrap();
+    let (server, _, store) = support::server_with_queue(40).await;
     (server, store)
 }
 

@@ -3,24 +3,19 @@
 //! kind, payload (strings and object keys), keys or graph refs is refused as invalid input naming the
 //! field (a 400 in the HTTP API), not a server error.
 
+mod support;
+
 use std::time::Duration;
 
 use serde_json::json;
 use sluice_queue::{
-    Error, GraphJob, NewJob, QueueSettings, QueueStore, UniqueMode, schema,
+    Error, GraphJob, NewJob, QueueStore, UniqueMode,
     store::{Finish, Finished},
 };
 use sluice_testsupport::PgServer;
 
 async fn setup() -> (PgServer, QueueStore) {
-    let server = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
-    let pool = sluice_queue::pool::options(4)
-        .connect(&server.url())
-        .await
-        .expect("connect");
-    schema::migrate(&pool).await.expect("migrate");
-    let store = QueueStore::new(pool);
-    store.upsert_queue(&QueueSettings::defaults("q")).await.unwrap();
+    let (server, _, store) = support::server_with_queue(4).await;
     (server, store)
 }
 

@@ -2,24 +2,18 @@
 //! workers run its scheduler at once, none for the time before it existed, and catches up on missed
 //! fire times only as `missedRuns` says.
 
+mod support;
+
 use serde_json::json;
 use sluice_queue::{
-    NewJob, QueueSettings, QueueStore,
+    NewJob, QueueStore,
     schedule::MissedRuns,
-    schema,
     store::{Schedule, ScheduleRun},
 };
 use sluice_testsupport::PgServer;
 
 async fn setup() -> (PgServer, QueueStore) {
-    let server = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
-    let pool = sluice_queue::pool::options(20)
-        .connect(&server.url())
-        .await
-        .expect("connect");
-    schema::migrate(&pool).await.expect("migrate");
-    let store = QueueStore::new(pool);
-    store.upsert_queue(&QueueSettings::defaults("q")).await.unwrap();
+    let (server, _, store) = support::server_with_queue(20).await;
     (server, store)
 }
 
