@@ -11,7 +11,7 @@ use std::{
 
 use serde_json::json;
 use sluice_queue::{
-    NewJob, QueueStore, sql,
+    ClaimedJob, NewJob, QueueStore, sql,
     store::{Finish, Finished},
 };
 use sluice_testsupport::PgServer;
@@ -61,6 +61,46 @@ async fn past_the_millisecond_of(pool: &PgPool, id: Uuid) {
     }
 }
 
+/// A transaction (left open) holding job `id`'s row lock, as an enqueue naming it as a parent does first.
+async fn locked_in_an_open_transaction(
+    pool: &PgPool,
+    id: Uuid,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL lock_timeout = '20s'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query("SELECT 1 FROM sluice.jobs WHERE id = $1 FOR NO KEY UPDATE")
+        .bind(id)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx
+}
+
+/// Finishes `claimed` as succeeded by calling the function directly: the store would run a batch
+/// PostgreSQL aborted as a deadlock once more, which would hide one.
+fn finish_directly(
+    pool: &PgPool,
+    claimed: &[ClaimedJob],
+) -> tokio::task::JoinHandle<Result<Vec<(Uuid, String)>, sqlx::Error>> {
+    let ids: Vec<Uuid> = claimed.iter().map(|j| j.id).collect();
+    let attempts: Vec<i32> = claimed.iter().map(|j| j.attempt).collect();
+    let finisher = pool.clone();
+    tokio::spawn(async move {
+        sqlx::query_as::<_, (Uuid, String)>(sql::JOB_FINISH)
+            .bind(&ids)
+            .bind(&attempts)
+            .bind(vec!["s"; ids.len()])
+            .bind(vec![0_i64; ids.len()])
+            .bind(vec![""; ids.len()])
+            .bind("w")
+            .fetch_all(&finisher)
+            .await
+    })
+}
+
 async fn state(store: &QueueStore, id: Uuid) -> String {
     store.get(id).await.unwrap().expect("job exists").state
 }
@@ -95,33 +135,11 @@ async fn a_finishing_batch_waits_for_an_enqueue_naming_its_jobs_as_parents() {
     assert_eq!(claimed.len(), 2);
 
     // The enqueue's first step: X locked, in a transaction that stays open.
-    let mut enqueuer = pool.begin().await.unwrap();
-    sqlx::query("SET LOCAL lock_timeout = '20s'")
-        .execute(&mut *enqueuer)
-        .await
-        .unwrap();
-    sqlx::query("SELECT 1 FROM sluice.jobs WHERE id = $1 FOR NO KEY UPDATE")
-        .bind(x)
-        .execute(&mut *enqueuer)
-        .await
-        .unwrap();
+    let mut enqueuer = locked_in_an_open_transaction(&pool, x).await;
 
     // The batch starts and waits for X. The function is called directly: the store would run a batch
     // PostgreSQL aborted as a deadlock once more, which would hide one.
-    let ids: Vec<Uuid> = claimed.iter().map(|j| j.id).collect();
-    let attempts: Vec<i32> = claimed.iter().map(|j| j.attempt).collect();
-    let finisher = pool.clone();
-    let batch = tokio::spawn(async move {
-        sqlx::query_as::<_, (Uuid, String)>(sql::JOB_FINISH)
-            .bind(&ids)
-            .bind(&attempts)
-            .bind(vec!["s"; ids.len()])
-            .bind(vec![0_i64; ids.len()])
-            .bind(vec![""; ids.len()])
-            .bind("w")
-            .fetch_all(&finisher)
-            .await
-    });
+    let batch = finish_directly(&pool, &claimed);
     wait_for_a_finish_waiting_on_a_lock(&pool).await;
 
     // The whole enqueue, naming X and P: P is not held by the waiting batch, so it goes through.
@@ -173,32 +191,10 @@ async fn a_finishing_batch_waits_for_an_enqueue_naming_a_waiting_child_and_a_bat
     assert_eq!(claimed_ids, [p, x], "the batch is P and X; Y waits on P");
 
     // The enqueue's first step: Y locked, in a transaction that stays open.
-    let mut enqueuer = pool.begin().await.unwrap();
-    sqlx::query("SET LOCAL lock_timeout = '20s'")
-        .execute(&mut *enqueuer)
-        .await
-        .unwrap();
-    sqlx::query("SELECT 1 FROM sluice.jobs WHERE id = $1 FOR NO KEY UPDATE")
-        .bind(y)
-        .execute(&mut *enqueuer)
-        .await
-        .unwrap();
+    let mut enqueuer = locked_in_an_open_transaction(&pool, y).await;
 
     // The batch starts and waits for Y, called directly so that no retry hides a deadlock.
-    let ids: Vec<Uuid> = claimed.iter().map(|j| j.id).collect();
-    let attempts: Vec<i32> = claimed.iter().map(|j| j.attempt).collect();
-    let finisher = pool.clone();
-    let batch = tokio::spawn(async move {
-        sqlx::query_as::<_, (Uuid, String)>(sql::JOB_FINISH)
-            .bind(&ids)
-            .bind(&attempts)
-            .bind(vec!["s"; ids.len()])
-            .bind(vec![0_i64; ids.len()])
-            .bind(vec![""; ids.len()])
-            .bind("w")
-            .fetch_all(&finisher)
-            .await
-    });
+    let batch = finish_directly(&pool, &claimed);
     wait_for_a_finish_waiting_on_a_lock(&pool).await;
 
     // The whole enqueue, naming Y and X: X comes after Y, so the waiting batch does not hold it yet.
