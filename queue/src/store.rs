@@ -553,8 +553,8 @@ impl QueueStore {
     /// written with their new state; a job missing from the result was no longer this owner's.
     ///
     /// One autocommit statement, [`sql::JOB_FINISH`] (`sluice.finish_jobs`): the fenced update with its
-    /// generic plan; when some of the jobs have children waiting on them, every job of the batch and then
-    /// the waiting children are locked first, each in id order, so two batches finishing parents of
+    /// generic plan; when some of the jobs have children waiting on them, the jobs of the batch and the
+    /// waiting children are locked first, together in one id order, so two batches finishing parents of
     /// shared children, or a batch and an enqueue naming its jobs as parents, lock in one order: one
     /// waits for the other. A child enqueued between the function's look for waiting children and its
     /// update can still make PostgreSQL abort one of them as a deadlock; the batch is then run once more,
