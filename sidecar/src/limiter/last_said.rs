@@ -109,7 +109,7 @@ impl LastSaid {
             let mut first_expiry = u64::MAX;
             shard.map.retain(|(_, w), s| {
                 let expiry = s.at.saturating_add((*w).max(1));
-                let keep = now.saturating_sub(s.at) < (*w).max(1);
+                let keep = now < expiry;
                 if keep {
                     first_expiry = first_expiry.min(expiry);
                 }

@@ -752,23 +752,17 @@ async fn record<H>(shared: Arc<Shared<H>>, batch: Vec<Done>, shutdown: Cancellat
                 *write_secs = Some(write_secs.map_or(secs, |w| ewma(w, secs)));
                 drop(write_secs);
                 // Counted per (queue, kind, state) of the batch, not per job: a batch is mostly one.
-                let mut counts: Vec<(&str, &str, &str, u64)> = Vec::new();
+                let mut counts: HashMap<(&str, &str, &str), u64> = HashMap::new();
                 for d in finish.iter().chain(&release) {
                     match written.get(&d.id) {
-                        Some(state) => match counts
-                            .iter_mut()
-                            .find(|c| c.0 == d.queue && c.1 == d.kind && c.2 == state)
-                        {
-                            Some(c) => c.3 += 1,
-                            None => counts.push((&d.queue, &d.kind, state, 1)),
-                        },
+                        Some(state) => *counts.entry((&d.queue, &d.kind, state)).or_default() += 1,
                         None => {
                             shared.metrics.lease_lost(&d.queue);
                             tracing::warn!(id = %d.id, attempt = d.attempt, "result discarded: lease lost");
                         }
                     }
                 }
-                for (queue, kind, state, n) in counts {
+                for ((queue, kind, state), n) in counts {
                     shared.metrics.finished_many(queue, kind, state, n);
                 }
                 break;
