@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
 /// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
 /// which the workspace does not enable).
-const MIGRATIONS: [(i64, &str, &str); 20] = [
+const MIGRATIONS: [(i64, &str, &str); 21] = [
     (
         1,
         "queue tables",
@@ -115,6 +115,11 @@ const MIGRATIONS: [(i64, &str, &str); 20] = [
         20,
         "finish jobs in one call",
         include_str!("../../migrations/0020_finish_jobs_in_one_call.sql"),
+    ),
+    (
+        21,
+        "one lock order on every path",
+        include_str!("../../migrations/0021_one_lock_order_on_every_path.sql"),
     ),
 ];
 

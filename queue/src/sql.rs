@@ -169,6 +169,50 @@ WITH locked AS MATERIALIZED (
 SELECT locked.id FROM locked WHERE locked.id = ANY (v_parents)
 "#;
 
+/// Locks the children waiting on the jobs `v_parents` (with an unresolved edge), in one statement in id
+/// order: the first statement of each level of `sluice.release_dependents` (migration 0021), the trigger
+/// that releases or cancels the children of a job that finished (finish, cancel, lease rescue, shutdown
+/// release). Its update then writes them in whatever order its plan reads them (with statistics, a hash
+/// join reading the table in its physical order), which used to be the order it locked them in: a cancel
+/// cascade met an enqueue naming two of the children, or a batch finishing another of their parents, in
+/// the other order, and PostgreSQL aborted one of them as a deadlock. A finishing batch holds its level's
+/// locks already ([`JOB_LOCK_FINISHING`]); a cascade's deeper levels are locked level by level.
+pub const JOB_LOCK_CHILDREN: &str = r#"
+SELECT c.id
+  FROM sluice.jobs c
+ WHERE c.id = ANY (ARRAY(SELECT d.job_id FROM sluice.job_dependencies d
+                          WHERE d.parent_id = ANY (v_parents) AND NOT d.resolved))
+ ORDER BY c.id
+   FOR NO KEY UPDATE
+"#;
+
+/// Locks the parents an enqueue names (`v_parents`) and the current holder of its unique key (`p_queue`,
+/// `p_unique_key`; none without a key), in one statement in id order: `sluice.enqueue_job`'s first lock
+/// when the job has parents (migration 0021). The holder used to be locked after the parents, so a job
+/// naming A as parent and replacing holder H < A crossed an enqueue naming H and A.
+pub const JOB_LOCK_PARENTS: &str = r#"
+SELECT j.id
+  FROM sluice.jobs j
+ WHERE j.id = ANY (v_parents || ARRAY(SELECT h.id FROM sluice.jobs h
+                                       WHERE h.queue = p_queue AND h.unique_key = p_unique_key))
+ ORDER BY j.id
+   FOR NO KEY UPDATE
+"#;
+
+/// Locks the jobs outside a graph that it names as parents (`v_outside`) and the current holders of its
+/// unique keys (`v_queue`, `v_keys`), in one statement in id order: `sluice.enqueue_graph`'s first lock,
+/// before its first job (migration 0021). Each job's own locks are then locks the call holds already; they
+/// used to be taken job by job, so a graph naming B for one job and A < B for a later one crossed an
+/// enqueue naming A and B.
+pub const JOB_LOCK_GRAPH_PARENTS: &str = r#"
+SELECT o.id
+  FROM sluice.jobs o
+ WHERE o.id = ANY (v_outside || ARRAY(SELECT h.id FROM sluice.jobs h
+                                       WHERE h.queue = v_queue AND h.unique_key = ANY (v_keys)))
+ ORDER BY o.id
+   FOR NO KEY UPDATE
+"#;
+
 /// Extends the leases of the owner's running jobs (`$1` ids, `$2` attempts) by `$4` ms from now. Returns
 /// the jobs still held, with their cancellation flag; a job missing from the result was lost.
 /// Only `lease_expires_at` changes, which no index covers: a HOT update.
@@ -227,7 +271,8 @@ RETURNING j.id
 "#;
 
 /// Enqueues one job through the SQL API (`sluice.enqueue_job`): returns (id, created). `$11` (unique for)
-/// and `$12` (debounce) are milliseconds; `$13` the parents, `$14` what their failure does.
+/// and `$12` (debounce) are milliseconds; `$13` the parents, `$14` what their failure does. A job with
+/// parents locks them and its unique key's holder first, in id order ([`JOB_LOCK_PARENTS`]).
 pub const JOB_ENQUEUE: &str = r#"
 SELECT id, created
   FROM sluice.enqueue_job($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
@@ -235,7 +280,8 @@ SELECT id, created
 "#;
 
 /// Enqueues a graph of jobs through the SQL API (`sluice.enqueue_graph`, `$2` a JSON array of jobs with
-/// refs): returns (ref, id, created) in input order.
+/// refs): returns (ref, id, created) in input order. The jobs outside the graph it names as parents and
+/// its unique keys' holders are locked first, in id order ([`JOB_LOCK_GRAPH_PARENTS`]).
 pub const JOB_ENQUEUE_GRAPH: &str = "SELECT ref, id, created FROM sluice.enqueue_graph($1, $2)";
 
 /// The jobs job `$1` depends on, with their states (NULL: deleted by retention), in id order.
@@ -277,7 +323,8 @@ SELECT * FROM sluice.jobs
 
 /// Cancels a job: waiting (and blocked) jobs at once, running jobs by request (the worker delivers it).
 /// Returns the state before and after; no row when the job does not exist. Cancelling a job with
-/// dependents cancels them too (the `jobs_release_dependents` trigger).
+/// dependents cancels them too (the `jobs_release_dependents` trigger, which locks each level of the
+/// cascade in id order first, [`JOB_LOCK_CHILDREN`]).
 pub const JOB_CANCEL: &str = r#"
 WITH before AS (
     SELECT id, state FROM sluice.jobs WHERE id = $1 FOR UPDATE

@@ -269,29 +269,20 @@ impl QueueStore {
     /// Enqueues one job (see [`enqueue`]). A deadlock (two calls taking keys in opposite orders) is
     /// retried once: the call is its own transaction, so the aborted attempt left nothing behind.
     pub async fn enqueue(&self, queue: &str, job: &NewJob) -> Result<Enqueued> {
-        match enqueue_at(&self.pool, queue, job, self.now()).await {
-            Err(e) if is_deadlock(&e) => enqueue_at(&self.pool, queue, job, self.now()).await,
-            done => done,
-        }
+        once_more_on_deadlock(|| enqueue_at(&self.pool, queue, job, self.now())).await
     }
 
     /// Enqueues many jobs in one statement (see [`enqueue_many`]). A deadlock with another call taking
     /// the same keys (batches with both unique and idempotency keys can take them in opposite orders) is
     /// retried once: the call is its own transaction, so the aborted attempt left nothing behind.
     pub async fn enqueue_many(&self, queue: &str, jobs: &[NewJob]) -> Result<Vec<Uuid>> {
-        match enqueue_many_at(&self.pool, queue, jobs, self.now()).await {
-            Err(e) if is_deadlock(&e) => enqueue_many_at(&self.pool, queue, jobs, self.now()).await,
-            done => done,
-        }
+        once_more_on_deadlock(|| enqueue_many_at(&self.pool, queue, jobs, self.now())).await
     }
 
     /// Enqueues a graph of jobs in one call (see [`enqueue_graph`]). A deadlock is retried once, as for
     /// [`QueueStore::enqueue_many`].
     pub async fn enqueue_graph(&self, queue: &str, jobs: &[GraphJob]) -> Result<Vec<(String, Enqueued)>> {
-        match enqueue_graph_at(&self.pool, queue, jobs, self.now()).await {
-            Err(e) if is_deadlock(&e) => enqueue_graph_at(&self.pool, queue, jobs, self.now()).await,
-            done => done,
-        }
+        once_more_on_deadlock(|| enqueue_graph_at(&self.pool, queue, jobs, self.now())).await
     }
 
     // ---- periodic jobs ------------------------------------------------------------------------------
@@ -425,12 +416,18 @@ impl QueueStore {
 
     /// Cancels a job: waiting → cancelled at once; running → cancellation requested (its worker stops
     /// the handler and records `cancelled`); finished → nothing.
+    ///
+    /// Cancelling a job with dependents cancels them in the same statement, level by level, each level
+    /// locked in id order first ([`sql::JOB_LOCK_CHILDREN`]). A child enqueued meanwhile, or a deeper
+    /// level, can still meet another transaction in the other order: a cancel PostgreSQL aborted as a
+    /// deadlock is run once more (it is its own transaction, so the aborted attempt left nothing behind).
     pub async fn cancel(&self, id: Uuid) -> Result<CancelOutcome> {
-        let row = sqlx::query(sql::JOB_CANCEL)
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?
-            .ok_or_else(|| Error::NotFound(format!("job {id}")))?;
+        let pool = &self.pool;
+        let row = once_more_on_deadlock(move || async move {
+            Ok(sqlx::query(sql::JOB_CANCEL).bind(id).fetch_optional(pool).await?)
+        })
+        .await?
+        .ok_or_else(|| Error::NotFound(format!("job {id}")))?;
         let before: String = row.try_get("before")?;
         let before: JobState = before.parse().map_err(Error::Invalid)?;
         Ok(match before {
@@ -584,20 +581,20 @@ impl QueueStore {
             delays.push(delay);
             errors.push(without_nul(err));
         }
-        let run = || {
-            sqlx::query(sql::JOB_FINISH)
-                .bind(&ids)
-                .bind(&attempts)
-                .bind(&outcomes)
-                .bind(&delays)
-                .bind(&errors)
+        let (pool, ids, attempts, outcomes, delays, errors) =
+            (&self.pool, &ids, &attempts, &outcomes, &delays, &errors);
+        let rows = once_more_on_deadlock(move || async move {
+            Ok(sqlx::query(sql::JOB_FINISH)
+                .bind(ids)
+                .bind(attempts)
+                .bind(outcomes)
+                .bind(delays)
+                .bind(errors)
                 .bind(owner)
-                .fetch_all(&self.pool)
-        };
-        let rows = match run().await.map_err(Error::from) {
-            Err(e) if is_deadlock(&e) => run().await?,
-            r => r?,
-        };
+                .fetch_all(pool)
+                .await?)
+        })
+        .await?;
         rows.iter()
             .map(|r| Ok((r.try_get("id")?, r.try_get("state")?)))
             .collect()
@@ -624,13 +621,21 @@ impl QueueStore {
     }
 
     /// Hands `owner`'s running jobs back without counting the attempt. Returns the jobs released.
+    ///
+    /// A job whose cancellation was requested is cancelled instead, and its dependents with it (see
+    /// [`QueueStore::cancel`]): several such jobs lock their children parent by parent, so PostgreSQL can
+    /// abort the release as a deadlock; it is then run once more.
     pub async fn release(&self, owner: &str, jobs: &[(Uuid, i32)]) -> Result<Vec<Uuid>> {
         let (ids, attempts): (Vec<Uuid>, Vec<i32>) = in_lock_order(jobs).into_iter().unzip();
-        let query = sqlx::query(sql::JOB_RELEASE_FENCED)
-            .bind(ids)
-            .bind(attempts)
-            .bind(owner);
-        let rows = self.fetch_planned_generically(query).await?;
+        let (ids, attempts) = (&ids, &attempts);
+        let rows = once_more_on_deadlock(move || {
+            let query = sqlx::query(sql::JOB_RELEASE_FENCED)
+                .bind(ids)
+                .bind(attempts)
+                .bind(owner);
+            self.fetch_planned_generically(query)
+        })
+        .await?;
         rows.iter().map(|r| Ok(r.try_get("id")?)).collect()
     }
 
@@ -650,13 +655,18 @@ impl QueueStore {
     }
 
     /// Makes up to `limit` jobs of `queues` whose lease expired ready again (or dead, or cancelled).
-    /// Returns how many.
+    /// Returns how many. Jobs ending dead or cancelled release their dependents parent by parent, as a
+    /// release does: a rescue PostgreSQL aborted as a deadlock is run once more.
     pub async fn rescue_expired(&self, queues: &[String], limit: i64) -> Result<u64> {
-        let rows = sqlx::query(sql::JOB_RESCUE_EXPIRED)
-            .bind(queues)
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .await?;
+        let pool = &self.pool;
+        let rows = once_more_on_deadlock(move || async move {
+            Ok(sqlx::query(sql::JOB_RESCUE_EXPIRED)
+                .bind(queues)
+                .bind(limit)
+                .fetch_all(pool)
+                .await?)
+        })
+        .await?;
         Ok(rows.len() as u64)
     }
 
@@ -1031,6 +1041,20 @@ fn without_nul(s: &str) -> std::borrow::Cow<'_, str> {
         std::borrow::Cow::Owned(s.replace('\0', "\u{FFFD}"))
     } else {
         std::borrow::Cow::Borrowed(s)
+    }
+}
+
+/// Runs `attempt`, and once more when PostgreSQL aborted it as a deadlock ([`is_deadlock`]): for a call
+/// that is a transaction of its own, so the aborted attempt left nothing behind. A second deadlock in a
+/// row is returned.
+async fn once_more_on_deadlock<T, F, Fut>(mut attempt: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    match attempt().await {
+        Err(e) if is_deadlock(&e) => attempt().await,
+        done => done,
     }
 }
 

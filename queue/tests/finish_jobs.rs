@@ -4,10 +4,7 @@
 
 mod support;
 
-use std::{
-    str::FromStr,
-    time::{Duration, Instant},
-};
+use std::{str::FromStr, time::Duration};
 
 use serde_json::json;
 use sluice_queue::{
@@ -24,59 +21,7 @@ async fn setup() -> (PgServer, PgPool, QueueStore) {
 
 /// Returns once a call of `sluice.finish_jobs` waits for a row lock.
 async fn wait_for_a_finish_waiting_on_a_lock(pool: &PgPool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity \
-              WHERE wait_event_type = 'Lock' AND query LIKE '%sluice.finish_jobs%'",
-        )
-        .fetch_one(pool)
-        .await
-        .unwrap();
-        if waiting == 1 {
-            return;
-        }
-        assert!(Instant::now() < deadline, "the batch never waited for a lock");
-        tokio::task::yield_now().await;
-    }
-}
-
-/// Returns once PostgreSQL's clock is past the millisecond of `id` (a UUIDv7): the next job enqueued
-/// gets a greater id.
-async fn past_the_millisecond_of(pool: &PgPool, id: Uuid) {
-    let mut ms = [0_u8; 8];
-    ms[2..].copy_from_slice(&id.as_bytes()[..6]);
-    let ms = i64::from_be_bytes(ms);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let now: i64 = sqlx::query_scalar("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")
-            .fetch_one(pool)
-            .await
-            .unwrap();
-        if now > ms {
-            return;
-        }
-        assert!(Instant::now() < deadline, "PostgreSQL's clock never moved on");
-        tokio::task::yield_now().await;
-    }
-}
-
-/// A transaction (left open) holding job `id`'s row lock, as an enqueue naming it as a parent does first.
-async fn locked_in_an_open_transaction(
-    pool: &PgPool,
-    id: Uuid,
-) -> sqlx::Transaction<'static, sqlx::Postgres> {
-    let mut tx = pool.begin().await.unwrap();
-    sqlx::query("SET LOCAL lock_timeout = '20s'")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    sqlx::query("SELECT 1 FROM sluice.jobs WHERE id = $1 FOR NO KEY UPDATE")
-        .bind(id)
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    tx
+    support::wait_for_a_statement_waiting_on_a_lock(pool, "sluice.finish_jobs", "the batch").await;
 }
 
 /// Finishes `claimed` as succeeded by calling the function directly: the store would run a batch
@@ -135,7 +80,7 @@ async fn a_finishing_batch_waits_for_an_enqueue_naming_its_jobs_as_parents() {
     assert_eq!(claimed.len(), 2);
 
     // The enqueue's first step: X locked, in a transaction that stays open.
-    let mut enqueuer = locked_in_an_open_transaction(&pool, x).await;
+    let mut enqueuer = support::locked_in_an_open_transaction(&pool, x).await;
 
     // The batch starts and waits for X. The function is called directly: the store would run a batch
     // PostgreSQL aborted as a deadlock once more, which would hide one.
@@ -173,13 +118,13 @@ async fn a_finishing_batch_waits_for_an_enqueue_naming_its_jobs_as_parents() {
 async fn a_finishing_batch_waits_for_an_enqueue_naming_a_waiting_child_and_a_batch_job() {
     let (_pg, pool, store) = setup().await;
     let p = store.enqueue("q", &NewJob::new("p", json!({}))).await.unwrap().id;
-    past_the_millisecond_of(&pool, p).await;
+    support::past_the_millisecond_of(&pool, p).await;
     let y = store
         .enqueue("q", &NewJob::new("y", json!({})).depends_on([p]))
         .await
         .unwrap()
         .id;
-    past_the_millisecond_of(&pool, y).await;
+    support::past_the_millisecond_of(&pool, y).await;
     let x = store.enqueue("q", &NewJob::new("x", json!({}))).await.unwrap().id;
     assert!(p < y && y < x, "ids in the order of their enqueues");
     let claimed = store
@@ -191,7 +136,7 @@ async fn a_finishing_batch_waits_for_an_enqueue_naming_a_waiting_child_and_a_bat
     assert_eq!(claimed_ids, [p, x], "the batch is P and X; Y waits on P");
 
     // The enqueue's first step: Y locked, in a transaction that stays open.
-    let mut enqueuer = locked_in_an_open_transaction(&pool, y).await;
+    let mut enqueuer = support::locked_in_an_open_transaction(&pool, y).await;
 
     // The batch starts and waits for Y, called directly so that no retry hides a deadlock.
     let batch = finish_directly(&pool, &claimed);

@@ -248,6 +248,65 @@ async fn batch_statements_look_jobs_up_by_primary_key_in_a_large_table() {
         );
     }
 
+    // The locks the other paths that write several jobs take first, in one statement in id order (the
+    // trigger releasing children, an enqueue naming parents, a graph naming parents outside it): the
+    // jobs by primary key, children found in the index of unresolved edges, unique keys' holders in
+    // the unique-key index. In the functions the parameters are variables; here they are parameters.
+    // Both plans: these functions run with PostgreSQL's default plan cache mode.
+    for (name, statement, types, variables, args) in [
+        (
+            "lock_children",
+            sql::JOB_LOCK_CHILDREN,
+            "uuid[]",
+            &["v_parents"][..],
+            ids.clone(),
+        ),
+        (
+            "lock_parents",
+            sql::JOB_LOCK_PARENTS,
+            "uuid[], text, text",
+            &["v_parents", "p_queue", "p_unique_key"][..],
+            format!("{ids}, 'plans', 'k'"),
+        ),
+        (
+            "lock_graph_parents",
+            sql::JOB_LOCK_GRAPH_PARENTS,
+            "uuid[], text, text[]",
+            &["v_outside", "v_queue", "v_keys"][..],
+            format!("{ids}, 'plans', '{{k}}'"),
+        ),
+    ] {
+        let mut statement = statement.to_owned();
+        for (n, variable) in variables.iter().enumerate() {
+            statement = statement.replace(variable, &format!("${}", n + 1));
+        }
+        sqlx::raw_sql(AssertSqlSafe(format!("PREPARE {name}({types}) AS {statement}")))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        for mode in PLAN_MODES {
+            let plan = explain(&mut conn, mode, name, &args).await;
+            let mut scans = Vec::new();
+            scans_of_jobs(&plan, &mut scans);
+            assert!(
+                scans.iter().any(|s| s.index.as_deref() == Some("jobs_pkey"))
+                    && scans.iter().all(|s| {
+                        s.node.starts_with("Index")
+                            && matches!(s.index.as_deref(), Some("jobs_pkey" | "jobs_unique_idx"))
+                    }),
+                "{name} ({mode}) must look its jobs up by primary key (holders by unique key): {plan:#}"
+            );
+            let mut edges = Vec::new();
+            scans_of("job_dependencies", &plan, &mut edges);
+            assert!(
+                edges
+                    .iter()
+                    .all(|s| s.index.as_deref() == Some("job_dependencies_parent_idx")),
+                "{name} ({mode}) must probe the index of unresolved edges: {plan:#}"
+            );
+        }
+    }
+
     sqlx::raw_sql(AssertSqlSafe(format!(
         "PREPARE claim(text, text, bigint, bigint) AS {}",
         sql::JOB_CLAIM_BATCH
@@ -393,4 +452,34 @@ async fn the_store_runs_the_batch_statements_with_their_generic_plan() {
         );
     }
     drop(pool);
+}
+
+/// The functions run the lock statements the plan checks above know, word for word.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_functions_take_their_locks_with_the_statements_whose_plans_are_checked() {
+    let (_pg, pool) = pg().await;
+    let words = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    for (function, name, statement) in [
+        (
+            "sluice.release_dependents",
+            "lock_children",
+            sql::JOB_LOCK_CHILDREN,
+        ),
+        ("sluice.enqueue_job", "lock_parents", sql::JOB_LOCK_PARENTS),
+        (
+            "sluice.enqueue_graph",
+            "lock_graph_parents",
+            sql::JOB_LOCK_GRAPH_PARENTS,
+        ),
+    ] {
+        let body: String = sqlx::query_scalar("SELECT prosrc FROM pg_proc WHERE oid = $1::regproc")
+            .bind(function)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert!(
+            words(&body).contains(&words(statement)),
+            "{function} runs sql::{name} as the plan checks know it: {body}"
+        );
+    }
 }
