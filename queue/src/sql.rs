@@ -325,9 +325,25 @@ SELECT * FROM sluice.jobs
 /// Returns the state before and after; no row when the job does not exist. Cancelling a job with
 /// dependents cancels them too (the `jobs_release_dependents` trigger, which locks each level of the
 /// cascade in id order first, [`JOB_LOCK_CHILDREN`]).
+///
+/// A waiting job is locked together with the children waiting on it, in one statement in id order
+/// (`locked`), before it is written: a child can have a smaller id than its parent (an explicit id, or a
+/// graph listing the child first), and locking the parent first, then the child in the trigger, crossed
+/// an enqueue or a finishing batch locking that child and then the parent. A running job's children are
+/// not locked: its cancel only sets the request. The job's state in `locked` is read under its lock.
 pub const JOB_CANCEL: &str = r#"
-WITH before AS (
-    SELECT id, state FROM sluice.jobs WHERE id = $1 FOR UPDATE
+WITH locked AS MATERIALIZED (
+    SELECT j.id, j.state
+      FROM sluice.jobs j
+     WHERE j.id = ANY (ARRAY[$1::uuid] || ARRAY(
+               SELECT d.job_id FROM sluice.job_dependencies d
+                WHERE d.parent_id = $1 AND NOT d.resolved
+                  AND EXISTS (SELECT 1 FROM sluice.jobs w
+                               WHERE w.id = $1 AND w.state IN ('blocked', 'pending', 'retrying'))))
+     ORDER BY j.id
+       FOR UPDATE
+), before AS (
+    SELECT l.id, l.state FROM locked l WHERE l.id = $1
 ), changed AS (
     UPDATE sluice.jobs j
        SET state = CASE WHEN b.state IN ('blocked', 'pending', 'retrying') THEN 'cancelled' ELSE j.state END,

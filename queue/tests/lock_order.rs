@@ -98,6 +98,49 @@ async fn a_cancel_cascade_waits_for_an_enqueue_naming_two_of_the_children() {
     }
 }
 
+/// Child C waits on P and has the smaller id (an explicit id; a graph listing the child first does the
+/// same); an enqueue naming C and P locks C, then P. The cancel of P used to lock P, then C in the
+/// trigger on P's update: it held P and waited for C, the enqueue held C and asked for P. The cancel
+/// now locks P and the children waiting on it in one statement in id order, C first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_waits_for_an_enqueue_naming_a_child_with_a_smaller_id_and_the_job() {
+    let (_pg, pool, store) = support::server_with_queue(10).await;
+    let c = Uuid::now_v7();
+    support::past_the_millisecond_of(&pool, c).await;
+    let p = store.enqueue("q", &NewJob::new("p", json!({}))).await.unwrap().id;
+    assert!(c < p, "the child's id is the smaller");
+    let created: Uuid = sqlx::query_scalar(
+        "SELECT id FROM sluice.enqueue_job('q', 'c', '{}', p_id => $1, p_depends_on => ARRAY[$2::uuid])",
+    )
+    .bind(c)
+    .bind(p)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(created, c);
+
+    let enqueuer = support::locked_in_an_open_transaction(&pool, c).await;
+    let cancel_pool = pool.clone();
+    let cancel = tokio::spawn(async move {
+        let row = sqlx::query(sql::JOB_CANCEL)
+            .bind(p)
+            .fetch_one(&cancel_pool)
+            .await?;
+        row.try_get::<String, _>("before")
+    });
+    support::wait_for_a_statement_waiting_on_a_lock(&pool, "cancel_requested", "the cancel").await;
+
+    let child = enqueue_and_commit(enqueuer, [c, p]).await;
+    let before = cancel
+        .await
+        .unwrap()
+        .expect("the cancel is not aborted as a deadlock");
+    assert_eq!(before, "pending");
+    for (name, id) in [("P", p), ("C", c), ("the new child", child)] {
+        assert_eq!(state(&store, id).await, "cancelled", "{name} is cancelled");
+    }
+}
+
 /// A graph whose first job names B outside it as parent and whose second names A < B, and an enqueue
 /// naming A and B, which locks A, then B. The graph used to lock each job's parents as it enqueued that
 /// job: B, then A, crossing the enqueue. It now locks A and B in one statement in id order first.
