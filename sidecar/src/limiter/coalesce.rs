@@ -25,7 +25,9 @@
 //! ([`Turn::Reserved`]).
 
 use std::{
+    borrow::Borrow,
     collections::HashMap,
+    hash::Hash,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -267,6 +269,10 @@ struct Entry<T> {
     settled_at: u64,
     /// What `prefetched` and `slow` were reckoned under: under other sizing they are not used.
     sized: Option<Sizing>,
+    /// Until when the key is worth keeping while nothing is in flight for it ([`Entry::worth_keeping`]
+    /// is `now < keep_until`), as of its last change: the sweep reads this one field per key instead of
+    /// walking each key's reserves. Set by [`Entry::refresh`] after every change.
+    keep_until: u64,
 }
 
 impl<T> Entry<T> {
@@ -283,7 +289,35 @@ impl<T> Entry<T> {
             slow: 0,
             settled_at: now,
             sized: None,
+            keep_until: 0,
         }
+        .refreshed()
+    }
+
+    fn refreshed(mut self) -> Self {
+        self.refresh();
+        self
+    }
+
+    /// Reckons `keep_until` again after a change: the latest of the end of the key's recent arrivals,
+    /// the end of its memory as far from its limit and the end of the window of any reserve with hits
+    /// left.
+    fn refresh(&mut self) {
+        let recent = self.rate.start.saturating_add(2 * RATE_WINDOW_MS);
+        let slow = if self.slow > 0 {
+            self.settled_at.saturating_add(SLOW_MEMORY_MS)
+        } else {
+            0
+        };
+        let held = self
+            .reserves
+            .0
+            .iter()
+            .filter(|r| r.next < r.end)
+            .map(|r| r.until_ms)
+            .max()
+            .unwrap_or(0);
+        self.keep_until = recent.max(slow).max(held);
     }
 
     /// Hits a quiet key takes ahead: what its last call allowed a slow key, if that was lately.
@@ -316,20 +350,22 @@ impl<T> Entry<T> {
     }
 }
 
-/// Queues of requests per key while a call for that key is in flight, and the keys' reserves.
+/// Queues of requests per key while a call for that key is in flight, and the keys' reserves. Keys are
+/// of type `K`: the limiter names a counter by its key hash and algorithm (a small fixed-size value, so
+/// a request builds no key string and a remembered key holds none).
 #[derive(Debug)]
-pub struct Coalescer<T> {
-    entries: Mutex<Entries<T>>,
+pub struct Coalescer<T, K> {
+    entries: Mutex<Entries<T, K>>,
 }
 
 #[derive(Debug)]
-struct Entries<T> {
-    by_key: HashMap<String, Entry<T>>,
+struct Entries<T, K> {
+    by_key: HashMap<K, Entry<T>>,
     /// When idle keys with spent or expired reserves were last dropped (limiter clock, ms).
     swept_at: u64,
 }
 
-impl<T> Default for Coalescer<T> {
+impl<T, K> Default for Coalescer<T, K> {
     fn default() -> Self {
         Self {
             entries: Mutex::new(Entries {
@@ -355,16 +391,27 @@ pub fn prefetch_size(wanted: u64, floor: u64, remaining: u64, replicas: u32, lim
     wanted.min(limit).min(per_replica / 4)
 }
 
-impl<T> Coalescer<T> {
+impl<T, K: Hash + Eq> Coalescer<T, K> {
     /// Joins `key` at `now` for a rule sized by `sizing`: spend from its reserve, lead when no call is in
     /// flight for it, else wait in its queue. Takes hits ahead only as reckoned under the same sizing.
-    pub fn join(&self, key: &str, sizing: &Sizing, now: u64) -> Turn<T> {
-        let params = &sizing.params;
+    pub fn join<Q>(&self, key: &Q, sizing: &Sizing, now: u64) -> Turn<T>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let mut entries = self.lock();
         let Some(entry) = entries.by_key.get_mut(key) else {
             entries.by_key.insert(key.to_owned(), Entry::new(now));
             return Turn::Lead { prefetch: 0 };
         };
+        let turn = Self::turn(entry, sizing, now);
+        entry.refresh();
+        turn
+    }
+
+    /// What a request for the known key `entry` does (see [`Coalescer::join`]).
+    fn turn(entry: &mut Entry<T>, sizing: &Sizing, now: u64) -> Turn<T> {
+        let params = &sizing.params;
         let quiet = !entry.rate.recent(now);
         // Reckoned under other limits, prefetch setting or replica count (a hot reload): take nothing
         // ahead until the next settle reckons again.
@@ -412,19 +459,27 @@ impl<T> Coalescer<T> {
     /// Serves the queue that formed meanwhile from the reserve and returns the rest as the next batch;
     /// with nothing left to decide the key is no longer in flight, and it is forgotten unless it holds
     /// hits, saw a request lately or was found far from its limit lately.
-    pub fn settle(
+    pub fn settle<Q>(
         &self,
-        key: &str,
+        key: &Q,
         sizing: &Sizing,
         reserve: Option<Reserve>,
         now: u64,
         next_prefetch: impl Fn(u64, u64) -> u64,
-    ) -> Settled<T> {
+    ) -> Settled<T>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let params = &sizing.params;
         let mut entries = self.lock();
         if entries.by_key.len() >= SWEEP_ABOVE && now.saturating_sub(entries.swept_at) >= SWEEP_EVERY_MS {
             entries.swept_at = now;
-            entries.by_key.retain(|_, e| e.in_flight || e.worth_keeping(now));
+            entries.by_key.retain(|_, e| {
+                let keep = e.in_flight || now < e.keep_until;
+                debug_assert_eq!(keep, e.in_flight || e.worth_keeping(now));
+                keep
+            });
         }
         let tracked = entries.by_key.len();
         let mut settled = Settled {
@@ -461,6 +516,7 @@ impl<T> Coalescer<T> {
         entry.slow = slow;
         entry.sized = Some(*sizing);
         entry.settled_at = now;
+        entry.refresh();
         let reserve_left = entry.reserves.left();
         if !settled.batch.is_empty() {
             entry.demand = 0;
@@ -482,11 +538,15 @@ impl<T> Coalescer<T> {
     }
 
     /// Hits unspent in `key`'s reserve (for tests).
-    pub fn reserved(&self, key: &str) -> u64 {
+    pub fn reserved<Q>(&self, key: &Q) -> u64
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         self.lock().by_key.get(key).map_or(0, |e| e.reserves.left())
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Entries<T>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries<T, K>> {
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -532,7 +592,7 @@ mod tests {
 
     #[test]
     fn the_first_request_leads_and_later_ones_queue_until_the_call_finishes() {
-        let c = Coalescer::<u32>::default();
+        let c = Coalescer::<u32, String>::default();
         assert!(matches!(c.join("k", &S, 0), Turn::Lead { prefetch: 0 }));
         let Turn::Follow(mut a) = c.join("k", &S, 0) else {
             panic!("second must follow")
@@ -577,7 +637,7 @@ mod tests {
 
     #[test]
     fn a_full_queue_sends_further_requests_alone() {
-        let c = Coalescer::<()>::default();
+        let c = Coalescer::<(), String>::default();
         assert!(matches!(c.join("k", &S, 0), Turn::Lead { .. }));
         let _waiting: Vec<_> = (0..MAX_BATCH).map(|_| c.join("k", &S, 0)).collect();
         assert!(matches!(c.join("k", &S, 0), Turn::Alone));
@@ -585,7 +645,7 @@ mod tests {
 
     #[test]
     fn a_reserve_serves_the_queue_first_then_later_requests_in_order() {
-        let c = Coalescer::<()>::default();
+        let c = Coalescer::<(), String>::default();
         let _ = c.join("k", &S, 0);
         let queued: Vec<_> = (0..2).map(|_| c.join("k", &S, 0)).collect();
         assert!(queued.iter().all(|t| matches!(t, Turn::Follow(_))));
@@ -616,7 +676,7 @@ mod tests {
 
     #[test]
     fn a_reserve_is_not_spent_after_its_window_or_under_other_parameters() {
-        let c = Coalescer::<()>::default();
+        let c = Coalescer::<(), String>::default();
         let _ = c.join("k", &S, 0);
         let _ = c.settle("k", &S, Some(reserve(1, 100, 60_000)), 0, |_, _| 50);
         let changed = Sizing {
@@ -637,7 +697,7 @@ mod tests {
 
     #[test]
     fn a_reserve_is_not_spent_by_a_request_timed_before_its_window_and_is_kept_for_it() {
-        let c = Coalescer::<()>::default();
+        let c = Coalescer::<(), String>::default();
         let _ = c.join("k", &S, 60_000);
         // Counted in the window 60,000..120,000.
         let _ = c.settle("k", &S, Some(reserve(1, 5, 120_000)), 60_000, |_, _| 4);
@@ -655,7 +715,7 @@ mod tests {
 
     #[test]
     fn a_prefetch_reckoned_before_a_reload_is_not_taken() {
-        let c = Coalescer::<()>::default();
+        let c = Coalescer::<(), String>::default();
         let far = |w, f| prefetch_size(w, f, 1_000_000, 1, 256);
         let _ = c.join("k", &S, 0);
         let _ = c.settle("k", &S, None, 0, far);
@@ -691,7 +751,7 @@ mod tests {
 
     #[test]
     fn a_refill_arriving_early_is_spent_after_what_is_left_of_the_last_one() {
-        let c = Coalescer::<()>::default();
+        let c = Coalescer::<(), String>::default();
         let _ = c.join("k", &S, 0);
         let _ = c.settle("k", &S, Some(reserve(1, 5, 60_000)), 0, |_, _| 4);
         let Turn::Reserved { refill, .. } = c.join("k", &S, 1) else {
@@ -743,7 +803,7 @@ mod tests {
 
     #[test]
     fn a_steady_stream_that_never_overlaps_takes_hits_ahead_after_one_window() {
-        let c = Coalescer::<()>::default();
+        let c = Coalescer::<(), String>::default();
         let mut prefetches = Vec::new();
         // Two requests a millisecond, each call finished before the next request arrives.
         for t in 0..2 * RATE_WINDOW_MS {
@@ -865,7 +925,7 @@ mod tests {
 
     /// Settles a call on `w` that decided `decided` requests, as `limiter::remote` does.
     fn settle_call(
-        c: &Coalescer<()>,
+        c: &Coalescer<(), String>,
         w: &Window,
         p: &Params,
         replicas: u32,
@@ -894,7 +954,13 @@ mod tests {
 
     /// One request for `k` at `now` through `c` (a replica of `replicas`), its calls made on `w` at once:
     /// whether it was allowed, and whether a reserve decided it.
-    fn request(c: &Coalescer<()>, w: &mut Window, p: &Params, replicas: u32, now: u64) -> (bool, bool) {
+    fn request(
+        c: &Coalescer<(), String>,
+        w: &mut Window,
+        p: &Params,
+        replicas: u32,
+        now: u64,
+    ) -> (bool, bool) {
         match c.join("k", &sizing(p, replicas), now) {
             Turn::Lead { prefetch } => {
                 let reply = w.call(now, 1 + prefetch);
@@ -925,7 +991,10 @@ mod tests {
             burst: 0,
         };
         let mut w = Window::new(&p);
-        let (a, b) = (Coalescer::<()>::default(), Coalescer::<()>::default());
+        let (a, b) = (
+            Coalescer::<(), String>::default(),
+            Coalescer::<(), String>::default(),
+        );
         let (mut allowed, mut reserved, mut reserved_late) = (0, 0, 0);
         // One request every 300 ms, alternating between the replicas: each sees the key quiet every time.
         for i in 0..3_000u64 {
@@ -968,7 +1037,7 @@ mod tests {
             burst: 0,
         };
         let mut w = Window::new(&p);
-        let c = Coalescer::<()>::default();
+        let c = Coalescer::<(), String>::default();
         let mut per_window = std::collections::BTreeMap::<u64, (u64, u64)>::new();
         for i in 0..200u64 {
             let now = i * 300;
@@ -990,7 +1059,7 @@ mod tests {
 
     #[test]
     fn a_slow_key_is_remembered_for_a_while_and_then_decided_exactly_again() {
-        let c = Coalescer::<()>::default();
+        let c = Coalescer::<(), String>::default();
         let far = |w, f| prefetch_size(w, f, 1_000_000, 1, 256);
         let near = |w, f| prefetch_size(w, f, FAR_FROM_LIMIT - 1, 1, 256);
         assert!(
@@ -1031,7 +1100,7 @@ mod tests {
 
     #[test]
     fn many_keys_tracked_stop_new_slow_keys_from_taking_hits_ahead_but_not_others() {
-        let c = Coalescer::<()>::default();
+        let c = Coalescer::<(), String>::default();
         let far = |w, f| prefetch_size(w, f, 1_000_000, 1, 256);
         for i in 0..MAX_SLOW_RESERVES - 1 {
             let key = i.to_string();
@@ -1066,8 +1135,50 @@ mod tests {
     }
 
     #[test]
+    fn the_sweep_keeps_exactly_the_keys_worth_keeping() {
+        let c = Coalescer::<(), String>::default();
+        let far: fn(u64, u64) -> u64 = |w, f| prefetch_size(w, f, 1_000_000, 1, 256);
+        let exact: fn(u64, u64) -> u64 = none;
+        // Keys in each state the sweep meets: seen lately or not, found far from their limit lately or
+        // not, holding hits (some spent, some lapsed) or none.
+        for (i, at) in [0u64, 5, 15, 25, 1_000, 1_999, 2_500, 59_990]
+            .into_iter()
+            .enumerate()
+        {
+            let key = format!("k{i}");
+            let _ = c.join(&key, &S, at);
+            let held = (i % 2 == 0).then(|| reserve(1, 1 + i as u64, (at / P.window_ms + 1) * P.window_ms));
+            let _ = c.settle(&key, &S, held, at, if i % 3 == 0 { far } else { exact });
+            for later in [at + 1, at + 12, at + 700] {
+                match c.join(&key, &S, later) {
+                    Turn::Lead { .. } => {
+                        let _ = c.settle(&key, &S, None, later, exact);
+                    }
+                    Turn::Reserved { refill, .. } if refill > 0 => {
+                        let _ = c.settle(&key, &S, None, later, far);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let entries = c.lock();
+        assert!(entries.by_key.len() >= 4, "{}", entries.by_key.len());
+        for (key, e) in &entries.by_key {
+            assert!(!e.in_flight);
+            for now in (0..130_000).step_by(7).chain([e.keep_until - 1, e.keep_until]) {
+                assert_eq!(
+                    now < e.keep_until,
+                    e.worth_keeping(now),
+                    "{key} at {now} (kept until {})",
+                    e.keep_until
+                );
+            }
+        }
+    }
+
+    #[test]
     fn a_batch_gets_what_is_left_of_its_oldest_deadline() {
-        let c = Coalescer::<()>::default();
+        let c = Coalescer::<(), String>::default();
         let _ = c.join("k", &S, 0);
         let _rx = c.join("k", &S, 0);
         let batch = c.settle("k", &S, None, 0, none).batch;

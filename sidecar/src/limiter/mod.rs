@@ -12,8 +12,9 @@
 //! said per key, which the local fallback starts from), [`metrics`].
 //!
 //! Hot path: rules and settings are read through one `ArcSwap` load; matching and key hashing allocate
-//! nothing; per applying rule there is one key string and at most one script call (a hot key shares its
-//! call with the requests that arrived while the previous one was in flight). The in-process store takes
+//! nothing; per applying rule there is at most one script call (a hot key shares its call with the
+//! requests that arrived while the previous one was in flight), and a Redis key string is built only for
+//! a call: the coalescer names a counter by its key hash and algorithm. The in-process store takes
 //! one shard lock per rule, and only when Redis is absent or cannot decide. Under `failureMode: local`,
 //! each decision Redis makes is also remembered ([`last_said`]: one shard lock and no allocation once
 //! the key is known).
@@ -175,7 +176,7 @@ struct Shared {
     carry: Ledger,
     /// What Redis last said per key, for the local fallback to start from.
     last_said: LastSaid,
-    coalescer: Coalescer<remote::Answer>,
+    coalescer: Coalescer<remote::Answer, remote::CounterId>,
     metrics: Metrics,
     instance: u64,
     seq: AtomicU64,
@@ -365,11 +366,11 @@ impl Limiter {
             return Verdict::default();
         };
         let now = self.shared.clock.now_millis();
-        // One applying rule (the common case) is decided in place, without a vector of rules, a vector
-        // of decisions or `join_all` (which would allocate and move every rule's future); the rest
-        // collected is empty and allocates nothing.
-        let rest: Vec<(&CompiledRule, KeyHash)> = matching.collect();
-        if rest.is_empty() {
+        // One or two applying rules (the common cases: a rule, or a rule keyed by a header with its
+        // ceiling per client IP) are decided in place, without a vector of rules, a vector of decisions
+        // or `join_all` (which would allocate and move every rule's future); the rest collected is
+        // empty and allocates nothing.
+        let Some(second) = matching.next() else {
             let (r, h) = &first;
             let decision = self.decide(&settings, r, h, now).await;
             return verdict(
@@ -377,8 +378,19 @@ impl Limiter {
                 std::slice::from_ref(&decision),
                 self.shared.replicas(&settings),
             );
+        };
+        let rest: Vec<(&CompiledRule, KeyHash)> = matching.collect();
+        if rest.is_empty() {
+            let applying = [first, second];
+            let [(r1, h1), (r2, h2)] = &applying;
+            let (d1, d2) = futures::future::join(
+                self.decide(&settings, r1, h1, now),
+                self.decide(&settings, r2, h2, now),
+            )
+            .await;
+            return verdict(&applying, &[d1, d2], self.shared.replicas(&settings));
         }
-        let applying: Vec<(&CompiledRule, KeyHash)> = std::iter::once(first).chain(rest).collect();
+        let applying: Vec<(&CompiledRule, KeyHash)> = [first, second].into_iter().chain(rest).collect();
         let decisions: Vec<(Outcome, Source)> =
             futures::future::join_all(applying.iter().map(|(r, h)| self.decide(&settings, r, h, now))).await;
         verdict(&applying, &decisions, self.shared.replicas(&settings))
@@ -402,26 +414,23 @@ impl Limiter {
                 (o, Source::Local)
             }
             Some(_) if self.shared.breaker.is_open() => self.fallback(settings, rule, hash, now),
-            Some(redis) => {
-                let base = rule.key.redis_base(hash);
-                match remote::decide(&self.shared, redis, settings, rule, base, now).await {
-                    Some(o) => {
-                        if settings.failure_mode == FailureMode::Local
-                            && !self.shared.last_said.record(
-                                hash,
-                                rule.params.window_ms,
-                                o.remaining,
-                                now,
-                                settings.local_max_keys,
-                            )
-                        {
-                            self.shared.metrics.last_said_unnoted.inc();
-                        }
-                        (o, Source::Redis)
+            Some(redis) => match remote::decide(&self.shared, redis, settings, rule, hash, now).await {
+                Some(o) => {
+                    if settings.failure_mode == FailureMode::Local
+                        && !self.shared.last_said.record(
+                            hash,
+                            rule.params.window_ms,
+                            o.remaining,
+                            now,
+                            settings.local_max_keys,
+                        )
+                    {
+                        self.shared.metrics.last_said_unnoted.inc();
                     }
-                    None => self.fallback(settings, rule, hash, now),
+                    (o, Source::Redis)
                 }
-            }
+                None => self.fallback(settings, rule, hash, now),
+            },
         }
     }
 

@@ -13,6 +13,7 @@ use super::{
     Settings, Shared,
     algorithm::{self, Hits, Outcome, Params, Unique},
     coalesce::{Reserve, Sizing, Turn, Waiter, batch_deadline, prefetch_size},
+    key::KeyHash,
     metrics::RedisErrorKind,
     redis_store::{CallError, RedisStore},
     rule::CompiledRule,
@@ -30,34 +31,45 @@ pub(super) struct Share {
     params: Params,
 }
 
+/// The coalescer's name for a counter: its key hash, which covers the namespace, policy, rule and key
+/// value (as the Redis key's hash tag does), and the algorithm, which picks the Redis key's type and tag.
+/// So it names what the Redis key names, in 17 bytes: a request builds no key string to find its entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) struct CounterId {
+    hash: KeyHash,
+    kind: AlgorithmKind,
+}
+
 /// What one call is about: the counter, and the rule it belongs to (for the reply's shape and logs).
 #[derive(Clone, Debug)]
 struct Counter {
-    /// Coalescing key: the Redis key base, `:` and the algorithm's tag.
-    key: String,
-    /// Length of the Redis key base at the start of `key`.
-    base_len: usize,
+    /// Coalescing key.
+    id: CounterId,
+    /// The Redis key base (see [`KeySpec::redis_base`](super::key::KeySpec::redis_base)).
+    base: String,
     kind: AlgorithmKind,
     params: Params,
     rule: Arc<str>,
 }
 
-/// Decides `rule` for the key `base` in Redis; `None` when Redis did not decide in time.
+/// Decides `rule` for the key hashed to `hash` in Redis; `None` when Redis did not decide in time.
 pub(super) async fn decide(
     shared: &Arc<Shared>,
     redis: &RedisStore,
     settings: &Settings,
     rule: &CompiledRule,
-    base: String,
+    hash: &KeyHash,
     now: u64,
 ) -> Option<Outcome> {
-    let base_len = base.len();
-    let mut key = base;
-    key.push(':');
-    key.push_str(algorithm::key_tag(rule.algorithm));
-    let counter = |key: String| Counter {
-        key,
-        base_len,
+    let id = CounterId {
+        hash: *hash,
+        kind: rule.algorithm,
+    };
+    // Built only by a request that makes a call: most requests of a busy key, or of a key far from its
+    // limit, never do.
+    let counter = || Counter {
+        id,
+        base: rule.key.redis_base(hash),
         kind: rule.algorithm,
         params: rule.params,
         rule: Arc::clone(&rule.name),
@@ -69,7 +81,7 @@ pub(super) async fn decide(
         prefetch: settings.prefetch,
         replicas: shared.replicas(settings),
     };
-    match shared.coalescer.join(&key, &sizing, now) {
+    match shared.coalescer.join(&id, &sizing, now) {
         Turn::Follow(answer) => {
             let share = tokio::time::timeout(settings.timeout, answer)
                 .await
@@ -82,13 +94,7 @@ pub(super) async fn decide(
             shared.metrics.prefetched.inc();
             let reply = algorithm::nth(rule.algorithm, &rule.params, &spent.reply, spent.index);
             if refill > 0 {
-                let task = drive(
-                    Arc::clone(shared),
-                    redis.clone(),
-                    counter(key),
-                    Vec::new(),
-                    refill,
-                );
+                let task = drive(Arc::clone(shared), redis.clone(), counter(), Vec::new(), refill);
                 tokio::spawn(task);
             }
             algorithm::outcome(rule.algorithm, &rule.params, now, &reply?)
@@ -99,7 +105,7 @@ pub(super) async fn decide(
             let mut handoff = Handoff {
                 shared: Arc::clone(shared),
                 redis: redis.clone(),
-                counter: counter(key),
+                counter: counter(),
                 reply: None,
                 now,
             };
@@ -122,7 +128,7 @@ pub(super) async fn decide(
             algorithm::outcome(rule.algorithm, &rule.params, now, &own)
         }
         Turn::Alone => {
-            let counter = counter(key);
+            let counter = counter();
             let reply = Box::pin(call(
                 shared,
                 redis,
@@ -158,11 +164,12 @@ pub(super) async fn carry_over(shared: &Arc<Shared>, redis: &RedisStore, setting
     let failed = &std::sync::atomic::AtomicBool::new(false);
     futures::stream::iter(due)
         .for_each_concurrent(CARRY_CONCURRENCY, |(rule, name, hash, owed)| async move {
-            let base = rule.key.redis_base(&hash);
-            let base_len = base.len();
             let counter = Counter {
-                key: format!("{base}:{}", algorithm::key_tag(rule.algorithm)),
-                base_len,
+                id: CounterId {
+                    hash,
+                    kind: rule.algorithm,
+                },
+                base: rule.key.redis_base(&hash),
                 kind: rule.algorithm,
                 params: rule.params,
                 rule: Arc::clone(&name),
@@ -197,8 +204,7 @@ async fn call(
         instance: shared.instance,
         seq: shared.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
     };
-    let base = &counter.key[..counter.base_len];
-    let call = algorithm::call(counter.kind, base, &counter.params, now, unique, hits);
+    let call = algorithm::call(counter.kind, &counter.base, &counter.params, now, unique, hits);
     let (result, took) = redis.run(algorithm::script(counter.kind), call, deadline).await;
     let m = &shared.metrics;
     m.redis_latency.observe(took.as_secs_f64());
@@ -303,7 +309,7 @@ fn settle(
     let slow_ok = matches!(kind, AlgorithmKind::FixedWindow | AlgorithmKind::SlidingCounter);
     let settled = shared
         .coalescer
-        .settle(&counter.key, &sizing, reserve, now, |wanted, floor| {
+        .settle(&counter.id, &sizing, reserve, now, |wanted, floor| {
             if until.is_some() {
                 let floor = if slow_ok { floor } else { 0 };
                 prefetch_size(wanted, floor, remaining, replicas, limit)
