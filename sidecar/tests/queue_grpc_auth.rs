@@ -3,7 +3,9 @@
 //! `UNAUTHENTICATED`, `PERMISSION_DENIED` or `UNAVAILABLE` and with which message, who takes jobs
 //! (a token with the right, the worker pod itself by its bound token or tokenless on loopback), that
 //! health stays open, and that an open stream whose caller is refused at a re-check takes no more jobs
-//! and ends with the refusal. The reviews themselves against a real kube-apiserver, with the Python
+//! and ends with the refusal; and that a caller with no right on the queues, by opening streams it never
+//! subscribes on or that are refused, cannot keep authorized workers out (a stream takes a slot only
+//! once authorized; until then it is pending, at most two of one caller). The reviews themselves against a real kube-apiserver, with the Python
 //! example sending its projected token, are in the e2e scenario `grpc_queue`.
 
 mod queue_support;
@@ -27,7 +29,7 @@ use sluice_sidecar::queue::{
         ALLOW_TTL, Access, Authenticator, Decision, POD_NAME_EXTRA, Reviews, TokenAnswer, Unavailable, User,
     },
     grpc::{
-        self, GrpcOptions,
+        self, Admission, GrpcOptions, MAX_PENDING_PER_CALLER,
         proto::{
             self, SidecarMessage, WorkerMessage, outcome, sidecar_message::Msg as Out,
             worker_client::WorkerClient, worker_message::Msg as In,
@@ -140,6 +142,11 @@ impl Drop for Server {
 /// Serves `shop/emails` and `shop/reports` (namespace `shop`) to gRPC workers checked by `auth`, in
 /// pod [`POD`].
 async fn serve(url: &str, auth: Authenticator) -> Server {
+    admitting(url, Some(auth), 16, Admission::default()).await
+}
+
+/// [`serve`] with `max_streams` and `admission`; `auth` `None`: callers are not checked.
+async fn admitting(url: &str, auth: Option<Authenticator>, max_streams: u32, admission: Admission) -> Server {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
@@ -152,14 +159,15 @@ async fn serve(url: &str, auth: Authenticator) -> Server {
         queues: vec!["shop/emails".into(), "shop/reports".into()],
         namespace: Some("shop".into()),
         engine,
-        max_streams: 16,
+        max_streams,
         max_message_bytes: 1 << 20,
-        auth: Some(Arc::new(auth)),
+        auth: auth.map(Arc::new),
         pod_name: Some(POD.into()),
     };
-    tokio::spawn(grpc::serve(
+    tokio::spawn(grpc::serve_with_admission(
         listener,
         opts,
+        admission,
         Arc::new(QueueMetrics::new()),
         shutdown.clone(),
     ));
@@ -180,19 +188,27 @@ struct Stream {
     rx: Streaming<SidecarMessage>,
 }
 
+/// A `subscribe` for `queues`, one slot.
+fn subscribe(queues: &[&str]) -> WorkerMessage {
+    WorkerMessage {
+        msg: Some(In::Subscribe(proto::Subscribe {
+            queues: queues.iter().map(|q| q.to_string()).collect(),
+            kinds: vec![],
+            slots: 1,
+            worker_name: "test".into(),
+        })),
+    }
+}
+
 impl Stream {
     async fn open(addr: SocketAddr, token: Option<&str>, queues: &[&str]) -> Result<Self, Status> {
+        Self::open_with(addr, token, subscribe(queues)).await
+    }
+
+    /// Opens a stream whose first message is `first`.
+    async fn open_with(addr: SocketAddr, token: Option<&str>, first: WorkerMessage) -> Result<Self, Status> {
         let (tx, rx) = mpsc::channel(64);
-        tx.send(WorkerMessage {
-            msg: Some(In::Subscribe(proto::Subscribe {
-                queues: queues.iter().map(|q| q.to_string()).collect(),
-                kinds: vec![],
-                slots: 1,
-                worker_name: "test".into(),
-            })),
-        })
-        .await
-        .unwrap();
+        tx.send(first).await.unwrap();
         let mut request = tonic::Request::new(ReceiverStream::new(rx));
         if let Some(t) = token {
             request
@@ -241,6 +257,54 @@ impl Stream {
             }
         }
     }
+}
+
+/// Opens a stream with `token` on which nothing is sent until the returned sender sends (dropping it
+/// ends the worker's side); how the call is answered (refused, or `OK` if let in) goes to `answers`.
+async fn open_silent(
+    addr: SocketAddr,
+    token: Option<&str>,
+    answers: &mpsc::UnboundedSender<Status>,
+) -> mpsc::Sender<WorkerMessage> {
+    let (tx, rx) = mpsc::channel(64);
+    let mut request = tonic::Request::new(ReceiverStream::new(rx));
+    if let Some(t) = token {
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {t}").parse().unwrap());
+    }
+    let mut client = WorkerClient::new(channel(addr).await);
+    let answers = answers.clone();
+    tokio::spawn(async move {
+        let answer = match client.work(request).await {
+            Ok(_) => Status::ok("let in"),
+            Err(s) => s,
+        };
+        let _ = answers.send(answer);
+    });
+    tx
+}
+
+/// The next `n` answers to streams opened by [`open_silent`], each within the deadline.
+async fn answers(rx: &mut mpsc::UnboundedReceiver<Status>, n: usize) -> Vec<Status> {
+    let mut got = Vec::new();
+    for _ in 0..n {
+        let s = tokio::time::timeout(DEADLINE, rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{} of {n} answers within the deadline: {got:?}", got.len()))
+            .expect("answers are sent");
+        got.push(s);
+    }
+    got
+}
+
+/// The message of a stream refused because `user` already has as many streams pending as one caller
+/// may.
+fn per_caller_cap(user: &str) -> String {
+    format!(
+        "at most {MAX_PENDING_PER_CALLER} worker streams of one caller may wait for subscribe and \
+         authorization at once; {user} has {MAX_PENDING_PER_CALLER}"
+    )
 }
 
 fn refused(r: Result<Stream, Status>) -> Status {
@@ -506,5 +570,210 @@ async fn a_stream_outlives_its_token_while_its_user_is_still_authorized() {
     match w.next().await {
         Out::Job(j) => assert_eq!(j.job_id, second.to_string()),
         other => panic!("expected the next job, got {other:?}"),
+    }
+}
+
+/// Takes `n` jobs of `shop/emails` one after another on `w` (one slot) and finishes each.
+async fn drain_jobs(store: &QueueStore, w: &mut Stream, n: usize) {
+    let ids: Vec<_> = futures::future::join_all((0..n).map(|_| enqueue(store, "shop/emails"))).await;
+    for _ in 0..n {
+        let job = w.job().await;
+        succeed(w, &job).await;
+    }
+    for id in ids {
+        wait_state(store, id, "succeeded").await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_without_the_right_cannot_keep_authorized_workers_out() {
+    const SLOTS: u32 = 4;
+    let (pgs, pool) = pg().await;
+    let store = QueueStore::new(pool);
+    queue(&store, "shop/emails").await;
+    let rbac = Rbac::new(&[
+        ("ops", "update", "jobs", "emails"),
+        ("web", "get", "jobs", "emails"),
+    ]);
+    let gate = Authenticator::new(rbac, "shop", Some("worker"), LoopbackCallers::Token);
+    let server = admitting(&pgs.url(), Some(gate), SLOTS, Admission::default()).await;
+    let addr = server.addr;
+
+    // `web`, a ServiceAccount with no right to take jobs, opens more streams than the sidecar has slots
+    // and never subscribes on them.
+    let (answered, mut answers_rx) = mpsc::unbounded_channel();
+    let mut silent = Vec::new();
+    for _ in 0..SLOTS + 2 {
+        silent.push(open_silent(addr, Some("t-web"), &answered).await);
+    }
+    // Two were refused, so the others are held open (they would hold every slot if a stream took one
+    // before its caller was authorized).
+    let mut refusals = answers(&mut answers_rx, 2).await;
+
+    // An authorized worker gets in and takes jobs.
+    let mut ops = Stream::open(addr, Some("t-ops"), &["emails"])
+        .await
+        .expect("an authorized worker is let in while another caller holds streams open");
+    drain_jobs(&store, &mut ops, 2).await;
+
+    // Another caller with no right is refused time after time: its refused streams hold nothing.
+    for _ in 0..SLOTS + 1 {
+        let s = refused(Stream::open(addr, Some("t-guest"), &["emails"]).await);
+        assert_eq!(s.code(), Code::PermissionDenied, "{s:?}");
+    }
+    // (No job is enqueued any more: `ops` would take it as well.)
+    let second = Stream::open(addr, Some("t-ops"), &["emails"]).await;
+    assert!(second.is_ok(), "{:?}", second.as_ref().err());
+
+    // `web` was let wait with two streams at most; every other one was refused, naming the cap.
+    refusals.extend(answers(&mut answers_rx, SLOTS as usize - 2).await);
+    for s in &refusals {
+        assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+        assert_eq!(s.message(), per_caller_cap("system:serviceaccount:shop:web"));
+    }
+    drop(silent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_caller_may_have_two_streams_waiting_to_be_let_in_whatever_its_tokens() {
+    const SLOTS: u32 = 4;
+    let (pgs, pool) = pg().await;
+    let store = QueueStore::new(pool);
+    queue(&store, "shop/emails").await;
+    let rbac = Rbac::new(&[("ops", "update", "jobs", "emails")]);
+    let gate = Authenticator::new(rbac, "shop", Some("worker"), LoopbackCallers::Token);
+    let server = admitting(&pgs.url(), Some(gate), SLOTS, Admission::default()).await;
+    let addr = server.addr;
+
+    // One user, a different token for each stream (bound to different pods): one caller.
+    let (answered, mut answers_rx) = mpsc::unbounded_channel();
+    let mut web = Vec::new();
+    for i in 0..5 {
+        web.push(open_silent(addr, Some(&format!("t-web@web-{i}")), &answered).await);
+    }
+    for s in answers(&mut answers_rx, 3).await {
+        assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+        assert_eq!(s.message(), per_caller_cap("system:serviceaccount:shop:web"));
+    }
+    // Other callers are not held up by it.
+    let ops = Stream::open(addr, Some("t-ops"), &["emails"]).await.unwrap();
+    drop(ops);
+
+    // A second caller waiting with two streams as well fills the room to wait (as many streams as
+    // slots): its third stream, and anyone's, is refused.
+    let mut guest = Vec::new();
+    for _ in 0..3 {
+        guest.push(open_silent(addr, Some("t-guest"), &answered).await);
+    }
+    let full = "at most 4 worker streams may wait for subscribe and authorization at once";
+    let s = answers(&mut answers_rx, 1).await.remove(0);
+    assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+    assert_eq!(s.message(), full);
+    let s = refused(Stream::open(addr, Some("t-ops"), &["emails"]).await);
+    assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+    assert_eq!(s.message(), full);
+    // `web` closes its streams before subscribing: they end, and the room they took comes back.
+    drop(web);
+    for s in answers(&mut answers_rx, 2).await {
+        assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+        assert_eq!(s.message(), "the stream ended before subscribe");
+    }
+    let ops = Stream::open(addr, Some("t-ops"), &["emails"]).await;
+    assert!(ops.is_ok(), "{:?}", ops.as_ref().err());
+    drop(guest);
+
+    // With callers not checked, every caller is one.
+    let server = admitting(&pgs.url(), None, SLOTS, Admission::default()).await;
+    let (answered, mut answers_rx) = mpsc::unbounded_channel();
+    let mut anyone = Vec::new();
+    for _ in 0..3 {
+        anyone.push(open_silent(server.addr, None, &answered).await);
+    }
+    let s = answers(&mut answers_rx, 1).await.remove(0);
+    assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+    assert_eq!(
+        s.message(),
+        format!(
+            "at most {MAX_PENDING_PER_CALLER} worker streams of one caller may wait for subscribe and \
+             authorization at once; callers are not checked, so all are one caller"
+        )
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_slots_come_back_after_refusals_timeouts_and_bad_starts() {
+    const SLOTS: u32 = 2;
+    let (pgs, pool) = pg().await;
+    let store = QueueStore::new(pool);
+    queue(&store, "shop/emails").await;
+    let rbac = Rbac::new(&[
+        ("ops", "update", "jobs", "emails"),
+        ("web", "get", "jobs", "emails"),
+    ]);
+    let gate = Authenticator::new(rbac, "shop", Some("worker"), LoopbackCallers::Token);
+    let admission = Admission {
+        subscribe_timeout: Duration::from_secs(1),
+        ..Admission::default()
+    };
+    let server = admitting(&pgs.url(), Some(gate), SLOTS, admission).await;
+    let addr = server.addr;
+
+    // Each way a stream may end before it is let in, more times in a row than there are slots or room
+    // to wait: a slot or room held after any of them would refuse the next with RESOURCE_EXHAUSTED.
+    for _ in 0..3 * SLOTS {
+        let s = refused(Stream::open(addr, Some("t-web"), &["emails"]).await);
+        assert_eq!(s.code(), Code::PermissionDenied, "{s:?}");
+    }
+    let (answered, mut answers_rx) = mpsc::unbounded_channel();
+    for _ in 0..3 {
+        let mut silent = Vec::new();
+        for _ in 0..SLOTS {
+            silent.push(open_silent(addr, Some("t-web"), &answered).await);
+        }
+        for s in answers(&mut answers_rx, SLOTS as usize).await {
+            assert_eq!(s.code(), Code::DeadlineExceeded, "{s:?}");
+            assert_eq!(s.message(), "no subscribe within 1s");
+        }
+    }
+    let heartbeat = || WorkerMessage {
+        msg: Some(In::Heartbeat(proto::Heartbeat { jobs: vec![] })),
+    };
+    let no_slots = || {
+        let mut m = subscribe(&["emails"]);
+        if let Some(In::Subscribe(s)) = &mut m.msg {
+            s.slots = 0;
+        }
+        m
+    };
+    for _ in 0..3 * SLOTS {
+        let s = refused(Stream::open_with(addr, Some("t-web"), heartbeat()).await);
+        assert_eq!(s.message(), "the first message must be subscribe", "{s:?}");
+        let s = refused(Stream::open_with(addr, Some("t-web"), no_slots()).await);
+        assert!(s.message().starts_with("subscribe.slots: 0"), "{s:?}");
+        let s = refused(Stream::open(addr, Some("t-web"), &["nope"]).await);
+        assert!(s.message().contains("does not serve queue"), "{s:?}");
+        drop(open_silent(addr, Some("t-web"), &answered).await);
+        let s = answers(&mut answers_rx, 1).await.remove(0);
+        assert_eq!(s.message(), "the stream ended before subscribe", "{s:?}");
+    }
+
+    // Every slot is free: authorized workers take them all, and the jobs.
+    let mut a = Stream::open(addr, Some("t-ops"), &["emails"]).await.unwrap();
+    let mut b = Stream::open(addr, Some("t-ops"), &["emails"]).await.unwrap();
+    let s = refused(Stream::open(addr, Some("t-ops"), &["emails"]).await);
+    assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+    assert_eq!(
+        s.message(),
+        "this sidecar serves at most 2 worker streams at once"
+    );
+    let ids = [
+        enqueue(&store, "shop/emails").await,
+        enqueue(&store, "shop/emails").await,
+    ];
+    let (ja, jb) = (a.job().await, b.job().await);
+    succeed(&a, &ja).await;
+    succeed(&b, &jb).await;
+    for id in ids {
+        wait_state(&store, id, "succeeded").await;
     }
 }

@@ -34,6 +34,13 @@
 //! re-check it is let pass until [`MAX_UNAVAILABLE_RECHECKS`] re-checks in a row could not be answered,
 //! then the stream is drained and ended `UNAVAILABLE` like a refused one.
 //!
+//! Stream slots: a stream takes one of [`GrpcOptions::max_streams`] only once `subscribe` was read and
+//! the caller authorized on its queues (else `RESOURCE_EXHAUSTED`). Until then it is *pending*
+//! ([`Admission`]), for at most [`SUBSCRIBE_TIMEOUT`] before `subscribe` comes: at most `max_streams`
+//! streams are pending at once, and at most [`MAX_PENDING_PER_CALLER`] of one caller (refused:
+//! `RESOURCE_EXHAUSTED` naming the cap), so that a caller with no right on the queues cannot keep the
+//! workers out by opening streams it never subscribes on, or that are refused.
+//!
 //! Also served, to anyone: `grpc.health.v1.Health` (`sluice.v1.Worker` and `""` are `SERVING` until
 //! shutdown) and server reflection (v1). Plaintext HTTP/2, meant for loopback or the pod network, like
 //! the queue HTTP API.
@@ -91,8 +98,11 @@ pub const MAX_SLOTS: u32 = 1024;
 /// Connections of the database pool each stream's engine uses (LISTEN, claims, completions,
 /// heartbeats, maintenance).
 pub const STREAM_POOL_SIZE: u32 = 4;
-/// How long a new stream may take to send `subscribe`.
+/// How long a new stream may take to send `subscribe` (default of [`Admission::subscribe_timeout`]).
 pub const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most streams of one caller that may be pending at once (default of
+/// [`Admission::pending_per_caller`]): opened, and not yet subscribed and authorized.
+pub const MAX_PENDING_PER_CALLER: usize = 2;
 /// Longest wait for room on a stream the worker does not read before the stream is ended.
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a finished stream's last messages (an error saying why it ended) wait to be read.
@@ -127,6 +137,91 @@ pub struct GrpcOptions {
     /// The worker pod's name (`SLUICE_POD_NAME`): a caller whose token is bound to this pod is the pod
     /// itself. `None`: only a tokenless loopback caller is.
     pub pod_name: Option<String>,
+}
+
+/// How a new stream is let in before it holds one of [`GrpcOptions::max_streams`]: it is *pending*
+/// from authentication until its `subscribe` is read and its caller authorized on the queues it names.
+/// At most `max_streams` streams are pending at once, and at most `pending_per_caller` of one caller
+/// (the user the TokenReview named; with callers unchecked, every caller is one), so that a caller
+/// with no right on the queues can hold neither the stream slots nor all the room to wait for one.
+#[derive(Clone, Copy, Debug)]
+pub struct Admission {
+    /// How long a new stream may take to send `subscribe` before it ends `DEADLINE_EXCEEDED`.
+    pub subscribe_timeout: Duration,
+    /// Most streams of one caller pending at once.
+    pub pending_per_caller: usize,
+}
+
+impl Default for Admission {
+    fn default() -> Self {
+        Self {
+            subscribe_timeout: SUBSCRIBE_TIMEOUT,
+            pending_per_caller: MAX_PENDING_PER_CALLER,
+        }
+    }
+}
+
+/// The streams pending ([`Admission`]), in total and by caller (`None`: callers are not checked).
+#[derive(Default)]
+struct Pending {
+    counts: Mutex<(usize, HashMap<Option<String>, usize>)>,
+}
+
+impl Pending {
+    /// Counts a new stream of `caller` as pending until the slot returned is dropped (the stream
+    /// subscribed and was authorized, was refused, timed out or went away); `RESOURCE_EXHAUSTED` naming
+    /// the cap when `total` streams, or `per_caller` of this caller's, are pending already.
+    fn enter(
+        self: &Arc<Self>,
+        caller: Option<String>,
+        total: usize,
+        per_caller: usize,
+    ) -> std::result::Result<PendingSlot, Status> {
+        let mut counts = self.counts.lock().expect("pending lock");
+        let (all, by_caller) = &mut *counts;
+        if *all >= total {
+            return Err(Status::resource_exhausted(format!(
+                "at most {total} worker streams may wait for subscribe and authorization at once"
+            )));
+        }
+        let mine = by_caller.entry(caller.clone()).or_default();
+        if *mine >= per_caller {
+            let who = match &caller {
+                Some(user) => format!("{user} has {mine}"),
+                None => "callers are not checked, so all are one caller".to_owned(),
+            };
+            return Err(Status::resource_exhausted(format!(
+                "at most {per_caller} worker streams of one caller may wait for subscribe and \
+                 authorization at once; {who}"
+            )));
+        }
+        *mine += 1;
+        *all += 1;
+        Ok(PendingSlot {
+            pending: self.clone(),
+            caller,
+        })
+    }
+}
+
+/// One pending stream, counted until dropped.
+struct PendingSlot {
+    pending: Arc<Pending>,
+    caller: Option<String>,
+}
+
+impl Drop for PendingSlot {
+    fn drop(&mut self) {
+        let mut counts = self.pending.counts.lock().expect("pending lock");
+        let (all, by_caller) = &mut *counts;
+        *all -= 1;
+        if let Some(mine) = by_caller.get_mut(&self.caller) {
+            *mine -= 1;
+            if *mine == 0 {
+                by_caller.remove(&self.caller);
+            }
+        }
+    }
 }
 
 /// The verb on `jobqueues/jobs` a gRPC worker needs on each queue it takes jobs from (the verb of the
@@ -201,7 +296,10 @@ struct Inner {
     /// The address the listener is bound to (`0.0.0.0:9903` is not loopback, even for a connection that
     /// reached it on 127.0.0.1); unknown: not loopback.
     bound: SocketAddr,
+    /// One per stream subscribed and authorized.
     streams: Arc<Semaphore>,
+    admission: Admission,
+    pending: Arc<Pending>,
     metrics: Arc<QueueMetrics>,
     shutdown: CancellationToken,
 }
@@ -214,9 +312,20 @@ pub struct GrpcWorker {
 
 impl GrpcWorker {
     /// A service whose streams stop (drain, then end) when `shutdown` fires, served by a listener bound
-    /// to `bound`.
+    /// to `bound`, letting streams in by the default [`Admission`].
     pub fn new(
         opts: GrpcOptions,
+        bound: Option<SocketAddr>,
+        metrics: Arc<QueueMetrics>,
+        shutdown: CancellationToken,
+    ) -> Self {
+        Self::with_admission(opts, Admission::default(), bound, metrics, shutdown)
+    }
+
+    /// [`GrpcWorker::new`], letting streams in by `admission`.
+    pub fn with_admission(
+        opts: GrpcOptions,
+        admission: Admission,
         bound: Option<SocketAddr>,
         metrics: Arc<QueueMetrics>,
         shutdown: CancellationToken,
@@ -224,6 +333,8 @@ impl GrpcWorker {
         Self {
             inner: Arc::new(Inner {
                 streams: Arc::new(Semaphore::new(opts.max_streams.max(1) as usize)),
+                admission,
+                pending: Arc::default(),
                 bound: bound.unwrap_or_else(|| ([0, 0, 0, 0], 0).into()),
                 opts,
                 metrics,
@@ -249,9 +360,20 @@ pub async fn serve(
     metrics: Arc<QueueMetrics>,
     shutdown: CancellationToken,
 ) -> Result<()> {
+    serve_with_admission(listener, opts, Admission::default(), metrics, shutdown).await
+}
+
+/// [`serve`], letting streams in by `admission`.
+pub async fn serve_with_admission(
+    listener: tokio::net::TcpListener,
+    opts: GrpcOptions,
+    admission: Admission,
+    metrics: Arc<QueueMetrics>,
+    shutdown: CancellationToken,
+) -> Result<()> {
     let max_streams = opts.max_streams;
     let addr: Option<SocketAddr> = listener.local_addr().ok();
-    let service = GrpcWorker::new(opts, addr, metrics, shutdown.clone());
+    let service = GrpcWorker::with_admission(opts, admission, addr, metrics, shutdown.clone());
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<WorkerServer<GrpcWorker>>().await;
     let reflection = tonic_reflection::server::Builder::configure()
@@ -714,16 +836,22 @@ impl WorkerService for GrpcWorker {
         request: Request<Streaming<WorkerMessage>>,
     ) -> std::result::Result<Response<WorkStream>, Status> {
         let caller = self.authenticate(&request).await?;
-        let permit = self.inner.streams.clone().try_acquire_owned().map_err(|_| {
-            Status::resource_exhausted(format!(
-                "this sidecar serves at most {} worker streams at once",
-                self.inner.opts.max_streams
-            ))
-        })?;
+        // Until its caller is authorized on the queues its subscribe names, the stream is only pending
+        // (capped in total and per caller): a caller with no right on them must not hold a stream slot,
+        // else it keeps the sidecar's workers out by opening streams it never subscribes on or that are
+        // refused. `pending` counts it until dropped: on every return below, once the stream slot is
+        // taken, and if the stream goes away (this future is dropped).
+        let admission = self.inner.admission;
+        let pending = self.inner.pending.enter(
+            caller.as_ref().map(|c| c.user.name.clone()),
+            self.inner.opts.max_streams.max(1) as usize,
+            admission.pending_per_caller.max(1),
+        )?;
         let mut inbound = request.into_inner();
-        let first = tokio::time::timeout(SUBSCRIBE_TIMEOUT, inbound.message())
+        let wait = admission.subscribe_timeout;
+        let first = tokio::time::timeout(wait, inbound.message())
             .await
-            .map_err(|_| Status::deadline_exceeded(format!("no subscribe within {SUBSCRIBE_TIMEOUT:?}")))??
+            .map_err(|_| Status::deadline_exceeded(format!("no subscribe within {wait:?}")))??
             .ok_or_else(|| Status::invalid_argument("the stream ended before subscribe"))?;
         let Some(In::Subscribe(sub)) = first.msg else {
             return Err(Status::invalid_argument("the first message must be subscribe"));
@@ -734,6 +862,13 @@ impl WorkerService for GrpcWorker {
             Some(caller) => self.authorize(caller, &queues).await?,
             None => None,
         };
+        let permit = self.inner.streams.clone().try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted(format!(
+                "this sidecar serves at most {} worker streams at once",
+                self.inner.opts.max_streams
+            ))
+        })?;
+        drop(pending);
 
         let opts = &self.inner.opts;
         let pool = sluice_queue::pool::connect_lazy(&opts.database_url, STREAM_POOL_SIZE)
