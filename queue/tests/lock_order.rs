@@ -1,19 +1,28 @@
 //! Every path that locks several jobs locks them in one statement in id order, the order an enqueue
-//! locks the parents it names: a cancel cascade, a graph naming jobs outside it as parents, and an
-//! enqueue replacing a unique key's holder wait for an enqueue holding some of the same jobs instead of
-//! deadlocking with it. Each test holds the first job an enqueue naming two jobs locks, starts the other
-//! path, waits until it waits for that job, and then runs the whole enqueue: had the other path taken
-//! the enqueue's second job before asking for the first, PostgreSQL would abort one of them (40P01).
-//! The other path runs once, not through the store, which would run it once more and hide a deadlock.
-//! A cancel that does meet another transaction in the other order is run once more by the store.
+//! locks the parents it names: a cancel and its cascade, a graph naming jobs outside it as parents, and
+//! an enqueue replacing a unique key's holder wait for an enqueue holding some of the same jobs instead
+//! of deadlocking with it. Each test holds the first job an enqueue naming two jobs locks, starts the other path on its
+//! own connection, waits until that session waits for the holder's lock (`pg_blocking_pids`), and then
+//! runs the whole enqueue: had the other path taken the enqueue's second job before asking for the
+//! first, PostgreSQL would abort one of them (40P01). The other path runs once, not through the store's
+//! retrying methods, which would run it once more and hide a deadlock. A cancel that does meet another
+//! transaction in the other order is run once more by the store.
 
 mod support;
 
-use std::str::FromStr;
+use std::{
+    str::FromStr,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
 
 use serde_json::json;
-use sluice_queue::{CancelOutcome, GraphJob, NewJob, QueueStore, UniqueMode, sql};
-use sqlx::{Connection, PgConnection, Row, postgres::PgConnectOptions};
+use sluice_queue::{CancelOutcome, Enqueued, GraphJob, NewJob, QueueStore, UniqueMode, sql};
+use sluice_testsupport::PgServer;
+use sqlx::{Connection, PgConnection, PgPool, Row, postgres::PgConnectOptions};
 use uuid::Uuid;
 
 async fn state(store: &QueueStore, id: Uuid) -> String {
@@ -35,57 +44,81 @@ async fn enqueue_and_commit(mut tx: sqlx::Transaction<'static, sqlx::Postgres>, 
     child
 }
 
-/// P has children A < B, waiting on it; an enqueue naming A and B locks A, then B. Cancelling P cancels
-/// A and B in the trigger on P's update, which used to lock them as its update read them: with the
-/// hash join statistics of a few hundred children give (forced here, where the table is small), in the
-/// table's physical order, where A's row comes after B's once A was replaced in place through its
-/// unique key. The cancel held B and waited for A,
-/// the enqueue held A and asked for B. The trigger now locks A and B in one statement in id order first.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancel_cascade_waits_for_an_enqueue_naming_two_of_the_children() {
-    let (pg, pool, store) = support::server_with_queue(10).await;
-    let p = store.enqueue("q", &NewJob::new("p", json!({}))).await.unwrap().id;
-    let child_of_p = |key: &str| {
+/// A holder of the lock an enqueue naming two jobs takes first: its transaction (left open) and session.
+async fn holding(pool: &PgPool, id: Uuid) -> (sqlx::Transaction<'static, sqlx::Postgres>, i32) {
+    let mut tx = support::locked_in_an_open_transaction(pool, id).await;
+    let pid = support::backend_pid(&mut tx).await;
+    (tx, pid)
+}
+
+/// A connection of its own for the path under test, and its session.
+async fn session(pg: &PgServer) -> (PgConnection, i32) {
+    let mut conn = PgConnection::connect(&pg.url()).await.unwrap();
+    let pid = support::backend_pid(&mut conn).await;
+    (conn, pid)
+}
+
+/// Children A < B of `parent` (waiting on it), with unique keys; A replaced in place (a new priority),
+/// so that its live row, and its index entries, come after B's in the table.
+async fn two_children_the_first_replaced(store: &QueueStore, pool: &PgPool, parent: Uuid) -> (Uuid, Uuid) {
+    let child = |key: &str| {
         NewJob::new("child", json!({}))
-            .depends_on([p])
+            .depends_on([parent])
             .unique(key, UniqueMode::Replace)
     };
     let mut children = Vec::new();
     for key in ["c1", "c2"] {
-        children.push((store.enqueue("q", &child_of_p(key)).await.unwrap().id, key));
+        children.push((store.enqueue("q", &child(key)).await.unwrap().id, key));
     }
     children.sort();
     let ((a, a_key), (b, _)) = (children[0], children[1]);
-    // A replaced in place (a new priority): its new row version comes after B's, and so do its index
-    // entries.
-    let replaced = store.enqueue("q", &child_of_p(a_key).priority(1)).await.unwrap();
+    let replaced = store.enqueue("q", &child(a_key).priority(1)).await.unwrap();
     assert_eq!((replaced.id, replaced.created), (a, false));
     let a_after_b: bool = sqlx::query_scalar(
         "SELECT (SELECT ctid FROM sluice.jobs WHERE id = $1) > (SELECT ctid FROM sluice.jobs WHERE id = $2)",
     )
     .bind(a)
     .bind(b)
-    .fetch_one(&pool)
+    .fetch_one(pool)
     .await
     .unwrap();
     assert!(a_after_b, "A's live row comes after B's in the table");
+    (a, b)
+}
 
-    // The cancel's own connection, planning the trigger's statements as for a large table.
-    let mut canceller = PgConnection::connect(&pg.url()).await.unwrap();
+/// A connection that plans as for a large table: with the statistics of a few hundred children,
+/// PostgreSQL updates a level of children through a hash join that reads the table in its physical
+/// order, which is what a statement that does not lock in id order first would lock them in.
+async fn planning_as_for_a_large_table(pg: &PgServer) -> (PgConnection, i32) {
+    let (mut conn, pid) = session(pg).await;
     sqlx::raw_sql("SET enable_nestloop = off; SET enable_mergejoin = off")
-        .execute(&mut canceller)
+        .execute(&mut conn)
         .await
         .unwrap();
+    (conn, pid)
+}
 
-    let enqueuer = support::locked_in_an_open_transaction(&pool, a).await;
-    let cancel = tokio::spawn(async move {
-        let row = sqlx::query(sql::JOB_CANCEL)
-            .bind(p)
-            .fetch_one(&mut canceller)
-            .await?;
+/// Runs the cancel statement once (not through the store, which would run it again after a deadlock).
+fn cancel_once(mut conn: PgConnection, id: Uuid) -> tokio::task::JoinHandle<Result<String, sqlx::Error>> {
+    tokio::spawn(async move {
+        let row = sqlx::query(sql::JOB_CANCEL).bind(id).fetch_one(&mut conn).await?;
         row.try_get::<String, _>("before")
-    });
-    support::wait_for_a_statement_waiting_on_a_lock(&pool, "cancel_requested", "the cancel").await;
+    })
+}
+
+/// P has children A < B, waiting on it; an enqueue naming A and B locks A, then B. The cancel of P
+/// locks P and the children waiting on it in one statement in id order (`sql::JOB_CANCEL`), A first,
+/// even where A's row comes after B's in the table and the plan reads the table in its physical order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_waits_for_an_enqueue_naming_two_of_the_children() {
+    let (pg, pool, store) = support::server_with_queue(10).await;
+    let p = store.enqueue("q", &NewJob::new("p", json!({}))).await.unwrap().id;
+    let (a, b) = two_children_the_first_replaced(&store, &pool, p).await;
+
+    let (canceller, canceller_pid) = planning_as_for_a_large_table(&pg).await;
+    let (enqueuer, enqueuer_pid) = holding(&pool, a).await;
+    let cancel = cancel_once(canceller, p);
+    support::wait_until_blocked_by(&pool, canceller_pid, enqueuer_pid, "the cancel").await;
 
     let child = enqueue_and_commit(enqueuer, [a, b]).await;
     let before = cancel
@@ -98,13 +131,51 @@ async fn a_cancel_cascade_waits_for_an_enqueue_naming_two_of_the_children() {
     }
 }
 
+/// P0 has a waiting child P, and P has the children A < B; an enqueue naming A and B locks A, then B.
+/// Cancelling P0 cancels P in the trigger on P0's update, and A and B on the cascade's next level. That
+/// level used to be locked as the trigger's update read it: with the hash join the statistics of a few
+/// hundred children give (forced here, where the table is small), in the table's physical order, where
+/// A's row comes after B's once A was replaced in place through its unique key. The cancel held B and
+/// waited for A, the enqueue held A and asked for B. The trigger now locks each level's children in one
+/// statement in id order first (`sql::JOB_LOCK_CHILDREN`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_cascade_waits_for_an_enqueue_naming_two_children_of_a_cancelled_child() {
+    let (pg, pool, store) = support::server_with_queue(10).await;
+    let p0 = store
+        .enqueue("q", &NewJob::new("p0", json!({})))
+        .await
+        .unwrap()
+        .id;
+    let p = store
+        .enqueue("q", &NewJob::new("p", json!({})).depends_on([p0]))
+        .await
+        .unwrap()
+        .id;
+    let (a, b) = two_children_the_first_replaced(&store, &pool, p).await;
+
+    let (canceller, canceller_pid) = planning_as_for_a_large_table(&pg).await;
+    let (enqueuer, enqueuer_pid) = holding(&pool, a).await;
+    let cancel = cancel_once(canceller, p0);
+    support::wait_until_blocked_by(&pool, canceller_pid, enqueuer_pid, "the cancel").await;
+
+    let child = enqueue_and_commit(enqueuer, [a, b]).await;
+    let before = cancel
+        .await
+        .unwrap()
+        .expect("the cancel is not aborted as a deadlock");
+    assert_eq!(before, "pending");
+    for (name, id) in [("P0", p0), ("P", p), ("A", a), ("B", b), ("the new child", child)] {
+        assert_eq!(state(&store, id).await, "cancelled", "{name} is cancelled");
+    }
+}
+
 /// Child C waits on P and has the smaller id (an explicit id; a graph listing the child first does the
 /// same); an enqueue naming C and P locks C, then P. The cancel of P used to lock P, then C in the
 /// trigger on P's update: it held P and waited for C, the enqueue held C and asked for P. The cancel
 /// now locks P and the children waiting on it in one statement in id order, C first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_waits_for_an_enqueue_naming_a_child_with_a_smaller_id_and_the_job() {
-    let (_pg, pool, store) = support::server_with_queue(10).await;
+    let (pg, pool, store) = support::server_with_queue(10).await;
     let c = Uuid::now_v7();
     support::past_the_millisecond_of(&pool, c).await;
     let p = store.enqueue("q", &NewJob::new("p", json!({}))).await.unwrap().id;
@@ -119,16 +190,10 @@ async fn a_cancel_waits_for_an_enqueue_naming_a_child_with_a_smaller_id_and_the_
     .unwrap();
     assert_eq!(created, c);
 
-    let enqueuer = support::locked_in_an_open_transaction(&pool, c).await;
-    let cancel_pool = pool.clone();
-    let cancel = tokio::spawn(async move {
-        let row = sqlx::query(sql::JOB_CANCEL)
-            .bind(p)
-            .fetch_one(&cancel_pool)
-            .await?;
-        row.try_get::<String, _>("before")
-    });
-    support::wait_for_a_statement_waiting_on_a_lock(&pool, "cancel_requested", "the cancel").await;
+    let (canceller, canceller_pid) = session(&pg).await;
+    let (enqueuer, enqueuer_pid) = holding(&pool, c).await;
+    let cancel = cancel_once(canceller, p);
+    support::wait_until_blocked_by(&pool, canceller_pid, enqueuer_pid, "the cancel").await;
 
     let child = enqueue_and_commit(enqueuer, [c, p]).await;
     let before = cancel
@@ -141,12 +206,20 @@ async fn a_cancel_waits_for_an_enqueue_naming_a_child_with_a_smaller_id_and_the_
     }
 }
 
+/// Runs a graph once on its own connection (the free function: no second run after a deadlock).
+fn graph_once(
+    mut conn: PgConnection,
+    graph: Vec<GraphJob>,
+) -> tokio::task::JoinHandle<sluice_queue::Result<Vec<(String, Enqueued)>>> {
+    tokio::spawn(async move { sluice_queue::store::enqueue_graph(&mut conn, "q", &graph).await })
+}
+
 /// A graph whose first job names B outside it as parent and whose second names A < B, and an enqueue
 /// naming A and B, which locks A, then B. The graph used to lock each job's parents as it enqueued that
 /// job: B, then A, crossing the enqueue. It now locks A and B in one statement in id order first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_graph_waits_for_an_enqueue_naming_two_of_its_outside_parents() {
-    let (_pg, pool, store) = support::server_with_queue(10).await;
+    let (pg, pool, store) = support::server_with_queue(10).await;
     let mut outside = Vec::new();
     for kind in ["o1", "o2"] {
         outside.push(
@@ -160,15 +233,14 @@ async fn a_graph_waits_for_an_enqueue_naming_two_of_its_outside_parents() {
     outside.sort();
     let (a, b) = (outside[0], outside[1]);
 
-    let enqueuer = support::locked_in_an_open_transaction(&pool, a).await;
-    let graph = [
+    let (grapher, grapher_pid) = session(&pg).await;
+    let (enqueuer, enqueuer_pid) = holding(&pool, a).await;
+    let graph = vec![
         GraphJob::new("first", NewJob::new("first", json!({}))).depends_on([b.to_string()]),
         GraphJob::new("second", NewJob::new("second", json!({}))).depends_on([a.to_string()]),
     ];
-    let graph_pool = pool.clone();
-    let enqueued =
-        tokio::spawn(async move { sluice_queue::store::enqueue_graph(&graph_pool, "q", &graph).await });
-    support::wait_for_a_statement_waiting_on_a_lock(&pool, "sluice.enqueue_graph", "the graph").await;
+    let enqueued = graph_once(grapher, graph);
+    support::wait_until_blocked_by(&pool, grapher_pid, enqueuer_pid, "the graph").await;
 
     let child = enqueue_and_commit(enqueuer, [a, b]).await;
     let enqueued = enqueued
@@ -192,7 +264,7 @@ async fn a_graph_waits_for_an_enqueue_naming_two_of_its_outside_parents() {
 /// it, crossing the other enqueue. It now locks H and A in one statement in id order first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replacement_of_a_running_holder_waits_for_an_enqueue_naming_the_holder_and_its_parent() {
-    let (_pg, pool, store) = support::server_with_queue(10).await;
+    let (pg, pool, store) = support::server_with_queue(10).await;
     let keyed = |kind: &str| NewJob::new(kind, json!({})).unique("k", UniqueMode::Replace);
     let h = store.enqueue("q", &keyed("h")).await.unwrap().id;
     let claimed = store
@@ -204,12 +276,12 @@ async fn a_replacement_of_a_running_holder_waits_for_an_enqueue_naming_the_holde
     let a = store.enqueue("q", &NewJob::new("a", json!({}))).await.unwrap().id;
     assert!(h < a, "ids in the order of their enqueues");
 
-    let enqueuer = support::locked_in_an_open_transaction(&pool, h).await;
-    let replacing_pool = pool.clone();
+    let (mut replacer, replacer_pid) = session(&pg).await;
+    let (enqueuer, enqueuer_pid) = holding(&pool, h).await;
     let replacement = tokio::spawn(async move {
-        sluice_queue::store::enqueue(&replacing_pool, "q", &keyed("replacement").depends_on([a])).await
+        sluice_queue::store::enqueue(&mut replacer, "q", &keyed("replacement").depends_on([a])).await
     });
-    support::wait_for_a_statement_waiting_on_a_lock(&pool, "sluice.enqueue_job", "the replacement").await;
+    support::wait_until_blocked_by(&pool, replacer_pid, enqueuer_pid, "the replacement").await;
 
     let child = enqueue_and_commit(enqueuer, [h, a]).await;
     let replacement = replacement
@@ -229,52 +301,91 @@ async fn a_replacement_of_a_running_holder_waits_for_an_enqueue_naming_the_holde
     assert_eq!(state(&store, child).await, "blocked");
 }
 
-/// Another transaction holds P's waiting child; the cancel of P locks P and waits for the child; the
-/// other transaction then asks for P. PostgreSQL aborts the cancel (the other transaction's
-/// `deadlock_timeout` is long, so the cancel's own check finds the cycle; the margin is the 3 s between
-/// the cancel's wait beginning and the other's, as in the finish's test of the same), and
-/// `QueueStore::cancel` runs it once more, after the other transaction committed.
+/// P's waiting child C has the greater id. Two transactions hold C `FOR SHARE`: `first`, then `other`.
+/// The cancel of P locks P, then waits for C: for `first`, then for `other`. `other` asks for P and
+/// waits for the cancel; `first` commits; the cancel's wait for `other` begins, and its deadlock check,
+/// `deadlock_timeout` later, finds the cycle (the check runs once per wait, so the cancel's wait must
+/// begin after `other`'s; `other`'s own check is an hour away). PostgreSQL aborts the cancel, `other`
+/// takes P and commits, and `QueueStore::cancel` runs the cancel once more: one deadlock counted, two
+/// runs, and the cancel done. The second run takes the pool's connection only once `other` holds P:
+/// had it taken P first, it would have waited for C while `other` waited for it, a second deadlock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_aborted_as_a_deadlock_is_run_once_more() {
     let (pg, pool, store) = support::server_with_queue(10).await;
     let p = store.enqueue("q", &NewJob::new("p", json!({}))).await.unwrap().id;
+    support::past_the_millisecond_of(&pool, p).await;
     let child = store
         .enqueue("q", &NewJob::new("child", json!({})).depends_on([p]))
         .await
         .unwrap()
         .id;
+    assert!(p < child, "ids in the order of their enqueues");
+    let deadlocks_before = support::deadlocks(&pool).await;
 
+    let share = "SELECT 1 FROM sluice.jobs WHERE id = $1 FOR SHARE";
+    let mut first = pool.begin().await.unwrap();
+    let first_pid = support::backend_pid(&mut first).await;
+    sqlx::query(share).bind(child).execute(&mut *first).await.unwrap();
     let mut other = pool.begin().await.unwrap();
+    let other_pid = support::backend_pid(&mut other).await;
     sqlx::raw_sql("SET LOCAL deadlock_timeout = '1h'; SET LOCAL lock_timeout = '20s'")
         .execute(&mut *other)
         .await
         .unwrap();
-    let lock = "SELECT 1 FROM sluice.jobs WHERE id = $1 FOR NO KEY UPDATE";
-    sqlx::query(lock).bind(child).execute(&mut *other).await.unwrap();
+    sqlx::query(share).bind(child).execute(&mut *other).await.unwrap();
 
-    let canceller_pool = sluice_queue::pool::options(2)
+    // The store's pool has one connection, so every run of the cancel is this session's; each run
+    // takes it from the pool once, counted, and a run after the first waits for `gate`.
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (gate, opened) = tokio::sync::watch::channel(false);
+    let canceller_pool = sluice_queue::pool::options(1)
+        .acquire_timeout(Duration::from_secs(20))
+        .before_acquire({
+            let runs = runs.clone();
+            move |_, _| {
+                let run = runs.fetch_add(1, Ordering::SeqCst);
+                let mut opened = opened.clone();
+                Box::pin(async move {
+                    if run > 0 {
+                        opened.wait_for(|open| *open).await.expect("the gate is kept");
+                    }
+                    Ok(true)
+                })
+            }
+        })
         .connect_with(
             PgConnectOptions::from_str(&pg.url())
                 .unwrap()
-                .options([("deadlock_timeout", "3s")]),
+                .options([("deadlock_timeout", "100ms")]),
         )
         .await
         .expect("connect");
+    let canceller_pid = support::backend_pid(&mut canceller_pool.acquire().await.unwrap()).await;
+    runs.store(0, Ordering::SeqCst);
     let canceller = QueueStore::new(canceller_pool);
     let cancel = tokio::spawn(async move { canceller.cancel(p).await });
-    support::wait_for_a_statement_waiting_on_a_lock(&pool, "cancel_requested", "the cancel").await;
+    support::wait_until_blocked_by(&pool, canceller_pid, first_pid, "the cancel").await;
 
-    sqlx::query(lock)
-        .bind(p)
-        .execute(&mut *other)
-        .await
-        .expect("the cancel, not this transaction, is aborted as a deadlock");
+    let other = tokio::spawn(async move {
+        sqlx::query("SELECT 1 FROM sluice.jobs WHERE id = $1 FOR NO KEY UPDATE")
+            .bind(p)
+            .execute(&mut *other)
+            .await
+            .expect("the cancel, not this transaction, is aborted as a deadlock");
+        other
+    });
+    support::wait_until_blocked_by(&pool, other_pid, canceller_pid, "the other transaction").await;
+    first.commit().await.unwrap();
+    let other = other.await.unwrap();
+    gate.send(true).unwrap();
     other.commit().await.unwrap();
 
     assert_eq!(
         cancel.await.unwrap().expect("the cancel is run once more"),
         CancelOutcome::Cancelled
     );
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "the cancel ran twice");
+    support::wait_for_deadlocks(&pool, deadlocks_before + 1).await;
     assert_eq!(state(&store, p).await, "cancelled");
     assert_eq!(state(&store, child).await, "cancelled");
 }

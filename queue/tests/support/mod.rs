@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use sluice_queue::{QueueSettings, QueueStore, schema};
 use sluice_testsupport::PgServer;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 /// A new server, a pool of `connections` to it, the schema migrated and queue `q` created.
@@ -21,6 +21,9 @@ pub async fn server_with_queue(connections: u32) -> (PgServer, PgPool, QueueStor
     store.upsert_queue(&QueueSettings::defaults("q")).await.unwrap();
     (server, pool, store)
 }
+
+/// How often the waits below look again: a poll with a deadline, not a spin.
+const POLL: Duration = Duration::from_millis(10);
 
 /// Returns once a statement whose text contains `text` waits for a lock (`what` names it in the
 /// failure).
@@ -40,7 +43,61 @@ pub async fn wait_for_a_statement_waiting_on_a_lock(pool: &PgPool, text: &str, w
             return;
         }
         assert!(Instant::now() < deadline, "{what} never waited for a lock");
-        tokio::task::yield_now().await;
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// The backend process id of a connection (or of `&mut *tx`, a transaction's).
+pub async fn backend_pid(conn: &mut PgConnection) -> i32 {
+    sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+/// Returns once session `waiter` waits for a lock that session `holder` holds (`pg_blocking_pids`):
+/// `waiter` waits for that lock, not merely for some lock (`what` names it in the failure).
+pub async fn wait_until_blocked_by(pool: &PgPool, waiter: i32, holder: i32, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let blocked: bool = sqlx::query_scalar("SELECT $2 = ANY (pg_blocking_pids($1))")
+            .bind(waiter)
+            .bind(holder)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        if blocked {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} never waited for session {holder}'s lock"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// The deadlocks PostgreSQL detected in this database so far. A backend reports its counts when it
+/// goes idle, at most once a second; [`wait_for_deadlocks`] waits for a count.
+pub async fn deadlocks(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Returns once this database has counted `count` deadlocks, failing if it counts more (or, by the
+/// deadline, fewer).
+pub async fn wait_for_deadlocks(pool: &PgPool, count: i64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let seen = deadlocks(pool).await;
+        assert!(seen <= count, "{seen} deadlocks, not {count}");
+        if seen == count {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{seen} deadlocks, never {count}");
+        tokio::time::sleep(POLL).await;
     }
 }
 
@@ -60,7 +117,7 @@ pub async fn past_the_millisecond_of(pool: &PgPool, id: Uuid) {
             return;
         }
         assert!(Instant::now() < deadline, "PostgreSQL's clock never moved on");
-        tokio::task::yield_now().await;
+        tokio::time::sleep(POLL).await;
     }
 }
 
