@@ -5,16 +5,26 @@
 //! handler should give up by then). Response: 2xx succeeds; a status in `permanent_failure_statuses`
 //! (default 422) fails the job for good; anything else, a connection error or the deadline retries it.
 //! Cancellation aborts the request (the connection is closed).
+//!
+//! Each job is one HTTP/1.1 exchange on a kept-alive connection, written and read by the job's own task:
+//! the request in one write, the response head parsed with the proxy's HTTP/1.1 codec
+//! ([`crate::proxy::h1::response`]), the body read as its framing says. Idle connections wait on a
+//! stack, the most recently used first. A kept-alive connection the handler closed just before it was
+//! used (no byte of an answer came back) is replaced by a new one and the request sent again, as pooled
+//! HTTP clients do; jobs are delivered at least once in any case.
 
-use std::time::Duration;
+use std::{
+    io::{self, Write as _},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
-use bytes::Bytes;
 use chrono::{DateTime, SecondsFormat, Utc};
-use http::{Request, Uri, header};
-use http_body_util::{BodyExt, Full, Limited};
-use hyper_util::{
-    client::legacy::{Client, connect::HttpConnector},
-    rt::TokioExecutor,
+use futures::FutureExt as _;
+use http::Uri;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpStream,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -24,90 +34,354 @@ use super::worker::{Handler, Outcome};
 use crate::{
     clock::SharedClock,
     error::{Error, Result},
+    proxy::h1::{
+        body::Framing,
+        chunked::Chunked,
+        fields::Field,
+        response::{self, ResponseHead},
+    },
 };
 
 /// Most bytes of a failed response's body kept as the job's `last_error`.
 const ERROR_BODY_LIMIT: usize = 2048;
+/// Most bytes of a response body read; a connection whose answer is longer is not reused.
+const BODY_LIMIT: u64 = 1 << 20;
+/// How long a connection may wait unused before it is closed rather than reused.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Room read into at a time.
+const READ_CHUNK: usize = 4096;
 
 /// Hands jobs to an HTTP handler.
 #[derive(Clone)]
 pub struct HttpHandler {
-    client: Client<HttpConnector, Full<Bytes>>,
-    url: Uri,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// `host:port`, connected to.
+    authority: String,
+    /// The request line, `Host` and `Content-Type`: the same for every job.
+    head: Vec<u8>,
     timeout: Duration,
     permanent: Vec<u16>,
     clock: SharedClock,
+    /// Kept-alive connections not in use, the most recently used last.
+    idle: Mutex<Vec<Idle>>,
+}
+
+/// A kept-alive connection and when it was last used.
+struct Idle {
+    stream: TcpStream,
+    since: Instant,
+}
+
+/// Why an exchange got no usable answer.
+#[derive(Debug)]
+enum Failure {
+    /// The connection ended before any byte of an answer: on a kept-alive connection, the handler
+    /// closed it while it was idle.
+    Unanswered(io::Error),
+    /// It failed later, or the answer cannot be read.
+    Broken(String),
+}
+
+/// A handler's answer: its status and the start of its body.
+struct Answer {
+    status: u16,
+    body: Vec<u8>,
+    /// Whether the connection can carry the next job.
+    reusable: bool,
 }
 
 impl HttpHandler {
     /// A dispatcher to `url`; `timeout` is the per-job deadline announced in `Sluice-Job-Deadline`.
     pub fn new(url: &str, timeout: Duration, permanent: Vec<u16>, clock: SharedClock) -> Result<Self> {
-        let url: Uri = url
+        let uri: Uri = url
             .parse()
             .map_err(|e| Error::Config(format!("queue.handler.url: {url:?} is not a URL: {e}")))?;
-        if url.scheme_str() != Some("http") || url.host().is_none() {
+        let authority = match (uri.scheme_str(), uri.authority()) {
+            (Some("http"), Some(a)) if uri.host().is_some_and(|h| !h.is_empty()) => a.clone(),
+            _ => {
+                return Err(Error::Config(format!(
+                    "queue.handler.url: {url} must be http://HOST:PORT/PATH"
+                )));
+            }
+        };
+        if authority.as_str().contains('@') {
             return Err(Error::Config(format!(
-                "queue.handler.url: {url} must be http://HOST:PORT/PATH"
+                "queue.handler.url: {url} must not carry credentials"
             )));
         }
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build(connector);
+        // No port: HTTP's own.
+        let connect_to = match authority.port_u16() {
+            Some(_) => authority.as_str().to_owned(),
+            None => format!("{}:80", authority.as_str()),
+        };
+        let target = uri.path_and_query().map_or("/", |p| p.as_str());
+        let head =
+            format!("POST {target} HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\n")
+                .into_bytes();
         Ok(Self {
-            client,
-            url,
-            timeout,
-            permanent,
-            clock,
+            inner: Arc::new(Inner {
+                authority: connect_to,
+                head,
+                timeout,
+                permanent,
+                clock,
+                idle: Mutex::new(Vec::new()),
+            }),
         })
     }
 
     async fn call(&self, job: ClaimedJob) -> Outcome {
-        let now =
-            DateTime::<Utc>::from_timestamp_millis(self.clock.now_millis() as i64).unwrap_or_else(Utc::now);
-        let deadline = now + chrono::Duration::from_std(self.timeout).unwrap_or(chrono::Duration::MAX);
-        let body = match serde_json::to_vec(&job.payload) {
-            Ok(b) => b,
-            Err(e) => return Outcome::Permanent(format!("payload is not serialisable: {e}")),
-        };
-        let req = Request::post(self.url.clone())
-            .header(header::CONTENT_TYPE, "application/json")
-            .header("sluice-job-id", job.id.to_string())
-            .header("sluice-job-queue", &job.queue)
-            .header("sluice-job-kind", &job.kind)
-            .header("sluice-job-attempt", job.attempt.to_string())
-            .header("sluice-job-max-attempts", job.max_attempts.to_string())
-            .header(
-                "sluice-job-deadline",
-                deadline.to_rfc3339_opts(SecondsFormat::Millis, true),
-            )
-            .body(Full::new(Bytes::from(body)));
-        let req = match req {
+        let request = match self.request(&job) {
             Ok(r) => r,
-            // A kind or queue that is not a valid header value cannot be delivered, ever.
-            Err(e) => return Outcome::Permanent(format!("job cannot be sent as a request: {e}")),
+            Err(why) => return Outcome::Permanent(why),
         };
-        let resp = match self.client.request(req).await {
-            Ok(r) => r,
+        let answer = match self.inner.exchange(&request).await {
+            Ok(a) => a,
             Err(e) => return Outcome::Retry(format!("handler unreachable: {e}")),
         };
-        let status = resp.status();
-        let body = Limited::new(resp.into_body(), 1 << 20)
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-            .unwrap_or_default();
-        if status.is_success() {
+        if (200..300).contains(&answer.status) {
             return Outcome::Succeeded;
         }
-        let text = String::from_utf8_lossy(&body[..body.len().min(ERROR_BODY_LIMIT)]).into_owned();
+        // As `http::StatusCode` shows it: "422 Unprocessable Entity".
+        let status = http::StatusCode::from_u16(answer.status)
+            .map_or_else(|_| answer.status.to_string(), |s| s.to_string());
+        let text = String::from_utf8_lossy(&answer.body);
         let error = format!("handler answered {status}: {text}");
-        if self.permanent.contains(&status.as_u16()) {
+        if self.inner.permanent.contains(&answer.status) {
             Outcome::Permanent(error)
         } else {
             Outcome::Retry(error)
+        }
+    }
+
+    /// The whole request for `job`, head and body, or why it cannot be sent (ever).
+    fn request(&self, job: &ClaimedJob) -> std::result::Result<Vec<u8>, String> {
+        for (name, value) in [("queue", &job.queue), ("kind", &job.kind)] {
+            if !value.bytes().all(header_byte) {
+                return Err(format!(
+                    "job cannot be sent as a request: its {name} {value:?} is not a valid header value"
+                ));
+            }
+        }
+        let now = DateTime::<Utc>::from_timestamp_millis(self.inner.clock.now_millis() as i64)
+            .unwrap_or_else(Utc::now);
+        let deadline = now + chrono::Duration::from_std(self.inner.timeout).unwrap_or(chrono::Duration::MAX);
+        let body =
+            serde_json::to_vec(&job.payload).map_err(|e| format!("payload is not serialisable: {e}"))?;
+        let mut out = Vec::with_capacity(self.inner.head.len() + 320 + body.len());
+        out.extend_from_slice(&self.inner.head);
+        // Writing into a Vec cannot fail.
+        let _ = write!(
+            out,
+            "content-length: {}\r\nsluice-job-id: {}\r\nsluice-job-queue: {}\r\nsluice-job-kind: {}\r\n\
+             sluice-job-attempt: {}\r\nsluice-job-max-attempts: {}\r\nsluice-job-deadline: {}\r\n\r\n",
+            body.len(),
+            job.id,
+            job.queue,
+            job.kind,
+            job.attempt,
+            job.max_attempts,
+            deadline.to_rfc3339_opts(SecondsFormat::Millis, true),
+        );
+        out.extend_from_slice(&body);
+        Ok(out)
+    }
+}
+
+/// A byte a header value may hold as sent (visible ASCII, space and tab, as `http::HeaderValue::from_str`
+/// accepts).
+fn header_byte(b: u8) -> bool {
+    (b' '..0x7f).contains(&b) || b == b'\t'
+}
+
+impl Inner {
+    /// Sends `request` on a kept-alive connection (or a new one) and reads the answer.
+    async fn exchange(&self, request: &[u8]) -> std::result::Result<Answer, String> {
+        if let Some(mut stream) = self.take_idle() {
+            match exchange_on(&mut stream, request).await {
+                Ok(answer) => return Ok(self.done(stream, answer)),
+                // Closed while idle: a new connection, once.
+                Err(Failure::Unanswered(_)) => {}
+                Err(Failure::Broken(e)) => return Err(e),
+            }
+        }
+        let mut stream = TcpStream::connect(&self.authority)
+            .await
+            .map_err(|e| format!("connecting to {}: {e}", self.authority))?;
+        let _ = stream.set_nodelay(true);
+        match exchange_on(&mut stream, request).await {
+            Ok(answer) => Ok(self.done(stream, answer)),
+            Err(Failure::Unanswered(e)) => {
+                Err(format!("the handler closed the connection before answering: {e}"))
+            }
+            Err(Failure::Broken(e)) => Err(e),
+        }
+    }
+
+    /// Puts the connection back for the next job when the answer leaves it usable.
+    fn done(&self, stream: TcpStream, answer: Answer) -> Answer {
+        if answer.reusable {
+            self.lock().push(Idle {
+                stream,
+                since: Instant::now(),
+            });
+        }
+        answer
+    }
+
+    /// The most recently used idle connection that is still open, as far as can be told without a
+    /// system call: one the handler closed (or wrote to unasked) has a read event waiting, and is dropped.
+    fn take_idle(&self) -> Option<TcpStream> {
+        let mut idle = self.lock();
+        while let Some(Idle { stream, since }) = idle.pop() {
+            if since.elapsed() > IDLE_TIMEOUT {
+                // The oldest are at the bottom: every one below is older still.
+                idle.clear();
+                return None;
+            }
+            match stream.readable().now_or_never() {
+                None => return Some(stream),
+                Some(_) => {
+                    let mut probe = [0u8; 1];
+                    if matches!(stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+                    {
+                        return Some(stream);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One exchange on `stream`: writes `request`, reads the final response and its body.
+async fn exchange_on(stream: &mut TcpStream, request: &[u8]) -> std::result::Result<Answer, Failure> {
+    stream.write_all(request).await.map_err(Failure::Unanswered)?;
+    let mut buf = Vec::with_capacity(READ_CHUNK);
+    let mut fields: Vec<Field> = Vec::new();
+    // Whether any byte of an answer came back: until then a closed connection went unanswered.
+    let mut answered = false;
+    let head = loop {
+        match response::parse(&buf, &mut fields, false) {
+            response::Parsed::Partial => {
+                read_more(stream, &mut buf).await.map_err(|e| {
+                    if answered {
+                        Failure::Broken(format!("reading the answer: {e}"))
+                    } else {
+                        Failure::Unanswered(e)
+                    }
+                })?;
+                answered = true;
+            }
+            response::Parsed::Invalid(why) => {
+                return Err(Failure::Broken(format!("the answer is not valid HTTP: {why}")));
+            }
+            response::Parsed::Head(head) if head.interim() => {
+                buf.drain(..head.len);
+            }
+            response::Parsed::Head(head) => break head,
+        }
+    };
+    let ResponseHead {
+        len,
+        status,
+        framing,
+        keep_alive,
+        ..
+    } = head;
+    buf.drain(..len);
+    let (body, complete) = read_body(stream, buf, framing).await?;
+    Ok(Answer {
+        status,
+        body,
+        reusable: keep_alive && complete,
+    })
+}
+
+/// Reads into `buf`'s spare room (growing it by a chunk when full); an end of stream is an error.
+async fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<()> {
+    if buf.capacity() - buf.len() < READ_CHUNK / 4 {
+        buf.reserve(READ_CHUNK);
+    }
+    match stream.read_buf(buf).await? {
+        0 => Err(io::ErrorKind::UnexpectedEof.into()),
+        _ => Ok(()),
+    }
+}
+
+/// Reads the body delimited by `framing`, of which `buf` holds the first bytes read: its first
+/// [`ERROR_BODY_LIMIT`] bytes (decoded), and whether all of it was read and nothing after it (so the
+/// connection can be reused). A body longer than [`BODY_LIMIT`] is left unread.
+async fn read_body(
+    stream: &mut TcpStream,
+    mut buf: Vec<u8>,
+    framing: Framing,
+) -> std::result::Result<(Vec<u8>, bool), Failure> {
+    let mut kept = Vec::new();
+    let keep = |kept: &mut Vec<u8>, data: &[u8]| {
+        let room = ERROR_BODY_LIMIT.saturating_sub(kept.len());
+        kept.extend_from_slice(&data[..room.min(data.len())]);
+    };
+    let broken = |e: io::Error| Failure::Broken(format!("reading the answer's body: {e}"));
+    match framing {
+        Framing::Empty => Ok((kept, buf.is_empty())),
+        Framing::Length(len) => {
+            let mut left = len;
+            loop {
+                let n = (buf.len() as u64).min(left) as usize;
+                keep(&mut kept, &buf[..n]);
+                left -= n as u64;
+                if left == 0 {
+                    return Ok((kept, buf.len() == n));
+                }
+                if len > BODY_LIMIT && len - left >= BODY_LIMIT {
+                    return Ok((kept, false));
+                }
+                buf.clear();
+                read_more(stream, &mut buf).await.map_err(broken)?;
+            }
+        }
+        Framing::Chunked => {
+            let mut chunked = Chunked::decoder();
+            let mut data = Vec::new();
+            loop {
+                data.clear();
+                let taken = chunked
+                    .transcode(&buf, &mut data)
+                    .map_err(|e| Failure::Broken(format!("the answer's chunked body is not valid: {e}")))?;
+                keep(&mut kept, &data);
+                if chunked.done() {
+                    return Ok((kept, taken == buf.len()));
+                }
+                if chunked.data_len() >= BODY_LIMIT {
+                    return Ok((kept, false));
+                }
+                buf.clear();
+                read_more(stream, &mut buf).await.map_err(broken)?;
+            }
+        }
+        Framing::UntilClose => {
+            let mut read = 0u64;
+            loop {
+                keep(&mut kept, &buf);
+                read += buf.len() as u64;
+                if read >= BODY_LIMIT {
+                    return Ok((kept, false));
+                }
+                buf.clear();
+                match read_more(stream, &mut buf).await {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok((kept, false)),
+                    Err(e) => return Err(broken(e)),
+                }
+            }
         }
     }
 }
@@ -120,5 +394,307 @@ impl Handler for HttpHandler {
             outcome = self.call(job) => outcome,
             _ = cancel.cancelled() => Outcome::Cancelled,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tokio::net::TcpListener;
+
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn job(kind: &str) -> ClaimedJob {
+        ClaimedJob {
+            id: uuid::Uuid::nil(),
+            queue: "shop/emails".into(),
+            kind: kind.into(),
+            payload: serde_json::json!({"to": "a@b.c"}),
+            priority: 0,
+            attempt: 2,
+            max_attempts: 5,
+            lease_expires_at: Utc::now(),
+            created_at: Utc::now(),
+        }
+    }
+
+    /// A scripted handler: each connection it accepts answers its requests with `answers` in turn (one
+    /// per request, read up to the end of its body), then closes when `close_after` of them were sent.
+    /// Returns the handler's URL, the count of connections it accepted and the requests it read.
+    async fn scripted(
+        answers: Vec<&'static [u8]>,
+        close_after: usize,
+    ) -> (String, Arc<AtomicUsize>, Arc<Mutex<Vec<String>>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/jobs?x=1", listener.local_addr().unwrap());
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let (acc, reqs) = (accepted.clone(), requests.clone());
+        let answers = Arc::new(answers);
+        let next = Arc::new(AtomicUsize::new(0));
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                acc.fetch_add(1, Ordering::SeqCst);
+                let (answers, reqs, next) = (answers.clone(), reqs.clone(), next.clone());
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    for _ in 0..close_after {
+                        let Some(request) = read_request(&mut s, &mut buf).await else {
+                            return;
+                        };
+                        reqs.lock().unwrap().push(request);
+                        let i = next.fetch_add(1, Ordering::SeqCst);
+                        if s.write_all(answers[i % answers.len()]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (url, accepted, requests)
+    }
+
+    /// Reads one request (head and `content-length` body) from `s`.
+    async fn read_request(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<String> {
+        loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .map_or(0, |v| v.parse().unwrap());
+                if buf.len() >= end + 4 + len {
+                    let request = String::from_utf8_lossy(&buf[..end + 4 + len]).into_owned();
+                    buf.drain(..end + 4 + len);
+                    return Some(request);
+                }
+            }
+            let mut chunk = [0u8; 4096];
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    fn handler(url: &str) -> HttpHandler {
+        let clock: SharedClock = Arc::new(ManualClock::at(1_700_000_000_000));
+        HttpHandler::new(url, Duration::from_secs(60), vec![422], clock).unwrap()
+    }
+
+    async fn run(h: &HttpHandler, kind: &str) -> Outcome {
+        h.handle(job(kind), CancellationToken::new()).await
+    }
+
+    const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+
+    #[tokio::test]
+    async fn jobs_share_one_kept_alive_connection_and_carry_their_headers() {
+        let (url, accepted, requests) = scripted(vec![OK], usize::MAX).await;
+        let h = handler(&url);
+        for _ in 0..3 {
+            assert_eq!(run(&h, "welcome").await, Outcome::Succeeded);
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        let requests = requests.lock().unwrap();
+        let addr = url.trim_start_matches("http://").split('/').next().unwrap();
+        assert_eq!(
+            requests[0],
+            format!(
+                "POST /jobs?x=1 HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
+                 content-length: 14\r\nsluice-job-id: 00000000-0000-0000-0000-000000000000\r\n\
+                 sluice-job-queue: shop/emails\r\nsluice-job-kind: welcome\r\nsluice-job-attempt: 2\r\n\
+                 sluice-job-max-attempts: 5\r\nsluice-job-deadline: 2023-11-14T22:14:20.000Z\r\n\r\n\
+                 {{\"to\":\"a@b.c\"}}"
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_handler_closed_while_idle_is_replaced_and_the_job_sent_once_more() {
+        // Each connection answers one request, then the handler closes it.
+        let (url, accepted, requests) = scripted(vec![OK], 1).await;
+        let h = handler(&url);
+        assert_eq!(run(&h, "a").await, Outcome::Succeeded);
+        // Wait until the close has reached the idle connection, so the next job meets it.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let closed = {
+                let idle = h.inner.lock();
+                idle.first()
+                    .is_some_and(|c| c.stream.readable().now_or_never().is_some())
+            };
+            if closed {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the handler's close never arrived");
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(run(&h, "b").await, Outcome::Succeeded);
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        assert_eq!(
+            requests.lock().unwrap().len(),
+            2,
+            "each job reached the handler once"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_kept_alive_connection_that_fails_before_any_answer_is_tried_once_more_on_a_new_one() {
+        // The handler reads the request and closes without answering, on every connection.
+        let (url, accepted, requests) = scripted(vec![b""], 1).await;
+        let h = handler(&url);
+        // Seed the idle stack with a connection the handler will close on the next request.
+        let stream = TcpStream::connect(url.trim_start_matches("http://").split('/').next().unwrap())
+            .await
+            .unwrap();
+        h.inner.lock().push(Idle {
+            stream,
+            since: Instant::now(),
+        });
+        match run(&h, "a").await {
+            Outcome::Retry(e) => assert!(e.contains("closed the connection before answering"), "{e}"),
+            other => panic!("expected a retry, got {other:?}"),
+        }
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "one more connection, not more"
+        );
+        assert_eq!(requests.lock().unwrap().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn statuses_map_to_outcomes_and_a_chunked_error_body_is_kept_decoded() {
+        let (url, accepted, _) = scripted(
+            vec![
+                b"HTTP/1.1 500 Internal Server Error\r\ntransfer-encoding: chunked\r\n\r\n4\r\nbo\r\n\r\n2\r\nom\r\n0\r\n\r\n",
+                b"HTTP/1.1 422 Unprocessable Entity\r\ncontent-length: 3\r\n\r\nbad",
+                b"HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n",
+            ],
+            usize::MAX,
+        )
+        .await;
+        let h = handler(&url);
+        assert_eq!(
+            run(&h, "a").await,
+            Outcome::Retry("handler answered 500 Internal Server Error: bo\r\nom".into())
+        );
+        assert_eq!(
+            run(&h, "a").await,
+            Outcome::Permanent("handler answered 422 Unprocessable Entity: bad".into())
+        );
+        assert_eq!(run(&h, "a").await, Outcome::Succeeded);
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "every answer left the connection usable"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_not_reused_after_close_a_long_body_or_bytes_past_the_answer() {
+        let long: &'static [u8] = Box::leak(
+            [
+                b"HTTP/1.1 200 OK\r\ncontent-length: 2000000\r\n\r\n".as_slice(),
+                &vec![b'x'; 2_000_000],
+            ]
+            .concat()
+            .into_boxed_slice(),
+        );
+        // (answer, why, answers per connection: a body delimited by close needs the close).
+        for (answer, why, per_connection) in [
+            (
+                b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok".as_slice(),
+                "close",
+                usize::MAX,
+            ),
+            (long, "a body over the limit", usize::MAX),
+            (
+                b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokjunk".as_slice(),
+                "bytes past the answer",
+                usize::MAX,
+            ),
+            (
+                b"HTTP/1.0 200 OK\r\n\r\nuntil close".as_slice(),
+                "a body delimited by close",
+                1,
+            ),
+        ] {
+            let (url, accepted, _) = scripted(vec![answer, OK], per_connection).await;
+            let h = handler(&url);
+            assert_eq!(run(&h, "a").await, Outcome::Succeeded, "{why}");
+            assert_eq!(run(&h, "a").await, Outcome::Succeeded, "{why}");
+            assert_eq!(
+                accepted.load(Ordering::SeqCst),
+                2,
+                "{why}: a new connection for the second job"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_job_that_cannot_be_a_request_fails_for_good_and_sends_nothing() {
+        let (url, accepted, _) = scripted(vec![OK], usize::MAX).await;
+        let h = handler(&url);
+        for kind in ["line\r\nx-injected: 1", "tab\tis fine but\u{7f} is not", "é"] {
+            match run(&h, kind).await {
+                Outcome::Permanent(e) => assert!(e.contains("not a valid header value"), "{e}"),
+                other => panic!("{kind:?}: expected a permanent failure, got {other:?}"),
+            }
+        }
+        assert_eq!(run(&h, "tab\tand space").await, Outcome::Succeeded);
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_handler_or_an_invalid_answer_retries() {
+        // A port nothing listens on: bind one, then free it.
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let h = handler(&format!("http://{addr}/"));
+        match run(&h, "a").await {
+            Outcome::Retry(e) => assert!(e.starts_with("handler unreachable: connecting to"), "{e}"),
+            other => panic!("expected a retry, got {other:?}"),
+        }
+        let (url, _, _) = scripted(
+            vec![b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\nok"],
+            usize::MAX,
+        )
+        .await;
+        match run(&handler(&url), "a").await {
+            Outcome::Retry(e) => assert!(e.contains("not valid HTTP"), "{e}"),
+            other => panic!("expected a retry, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_url_must_be_plain_http_with_a_host() {
+        let clock: SharedClock = Arc::new(ManualClock::at(0));
+        for url in [
+            "https://h/",
+            "http:///x",
+            "h:80/x",
+            "http://user:pw@h/",
+            "not a url",
+        ] {
+            assert!(
+                HttpHandler::new(url, Duration::from_secs(1), vec![], clock.clone()).is_err(),
+                "{url}"
+            );
+        }
+        let h = HttpHandler::new("http://localhost", Duration::from_secs(1), vec![], clock).unwrap();
+        assert_eq!(h.inner.authority, "localhost:80");
+        assert!(
+            h.inner
+                .head
+                .starts_with(b"POST / HTTP/1.1\r\nhost: localhost\r\n")
+        );
     }
 }

@@ -67,6 +67,9 @@ pub struct Chunked {
     data: u64,
     /// Whitespace, extension and trailer bytes seen.
     overhead: usize,
+    /// Whether the chunk framing goes out with the data (a proxy's re-encoding) or only the data (a
+    /// reader of the body's content).
+    reencode: bool,
 }
 
 impl Default for Chunked {
@@ -76,13 +79,24 @@ impl Default for Chunked {
             size: 0,
             data: 0,
             overhead: 0,
+            reencode: true,
         }
     }
 }
 
 impl Chunked {
-    /// Reads `input`, the next bytes of the body's stream, appending the body re-encoded to `out`, and
-    /// returns how many bytes of `input` belong to the body: all of them unless it ends inside `input`.
+    /// A chunked body whose data alone goes out: [`Chunked::transcode`] appends what the chunks carry,
+    /// without their framing.
+    pub fn decoder() -> Self {
+        Self {
+            reencode: false,
+            ..Self::default()
+        }
+    }
+
+    /// Reads `input`, the next bytes of the body's stream, appending the body re-encoded (for a
+    /// [`Chunked::decoder`], its data only) to `out`, and returns how many bytes of `input` belong to the
+    /// body: all of them unless it ends inside `input`.
     pub fn transcode(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<usize, Malformed> {
         let mut i = 0;
         while i < input.len() && self.state != State::Done {
@@ -137,14 +151,18 @@ impl Chunked {
                 if self.size == 0 {
                     State::TrailerStart
                 } else {
-                    write_size_line(out, self.size);
+                    if self.reencode {
+                        write_size_line(out, self.size);
+                    }
                     State::Data
                 }
             }
             State::SizeLf => return Err(Malformed::Size),
             State::DataCr if b == b'\r' => State::DataLf,
             State::DataLf if b == b'\n' => {
-                out.extend_from_slice(b"\r\n");
+                if self.reencode {
+                    out.extend_from_slice(b"\r\n");
+                }
                 State::Size { seen: false }
             }
             State::DataCr | State::DataLf => return Err(Malformed::DataEnd),
@@ -166,7 +184,9 @@ impl Chunked {
             },
             State::TrailerLf if b == b'\n' => State::TrailerStart,
             State::EndLf if b == b'\n' => {
-                out.extend_from_slice(LAST_CHUNK);
+                if self.reencode {
+                    out.extend_from_slice(LAST_CHUNK);
+                }
                 State::Done
             }
             State::TrailerLf | State::EndLf => return Err(Malformed::Trailer),
@@ -413,6 +433,23 @@ mod tests {
             let mut out = Vec::new();
             write_size_line(&mut out, n);
             assert_eq!(String::from_utf8(out).unwrap(), want);
+        }
+    }
+
+    #[test]
+    fn a_decoder_hands_out_the_data_without_the_framing() {
+        let body = b"5;ext=1\r\nhello\r\n1\r\n \r\n5\r\nworld\r\n0\r\nTrailer: x\r\n\r\nnext";
+        for step in [1, 3, body.len()] {
+            let mut c = Chunked::decoder();
+            let mut out = Vec::new();
+            let mut taken = 0;
+            for piece in body.chunks(step) {
+                taken += c.transcode(piece, &mut out).unwrap();
+            }
+            assert_eq!(out, b"hello world", "in pieces of {step}");
+            assert_eq!(taken, body.len() - 4, "in pieces of {step}");
+            assert!(c.done());
+            assert_eq!(c.data_len(), 11);
         }
     }
 }
