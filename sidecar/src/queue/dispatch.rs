@@ -7,11 +7,14 @@
 //! Cancellation aborts the request (the connection is closed).
 //!
 //! Each job is one HTTP/1.1 exchange on a kept-alive connection, written and read by the job's own task:
-//! the request in one write, the response head parsed with the proxy's HTTP/1.1 codec
-//! ([`crate::proxy::h1::response`]), the body read as its framing says. Idle connections wait on a
-//! stack, the most recently used first. A kept-alive connection the handler closed just before it was
-//! used (no byte of an answer came back) is replaced by a new one and the request sent again, as pooled
-//! HTTP clients do; jobs are delivered at least once in any case.
+//! the request in one write while the answer is listened for (a handler may answer before it has read a
+//! large body), the response head parsed with the proxy's HTTP/1.1 codec ([`crate::proxy::h1::response`]),
+//! the body read as its framing says. The status decides the outcome; the body only gives a failure its
+//! text. Idle connections wait on a stack, the most recently used first. One the handler closed while it
+//! was idle is seen before use (a read event is waiting on it) and dropped; a request whose write fails is
+//! sent once more on a new connection, since the handler cannot have acted on a request it did not get
+//! whole. A request written whole is never sent again here: a connection that ends without an answer
+//! retries the job with backoff, as any failure does.
 
 use std::{
     io::{self, Write as _},
@@ -23,7 +26,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use futures::FutureExt as _;
 use http::Uri;
 use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
+    io::{AsyncRead, AsyncReadExt, AsyncWriteExt},
     net::TcpStream,
 };
 use tokio_util::sync::CancellationToken;
@@ -46,8 +49,10 @@ use crate::{
 const ERROR_BODY_LIMIT: usize = 2048;
 /// Most bytes of a response body read; a connection whose answer is longer is not reused.
 const BODY_LIMIT: u64 = 1 << 20;
-/// How long a connection may wait unused before it is closed rather than reused.
+/// How long a connection may wait unused and still be used again.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long connecting to the handler may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Room read into at a time.
 const READ_CHUNK: usize = 4096;
 
@@ -75,14 +80,13 @@ struct Idle {
     since: Instant,
 }
 
-/// Why an exchange got no usable answer.
+/// Why an exchange got no answer.
 #[derive(Debug)]
 enum Failure {
-    /// The connection ended before any byte of an answer: on a kept-alive connection, the handler
-    /// closed it while it was idle.
-    Unanswered(io::Error),
-    /// It failed later, or the answer cannot be read.
-    Broken(String),
+    /// Writing the request failed and no answer came: the handler did not get the request whole.
+    NotSent(io::Error),
+    /// No answer, or not one that can be read; the text says why.
+    NoAnswer(String),
 }
 
 /// A handler's answer: its status and the start of its body.
@@ -96,26 +100,24 @@ struct Answer {
 impl HttpHandler {
     /// A dispatcher to `url`; `timeout` is the per-job deadline announced in `Sluice-Job-Deadline`.
     pub fn new(url: &str, timeout: Duration, permanent: Vec<u16>, clock: SharedClock) -> Result<Self> {
-        let uri: Uri = url
-            .parse()
-            .map_err(|e| Error::Config(format!("queue.handler.url: {url:?} is not a URL: {e}")))?;
+        let bad = |why: &str| Error::Config(format!("queue.handler.url: {url:?} {why}"));
+        let uri: Uri = url.parse().map_err(|e| bad(&format!("is not a URL: {e}")))?;
         let authority = match (uri.scheme_str(), uri.authority()) {
             (Some("http"), Some(a)) if uri.host().is_some_and(|h| !h.is_empty()) => a.clone(),
-            _ => {
-                return Err(Error::Config(format!(
-                    "queue.handler.url: {url} must be http://HOST:PORT/PATH"
-                )));
-            }
+            _ => return Err(bad("must be http://HOST:PORT/PATH")),
         };
         if authority.as_str().contains('@') {
-            return Err(Error::Config(format!(
-                "queue.handler.url: {url} must not carry credentials"
-            )));
+            return Err(bad("must not carry credentials"));
         }
-        // No port: HTTP's own.
-        let connect_to = match authority.port_u16() {
-            Some(_) => authority.as_str().to_owned(),
-            None => format!("{}:80", authority.as_str()),
+        // No port: HTTP's own. A port given must be one (1-65535).
+        let host = uri.host().unwrap_or_default();
+        let connect_to = match authority.as_str().strip_prefix(host) {
+            Some("") => format!("{host}:80"),
+            Some(port) => match port.strip_prefix(':').map(str::parse::<u16>) {
+                Some(Ok(p)) if p != 0 => authority.as_str().to_owned(),
+                _ => return Err(bad(&format!("has no valid port ({port:?})"))),
+            },
+            None => return Err(bad("must be http://HOST:PORT/PATH")),
         };
         let target = uri.path_and_query().map_or("/", |p| p.as_str());
         let head =
@@ -140,7 +142,7 @@ impl HttpHandler {
         };
         let answer = match self.inner.exchange(&request).await {
             Ok(a) => a,
-            Err(e) => return Outcome::Retry(format!("handler unreachable: {e}")),
+            Err(e) => return Outcome::Retry(e),
         };
         if (200..300).contains(&answer.status) {
             return Outcome::Succeeded;
@@ -191,69 +193,84 @@ impl HttpHandler {
     }
 }
 
-/// A byte a header value may hold as sent (visible ASCII, space and tab, as `http::HeaderValue::from_str`
-/// accepts).
+/// A byte a header value may hold as sent: any but control characters, tab excepted (what
+/// `http::HeaderValue::from_str` accepts).
 fn header_byte(b: u8) -> bool {
-    (b' '..0x7f).contains(&b) || b == b'\t'
+    (b >= b' ' && b != 0x7f) || b == b'\t'
 }
 
 impl Inner {
-    /// Sends `request` on a kept-alive connection (or a new one) and reads the answer.
+    /// Sends `request` on a kept-alive connection (or a new one) and reads the answer, or says why
+    /// there is none.
     async fn exchange(&self, request: &[u8]) -> std::result::Result<Answer, String> {
         if let Some(mut stream) = self.take_idle() {
             match exchange_on(&mut stream, request).await {
                 Ok(answer) => return Ok(self.done(stream, answer)),
-                // Closed while idle: a new connection, once.
-                Err(Failure::Unanswered(_)) => {}
-                Err(Failure::Broken(e)) => return Err(e),
+                // The handler did not get it whole: a new connection, once.
+                Err(Failure::NotSent(_)) => {}
+                Err(Failure::NoAnswer(e)) => return Err(e),
             }
         }
-        let mut stream = TcpStream::connect(&self.authority)
+        let mut stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&self.authority))
             .await
-            .map_err(|e| format!("connecting to {}: {e}", self.authority))?;
+            .map_err(|_| format!("handler unreachable: connecting to {} timed out", self.authority))?
+            .map_err(|e| format!("handler unreachable: connecting to {}: {e}", self.authority))?;
         let _ = stream.set_nodelay(true);
         match exchange_on(&mut stream, request).await {
             Ok(answer) => Ok(self.done(stream, answer)),
-            Err(Failure::Unanswered(e)) => {
-                Err(format!("the handler closed the connection before answering: {e}"))
-            }
-            Err(Failure::Broken(e)) => Err(e),
+            Err(Failure::NotSent(e)) => Err(format!("sending the job to the handler: {e}")),
+            Err(Failure::NoAnswer(e)) => Err(e),
         }
     }
 
     /// Puts the connection back for the next job when the answer leaves it usable.
     fn done(&self, stream: TcpStream, answer: Answer) -> Answer {
         if answer.reusable {
-            self.lock().push(Idle {
+            let mut idle = self.lock();
+            // The oldest first: any that waited too long are closed now rather than at the next take.
+            let stale = idle
+                .iter()
+                .take_while(|c| c.since.elapsed() > IDLE_TIMEOUT)
+                .count();
+            let stale: Vec<Idle> = idle.drain(..stale).collect();
+            idle.push(Idle {
                 stream,
                 since: Instant::now(),
             });
+            drop(idle);
+            drop(stale);
         }
         answer
     }
 
-    /// The most recently used idle connection that is still open, as far as can be told without a
-    /// system call: one the handler closed (or wrote to unasked) has a read event waiting, and is dropped.
+    /// The most recently used idle connection that is still open. One the handler closed (or wrote to
+    /// unasked) has a read event waiting; looking for that costs no system call, and only then is the
+    /// socket read to tell.
     fn take_idle(&self) -> Option<TcpStream> {
+        let mut closed = Vec::new();
         let mut idle = self.lock();
-        while let Some(Idle { stream, since }) = idle.pop() {
+        let found = loop {
+            let Some(Idle { stream, since }) = idle.pop() else {
+                break None;
+            };
             if since.elapsed() > IDLE_TIMEOUT {
                 // The oldest are at the bottom: every one below is older still.
-                idle.clear();
-                return None;
+                closed.extend(idle.drain(..).map(|c| c.stream));
+                closed.push(stream);
+                break None;
             }
-            match stream.readable().now_or_never() {
-                None => return Some(stream),
-                Some(_) => {
-                    let mut probe = [0u8; 1];
-                    if matches!(stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
-                    {
-                        return Some(stream);
-                    }
-                }
+            if stream.readable().now_or_never().is_none() {
+                break Some(stream);
             }
-        }
-        None
+            let mut probe = [0u8; 1];
+            match stream.try_read(&mut probe) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Some(stream),
+                _ => closed.push(stream),
+            }
+        };
+        drop(idle);
+        drop(closed);
+        found
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
@@ -261,32 +278,44 @@ impl Inner {
     }
 }
 
-/// One exchange on `stream`: writes `request`, reads the final response and its body.
+/// One exchange on `stream`: writes `request` while listening for the answer, then reads the final
+/// response's body.
 async fn exchange_on(stream: &mut TcpStream, request: &[u8]) -> std::result::Result<Answer, Failure> {
-    stream.write_all(request).await.map_err(Failure::Unanswered)?;
     let mut buf = Vec::with_capacity(READ_CHUNK);
     let mut fields: Vec<Field> = Vec::new();
-    // Whether any byte of an answer came back: until then a closed connection went unanswered.
-    let mut answered = false;
-    let head = loop {
-        match response::parse(&buf, &mut fields, false) {
-            response::Parsed::Partial => {
-                read_more(stream, &mut buf).await.map_err(|e| {
-                    if answered {
-                        Failure::Broken(format!("reading the answer: {e}"))
-                    } else {
-                        Failure::Unanswered(e)
-                    }
-                })?;
-                answered = true;
+    let (head, written) = {
+        let (mut reader, mut writer) = stream.split();
+        let read = read_head(&mut reader, &mut buf, &mut fields);
+        let write = writer.write_all(request);
+        tokio::pin!(read, write);
+        // Some(error) once writing failed: the answer, if any, is still read.
+        let mut write_state: Option<std::result::Result<(), io::Error>> = None;
+        loop {
+            tokio::select! {
+                biased;
+                head = &mut read => {
+                    let written = matches!(write_state, Some(Ok(())));
+                    break match head {
+                        Ok(head) => (head, written),
+                        Err(HeadError::Closed(e)) => {
+                            // Whether the handler got the request whole decides whether it may go again:
+                            // a write still under way is finished (or fails) first.
+                            let written = match write_state {
+                                Some(w) => w,
+                                None => (&mut write).await,
+                            };
+                            return Err(match written {
+                                Err(we) => Failure::NotSent(we),
+                                Ok(()) => Failure::NoAnswer(format!(
+                                    "the handler closed the connection without answering: {e}"
+                                )),
+                            });
+                        }
+                        Err(HeadError::Invalid(why)) => return Err(Failure::NoAnswer(why)),
+                    };
+                }
+                w = &mut write, if write_state.is_none() => write_state = Some(w),
             }
-            response::Parsed::Invalid(why) => {
-                return Err(Failure::Broken(format!("the answer is not valid HTTP: {why}")));
-            }
-            response::Parsed::Head(head) if head.interim() => {
-                buf.drain(..head.len);
-            }
-            response::Parsed::Head(head) => break head,
         }
     };
     let ResponseHead {
@@ -297,20 +326,60 @@ async fn exchange_on(stream: &mut TcpStream, request: &[u8]) -> std::result::Res
         ..
     } = head;
     buf.drain(..len);
-    let (body, complete) = read_body(stream, buf, framing).await?;
+    let (body, complete) = read_body(stream, buf, framing).await;
     Ok(Answer {
         status,
         body,
-        reusable: keep_alive && complete,
+        // An answer that came before the whole request was written leaves the connection out of step.
+        reusable: keep_alive && complete && written,
     })
 }
 
+/// Why no final response head was read.
+enum HeadError {
+    /// The connection ended (or failed) before any byte of an answer.
+    Closed(io::Error),
+    /// An answer began but cannot be read; the text says why.
+    Invalid(String),
+}
+
+/// Reads the final response head into `buf` (its fields into `fields`), skipping interim (1xx) ones.
+async fn read_head(
+    reader: &mut (impl AsyncRead + Unpin),
+    buf: &mut Vec<u8>,
+    fields: &mut Vec<Field>,
+) -> std::result::Result<ResponseHead, HeadError> {
+    let mut answered = false;
+    loop {
+        match response::parse(buf, fields, false) {
+            response::Parsed::Partial => match read_more(reader, buf).await {
+                Ok(()) => answered = true,
+                Err(e) if !answered => return Err(HeadError::Closed(e)),
+                Err(e) => {
+                    return Err(HeadError::Invalid(format!(
+                        "the handler's answer was cut short: {e}"
+                    )));
+                }
+            },
+            response::Parsed::Invalid(why) => {
+                return Err(HeadError::Invalid(format!(
+                    "the handler's answer is not valid HTTP: {why}"
+                )));
+            }
+            response::Parsed::Head(head) if head.interim() => {
+                buf.drain(..head.len);
+            }
+            response::Parsed::Head(head) => return Ok(head),
+        }
+    }
+}
+
 /// Reads into `buf`'s spare room (growing it by a chunk when full); an end of stream is an error.
-async fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<()> {
+async fn read_more(reader: &mut (impl AsyncRead + Unpin), buf: &mut Vec<u8>) -> io::Result<()> {
     if buf.capacity() - buf.len() < READ_CHUNK / 4 {
         buf.reserve(READ_CHUNK);
     }
-    match stream.read_buf(buf).await? {
+    match reader.read_buf(buf).await? {
         0 => Err(io::ErrorKind::UnexpectedEof.into()),
         _ => Ok(()),
     }
@@ -318,20 +387,19 @@ async fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<()> 
 
 /// Reads the body delimited by `framing`, of which `buf` holds the first bytes read: its first
 /// [`ERROR_BODY_LIMIT`] bytes (decoded), and whether all of it was read and nothing after it (so the
-/// connection can be reused). A body longer than [`BODY_LIMIT`] is left unread.
-async fn read_body(
-    stream: &mut TcpStream,
-    mut buf: Vec<u8>,
-    framing: Framing,
-) -> std::result::Result<(Vec<u8>, bool), Failure> {
+/// connection can be reused). A body longer than [`BODY_LIMIT`] is left unread; one that breaks off or
+/// breaks its framing keeps what was read (the status has decided already).
+async fn read_body(stream: &mut TcpStream, mut buf: Vec<u8>, framing: Framing) -> (Vec<u8>, bool) {
     let mut kept = Vec::new();
     let keep = |kept: &mut Vec<u8>, data: &[u8]| {
         let room = ERROR_BODY_LIMIT.saturating_sub(kept.len());
         kept.extend_from_slice(&data[..room.min(data.len())]);
     };
-    let broken = |e: io::Error| Failure::Broken(format!("reading the answer's body: {e}"));
     match framing {
-        Framing::Empty => Ok((kept, buf.is_empty())),
+        Framing::Empty => {
+            let clean = buf.is_empty();
+            (kept, clean)
+        }
         Framing::Length(len) => {
             let mut left = len;
             loop {
@@ -339,13 +407,16 @@ async fn read_body(
                 keep(&mut kept, &buf[..n]);
                 left -= n as u64;
                 if left == 0 {
-                    return Ok((kept, buf.len() == n));
+                    let clean = buf.len() == n;
+                    return (kept, clean);
                 }
-                if len > BODY_LIMIT && len - left >= BODY_LIMIT {
-                    return Ok((kept, false));
+                if len - left >= BODY_LIMIT {
+                    return (kept, false);
                 }
                 buf.clear();
-                read_more(stream, &mut buf).await.map_err(broken)?;
+                if read_more(stream, &mut buf).await.is_err() {
+                    return (kept, false);
+                }
             }
         }
         Framing::Chunked => {
@@ -353,18 +424,23 @@ async fn read_body(
             let mut data = Vec::new();
             loop {
                 data.clear();
-                let taken = chunked
-                    .transcode(&buf, &mut data)
-                    .map_err(|e| Failure::Broken(format!("the answer's chunked body is not valid: {e}")))?;
+                // What was decoded before a break in the framing is kept too.
+                let taken = chunked.transcode(&buf, &mut data);
                 keep(&mut kept, &data);
+                let Ok(taken) = taken else {
+                    return (kept, false);
+                };
                 if chunked.done() {
-                    return Ok((kept, taken == buf.len()));
+                    let clean = taken == buf.len();
+                    return (kept, clean);
                 }
                 if chunked.data_len() >= BODY_LIMIT {
-                    return Ok((kept, false));
+                    return (kept, false);
                 }
                 buf.clear();
-                read_more(stream, &mut buf).await.map_err(broken)?;
+                if read_more(stream, &mut buf).await.is_err() {
+                    return (kept, false);
+                }
             }
         }
         Framing::UntilClose => {
@@ -372,14 +448,9 @@ async fn read_body(
             loop {
                 keep(&mut kept, &buf);
                 read += buf.len() as u64;
-                if read >= BODY_LIMIT {
-                    return Ok((kept, false));
-                }
                 buf.clear();
-                match read_more(stream, &mut buf).await {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok((kept, false)),
-                    Err(e) => return Err(broken(e)),
+                if read >= BODY_LIMIT || read_more(stream, &mut buf).await.is_err() {
+                    return (kept, false);
                 }
             }
         }
@@ -543,11 +614,11 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_kept_alive_connection_that_fails_before_any_answer_is_tried_once_more_on_a_new_one() {
-        // The handler reads the request and closes without answering, on every connection.
+    async fn a_request_written_whole_is_not_sent_again_when_the_connection_ends_without_an_answer() {
+        // The handler reads the request and closes without answering (it crashed on the job, say).
         let (url, accepted, requests) = scripted(vec![b""], 1).await;
         let h = handler(&url);
-        // Seed the idle stack with a connection the handler will close on the next request.
+        // A kept-alive connection to start from: the same holds for it as for a new one.
         let stream = TcpStream::connect(url.trim_start_matches("http://").split('/').next().unwrap())
             .await
             .unwrap();
@@ -556,15 +627,15 @@ mod tests {
             since: Instant::now(),
         });
         match run(&h, "a").await {
-            Outcome::Retry(e) => assert!(e.contains("closed the connection before answering"), "{e}"),
+            Outcome::Retry(e) => assert!(e.contains("closed the connection without answering"), "{e}"),
             other => panic!("expected a retry, got {other:?}"),
         }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1, "no second connection");
         assert_eq!(
-            accepted.load(Ordering::SeqCst),
-            2,
-            "one more connection, not more"
+            requests.lock().unwrap().len(),
+            1,
+            "the job reached the handler once"
         );
-        assert_eq!(requests.lock().unwrap().len(), 2);
     }
 
     #[tokio::test]
@@ -638,16 +709,106 @@ mod tests {
 
     #[tokio::test]
     async fn a_job_that_cannot_be_a_request_fails_for_good_and_sends_nothing() {
-        let (url, accepted, _) = scripted(vec![OK], usize::MAX).await;
+        let (url, accepted, requests) = scripted(vec![OK], usize::MAX).await;
         let h = handler(&url);
-        for kind in ["line\r\nx-injected: 1", "tab\tis fine but\u{7f} is not", "é"] {
+        for kind in ["line\r\nx-injected: 1", "bell\u{7}", "del\u{7f}"] {
             match run(&h, kind).await {
                 Outcome::Permanent(e) => assert!(e.contains("not a valid header value"), "{e}"),
                 other => panic!("{kind:?}: expected a permanent failure, got {other:?}"),
             }
         }
-        assert_eq!(run(&h, "tab\tand space").await, Outcome::Succeeded);
-        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        assert_eq!(accepted.load(Ordering::SeqCst), 0);
+        // Tabs, spaces and bytes outside ASCII are sent as they are.
+        for kind in ["tab\tand space", "émail"] {
+            assert_eq!(run(&h, kind).await, Outcome::Succeeded, "{kind:?}");
+        }
+        let requests = requests.lock().unwrap();
+        assert!(
+            requests[1].contains("sluice-job-kind: émail\r\n"),
+            "{}",
+            requests[1]
+        );
+    }
+
+    #[tokio::test]
+    async fn the_status_decides_even_when_the_body_breaks_off() {
+        for (answer, expected) in [
+            (
+                b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nok".as_slice(),
+                Outcome::Succeeded,
+            ),
+            (
+                b"HTTP/1.1 422 Unprocessable Entity\r\ntransfer-encoding: chunked\r\n\r\n3\r\nbad\r\nzz"
+                    .as_slice(),
+                Outcome::Permanent("handler answered 422 Unprocessable Entity: bad".into()),
+            ),
+        ] {
+            // One answer per connection, then the handler closes it.
+            let (url, _, _) = scripted(vec![answer], 1).await;
+            assert_eq!(run(&handler(&url), "a").await, expected);
+        }
+    }
+
+    #[tokio::test]
+    async fn an_answer_before_a_large_request_is_written_is_taken_and_the_connection_dropped() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/", listener.local_addr().unwrap());
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            // Reads the head only, answers, and stops reading (but keeps the connection open).
+            let mut buf = Vec::new();
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                let mut chunk = [0u8; 1024];
+                let n = s.read(&mut chunk).await.unwrap();
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            s.write_all(b"HTTP/1.1 413 Content Too Large\r\ncontent-length: 7\r\n\r\ntoo big")
+                .await
+                .unwrap();
+            let _ = done_rx.await;
+        });
+        let h = handler(&url);
+        let mut big = job("a");
+        // Far more than the socket buffers take before the handler would have to read.
+        big.payload = serde_json::Value::String("x".repeat(32 << 20));
+        let outcome = h.handle(big, CancellationToken::new()).await;
+        assert_eq!(
+            outcome,
+            Outcome::Retry("handler answered 413 Payload Too Large: too big".into())
+        );
+        assert!(h.inner.lock().is_empty(), "a connection out of step is not kept");
+        let _ = done_tx.send(());
+    }
+
+    #[tokio::test]
+    async fn cancelling_a_job_closes_its_connection() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/", listener.local_addr().unwrap());
+        let (got_tx, got_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = Vec::new();
+            read_request(&mut s, &mut buf).await.unwrap();
+            got_tx.send(()).unwrap();
+            // Never answers; sees the close.
+            let mut chunk = [0u8; 16];
+            s.read(&mut chunk).await.unwrap()
+        });
+        let h = handler(&url);
+        let cancel = CancellationToken::new();
+        let job_task = {
+            let (h, cancel) = (h.clone(), cancel.clone());
+            tokio::spawn(async move { h.handle(job("a"), cancel).await })
+        };
+        got_rx.await.unwrap();
+        cancel.cancel();
+        assert_eq!(job_task.await.unwrap(), Outcome::Cancelled);
+        let read = tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(read, 0, "the handler saw the connection close");
     }
 
     #[tokio::test]
@@ -669,7 +830,7 @@ mod tests {
         )
         .await;
         match run(&handler(&url), "a").await {
-            Outcome::Retry(e) => assert!(e.contains("not valid HTTP"), "{e}"),
+            Outcome::Retry(e) => assert!(e.starts_with("the handler's answer is not valid HTTP"), "{e}"),
             other => panic!("expected a retry, got {other:?}"),
         }
     }
