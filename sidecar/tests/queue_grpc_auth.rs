@@ -29,7 +29,7 @@ use sluice_sidecar::queue::{
         ALLOW_TTL, Access, Authenticator, Decision, POD_NAME_EXTRA, Reviews, TokenAnswer, Unavailable, User,
     },
     grpc::{
-        self, Admission, GrpcOptions, MAX_PENDING_PER_CALLER,
+        self, Admission, GrpcOptions, MAX_PENDING_PER_CALLER, SUBSCRIBE_TIMEOUT,
         proto::{
             self, SidecarMessage, WorkerMessage, outcome, sidecar_message::Msg as Out,
             worker_client::WorkerClient, worker_message::Msg as In,
@@ -259,13 +259,21 @@ impl Stream {
     }
 }
 
-/// Opens a stream with `token` on which nothing is sent until the returned sender sends (dropping it
-/// ends the worker's side); how the call is answered (refused, or `OK` if let in) goes to `answers`.
+/// A stream opened by [`open_silent`].
+struct Silent {
+    /// Nothing is sent until this sends; dropping it ends the worker's side of the stream.
+    _tx: mpsc::Sender<WorkerMessage>,
+    /// The call; aborting it drops the connection, as a worker that goes away.
+    call: tokio::task::JoinHandle<()>,
+}
+
+/// Opens a stream with `token` on which nothing is sent; how the call is answered (refused, or `OK` if
+/// let in) goes to `answers`.
 async fn open_silent(
     addr: SocketAddr,
     token: Option<&str>,
     answers: &mpsc::UnboundedSender<Status>,
-) -> mpsc::Sender<WorkerMessage> {
+) -> Silent {
     let (tx, rx) = mpsc::channel(64);
     let mut request = tonic::Request::new(ReceiverStream::new(rx));
     if let Some(t) = token {
@@ -275,14 +283,14 @@ async fn open_silent(
     }
     let mut client = WorkerClient::new(channel(addr).await);
     let answers = answers.clone();
-    tokio::spawn(async move {
+    let call = tokio::spawn(async move {
         let answer = match client.work(request).await {
             Ok(_) => Status::ok("let in"),
             Err(s) => s,
         };
         let _ = answers.send(answer);
     });
-    tx
+    Silent { _tx: tx, call }
 }
 
 /// The next `n` answers to streams opened by [`open_silent`], each within the deadline.
@@ -681,6 +689,31 @@ async fn one_caller_may_have_two_streams_waiting_to_be_let_in_whatever_its_token
     let ops = Stream::open(addr, Some("t-ops"), &["emails"]).await;
     assert!(ops.is_ok(), "{:?}", ops.as_ref().err());
     drop(guest);
+
+    // Workers that go away while waiting (their connection dropped): their room comes back as soon as
+    // the sidecar notices, well before the subscribe timeout.
+    let (answered, mut answers_rx) = mpsc::unbounded_channel();
+    for _ in 0..2 {
+        let mut silent = Vec::new();
+        for _ in 0..3 {
+            silent.push(open_silent(addr, Some("t-web"), &answered).await);
+        }
+        let s = answers(&mut answers_rx, 1).await.remove(0);
+        assert_eq!(s.message(), per_caller_cap("system:serviceaccount:shop:web"));
+        for s in &silent {
+            s.call.abort();
+        }
+        let soon = SUBSCRIBE_TIMEOUT / 2;
+        sluice_testsupport::wait_for_async("the room of streams gone to come back", soon, || async {
+            match Stream::open(addr, Some("t-web"), &["emails"]).await {
+                Err(s) if s.code() == Code::PermissionDenied => Some(()),
+                Err(s) if s.code() == Code::ResourceExhausted => None,
+                Err(s) => panic!("{s:?}"),
+                Ok(_) => panic!("let in"),
+            }
+        })
+        .await;
+    }
 
     // With callers not checked, every caller is one.
     let server = admitting(&pgs.url(), None, SLOTS, Admission::default()).await;
