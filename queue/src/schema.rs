@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
 /// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
 /// which the workspace does not enable).
-const MIGRATIONS: [(i64, &str, &str); 21] = [
+const MIGRATIONS: [(i64, &str, &str); 22] = [
     (
         1,
         "queue tables",
@@ -120,6 +120,11 @@ const MIGRATIONS: [(i64, &str, &str); 21] = [
         21,
         "one lock order on every path",
         include_str!("../../migrations/0021_one_lock_order_on_every_path.sql"),
+    ),
+    (
+        22,
+        "idempotency holders in the lock order",
+        include_str!("../../migrations/0022_idempotency_holders_in_the_lock_order.sql"),
     ),
 ];
 

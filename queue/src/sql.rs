@@ -186,29 +186,39 @@ SELECT c.id
    FOR NO KEY UPDATE
 "#;
 
-/// Locks the parents an enqueue names (`v_parents`) and the current holder of its unique key (`p_queue`,
-/// `p_unique_key`; none without a key), in one statement in id order: `sluice.enqueue_job`'s first lock
-/// when the job has parents (migration 0021). The holder used to be locked after the parents, so a job
-/// naming A as parent and replacing holder H < A crossed an enqueue naming H and A.
+/// Locks the parents an enqueue names (`v_parents`), the current holder of its unique key (`p_queue`,
+/// `p_unique_key`) and the current holder of its idempotency key (`p_idempotency_key`), each when there
+/// is one, in one statement in id order: `sluice.enqueue_job`'s first lock when the job has parents or
+/// both keys (migrations 0021, 0022). The unique key's holder used to be locked after the parents, so a
+/// job naming A as parent and replacing holder H < A crossed an enqueue naming H and A; so did an
+/// expired idempotency key cleared on its holder H after the parents were locked.
 pub const JOB_LOCK_PARENTS: &str = r#"
 SELECT j.id
   FROM sluice.jobs j
- WHERE j.id = ANY (v_parents || ARRAY(SELECT h.id FROM sluice.jobs h
-                                       WHERE h.queue = p_queue AND h.unique_key = p_unique_key))
+ WHERE j.id = ANY (v_parents
+                   || ARRAY(SELECT h.id FROM sluice.jobs h
+                             WHERE h.queue = p_queue AND h.unique_key = p_unique_key)
+                   || ARRAY(SELECT h.id FROM sluice.jobs h
+                             WHERE h.queue = p_queue AND h.idempotency_key = p_idempotency_key))
  ORDER BY j.id
    FOR NO KEY UPDATE
 "#;
 
-/// Locks the jobs outside a graph that it names as parents (`v_outside`) and the current holders of its
-/// unique keys (`v_queue`, `v_keys`), in one statement in id order: `sluice.enqueue_graph`'s first lock,
-/// before its first job (migration 0021). Each job's own locks are then locks the call holds already; they
-/// used to be taken job by job, so a graph naming B for one job and A < B for a later one crossed an
-/// enqueue naming A and B.
+/// Locks the jobs outside a graph that it names as parents (`v_outside`), the current holders of its
+/// unique keys (`v_queue`, `v_keys`) and those of its idempotency keys (`v_ikeys`), in one statement in
+/// id order: `sluice.enqueue_graph`'s first lock, before its first job (migrations 0021, 0022). Each
+/// job's own locks are then locks the call holds already. They used to be taken job by job: a graph
+/// naming B for one job and A < B for a later one crossed an enqueue naming A and B, and so did a graph
+/// sent again whose idempotency keys found A and B, with a job depending on B's ref before one depending
+/// on A's.
 pub const JOB_LOCK_GRAPH_PARENTS: &str = r#"
 SELECT o.id
   FROM sluice.jobs o
- WHERE o.id = ANY (v_outside || ARRAY(SELECT h.id FROM sluice.jobs h
-                                       WHERE h.queue = v_queue AND h.unique_key = ANY (v_keys)))
+ WHERE o.id = ANY (v_outside
+                   || ARRAY(SELECT h.id FROM sluice.jobs h
+                             WHERE h.queue = v_queue AND h.unique_key = ANY (v_keys))
+                   || ARRAY(SELECT h.id FROM sluice.jobs h
+                             WHERE h.queue = v_queue AND h.idempotency_key = ANY (v_ikeys)))
  ORDER BY o.id
    FOR NO KEY UPDATE
 "#;
@@ -272,7 +282,7 @@ RETURNING j.id
 
 /// Enqueues one job through the SQL API (`sluice.enqueue_job`): returns (id, created). `$11` (unique for)
 /// and `$12` (debounce) are milliseconds; `$13` the parents, `$14` what their failure does. A job with
-/// parents locks them and its unique key's holder first, in id order ([`JOB_LOCK_PARENTS`]).
+/// parents (or both keys) locks them and its keys' holders first, in id order ([`JOB_LOCK_PARENTS`]).
 pub const JOB_ENQUEUE: &str = r#"
 SELECT id, created
   FROM sluice.enqueue_job($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
@@ -281,7 +291,7 @@ SELECT id, created
 
 /// Enqueues a graph of jobs through the SQL API (`sluice.enqueue_graph`, `$2` a JSON array of jobs with
 /// refs): returns (ref, id, created) in input order. The jobs outside the graph it names as parents and
-/// its unique keys' holders are locked first, in id order ([`JOB_LOCK_GRAPH_PARENTS`]).
+/// its unique and idempotency keys' holders are locked first, in id order ([`JOB_LOCK_GRAPH_PARENTS`]).
 pub const JOB_ENQUEUE_GRAPH: &str = "SELECT ref, id, created FROM sluice.enqueue_graph($1, $2)";
 
 /// The jobs job `$1` depends on, with their states (NULL: deleted by retention), in id order.

@@ -712,6 +712,11 @@ fn in_lock_order(jobs: &[(Uuid, i32)]) -> Vec<(Uuid, i32)> {
 ///
 /// Errors: [`Error::NotFound`] for an unknown queue, [`Error::Conflict`] for an idempotency key reused with
 /// another kind or payload, [`Error::Invalid`] for bad input.
+///
+/// A job with parents or keys locks them (and their holders) in one statement in id order, but can still
+/// meet another transaction locking some of the same jobs in another order (a job enqueued meanwhile):
+/// PostgreSQL then aborts one transaction as a deadlock ([`is_deadlock`]); roll it back and run it again
+/// ([`QueueStore::enqueue`] does so once by itself).
 pub async fn enqueue<'e>(exec: impl PgExecutor<'e>, queue: &str, job: &NewJob) -> Result<Enqueued> {
     enqueue_at(exec, queue, job, Utc::now()).await
 }
@@ -831,7 +836,9 @@ pub const MAX_PARENTS: usize = 1000;
 /// Returns (ref, what the enqueue did) in input order.
 ///
 /// Errors: [`Error::Invalid`] naming the job for a cycle, a duplicate or unknown ref, an unknown job id
-/// or bad input; [`Error::NotFound`] for an unknown queue.
+/// or bad input; [`Error::NotFound`] for an unknown queue. A deadlock ([`is_deadlock`]) is possible as
+/// for [`enqueue`]: roll the transaction back and run it again ([`QueueStore::enqueue_graph`] does so once
+/// by itself).
 pub async fn enqueue_graph<'e>(
     exec: impl PgExecutor<'e>,
     queue: &str,

@@ -1,7 +1,8 @@
 //! Every path that locks several jobs locks them in one statement in id order, the order an enqueue
-//! locks the parents it names: a cancel and its cascade, a graph naming jobs outside it as parents, and
-//! an enqueue replacing a unique key's holder wait for an enqueue holding some of the same jobs instead
-//! of deadlocking with it. Each test holds the first job an enqueue naming two jobs locks, starts the other path on its
+//! locks the parents it names: a cancel and its cascade, a graph naming jobs outside it as parents or
+//! resent with keys that find existing jobs, and an enqueue replacing a unique key's holder or clearing
+//! an expired idempotency key wait for an enqueue holding some of the same jobs instead of deadlocking
+//! with it. Each test holds the first job an enqueue naming two jobs locks, starts the other path on its
 //! own connection, waits until that session waits for the holder's lock (`pg_blocking_pids`), and then
 //! runs the whole enqueue: had the other path taken the enqueue's second job before asking for the
 //! first, PostgreSQL would abort one of them (40P01). The other path runs once, not through the store's
@@ -259,6 +260,61 @@ async fn a_graph_waits_for_an_enqueue_naming_two_of_its_outside_parents() {
     assert_eq!(state(&store, child).await, "blocked");
 }
 
+/// A graph of A and B (idempotency keys), sent again with C depending on B and D depending on A; A has
+/// the smaller id, and an enqueue naming A and B locks A, then B. The resent graph's keys find A and B,
+/// and each job used to lock its parents as it was enqueued, B for C, then A for D, crossing the
+/// enqueue. The graph now locks the jobs its idempotency keys find with its outside parents and unique
+/// keys' holders, in one statement in id order first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resent_graph_waits_for_an_enqueue_naming_two_jobs_its_idempotency_keys_find() {
+    let (pg, pool, store) = support::server_with_queue(10).await;
+    let keyed = |key: &str| NewJob::new("keyed", json!({ "key": key })).idempotency_key(key);
+    let sent = store
+        .enqueue_graph(
+            "q",
+            &[GraphJob::new("x", keyed("x")), GraphJob::new("y", keyed("y"))],
+        )
+        .await
+        .unwrap();
+    let mut sent: Vec<(Uuid, String)> = sent.into_iter().map(|(r, e)| (e.id, r)).collect();
+    sent.sort();
+    let ((a, a_ref), (b, b_ref)) = (sent[0].clone(), sent[1].clone());
+
+    let (grapher, grapher_pid) = session(&pg).await;
+    let (enqueuer, enqueuer_pid) = holding(&pool, a).await;
+    let graph = vec![
+        GraphJob::new(a_ref.clone(), keyed(&a_ref)),
+        GraphJob::new(b_ref.clone(), keyed(&b_ref)),
+        GraphJob::new("c", NewJob::new("c", json!({}))).depends_on([b_ref.clone()]),
+        GraphJob::new("d", NewJob::new("d", json!({}))).depends_on([a_ref.clone()]),
+    ];
+    let enqueued = graph_once(grapher, graph);
+    support::wait_until_blocked_by(&pool, grapher_pid, enqueuer_pid, "the graph").await;
+
+    let child = enqueue_and_commit(enqueuer, [a, b]).await;
+    let enqueued = enqueued
+        .await
+        .unwrap()
+        .expect("the graph is not aborted as a deadlock");
+    let got: Vec<(&str, Uuid, bool)> = enqueued
+        .iter()
+        .map(|(r, e)| (r.as_str(), e.id, e.created))
+        .collect();
+    assert_eq!(
+        &got[..2],
+        &[(a_ref.as_str(), a, false), (b_ref.as_str(), b, false)]
+    );
+    for (reference, id, created) in &got[2..] {
+        assert!(created, "{reference} is a new job");
+        assert_eq!(
+            state(&store, *id).await,
+            "blocked",
+            "{reference} waits on its parent"
+        );
+    }
+    assert_eq!(state(&store, child).await, "blocked");
+}
+
 /// Holder H of unique key `k` is running; a job replacing it names A > H as parent; an enqueue naming H
 /// and A locks H, then A. The replacing enqueue used to lock its parent A first and the holder H after
 /// it, crossing the other enqueue. It now locks H and A in one statement in id order first.
@@ -298,6 +354,48 @@ async fn a_replacement_of_a_running_holder_waits_for_an_enqueue_naming_the_holde
         "it waits for H and A"
     );
     assert_eq!(state(&store, h).await, "running");
+    assert_eq!(state(&store, child).await, "blocked");
+}
+
+/// Job H holds idempotency key `k` past the queue's window; a new request with key `k` names A > H as
+/// parent; an enqueue naming H and A locks H, then A. The request used to lock its parent A first and
+/// then clear the expired key on H, crossing the other enqueue. It now locks the key's holder with its
+/// parents, in one statement in id order first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_clearing_an_expired_idempotency_key_waits_for_an_enqueue_naming_the_holder_and_its_parent()
+ {
+    let (pg, pool, store) = support::server_with_queue(10).await;
+    let keyed = || NewJob::new("keyed", json!({})).idempotency_key("k");
+    let h = store.enqueue("q", &keyed()).await.unwrap().id;
+    sqlx::query("UPDATE sluice.jobs SET idempotency_at = now() - interval '400 days' WHERE id = $1")
+        .bind(h)
+        .execute(&pool)
+        .await
+        .unwrap();
+    support::past_the_millisecond_of(&pool, h).await;
+    let a = store.enqueue("q", &NewJob::new("a", json!({}))).await.unwrap().id;
+    assert!(h < a, "ids in the order of their enqueues");
+
+    let (mut requester, requester_pid) = session(&pg).await;
+    let (enqueuer, enqueuer_pid) = holding(&pool, h).await;
+    let request = tokio::spawn(async move {
+        sluice_queue::store::enqueue(&mut requester, "q", &keyed().depends_on([a])).await
+    });
+    support::wait_until_blocked_by(&pool, requester_pid, enqueuer_pid, "the request").await;
+
+    let child = enqueue_and_commit(enqueuer, [h, a]).await;
+    let request = request
+        .await
+        .unwrap()
+        .expect("the request is not aborted as a deadlock");
+    assert!(request.created, "the expired key is taken by a new job");
+    assert_eq!(state(&store, request.id).await, "blocked", "it waits for A");
+    let key: Option<String> = sqlx::query_scalar("SELECT idempotency_key FROM sluice.jobs WHERE id = $1")
+        .bind(h)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(key, None, "H gave the key up");
     assert_eq!(state(&store, child).await, "blocked");
 }
 

@@ -251,29 +251,33 @@ async fn batch_statements_look_jobs_up_by_primary_key_in_a_large_table() {
     // The locks the other paths that write several jobs take first, in one statement in id order (the
     // trigger releasing children, an enqueue naming parents, a graph naming parents outside it): the
     // jobs by primary key, children found in the index of unresolved edges, unique keys' holders in
-    // the unique-key index. In the functions the parameters are variables; here they are parameters.
-    // Both plans: these functions run with PostgreSQL's default plan cache mode.
-    for (name, statement, types, variables, args) in [
+    // the unique-key index and idempotency keys' holders in the idempotency-key index. In the functions
+    // the parameters are variables; here they are parameters. Both plans: these functions run with
+    // PostgreSQL's default plan cache mode.
+    for (name, statement, types, variables, args, holders) in [
         (
             "lock_children",
             sql::JOB_LOCK_CHILDREN,
             "uuid[]",
             &["v_parents"][..],
             ids.clone(),
+            &[][..],
         ),
         (
             "lock_parents",
             sql::JOB_LOCK_PARENTS,
-            "uuid[], text, text",
-            &["v_parents", "p_queue", "p_unique_key"][..],
-            format!("{ids}, 'plans', 'k'"),
+            "uuid[], text, text, text",
+            &["v_parents", "p_queue", "p_unique_key", "p_idempotency_key"][..],
+            format!("{ids}, 'plans', 'k', 'i'"),
+            &["jobs_unique_idx", "jobs_idempotency_idx"][..],
         ),
         (
             "lock_graph_parents",
             sql::JOB_LOCK_GRAPH_PARENTS,
-            "uuid[], text, text[]",
-            &["v_outside", "v_queue", "v_keys"][..],
-            format!("{ids}, 'plans', '{{k}}'"),
+            "uuid[], text, text[], text[]",
+            &["v_outside", "v_queue", "v_keys", "v_ikeys"][..],
+            format!("{ids}, 'plans', '{{k}}', '{{i}}'"),
+            &["jobs_unique_idx", "jobs_idempotency_idx"][..],
         ),
     ] {
         let mut statement = statement.to_owned();
@@ -292,10 +296,20 @@ async fn batch_statements_look_jobs_up_by_primary_key_in_a_large_table() {
                 scans.iter().any(|s| s.index.as_deref() == Some("jobs_pkey"))
                     && scans.iter().all(|s| {
                         s.node.starts_with("Index")
-                            && matches!(s.index.as_deref(), Some("jobs_pkey" | "jobs_unique_idx"))
+                            && matches!(
+                                s.index.as_deref(),
+                                Some("jobs_pkey" | "jobs_unique_idx" | "jobs_idempotency_idx")
+                            )
                     }),
-                "{name} ({mode}) must look its jobs up by primary key (holders by unique key): {plan:#}"
+                "{name} ({mode}) must look its jobs up by primary key (holders by their key's index): \
+                 {plan:#}"
             );
+            for index in holders {
+                assert!(
+                    scans.iter().any(|s| s.index.as_deref() == Some(*index)),
+                    "{name} ({mode}) must look its holders up in {index}: {plan:#}"
+                );
+            }
             let mut edges = Vec::new();
             scans_of("job_dependencies", &plan, &mut edges);
             assert!(
