@@ -142,7 +142,7 @@ pub struct GrpcOptions {
 /// How a new stream is let in before it holds one of [`GrpcOptions::max_streams`]: it is *pending*
 /// from authentication until its `subscribe` is read and its caller authorized on the queues it names.
 /// At most `max_streams` streams are pending at once, and at most `pending_per_caller` of one caller
-/// (the user the TokenReview named; with callers unchecked, every caller is one), so that a caller
+/// (the user the TokenReview named; with callers unchecked, only the total applies), so that a caller
 /// with no right on the queues can hold neither the stream slots nor all the room to wait for one.
 #[derive(Clone, Copy, Debug)]
 pub struct Admission {
@@ -161,7 +161,7 @@ impl Default for Admission {
     }
 }
 
-/// The streams pending ([`Admission`]), in total and by caller (`None`: callers are not checked).
+/// The streams pending ([`Admission`]), in total and by checked caller.
 #[derive(Default)]
 struct Pending {
     counts: Mutex<(usize, HashMap<Option<String>, usize>)>,
@@ -184,18 +184,18 @@ impl Pending {
                 "at most {total} worker streams may wait for subscribe and authorization at once"
             )));
         }
-        let mine = by_caller.entry(caller.clone()).or_default();
-        if *mine >= per_caller {
-            let who = match &caller {
-                Some(user) => format!("{user} has {mine}"),
-                None => "callers are not checked, so all are one caller".to_owned(),
-            };
-            return Err(Status::resource_exhausted(format!(
-                "at most {per_caller} worker streams of one caller may wait for subscribe and \
-                 authorization at once; {who}"
-            )));
+        // Unchecked callers have no identity to tell apart: the total alone bounds them (a cap of one
+        // "caller" would refuse a pod's own workers starting at once).
+        if let Some(user) = &caller {
+            let mine = by_caller.entry(caller.clone()).or_default();
+            if *mine >= per_caller {
+                return Err(Status::resource_exhausted(format!(
+                    "at most {per_caller} worker streams of one caller may wait for subscribe and \
+                     authorization at once; {user} has {mine}"
+                )));
+            }
+            *mine += 1;
         }
-        *mine += 1;
         *all += 1;
         Ok(PendingSlot {
             pending: self.clone(),
