@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
 /// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
 /// which the workspace does not enable).
-const MIGRATIONS: [(i64, &str, &str); 22] = [
+const MIGRATIONS: [(i64, &str, &str); 23] = [
     (
         1,
         "queue tables",
@@ -125,6 +125,11 @@ const MIGRATIONS: [(i64, &str, &str); 22] = [
         22,
         "idempotency holders in the lock order",
         include_str!("../../migrations/0022_idempotency_holders_in_the_lock_order.sql"),
+    ),
+    (
+        23,
+        "batch key holders in the lock order",
+        include_str!("../../migrations/0023_batch_key_holders_in_the_lock_order.sql"),
     ),
 ];
 

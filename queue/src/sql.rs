@@ -223,6 +223,22 @@ SELECT o.id
    FOR NO KEY UPDATE
 "#;
 
+/// Locks the current holders of a batch's unique keys (`$9`) and idempotency keys (`$8`) in queue `$1`,
+/// in one statement in id order: `sluice.enqueue_many`'s first lock when its jobs carry keys, before its
+/// first job (migration 0023). The batch enqueues its keyed jobs in key order, and each used to lock its
+/// key's holder as it came, in the order of the keys: holders H1 of key `a` and H2 < H1 of key `b` were
+/// locked H1, then H2, crossing an enqueue naming H2 and H1.
+pub const JOB_LOCK_BATCH_HOLDERS: &str = r#"
+SELECT h.id
+  FROM sluice.jobs h
+ WHERE h.id = ANY (ARRAY(SELECT k.id FROM sluice.jobs k
+                          WHERE k.queue = $1 AND k.unique_key = ANY ($9))
+                   || ARRAY(SELECT k.id FROM sluice.jobs k
+                             WHERE k.queue = $1 AND k.idempotency_key = ANY ($8)))
+ ORDER BY h.id
+   FOR NO KEY UPDATE
+"#;
+
 /// Extends the leases of the owner's running jobs (`$1` ids, `$2` attempts) by `$4` ms from now. Returns
 /// the jobs still held, with their cancellation flag; a job missing from the result was lost.
 /// Only `lease_expires_at` changes, which no index covers: a HOT update.
@@ -306,6 +322,7 @@ SELECT d.parent_id AS id, p.state
 /// Enqueues many jobs in one statement through the SQL API (`sluice.enqueue_many`): returns the ids.
 /// `$8`-`$10` the idempotency keys, unique keys and unique modes, `$11` (unique for) and `$12` (debounce)
 /// in milliseconds; all NULL for a batch without keys.
+/// A batch with keys locks its keys' holders first, in id order ([`JOB_LOCK_BATCH_HOLDERS`]).
 pub const JOB_ENQUEUE_MANY: &str = r#"
 SELECT id
   FROM sluice.enqueue_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,

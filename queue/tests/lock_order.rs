@@ -1,8 +1,8 @@
 //! Every path that locks several jobs locks them in one statement in id order, the order an enqueue
 //! locks the parents it names: a cancel and its cascade, a graph naming jobs outside it as parents or
-//! resent with keys that find existing jobs, and an enqueue replacing a unique key's holder or clearing
-//! an expired idempotency key wait for an enqueue holding some of the same jobs instead of deadlocking
-//! with it. Each test holds the first job an enqueue naming two jobs locks, starts the other path on its
+//! resent with keys that find existing jobs, a batch replacing its unique keys' holders, and an enqueue
+//! replacing a unique key's holder or clearing an expired idempotency key wait for an enqueue holding
+//! some of the same jobs instead of deadlocking with it. Each test holds the first job an enqueue naming two jobs locks, starts the other path on its
 //! own connection, waits until that session waits for the holder's lock (`pg_blocking_pids`), and then
 //! runs the whole enqueue: had the other path taken the enqueue's second job before asking for the
 //! first, PostgreSQL would abort one of them (40P01). The other path runs once, not through the store's
@@ -354,6 +354,43 @@ async fn a_replacement_of_a_running_holder_waits_for_an_enqueue_naming_the_holde
         "it waits for H and A"
     );
     assert_eq!(state(&store, h).await, "running");
+    assert_eq!(state(&store, child).await, "blocked");
+}
+
+/// Holders H1 of unique key `a` and H2 < H1 of key `b` wait to run; an enqueue naming H2 and H1 locks
+/// H2, then H1. A batch replacing both keys enqueues its keyed jobs in key order, and each used to lock
+/// its key's holder as it came: H1, then H2, crossing the enqueue. The batch now locks its keys' holders
+/// in one statement in id order first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_waits_for_an_enqueue_naming_two_holders_of_its_unique_keys() {
+    let (pg, pool, store) = support::server_with_queue(10).await;
+    let keyed = |key: &str, n: i32| NewJob::new("keyed", json!({ "n": n })).unique(key, UniqueMode::Replace);
+    let h2 = store.enqueue("q", &keyed("b", 1)).await.unwrap().id;
+    support::past_the_millisecond_of(&pool, h2).await;
+    let h1 = store.enqueue("q", &keyed("a", 1)).await.unwrap().id;
+    assert!(h2 < h1, "ids in the order of their enqueues");
+
+    let (mut batcher, batcher_pid) = session(&pg).await;
+    let (enqueuer, enqueuer_pid) = holding(&pool, h2).await;
+    let batch = tokio::spawn(async move {
+        sluice_queue::store::enqueue_many(&mut batcher, "q", &[keyed("a", 2), keyed("b", 2)]).await
+    });
+    support::wait_until_blocked_by(&pool, batcher_pid, enqueuer_pid, "the batch").await;
+
+    let child = enqueue_and_commit(enqueuer, [h2, h1]).await;
+    let batch = batch
+        .await
+        .unwrap()
+        .expect("the batch is not aborted as a deadlock");
+    assert_eq!(batch, vec![h1, h2], "each holder is replaced in place");
+    for (name, id) in [("H1", h1), ("H2", h2)] {
+        let job = store.get(id).await.unwrap().expect("job exists");
+        assert_eq!(
+            job.payload,
+            json!({ "n": 2 }),
+            "{name} carries the batch's payload"
+        );
+    }
     assert_eq!(state(&store, child).await, "blocked");
 }
 

@@ -279,10 +279,21 @@ async fn batch_statements_look_jobs_up_by_primary_key_in_a_large_table() {
             format!("{ids}, 'plans', '{{k}}', '{{i}}'"),
             &["jobs_unique_idx", "jobs_idempotency_idx"][..],
         ),
+        (
+            "lock_batch_holders",
+            sql::JOB_LOCK_BATCH_HOLDERS,
+            "text, text[], text[]",
+            &["$8", "$9"][..],
+            "'plans', '{i}', '{k}'".to_owned(),
+            &["jobs_unique_idx", "jobs_idempotency_idx"][..],
+        ),
     ] {
         let mut statement = statement.to_owned();
+        // The batch's statement names its parameters by position already: `$1` stays, the others
+        // follow it.
+        let first = usize::from(name == "lock_batch_holders");
         for (n, variable) in variables.iter().enumerate() {
-            statement = statement.replace(variable, &format!("${}", n + 1));
+            statement = statement.replace(variable, &format!("${}", n + 1 + first));
         }
         sqlx::raw_sql(AssertSqlSafe(format!("PREPARE {name}({types}) AS {statement}")))
             .execute(&mut *conn)
@@ -484,6 +495,11 @@ async fn the_functions_take_their_locks_with_the_statements_whose_plans_are_chec
             "sluice.enqueue_graph",
             "lock_graph_parents",
             sql::JOB_LOCK_GRAPH_PARENTS,
+        ),
+        (
+            "sluice.enqueue_many",
+            "lock_batch_holders",
+            sql::JOB_LOCK_BATCH_HOLDERS,
         ),
     ] {
         let body: String = sqlx::query_scalar("SELECT prosrc FROM pg_proc WHERE oid = $1::regproc")
