@@ -623,8 +623,11 @@ impl QueueStore {
     /// Hands `owner`'s running jobs back without counting the attempt. Returns the jobs released.
     ///
     /// A job whose cancellation was requested is cancelled instead, and its dependents with it (see
-    /// [`QueueStore::cancel`]): several such jobs lock their children parent by parent, so PostgreSQL can
-    /// abort the release as a deadlock; it is then run once more.
+    /// [`QueueStore::cancel`]). Unlike a cancel, the release locks the jobs first and each one's waiting
+    /// children after it, parent by parent, and a child can have a smaller id than its parent: the
+    /// release can then cross an enqueue naming a child and its parent (or a finishing batch), and
+    /// PostgreSQL aborts one side as a deadlock: the release is then run once more, and an enqueue in
+    /// an app's own transaction gets the error ([`is_deadlock`]).
     pub async fn release(&self, owner: &str, jobs: &[(Uuid, i32)]) -> Result<Vec<Uuid>> {
         let (ids, attempts): (Vec<Uuid>, Vec<i32>) = in_lock_order(jobs).into_iter().unzip();
         let (ids, attempts) = (&ids, &attempts);
@@ -655,8 +658,9 @@ impl QueueStore {
     }
 
     /// Makes up to `limit` jobs of `queues` whose lease expired ready again (or dead, or cancelled).
-    /// Returns how many. Jobs ending dead or cancelled release their dependents parent by parent, as a
-    /// release does: a rescue PostgreSQL aborted as a deadlock is run once more.
+    /// Returns how many. Jobs ending dead or cancelled release their dependents parent by parent, each
+    /// job locked before its children, as a release does: it can cross an enqueue naming a child and its
+    /// parent, and a rescue PostgreSQL aborted as a deadlock is run once more.
     pub async fn rescue_expired(&self, queues: &[String], limit: i64) -> Result<u64> {
         let pool = &self.pool;
         let rows = once_more_on_deadlock(move || async move {
