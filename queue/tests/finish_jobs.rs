@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::{str::FromStr, time::Duration};
+use std::time::Duration;
 
 use serde_json::json;
 use sluice_queue::{
@@ -12,7 +12,7 @@ use sluice_queue::{
     store::{Finish, Finished},
 };
 use sluice_testsupport::PgServer;
-use sqlx::{PgPool, postgres::PgConnectOptions};
+use sqlx::PgPool;
 use uuid::Uuid;
 
 async fn setup() -> (PgServer, PgPool, QueueStore) {
@@ -167,10 +167,14 @@ async fn a_finishing_batch_waits_for_an_enqueue_naming_a_waiting_child_and_a_bat
     );
 }
 
-/// Another transaction holds the batch's second job; the batch writes its first and waits; the other
-/// transaction then asks for the first. PostgreSQL aborts the batch (the other transaction's
-/// `deadlock_timeout` is long, so the batch's own check finds the cycle), and `finish_batch` runs it
-/// once more, after the other transaction committed.
+/// Two transactions hold the batch's second job `FOR SHARE`: `sharer`, then `other`. The batch writes
+/// its first job and waits for the second: for `sharer`, then for `other`. `other` asks for the first
+/// job and waits for the batch; `sharer` commits; the batch's wait for `other` begins, and its deadlock
+/// check, `deadlock_timeout` later, finds the cycle (the check runs once per wait, so the batch's wait
+/// must begin after `other`'s; `other`'s own check is an hour away). PostgreSQL aborts the batch,
+/// `other` takes the first job and commits, and `finish_batch` runs the batch once more: one deadlock
+/// counted, two runs, and both jobs finished. The second run takes the pool's connection only once
+/// `other` holds the first job.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_aborted_as_a_deadlock_is_run_once_more() {
     let (pg, pool, store) = setup().await;
@@ -184,34 +188,30 @@ async fn a_batch_aborted_as_a_deadlock_is_run_once_more() {
     claimed.sort_by_key(|j| j.id);
     assert_eq!(claimed.len(), 2);
     let (first, second) = (claimed[0].id, claimed[1].id);
+    let deadlocks_before = support::deadlocks(&pool).await;
 
+    let share = "SELECT 1 FROM sluice.jobs WHERE id = $1 FOR SHARE";
+    let mut sharer = pool.begin().await.unwrap();
+    let sharer_pid = support::backend_pid(&mut sharer).await;
+    sqlx::query(share)
+        .bind(second)
+        .execute(&mut *sharer)
+        .await
+        .unwrap();
     let mut other = pool.begin().await.unwrap();
-    sqlx::query("SET LOCAL deadlock_timeout = '1h'")
+    let other_pid = support::backend_pid(&mut other).await;
+    sqlx::raw_sql("SET LOCAL deadlock_timeout = '1h'; SET LOCAL lock_timeout = '20s'")
         .execute(&mut *other)
         .await
         .unwrap();
-    sqlx::query("SET LOCAL lock_timeout = '20s'")
+    sqlx::query(share)
+        .bind(second)
         .execute(&mut *other)
         .await
         .unwrap();
-    let lock = "SELECT 1 FROM sluice.jobs WHERE id = $1 FOR NO KEY UPDATE";
-    sqlx::query(lock).bind(second).execute(&mut *other).await.unwrap();
 
-    // PostgreSQL looks for a deadlock once per wait, `deadlock_timeout` after it began: the batch's look
-    // must come after this transaction also waits, so the batch's connections look late (3 s) and this
-    // transaction never (1 h). The test relies on that one look: its margin is the 3 s between the
-    // batch's wait beginning and this transaction's, which must begin before the batch looks. Were it
-    // later, the batch's one look would find no cycle and nothing would look again: this transaction
-    // would fail on its `lock_timeout`.
-    let finisher_pool = sluice_queue::pool::options(2)
-        .connect_with(
-            PgConnectOptions::from_str(&pg.url())
-                .unwrap()
-                .options([("deadlock_timeout", "3s")]),
-        )
-        .await
-        .expect("connect");
-    let finisher = QueueStore::new(finisher_pool);
+    let session = support::RetriedSession::connect(&pg.url(), "100ms").await;
+    let finisher = QueueStore::new(session.pool.clone());
     let done: Vec<Finished> = claimed
         .iter()
         .map(|j| Finished {
@@ -221,17 +221,26 @@ async fn a_batch_aborted_as_a_deadlock_is_run_once_more() {
         })
         .collect();
     let batch = tokio::spawn(async move { finisher.finish_batch("w", &done).await });
-    wait_for_a_finish_waiting_on_a_lock(&pool).await;
+    support::wait_until_blocked_by(&pool, session.pid, sharer_pid, "the batch").await;
 
-    sqlx::query(lock)
-        .bind(first)
-        .execute(&mut *other)
-        .await
-        .expect("the batch, not this transaction, is aborted as a deadlock");
+    let other = tokio::spawn(async move {
+        sqlx::query("SELECT 1 FROM sluice.jobs WHERE id = $1 FOR NO KEY UPDATE")
+            .bind(first)
+            .execute(&mut *other)
+            .await
+            .expect("the batch, not this transaction, is aborted as a deadlock");
+        other
+    });
+    support::wait_until_blocked_by(&pool, other_pid, session.pid, "the other transaction").await;
+    sharer.commit().await.unwrap();
+    let other = other.await.unwrap();
+    session.open_the_gate();
     other.commit().await.unwrap();
 
     let finished = batch.await.unwrap().expect("the batch is run once more");
     assert_eq!(finished.len(), 2);
+    assert_eq!(session.runs(), 2, "the batch ran twice");
+    support::wait_for_deadlocks(&pool, deadlocks_before + 1).await;
     assert_eq!(state(&store, first).await, "succeeded");
     assert_eq!(state(&store, second).await, "succeeded");
 }

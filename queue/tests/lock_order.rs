@@ -11,19 +11,10 @@
 
 mod support;
 
-use std::{
-    str::FromStr,
-    sync::{
-        Arc,
-        atomic::{AtomicUsize, Ordering},
-    },
-    time::Duration,
-};
-
 use serde_json::json;
 use sluice_queue::{CancelOutcome, Enqueued, GraphJob, NewJob, QueueStore, UniqueMode, sql};
 use sluice_testsupport::PgServer;
-use sqlx::{Connection, PgConnection, PgPool, Row, postgres::PgConnectOptions};
+use sqlx::{Connection, PgConnection, PgPool, Row};
 use uuid::Uuid;
 
 async fn state(store: &QueueStore, id: Uuid) -> String {
@@ -469,35 +460,8 @@ async fn a_cancel_aborted_as_a_deadlock_is_run_once_more() {
         .unwrap();
     sqlx::query(share).bind(child).execute(&mut *other).await.unwrap();
 
-    // The store's pool has one connection, so every run of the cancel is this session's; each run
-    // takes it from the pool once, counted, and a run after the first waits for `gate`.
-    let runs = Arc::new(AtomicUsize::new(0));
-    let (gate, opened) = tokio::sync::watch::channel(false);
-    let canceller_pool = sluice_queue::pool::options(1)
-        .acquire_timeout(Duration::from_secs(20))
-        .before_acquire({
-            let runs = runs.clone();
-            move |_, _| {
-                let run = runs.fetch_add(1, Ordering::SeqCst);
-                let mut opened = opened.clone();
-                Box::pin(async move {
-                    if run > 0 {
-                        opened.wait_for(|open| *open).await.expect("the gate is kept");
-                    }
-                    Ok(true)
-                })
-            }
-        })
-        .connect_with(
-            PgConnectOptions::from_str(&pg.url())
-                .unwrap()
-                .options([("deadlock_timeout", "100ms")]),
-        )
-        .await
-        .expect("connect");
-    let canceller_pid = support::backend_pid(&mut canceller_pool.acquire().await.unwrap()).await;
-    runs.store(0, Ordering::SeqCst);
-    let canceller = QueueStore::new(canceller_pool);
+    let session = support::RetriedSession::connect(&pg.url(), "100ms").await;
+    let (canceller, canceller_pid) = (QueueStore::new(session.pool.clone()), session.pid);
     let cancel = tokio::spawn(async move { canceller.cancel(p).await });
     support::wait_until_blocked_by(&pool, canceller_pid, first_pid, "the cancel").await;
 
@@ -512,14 +476,14 @@ async fn a_cancel_aborted_as_a_deadlock_is_run_once_more() {
     support::wait_until_blocked_by(&pool, other_pid, canceller_pid, "the other transaction").await;
     first.commit().await.unwrap();
     let other = other.await.unwrap();
-    gate.send(true).unwrap();
+    session.open_the_gate();
     other.commit().await.unwrap();
 
     assert_eq!(
         cancel.await.unwrap().expect("the cancel is run once more"),
         CancelOutcome::Cancelled
     );
-    assert_eq!(runs.load(Ordering::SeqCst), 2, "the cancel ran twice");
+    assert_eq!(session.runs(), 2, "the cancel ran twice");
     support::wait_for_deadlocks(&pool, deadlocks_before + 1).await;
     assert_eq!(state(&store, p).await, "cancelled");
     assert_eq!(state(&store, child).await, "cancelled");

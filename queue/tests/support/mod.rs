@@ -2,11 +2,18 @@
 //! queue named `q` at its defaults, and the steps of the tests that interleave two transactions' locks.
 #![allow(dead_code)] // each test binary includes this module and uses part of it
 
-use std::time::{Duration, Instant};
+use std::{
+    str::FromStr,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
 
 use sluice_queue::{QueueSettings, QueueStore, schema};
 use sluice_testsupport::PgServer;
-use sqlx::{PgConnection, PgPool};
+use sqlx::{PgConnection, PgPool, postgres::PgConnectOptions};
 use uuid::Uuid;
 
 /// A new server, a pool of `connections` to it, the schema migrated and queue `q` created.
@@ -137,4 +144,65 @@ pub async fn locked_in_an_open_transaction(
         .await
         .unwrap();
     tx
+}
+
+/// The one session of a store method that PostgreSQL aborts as a deadlock and that runs once more.
+pub struct RetriedSession {
+    /// A pool of one connection: every run of the method is this session's.
+    pub pool: PgPool,
+    /// The session's backend process id.
+    pub pid: i32,
+    /// How many times the method took the connection (each run takes it once).
+    runs: Arc<AtomicUsize>,
+    /// A run after the first takes the connection only once this is opened.
+    gate: tokio::sync::watch::Sender<bool>,
+}
+
+impl RetriedSession {
+    /// A session that looks for a deadlock `deadlock_timeout` after each of its waits begins.
+    pub async fn connect(url: &str, deadlock_timeout: &str) -> Self {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (gate, opened) = tokio::sync::watch::channel(false);
+        let pool = sluice_queue::pool::options(1)
+            .acquire_timeout(Duration::from_secs(20))
+            .before_acquire({
+                let runs = runs.clone();
+                move |_, _| {
+                    let run = runs.fetch_add(1, Ordering::SeqCst);
+                    let mut opened = opened.clone();
+                    Box::pin(async move {
+                        if run > 0 {
+                            opened.wait_for(|open| *open).await.expect("the gate is kept");
+                        }
+                        Ok(true)
+                    })
+                }
+            })
+            .connect_with(
+                PgConnectOptions::from_str(url)
+                    .unwrap()
+                    .options([("deadlock_timeout", deadlock_timeout)]),
+            )
+            .await
+            .expect("connect");
+        let pid = backend_pid(&mut pool.acquire().await.unwrap()).await;
+        runs.store(0, Ordering::SeqCst);
+        Self {
+            pool,
+            pid,
+            runs,
+            gate,
+        }
+    }
+
+    /// Lets a run after the first take the connection: the store runs an aborted call once more at
+    /// once, and a second run that took a lock before the other transaction did would deadlock again.
+    pub fn open_the_gate(&self) {
+        self.gate.send(true).unwrap();
+    }
+
+    /// How many times the method ran.
+    pub fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
 }
