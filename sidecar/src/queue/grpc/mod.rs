@@ -37,9 +37,11 @@
 //! Stream slots: a stream takes one of [`GrpcOptions::max_streams`] only once `subscribe` was read and
 //! the caller authorized on its queues (else `RESOURCE_EXHAUSTED`). Until then it is *pending*
 //! ([`Admission`]), for at most [`SUBSCRIBE_TIMEOUT`] before `subscribe` comes: at most `max_streams`
-//! streams are pending at once, and at most [`MAX_PENDING_PER_CALLER`] of one caller (refused:
-//! `RESOURCE_EXHAUSTED` naming the cap), so that a caller with no right on the queues cannot keep the
-//! workers out by opening streams it never subscribes on, or that are refused.
+//! streams are pending at once, and at most [`MAX_PENDING_PER_CALLER`] of one checked caller (refused:
+//! `UNAVAILABLE` naming the cap, for the caller to try again), so that a caller with no right on the
+//! queues cannot keep the workers out by opening streams it never subscribes on, or that are refused.
+//! The worker pod itself is not counted: it needs no review, and others' waiting streams must not keep
+//! it out.
 //!
 //! Also served, to anyone: `grpc.health.v1.Health` (`sluice.v1.Worker` and `""` are `SERVING` until
 //! shutdown) and server reflection (v1). Plaintext HTTP/2, meant for loopback or the pod network, like
@@ -169,8 +171,9 @@ struct Pending {
 
 impl Pending {
     /// Counts a new stream of `caller` as pending until the slot returned is dropped (the stream
-    /// subscribed and was authorized, was refused, timed out or went away); `RESOURCE_EXHAUSTED` naming
-    /// the cap when `total` streams, or `per_caller` of this caller's, are pending already.
+    /// subscribed and was authorized, was refused, timed out or went away); `UNAVAILABLE` naming the cap
+    /// (a moment's refusal: the caller tries again) when `total` streams, or `per_caller` of this
+    /// caller's, are pending already.
     fn enter(
         self: &Arc<Self>,
         caller: Option<String>,
@@ -180,7 +183,7 @@ impl Pending {
         let mut counts = self.counts.lock().expect("pending lock");
         let (all, by_caller) = &mut *counts;
         if *all >= total {
-            return Err(Status::resource_exhausted(format!(
+            return Err(Status::unavailable(format!(
                 "at most {total} worker streams may wait for subscribe and authorization at once"
             )));
         }
@@ -189,7 +192,7 @@ impl Pending {
         if let Some(user) = &caller {
             let mine = by_caller.entry(caller.clone()).or_default();
             if *mine >= per_caller {
-                return Err(Status::resource_exhausted(format!(
+                return Err(Status::unavailable(format!(
                     "at most {per_caller} worker streams of one caller may wait for subscribe and \
                      authorization at once; {user} has {mine}"
                 )));
@@ -841,12 +844,17 @@ impl WorkerService for GrpcWorker {
         // else it keeps the sidecar's workers out by opening streams it never subscribes on or that are
         // refused. `pending` counts it until dropped: on every return below, once the stream slot is
         // taken, and if the stream goes away (this future is dropped).
+        // The worker pod itself is let in on its queues without a review: it waits for nothing but its
+        // own `subscribe`, and others' waiting streams must not keep it out.
         let admission = self.inner.admission;
-        let pending = self.inner.pending.enter(
-            caller.as_ref().map(|c| c.user.name.clone()),
-            self.inner.opts.max_streams.max(1) as usize,
-            admission.pending_per_caller.max(1),
-        )?;
+        let pending = match &caller {
+            Some(c) if c.own_pod => None,
+            _ => Some(self.inner.pending.enter(
+                caller.as_ref().map(|c| c.user.name.clone()),
+                self.inner.opts.max_streams.max(1) as usize,
+                admission.pending_per_caller.max(1),
+            )?),
+        };
         let mut inbound = request.into_inner();
         let wait = admission.subscribe_timeout;
         let first = tokio::time::timeout(wait, inbound.message())
