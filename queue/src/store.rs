@@ -1055,16 +1055,24 @@ fn without_nul(s: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
-/// Runs `attempt`, and once more when PostgreSQL aborted it as a deadlock ([`is_deadlock`]): for a call
-/// that is a transaction of its own, so the aborted attempt left nothing behind. A second deadlock in a
-/// row is returned.
+/// How long a call aborted as a deadlock waits before it runs again: PostgreSQL aborted this side so
+/// that the other could take the lock it was waiting for, and a retry at once can take the first lock
+/// again before the other side has been scheduled to take its own, and meet it once more.
+const DEADLOCK_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Runs `attempt`, and once more (after [`DEADLOCK_RETRY_PAUSE`]) when PostgreSQL aborted it as a
+/// deadlock ([`is_deadlock`]): for a call that is a transaction of its own, so the aborted attempt left
+/// nothing behind. A second deadlock in a row is returned.
 async fn once_more_on_deadlock<T, F, Fut>(mut attempt: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T>>,
 {
     match attempt().await {
-        Err(e) if is_deadlock(&e) => attempt().await,
+        Err(e) if is_deadlock(&e) => {
+            tokio::time::sleep(DEADLOCK_RETRY_PAUSE).await;
+            attempt().await
+        }
         done => done,
     }
 }
