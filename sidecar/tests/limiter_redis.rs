@@ -191,6 +191,68 @@ mod limiter {
     }
 
     #[tokio::test]
+    async fn a_limit_or_window_change_governs_a_hot_key_whose_call_is_in_flight() {
+        let redis = RedisServer::start();
+        // Lower or raise the limit (same counter, which holds the call's hit), or shorten the window
+        // (fresh counters).
+        for (case, old_requests, new_requests, new_window, admitted) in [
+            ("lower", 100, 10, 60_000, 9),
+            ("raise", 1, 10, 60_000, 9),
+            ("window", 100, 10, 30_000, 10),
+        ] {
+            let name = format!("hot-{case}");
+            let clock = ManualClock::at(next_edge(T0, 60_000) + 10);
+            let cfg = |requests, window| {
+                config(
+                    vec![rule(&name, Algorithm::FixedWindow, requests, window)],
+                    FailureMode::Closed,
+                )
+            };
+            let l = limiter(&cfg(old_requests, 60_000), Some(&redis.url()), &clock);
+            healthy(&l).await;
+            // Redis knows the script, so the call below is one command.
+            assert!(check(&l, "198.51.100.7").await.allowed());
+            let facts = get_from("203.0.113.9");
+            // A call under the old rule is in flight: Redis has counted it, its request has not yet
+            // been handed the reply, so the key's call is still open.
+            let mut lead = Box::pin(l.check(&facts));
+            assert!(
+                futures::poll!(&mut lead).is_pending(),
+                "{case}: the call is in flight"
+            );
+            let scope = format!("tests/limits/{name}/");
+            wait_for_async("Redis to count the call", Duration::from_secs(5), || async {
+                redis.command("KEYS sluice:*").contains(&scope).then_some(())
+            })
+            .await;
+            l.reconfigure(&cfg(new_requests, new_window), Some(&policy()))
+                .unwrap();
+            let hot = futures::future::join_all((0..20).map(|_| l.check(&facts)));
+            let (old, verdicts) =
+                tokio::time::timeout(Duration::from_secs(5), async { futures::join!(lead, hot) })
+                    .await
+                    .expect("answered");
+            assert!(old.allowed(), "{case}: {old:?}");
+            let allowed = verdicts.iter().filter(|v| v.allowed()).count();
+            assert_eq!(
+                allowed, admitted,
+                "{case}: requests after the change are decided under the new rule: {verdicts:?}"
+            );
+            assert!(
+                verdicts
+                    .iter()
+                    .all(|v| v.quota.as_ref().is_some_and(|q| q.limit == new_requests
+                        && q.remaining < new_requests
+                        && q.window == Duration::from_millis(new_window))),
+                "{case}: {verdicts:?}"
+            );
+            // And the next decisions too.
+            let next = futures::future::join_all((0..5).map(|_| l.check(&facts))).await;
+            assert!(next.iter().all(|v| !v.allowed()), "{case}: {next:?}");
+        }
+    }
+
+    #[tokio::test]
     async fn two_limiters_sharing_one_redis_share_one_limit_exactly() {
         let redis = RedisServer::start();
         for kind in ALGORITHMS {

@@ -188,7 +188,8 @@ pub enum Turn<T> {
         /// Hits to take ahead in a refill call, or 0 for none.
         refill: u64,
     },
-    /// The queue is full: call alone, outside the coalescer.
+    /// The queue is full, or the call in flight decides under other limits (a hot reload changed the
+    /// rule): call alone, outside the coalescer.
     Alone,
 }
 
@@ -254,6 +255,10 @@ impl Rate {
 #[derive(Debug)]
 struct Entry<T> {
     in_flight: bool,
+    /// The limits the call in flight (or the last call) decides under. A request under other limits (a
+    /// hot reload changed the rule's limit or window) does not wait for it: that call's answer, and the
+    /// next batch it would start, count under the old limits.
+    flight: Params,
     queue: Vec<Waiter<T>>,
     reserves: Reserves,
     /// Requests that joined since the last call was issued.
@@ -276,11 +281,12 @@ struct Entry<T> {
 }
 
 impl<T> Entry<T> {
-    fn new(now: u64) -> Self {
+    fn new(now: u64, params: Params) -> Self {
         let mut rate = Rate::new(now);
         rate.record(now);
         Self {
             in_flight: true,
+            flight: params,
             queue: Vec::new(),
             reserves: Reserves::default(),
             demand: 0,
@@ -401,7 +407,9 @@ impl<T, K: Hash + Eq> Coalescer<T, K> {
     {
         let mut entries = self.lock();
         let Some(entry) = entries.by_key.get_mut(key) else {
-            entries.by_key.insert(key.to_owned(), Entry::new(now));
+            entries
+                .by_key
+                .insert(key.to_owned(), Entry::new(now, sizing.params));
             return Turn::Lead { prefetch: 0 };
         };
         let turn = Self::turn(entry, sizing, now);
@@ -426,6 +434,7 @@ impl<T, K: Hash + Eq> Coalescer<T, K> {
             let low = entry.reserves.left() * 2 <= prefetched;
             let refill = if low && prefetched > 0 && !entry.in_flight {
                 entry.in_flight = true;
+                entry.flight = *params;
                 entry.demand = 0;
                 prefetched
             } else {
@@ -435,13 +444,16 @@ impl<T, K: Hash + Eq> Coalescer<T, K> {
         }
         if !entry.in_flight {
             entry.in_flight = true;
+            entry.flight = *params;
             // Quiet since its last call: what that call reckoned for a busy key no longer holds; for a
             // slow key far from its limit it does, for a while.
             let prefetch = if quiet { slow } else { prefetched };
             entry.demand = 0;
             return Turn::Lead { prefetch };
         }
-        if entry.queue.len() >= MAX_BATCH {
+        // Queued, it would be decided under the limits of the call in flight, and keep that call's
+        // successors going under them for as long as requests overlap.
+        if entry.queue.len() >= MAX_BATCH || entry.flight != *params {
             return Turn::Alone;
         }
         let (answer, rx) = oneshot::channel();
@@ -519,6 +531,7 @@ impl<T, K: Hash + Eq> Coalescer<T, K> {
         entry.refresh();
         let reserve_left = entry.reserves.left();
         if !settled.batch.is_empty() {
+            entry.flight = *params;
             entry.demand = 0;
             settled.prefetch = prefetch;
         } else if reserve_left == 0 && !entry.rate.recent(now) && slow == 0 {
@@ -641,6 +654,33 @@ mod tests {
         assert!(matches!(c.join("k", &S, 0), Turn::Lead { .. }));
         let _waiting: Vec<_> = (0..MAX_BATCH).map(|_| c.join("k", &S, 0)).collect();
         assert!(matches!(c.join("k", &S, 0), Turn::Alone));
+    }
+
+    #[test]
+    fn a_request_under_other_limits_does_not_wait_for_the_call_in_flight() {
+        let c = Coalescer::<(), String>::default();
+        let changed = Sizing {
+            params: Params { requests: 10, ..P },
+            ..S
+        };
+        assert!(matches!(c.join("k", &S, 0), Turn::Lead { .. }));
+        assert!(matches!(c.join("k", &S, 0), Turn::Follow(_)));
+        assert!(
+            matches!(c.join("k", &changed, 0), Turn::Alone),
+            "after a hot reload, not decided under the old limit"
+        );
+        // The request queued under the old limit is still decided under it, by the next call; requests
+        // under the new limit do not join that call either.
+        let settled = c.settle("k", &S, None, 0, |_, _| 0);
+        assert_eq!(settled.batch.len(), 1);
+        assert!(matches!(c.join("k", &changed, 0), Turn::Alone));
+        assert!(c.settle("k", &S, None, 0, |_, _| 0).batch.is_empty());
+        assert!(
+            matches!(c.join("k", &changed, 1), Turn::Lead { .. }),
+            "the old calls done, the new limit leads"
+        );
+        assert!(matches!(c.join("k", &changed, 1), Turn::Follow(_)));
+        assert!(matches!(c.join("k", &S, 1), Turn::Alone));
     }
 
     #[test]
@@ -781,7 +821,7 @@ mod tests {
 
     #[test]
     fn a_key_wants_twice_the_arrivals_per_call_or_its_horizon_at_its_rate() {
-        let mut e = Entry::<()>::new(0);
+        let mut e = Entry::<()>::new(0, P);
         e.demand = 1;
         assert_eq!(e.wanted(), 0, "one at a time, at a low rate: exact");
         e.demand = 17;

@@ -31,13 +31,30 @@ pub(super) struct Share {
     params: Params,
 }
 
-/// The coalescer's name for a counter: its key hash, which covers the namespace, policy, rule and key
-/// value (as the Redis key's hash tag does), and the algorithm, which picks the Redis key's type and tag.
-/// So it names what the Redis key names, in 17 bytes: a request builds no key string to find its entry.
+/// The coalescer's name for a counter, in 25 bytes, so a request builds no key string to find its entry:
+/// - the key hash, which covers the namespace, policy, rule and key value (as the Redis key's hash tag
+///   does);
+/// - the algorithm, which picks the Redis key's type and tag, and the window, which the Redis key ends
+///   with: a hot reload that changes either starts another entry, as it starts other counters.
+///
+/// A request under other limits of the same counter (a changed limit or burst) has the same id; the
+/// coalescer does not queue it behind a call made under the old ones.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) struct CounterId {
     hash: KeyHash,
     kind: AlgorithmKind,
+    window_ms: u64,
+}
+
+impl CounterId {
+    /// The counter of `rule` for the key hashed to `hash`.
+    fn new(rule: &CompiledRule, hash: &KeyHash) -> Self {
+        Self {
+            hash: *hash,
+            kind: rule.algorithm,
+            window_ms: rule.params.window_ms,
+        }
+    }
 }
 
 /// What one call is about: the counter, and the rule it belongs to (for the reply's shape and logs).
@@ -61,10 +78,7 @@ pub(super) async fn decide(
     hash: &KeyHash,
     now: u64,
 ) -> Option<Outcome> {
-    let id = CounterId {
-        hash: *hash,
-        kind: rule.algorithm,
-    };
+    let id = CounterId::new(rule, hash);
     // Built only by a request that makes a call: most requests of a busy key, or of a key far from its
     // limit, never do.
     let counter = || Counter {
@@ -165,10 +179,7 @@ pub(super) async fn carry_over(shared: &Arc<Shared>, redis: &RedisStore, setting
     futures::stream::iter(due)
         .for_each_concurrent(CARRY_CONCURRENCY, |(rule, name, hash, owed)| async move {
             let counter = Counter {
-                id: CounterId {
-                    hash,
-                    kind: rule.algorithm,
-                },
+                id: CounterId::new(rule, &hash),
                 base: rule.key.redis_base(&hash),
                 kind: rule.algorithm,
                 params: rule.params,
@@ -350,6 +361,15 @@ async fn drive(
 ) {
     loop {
         let settings = shared.settings.load_full();
+        // A hot reload changed the rule: requests under its new limits do not spend hits taken under the
+        // old ones (and no longer queue here), so take none ahead for this batch of earlier requests.
+        let current = settings
+            .rules
+            .iter()
+            .any(|r| r.name == counter.rule && r.algorithm == counter.kind && r.params == counter.params);
+        if !current {
+            prefetch = 0;
+        }
         let deadline = batch_deadline(&batch, settings.timeout);
         let now = shared.clock.now_millis();
         let decided = batch.len() as u64;
