@@ -357,8 +357,8 @@ impl<T> Entry<T> {
 }
 
 /// Queues of requests per key while a call for that key is in flight, and the keys' reserves. Keys are
-/// of type `K`: the limiter names a counter by its key hash and algorithm (a small fixed-size value, so
-/// a request builds no key string and a remembered key holds none).
+/// of type `K`: the limiter names a counter by its key hash, rule id, algorithm and window (a small
+/// fixed-size value, so a request builds no key string and a remembered key holds none).
 #[derive(Debug)]
 pub struct Coalescer<T, K> {
     entries: Mutex<Entries<T, K>>,

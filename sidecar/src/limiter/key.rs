@@ -53,6 +53,8 @@ pub const CEILING_SUFFIX: &str = "/client-ip";
 pub struct KeySpec {
     /// Namespace, policy and rule, hashed into every key of the rule.
     scope: Vec<u8>,
+    /// The first 8 bytes of SHA-256 of `scope` (see [`KeySpec::scope_id`]).
+    scope_id: u64,
     /// `sluice:{ns/policy/rule/`, the readable start of every Redis key of the rule.
     redis_prefix: String,
     parts: Vec<Part>,
@@ -77,8 +79,14 @@ impl KeySpec {
                 .map(|(j, p)| compile_part(p, &format!("{field}.key[{j}]")))
                 .collect::<Result<_>>()?
         };
+        let scope_id = u64::from_be_bytes(
+            Sha256::digest(&scope)[..8]
+                .try_into()
+                .expect("a SHA-256 digest has 8 bytes"),
+        );
         Ok(Self {
             scope,
+            scope_id,
             redis_prefix,
             parts,
         })
@@ -103,6 +111,13 @@ impl KeySpec {
         let mut spec = Self::compile(policy, &format!("{rule}{CEILING_SUFFIX}"), &[ip], field)?;
         spec.parts.extend(present);
         Ok(spec)
+    }
+
+    /// A fixed id of the rule (64 bits of SHA-256 of its namespace, policy and name; a ceiling has its
+    /// own), computed once at config load: the same across reloads, and made of names from the operator's
+    /// config, never of request values, so no client can aim two rules at one id.
+    pub fn scope_id(&self) -> u64 {
+        self.scope_id
     }
 
     /// The key hash of `req`, or `None` when a header the key needs is missing (the rule does not apply).

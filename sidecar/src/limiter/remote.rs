@@ -13,7 +13,7 @@ use super::{
     Settings, Shared,
     algorithm::{self, Hits, Outcome, Params, Unique},
     coalesce::{Reserve, Sizing, Turn, Waiter, batch_deadline, prefetch_size},
-    key::KeyHash,
+    key::{KeyHash, KeySpec},
     metrics::RedisErrorKind,
     redis_store::{CallError, RedisStore},
     rule::CompiledRule,
@@ -31,9 +31,12 @@ pub(super) struct Share {
     params: Params,
 }
 
-/// The coalescer's name for a counter, in 25 bytes, so a request builds no key string to find its entry:
+/// The coalescer's name for a counter, in 33 bytes, so a request builds no key string to find its entry:
 /// - the key hash, which covers the namespace, policy, rule and key value (as the Redis key's hash tag
 ///   does);
+/// - the rule's scope id ([`KeySpec::scope_id`](super::key::KeySpec::scope_id)), fixed per rule and not
+///   derived from request values, so two rules never share an entry, even for key values chosen to
+///   collide in the 16-byte hash (the Redis key keeps them apart with its readable prefix);
 /// - the algorithm, which picks the Redis key's type and tag, and the window, which the Redis key ends
 ///   with: a hot reload that changes either starts another entry, as it starts other counters.
 ///
@@ -42,6 +45,7 @@ pub(super) struct Share {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) struct CounterId {
     hash: KeyHash,
+    scope: u64,
     kind: AlgorithmKind,
     window_ms: u64,
 }
@@ -49,10 +53,15 @@ pub(super) struct CounterId {
 impl CounterId {
     /// The counter of `rule` for the key hashed to `hash`.
     fn new(rule: &CompiledRule, hash: &KeyHash) -> Self {
+        Self::of(&rule.key, rule.algorithm, rule.params.window_ms, hash)
+    }
+
+    fn of(key: &KeySpec, kind: AlgorithmKind, window_ms: u64, hash: &KeyHash) -> Self {
         Self {
             hash: *hash,
-            kind: rule.algorithm,
-            window_ms: rule.params.window_ms,
+            scope: key.scope_id(),
+            kind,
+            window_ms,
         }
     }
 }
@@ -398,5 +407,54 @@ async fn drive(
         };
         batch = next;
         prefetch = next_prefetch;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sluice_crds::sidecar_config::{KeyPart, PolicyRef};
+
+    use super::*;
+
+    fn policy() -> PolicyRef {
+        PolicyRef {
+            namespace: "shop".into(),
+            name: "api".into(),
+            generation: 1,
+        }
+    }
+
+    fn key(rule: &str) -> KeySpec {
+        let parts = [KeyPart::client_ip()];
+        KeySpec::compile(Some(&policy()), rule, &parts, "limits.rules[0]").unwrap()
+    }
+
+    #[test]
+    fn two_rules_never_share_a_counter_even_with_colliding_key_hashes() {
+        // A hash that collides across two rules: only a 2^64 search could find one, so it is set here.
+        let hash = [7u8; 16];
+        let fw = AlgorithmKind::FixedWindow;
+        let read = CounterId::of(&key("read"), fw, 60_000, &hash);
+        assert_ne!(read, CounterId::of(&key("write"), fw, 60_000, &hash));
+        let ceiling = KeySpec::ceiling(Some(&policy()), "read", &[], "limits.rules[0]").unwrap();
+        assert_ne!(
+            CounterId::of(&key("read"), fw, 60_000, &hash).scope,
+            CounterId::of(&ceiling, fw, 60_000, &hash).scope
+        );
+        assert_eq!(
+            read,
+            CounterId::of(&key("read"), fw, 60_000, &hash),
+            "a reload keeps the rule's id"
+        );
+        assert_ne!(
+            read,
+            CounterId::of(&key("read"), fw, 30_000, &hash),
+            "another window is another counter"
+        );
+        assert_ne!(
+            read,
+            CounterId::of(&key("read"), AlgorithmKind::SlidingCounter, 60_000, &hash),
+            "another algorithm is another counter"
+        );
     }
 }
