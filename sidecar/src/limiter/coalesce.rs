@@ -366,6 +366,9 @@ pub struct Coalescer<T, K> {
 
 #[derive(Debug)]
 struct Entries<T, K> {
+    /// Keyed by a randomly seeded hasher (`RandomState`), and it must stay so: the limiter's keys are
+    /// hashes of values clients pick, so they can be ground to land in one bucket of an unkeyed or
+    /// identity hasher, and every lookup, under the one lock, would turn linear.
     by_key: HashMap<K, Entry<T>>,
     /// When idle keys with spent or expired reserves were last dropped (limiter clock, ms).
     swept_at: u64,

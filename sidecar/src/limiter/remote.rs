@@ -42,6 +42,11 @@ pub(super) struct Share {
 ///
 /// A request under other limits of the same counter (a changed limit or burst) has the same id; the
 /// coalescer does not queue it behind a call made under the old ones.
+///
+/// The hash is SHA-256 of values a client picks, so anyone can grind it: the coalescer's table must stay
+/// behind a randomly keyed hasher (the default SipHash `RandomState`), never an identity or unkeyed fast
+/// hasher over `hash`, or a flood of keys aimed at one bucket would make every lookup, under one lock,
+/// linear.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) struct CounterId {
     hash: KeyHash,
