@@ -189,7 +189,7 @@ pub enum Turn<T> {
         refill: u64,
     },
     /// The queue is full, or the call in flight decides under other limits (a hot reload changed the
-    /// rule): call alone, outside the coalescer.
+    /// rule's limit or burst): call alone, outside the coalescer.
     Alone,
 }
 
@@ -256,9 +256,14 @@ impl Rate {
 struct Entry<T> {
     in_flight: bool,
     /// The limits the call in flight (or the last call) decides under. A request under other limits (a
-    /// hot reload changed the rule's limit or window) does not wait for it: that call's answer, and the
-    /// next batch it would start, count under the old limits.
+    /// hot reload changed the rule's limit or burst; another window or algorithm is another key) does
+    /// not wait for it: that call's answer, and the next batch it would start, count under the old
+    /// limits.
     flight: Params,
+    /// No rule counts this key any longer (a hot reload changed its rule's window or algorithm, or
+    /// removed the rule; see [`Coalescer::forget`]): once its call is settled and nothing is queued, it
+    /// is dropped with whatever it holds.
+    unused: bool,
     queue: Vec<Waiter<T>>,
     reserves: Reserves,
     /// Requests that joined since the last call was issued.
@@ -287,6 +292,7 @@ impl<T> Entry<T> {
         Self {
             in_flight: true,
             flight: params,
+            unused: false,
             queue: Vec::new(),
             reserves: Reserves::default(),
             demand: 0,
@@ -415,6 +421,9 @@ impl<T, K: Hash + Eq> Coalescer<T, K> {
                 .insert(key.to_owned(), Entry::new(now, sizing.params));
             return Turn::Lead { prefetch: 0 };
         };
+        // A request for the key: a rule counts it (after a reload forgot it, one that went back to its
+        // window before its call was settled).
+        entry.unused = false;
         let turn = Self::turn(entry, sizing, now);
         entry.refresh();
         turn
@@ -536,15 +545,31 @@ impl<T, K: Hash + Eq> Coalescer<T, K> {
         if !settled.batch.is_empty() {
             entry.flight = *params;
             entry.demand = 0;
-            settled.prefetch = prefetch;
-        } else if reserve_left == 0 && !entry.rate.recent(now) && slow == 0 {
-            // Nothing queued, nothing held, quiet, not worth taking hits ahead for: the key is idle (its
-            // demand is forgotten).
+            // No rule counts the key any longer: take nothing ahead that no request would spend.
+            settled.prefetch = if entry.unused { 0 } else { prefetch };
+        } else if entry.unused || (reserve_left == 0 && !entry.rate.recent(now) && slow == 0) {
+            // No rule counts the key any longer, or nothing queued, nothing held, quiet, not worth taking
+            // hits ahead for: the key is idle (its demand is forgotten).
             entries.by_key.remove(key);
         } else {
             entry.in_flight = false;
         }
         settled
+    }
+
+    /// Forgets the keys no rule counts any longer, after a hot reload: `keep` says which keys a rule
+    /// still counts. Those with no call in flight are dropped at once, with their reserves and what was
+    /// remembered of their rate (the hits they hold were counted on Redis keys that no request uses now,
+    /// so nothing is lost); those with a call in flight are dropped once it is settled and nothing is
+    /// queued (the requests queued before the reload are still decided, under the old rule). Without
+    /// this, a key's old entry would outlive the reload until the old window ends, holding a place
+    /// among the keys that may take hits ahead ([`MAX_SLOW_RESERVES`], [`MAX_RESERVES`]). A key joined
+    /// again before its call is settled is kept.
+    pub fn forget(&self, keep: impl Fn(&K) -> bool) {
+        self.lock().by_key.retain(|key, e| {
+            e.unused = !keep(key);
+            e.in_flight || !e.unused
+        });
     }
 
     /// Keys tracked: with a call in flight, a reserve, a recent request or remembered as far from its
@@ -684,6 +709,55 @@ mod tests {
         );
         assert!(matches!(c.join("k", &changed, 1), Turn::Follow(_)));
         assert!(matches!(c.join("k", &S, 1), Turn::Alone));
+    }
+
+    #[test]
+    fn keys_no_rule_counts_are_forgotten_at_once_or_once_their_call_is_settled() {
+        let c = Coalescer::<(), String>::default();
+        let counted = |k: &String| k == "kept";
+        // Idle keys holding hits ahead until their window ends.
+        for k in ["old", "kept"] {
+            let _ = c.join(k, &S, 0);
+            let _ = c.settle(k, &S, Some(reserve(1, 9, 60_000)), 0, |_, _| 8);
+        }
+        // A key with a call in flight and a request queued behind it.
+        assert!(matches!(c.join("busy", &S, 0), Turn::Lead { .. }));
+        let Turn::Follow(_queued) = c.join("busy", &S, 0) else {
+            panic!("must follow")
+        };
+        c.forget(counted);
+        assert_eq!(
+            c.tracked(),
+            2,
+            "the idle key no rule counts is dropped with its hits"
+        );
+        assert_eq!(c.reserved("kept"), 8);
+        let settled = c.settle("busy", &S, Some(reserve(1, 5, 60_000)), 0, |_, _| 8);
+        assert_eq!(
+            settled.served.len(),
+            1,
+            "the request queued before the reload is decided"
+        );
+        assert_eq!(c.tracked(), 1, "dropped once its call is settled, hits and all");
+
+        // Queued requests the reserve cannot serve get one more call, which takes nothing ahead.
+        let _ = c.join("busy", &S, 0);
+        let _queued = c.join("busy", &S, 0);
+        c.forget(counted);
+        let settled = c.settle("busy", &S, None, 0, |_, _| 8);
+        assert_eq!(settled.batch.len(), 1);
+        assert_eq!(settled.prefetch, 0, "no request would spend hits taken ahead");
+        assert_eq!(c.tracked(), 2, "in flight for the batch");
+        assert!(c.settle("busy", &S, None, 0, |_, _| 8).batch.is_empty());
+        assert_eq!(c.tracked(), 1);
+
+        // Joined again before its call is settled (a reload went back to its window): kept.
+        let _ = c.join("back", &S, 0);
+        c.forget(counted);
+        assert!(matches!(c.join("back", &S, 0), Turn::Follow(_)));
+        let _ = c.settle("back", &S, Some(reserve(1, 9, 60_000)), 0, |_, _| 8);
+        assert_eq!(c.tracked(), 2);
+        assert_eq!(c.reserved("back"), 7);
     }
 
     #[test]

@@ -14,10 +14,10 @@
 //! Hot path: rules and settings are read through one `ArcSwap` load; matching and key hashing allocate
 //! nothing; per applying rule there is at most one script call (a hot key shares its call with the
 //! requests that arrived while the previous one was in flight), and a Redis key string is built only for
-//! a call: the coalescer names a counter by its key hash and algorithm. The in-process store takes
-//! one shard lock per rule, and only when Redis is absent or cannot decide. Under `failureMode: local`,
-//! each decision Redis makes is also remembered ([`last_said`]: one shard lock and no allocation once
-//! the key is known).
+//! a call: the coalescer names a counter by a small fixed-size id (key hash, rule scope id, algorithm,
+//! window). The in-process store takes one shard lock per rule, and only when Redis is absent or cannot
+//! decide. Under `failureMode: local`, each decision Redis makes is also remembered ([`last_said`]: one
+//! shard lock and no allocation once the key is known).
 
 pub mod algorithm;
 pub mod breaker;
@@ -306,15 +306,18 @@ impl Limiter {
     }
 
     /// Hot reload: new rules, limits, failure mode, allow list, deadline and breaker settings. Keeps the
-    /// Redis connection, the counters (keys never depend on limits) and the local buckets. On error the old
-    /// settings stay. The Redis URL and pool size cannot change here.
+    /// Redis connection, the counters (keys never depend on limits) and the local buckets; forgets what the
+    /// coalescer holds for counters no rule uses any longer (a changed window or algorithm, a removed
+    /// rule). On error the old settings stay. The Redis URL and pool size cannot change here.
     pub fn reconfigure(&self, config: &LimitsConfig, policy: Option<&PolicyRef>) -> crate::Result<()> {
         let settings = Settings::compile(config, policy, &self.shared.metrics)?;
         if let Some(redis) = &self.shared.redis {
             redis.set_timeout(settings.timeout);
         }
         self.shared.local.set_cap(config.local_max_keys);
-        self.shared.settings.store(Arc::new(settings));
+        let settings = Arc::new(settings);
+        self.shared.settings.store(Arc::clone(&settings));
+        remote::forget_unused(&self.shared.coalescer, &settings.rules);
         Ok(())
     }
 
@@ -628,6 +631,98 @@ mod tests {
         };
         assert_send(&limiter.check(&facts));
         assert!(!limiter.uses_redis());
+    }
+
+    #[test]
+    fn a_reload_that_changes_a_window_forgets_the_old_counters_of_the_coalescer() {
+        use sluice_crds::{
+            duration::Duration as ConfigDuration,
+            sidecar_config::{Algorithm, Limit},
+        };
+
+        use self::coalesce::{Reserve, Sizing, Turn};
+
+        let rule = |name: &str, window_ms| Rule {
+            name: name.into(),
+            matches: Default::default(),
+            key: Vec::new(),
+            algorithm: Algorithm::FixedWindow,
+            limit: Limit {
+                requests: 100_000,
+                window: ConfigDuration::from_millis(window_ms),
+                burst: None,
+            },
+            shadow: false,
+            client_ip_ceiling: None,
+        };
+        let config = |rules| LimitsConfig {
+            rules,
+            ..Default::default()
+        };
+        let policy = PolicyRef {
+            namespace: "shop".into(),
+            name: "api".into(),
+            generation: 1,
+        };
+        let hour = 3_600_000;
+        let l = Limiter::new(
+            &config(vec![rule("tenant", hour), rule("other", hour)]),
+            Some(&policy),
+        )
+        .unwrap();
+        let coalescer = &l.shared.coalescer;
+        let settings = l.shared.settings.load_full();
+        let (tenant, other) = (&settings.rules[0], &settings.rules[1]);
+        let now = 10_000;
+        let sizing = |rule: &CompiledRule| Sizing {
+            params: rule.params,
+            prefetch: 256,
+            replicas: 1,
+        };
+        let lead = |rule: &CompiledRule, key: u8| {
+            let id = remote::CounterId::new(rule, &[key; 16]);
+            assert!(matches!(
+                coalescer.join(&id, &sizing(rule), now),
+                Turn::Lead { .. }
+            ));
+            id
+        };
+        // A slow key's call: its own hit and 8 ahead, spendable until the hour ends.
+        let settle = |rule: &CompiledRule, id: &remote::CounterId| {
+            let reserve = Reserve {
+                reply: Arc::new(vec![9, 9]),
+                params: rule.params,
+                next: 1,
+                end: 9,
+                from_ms: 0,
+                until_ms: hour,
+            };
+            let _ = coalescer.settle(id, &sizing(rule), Some(reserve), now, |_, _| 8);
+        };
+        for key in 1..=3 {
+            settle(tenant, &lead(tenant, key));
+        }
+        settle(other, &lead(other, 1));
+        let in_flight = lead(tenant, 4);
+        assert_eq!(coalescer.tracked(), 5);
+
+        let mut changed = config(vec![rule("tenant", 60_000), rule("other", hour)]);
+        l.reconfigure(&changed, Some(&policy)).unwrap();
+        assert_eq!(
+            coalescer.tracked(),
+            2,
+            "the old window's idle keys are dropped; the unchanged rule's key and the call in flight stay"
+        );
+        settle(tenant, &in_flight);
+        assert_eq!(
+            coalescer.tracked(),
+            1,
+            "the old window's key is dropped once its call is settled"
+        );
+
+        changed.rules.pop();
+        l.reconfigure(&changed, Some(&policy)).unwrap();
+        assert_eq!(coalescer.tracked(), 0, "a removed rule's keys are dropped");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! counts its latency and batch size and feeds the circuit breaker; a request that gets no answer within
 //! its deadline is left to the failure mode by the caller.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use futures::StreamExt;
 use sluice_crds::sidecar_config::Algorithm as AlgorithmKind;
@@ -12,7 +12,7 @@ use sluice_crds::sidecar_config::Algorithm as AlgorithmKind;
 use super::{
     Settings, Shared,
     algorithm::{self, Hits, Outcome, Params, Unique},
-    coalesce::{Reserve, Sizing, Turn, Waiter, batch_deadline, prefetch_size},
+    coalesce::{Coalescer, Reserve, Sizing, Turn, Waiter, batch_deadline, prefetch_size},
     key::{KeyHash, KeySpec},
     metrics::RedisErrorKind,
     redis_store::{CallError, RedisStore},
@@ -31,14 +31,16 @@ pub(super) struct Share {
     params: Params,
 }
 
-/// The coalescer's name for a counter, in 33 bytes, so a request builds no key string to find its entry:
+/// The coalescer's name for a counter, a small fixed-size value, so a request builds no key string to find
+/// its entry:
 /// - the key hash, which covers the namespace, policy, rule and key value (as the Redis key's hash tag
 ///   does);
 /// - the rule's scope id ([`KeySpec::scope_id`](super::key::KeySpec::scope_id)), fixed per rule and not
 ///   derived from request values, so two rules never share an entry, even for key values chosen to
 ///   collide in the 16-byte hash (the Redis key keeps them apart with its readable prefix);
 /// - the algorithm, which picks the Redis key's type and tag, and the window, which the Redis key ends
-///   with: a hot reload that changes either starts another entry, as it starts other counters.
+///   with: a hot reload that changes either starts another entry, as it starts other counters, and
+///   [`forget_unused`] drops the old one.
 ///
 /// A request under other limits of the same counter (a changed limit or burst) has the same id; the
 /// coalescer does not queue it behind a call made under the old ones.
@@ -57,7 +59,7 @@ pub(super) struct CounterId {
 
 impl CounterId {
     /// The counter of `rule` for the key hashed to `hash`.
-    fn new(rule: &CompiledRule, hash: &KeyHash) -> Self {
+    pub(super) fn new(rule: &CompiledRule, hash: &KeyHash) -> Self {
         Self::of(&rule.key, rule.algorithm, rule.params.window_ms, hash)
     }
 
@@ -69,6 +71,18 @@ impl CounterId {
             window_ms,
         }
     }
+}
+
+/// After a hot reload to `rules`: drops the coalescer's entries of counters no rule counts any longer (a
+/// rule's window or algorithm changed, or the rule is gone), so that they neither outlive the reload
+/// until their old window ends nor keep other keys from taking hits ahead (see
+/// [`Coalescer::forget`]).
+pub(super) fn forget_unused(coalescer: &Coalescer<Answer, CounterId>, rules: &[CompiledRule]) {
+    let counted: HashSet<(u64, AlgorithmKind, u64)> = rules
+        .iter()
+        .map(|r| (r.key.scope_id(), r.algorithm, r.params.window_ms))
+        .collect();
+    coalescer.forget(|id| counted.contains(&(id.scope, id.kind, id.window_ms)));
 }
 
 /// What one call is about: the counter, and the rule it belongs to (for the reply's shape and logs).
