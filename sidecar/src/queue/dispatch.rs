@@ -288,7 +288,7 @@ async fn exchange_on(stream: &mut TcpStream, request: &[u8]) -> std::result::Res
         let read = read_head(&mut reader, &mut buf, &mut fields);
         let write = writer.write_all(request);
         tokio::pin!(read, write);
-        // Some(error) once writing failed: the answer, if any, is still read.
+        // Set once the write has finished or failed; after a failure the answer, if any, is still read.
         let mut write_state: Option<std::result::Result<(), io::Error>> = None;
         loop {
             tokio::select! {
