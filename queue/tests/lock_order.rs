@@ -206,6 +206,39 @@ fn graph_once(
     tokio::spawn(async move { sluice_queue::store::enqueue_graph(&mut conn, "q", &graph).await })
 }
 
+/// Runs `graph` on its own connection while an enqueue holding A (`parents[0]`) names A and B, so that
+/// the graph waits for it, then lets the enqueue lock B and commit: the graph's result (it must not be
+/// aborted as a deadlock) and the enqueued child of A and B.
+async fn graph_against_an_enqueue(
+    pg: &PgServer,
+    pool: &PgPool,
+    parents: [Uuid; 2],
+    graph: Vec<GraphJob>,
+) -> (Vec<(String, Enqueued)>, Uuid) {
+    let (grapher, grapher_pid) = session(pg).await;
+    let (enqueuer, enqueuer_pid) = holding(pool, parents[0]).await;
+    let enqueued = graph_once(grapher, graph);
+    support::wait_until_blocked_by(pool, grapher_pid, enqueuer_pid, "the graph").await;
+    let child = enqueue_and_commit(enqueuer, parents).await;
+    let enqueued = enqueued
+        .await
+        .unwrap()
+        .expect("the graph is not aborted as a deadlock");
+    (enqueued, child)
+}
+
+/// Asserts that each of `jobs` was made by the graph and waits on its parent.
+async fn new_and_waiting<'a>(store: &QueueStore, jobs: impl IntoIterator<Item = &'a (String, Enqueued)>) {
+    for (reference, job) in jobs {
+        assert!(job.created, "{reference} is a new job");
+        assert_eq!(
+            state(store, job.id).await,
+            "blocked",
+            "{reference} waits on its parent"
+        );
+    }
+}
+
 /// A graph whose first job names B outside it as parent and whose second names A < B, and an enqueue
 /// naming A and B, which locks A, then B. The graph used to lock each job's parents as it enqueued that
 /// job: B, then A, crossing the enqueue. It now locks A and B in one statement in id order first.
@@ -225,29 +258,13 @@ async fn a_graph_waits_for_an_enqueue_naming_two_of_its_outside_parents() {
     outside.sort();
     let (a, b) = (outside[0], outside[1]);
 
-    let (grapher, grapher_pid) = session(&pg).await;
-    let (enqueuer, enqueuer_pid) = holding(&pool, a).await;
     let graph = vec![
         GraphJob::new("first", NewJob::new("first", json!({}))).depends_on([b.to_string()]),
         GraphJob::new("second", NewJob::new("second", json!({}))).depends_on([a.to_string()]),
     ];
-    let enqueued = graph_once(grapher, graph);
-    support::wait_until_blocked_by(&pool, grapher_pid, enqueuer_pid, "the graph").await;
-
-    let child = enqueue_and_commit(enqueuer, [a, b]).await;
-    let enqueued = enqueued
-        .await
-        .unwrap()
-        .expect("the graph is not aborted as a deadlock");
+    let (enqueued, child) = graph_against_an_enqueue(&pg, &pool, [a, b], graph).await;
     assert_eq!(enqueued.len(), 2);
-    for (reference, job) in &enqueued {
-        assert!(job.created, "{reference} is a new job");
-        assert_eq!(
-            state(&store, job.id).await,
-            "blocked",
-            "{reference} waits on its parent"
-        );
-    }
+    new_and_waiting(&store, &enqueued).await;
     assert_eq!(state(&store, child).await, "blocked");
 }
 
@@ -271,22 +288,13 @@ async fn a_resent_graph_waits_for_an_enqueue_naming_two_jobs_its_idempotency_key
     sent.sort();
     let ((a, a_ref), (b, b_ref)) = (sent[0].clone(), sent[1].clone());
 
-    let (grapher, grapher_pid) = session(&pg).await;
-    let (enqueuer, enqueuer_pid) = holding(&pool, a).await;
     let graph = vec![
         GraphJob::new(a_ref.clone(), keyed(&a_ref)),
         GraphJob::new(b_ref.clone(), keyed(&b_ref)),
         GraphJob::new("c", NewJob::new("c", json!({}))).depends_on([b_ref.clone()]),
         GraphJob::new("d", NewJob::new("d", json!({}))).depends_on([a_ref.clone()]),
     ];
-    let enqueued = graph_once(grapher, graph);
-    support::wait_until_blocked_by(&pool, grapher_pid, enqueuer_pid, "the graph").await;
-
-    let child = enqueue_and_commit(enqueuer, [a, b]).await;
-    let enqueued = enqueued
-        .await
-        .unwrap()
-        .expect("the graph is not aborted as a deadlock");
+    let (enqueued, child) = graph_against_an_enqueue(&pg, &pool, [a, b], graph).await;
     let got: Vec<(&str, Uuid, bool)> = enqueued
         .iter()
         .map(|(r, e)| (r.as_str(), e.id, e.created))
@@ -295,14 +303,7 @@ async fn a_resent_graph_waits_for_an_enqueue_naming_two_jobs_its_idempotency_key
         &got[..2],
         &[(a_ref.as_str(), a, false), (b_ref.as_str(), b, false)]
     );
-    for (reference, id, created) in &got[2..] {
-        assert!(created, "{reference} is a new job");
-        assert_eq!(
-            state(&store, *id).await,
-            "blocked",
-            "{reference} waits on its parent"
-        );
-    }
+    new_and_waiting(&store, &enqueued[2..]).await;
     assert_eq!(state(&store, child).await, "blocked");
 }
 
