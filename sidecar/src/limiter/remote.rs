@@ -88,11 +88,10 @@ pub(super) fn forget_unused(coalescer: &Coalescer<Answer, CounterId>, rules: &[C
 /// What one call is about: the counter, and the rule it belongs to (for the reply's shape and logs).
 #[derive(Clone, Debug)]
 struct Counter {
-    /// Coalescing key.
+    /// Coalescing key (its algorithm is the call's).
     id: CounterId,
     /// The Redis key base (see [`KeySpec::redis_base`](super::key::KeySpec::redis_base)).
     base: String,
-    kind: AlgorithmKind,
     params: Params,
     rule: Arc<str>,
 }
@@ -112,7 +111,6 @@ pub(super) async fn decide(
     let counter = || Counter {
         id,
         base: rule.key.redis_base(hash),
-        kind: rule.algorithm,
         params: rule.params,
         rule: Arc::clone(&rule.name),
     };
@@ -209,7 +207,6 @@ pub(super) async fn carry_over(shared: &Arc<Shared>, redis: &RedisStore, setting
             let counter = Counter {
                 id: CounterId::new(rule, &hash),
                 base: rule.key.redis_base(&hash),
-                kind: rule.algorithm,
                 params: rule.params,
                 rule: Arc::clone(&name),
             };
@@ -243,13 +240,15 @@ async fn call(
         instance: shared.instance,
         seq: shared.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
     };
-    let call = algorithm::call(counter.kind, &counter.base, &counter.params, now, unique, hits);
-    let (result, took) = redis.run(algorithm::script(counter.kind), call, deadline).await;
+    let call = algorithm::call(counter.id.kind, &counter.base, &counter.params, now, unique, hits);
+    let (result, took) = redis
+        .run(algorithm::script(counter.id.kind), call, deadline)
+        .await;
     let m = &shared.metrics;
     m.redis_latency.observe(took.as_secs_f64());
     m.redis_batch_size.observe(hits.total() as f64);
     let failure = match result {
-        Ok(reply) if algorithm::nth(counter.kind, &counter.params, &reply, 0).is_some() => {
+        Ok(reply) if algorithm::nth(counter.id.kind, &counter.params, &reply, 0).is_some() => {
             shared.breaker.record_success();
             return Some(reply);
         }
@@ -316,7 +315,7 @@ fn settle(
     decided: u64,
     now: u64,
 ) -> Option<(Vec<Waiter<Answer>>, u64)> {
-    let kind = counter.kind;
+    let kind = counter.id.kind;
     let p = &counter.params;
     let allowed = reply.map_or(0, |r| algorithm::allowed_hits(r));
     let until = algorithm::prefetch_until(kind, p, now);
@@ -391,10 +390,11 @@ async fn drive(
         let settings = shared.settings.load_full();
         // A hot reload changed the rule: requests under its new limits do not spend hits taken under the
         // old ones (and no longer queue here), so take none ahead for this batch of earlier requests.
-        let current = settings
-            .rules
-            .iter()
-            .any(|r| r.name == counter.rule && r.algorithm == counter.kind && r.params == counter.params);
+        let current = settings.rules.iter().any(|r| {
+            r.key.scope_id() == counter.id.scope
+                && r.algorithm == counter.id.kind
+                && r.params == counter.params
+        });
         if !current {
             prefetch = 0;
         }

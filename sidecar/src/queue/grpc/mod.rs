@@ -166,7 +166,8 @@ impl Default for Admission {
 /// The streams pending ([`Admission`]), in total and by checked caller.
 #[derive(Default)]
 struct Pending {
-    counts: Mutex<(usize, HashMap<Option<String>, usize>)>,
+    /// Streams pending in all, and per checked caller (unchecked callers count in the total only).
+    counts: Mutex<(usize, HashMap<String, usize>)>,
 }
 
 impl Pending {
@@ -190,7 +191,7 @@ impl Pending {
         // Unchecked callers have no identity to tell apart: the total alone bounds them (a cap of one
         // "caller" would refuse a pod's own workers starting at once).
         if let Some(user) = &caller {
-            let mine = by_caller.entry(caller.clone()).or_default();
+            let mine = by_caller.entry(user.clone()).or_default();
             if *mine >= per_caller {
                 return Err(Status::unavailable(format!(
                     "at most {per_caller} worker streams of one caller may wait for subscribe and \
@@ -218,10 +219,12 @@ impl Drop for PendingSlot {
         let mut counts = self.pending.counts.lock().expect("pending lock");
         let (all, by_caller) = &mut *counts;
         *all -= 1;
-        if let Some(mine) = by_caller.get_mut(&self.caller) {
+        if let Some(user) = &self.caller
+            && let Some(mine) = by_caller.get_mut(user)
+        {
             *mine -= 1;
             if *mine == 0 {
-                by_caller.remove(&self.caller);
+                by_caller.remove(user);
             }
         }
     }
@@ -843,9 +846,9 @@ impl WorkerService for GrpcWorker {
         // (capped in total and per caller): a caller with no right on them must not hold a stream slot,
         // else it keeps the sidecar's workers out by opening streams it never subscribes on or that are
         // refused. `pending` counts it until dropped: on every return below, once the stream slot is
-        // taken, and if the stream goes away (this future is dropped).
-        // The worker pod itself is let in on its queues without a review: it waits for nothing but its
-        // own `subscribe`, and others' waiting streams must not keep it out.
+        // taken, and if the stream goes away (this future is dropped). The worker pod itself is let in on
+        // its queues without a review: it waits for nothing but its own `subscribe`, and others' waiting
+        // streams must not keep it out.
         let admission = self.inner.admission;
         let pending = match &caller {
             Some(c) if c.own_pod => None,
