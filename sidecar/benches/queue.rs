@@ -18,7 +18,7 @@ mod queue_setup;
 mod report;
 
 use queue_setup::{
-    cpu_secs, fill, pg_bin, pg_cpu, pgbench_claim_complete, wait_drained, wait_drained_every, wait_handled,
+    assert_drained, cpu_secs, fill, pg_bin, pg_cpu, pgbench_claim_complete, succeeded_in, wait_counted, wait_drained,
 };
 
 use std::{
@@ -421,8 +421,8 @@ worker's CPU comes out of PostgreSQL's budget. CPU seconds in the table are user
 | measurement | method |
 |---|---|
 | burn-down, raw SQL limit | N jobs pre-inserted into `sluice.jobs` (5,000-row `enqueue_many` statements, then `VACUUM ANALYZE`). `pgbench -n -M prepared -c 4 -j 2`, script: the worker's claim statement for 100 jobs, then one `UPDATE … SET state = 'succeeded'` of the client's running jobs, one autocommit transaction each. jobs/s = N / pgbench wall time. No worker at all: the ceiling for this schema on this box. |
-| burn-down, in-process worker | Same N, `queue::Worker` with a no-op `Handler` (concurrency 1,000, claim batch 250, 2 claim loops, the batch completer). Timed from start until an `EXISTS` probe over the partial indexes finds no waiting or running job, probed every 1 ms once the handler has seen all N jobs (counted in memory, so the probe takes no database time while the worker runs). |
-| burn-down, sidecar worker | The `sluice-sidecar worker` binary from env vars (`SLUICE_WORKER_CONCURRENCY` 16 — the default — or 512, other settings default) POSTing each job to a no-op axum handler in the bench process, over 20,000 jobs and over N. Timed from process start (a cold start: includes startup and the migration check) until the same probe as the in-process line finds the queue drained. At 16, the per-job overhead: handler start − `started_at` (PostgreSQL's `now()` of the claim) and `finished_at` (`now()` of the completion's transaction, taken when its write begins) − handler end, p50 and p99 over every job. |
+| burn-down, in-process worker | Same N, `queue::Worker` with a no-op `Handler` (concurrency 1,000, claim batch 250, 2 claim loops, the batch completer). Timed from start until the worker has recorded N jobs as succeeded (its `sluice_jobs_succeeded_total`, counted once the statement writing an outcome has committed; read every 1 ms once the handler has seen all N jobs), as pgbench's wall time ends with its last commit; then, untimed, an `EXISTS` probe over the partial indexes checks that no job is waiting or running. |
+| burn-down, sidecar worker | The `sluice-sidecar worker` binary from env vars (`SLUICE_WORKER_CONCURRENCY` 16 — the default — or 512, other settings default) POSTing each job to a no-op axum handler in the bench process, over 20,000 jobs and over N. Timed from process start (a cold start: includes startup and the migration check) until the worker's `/metrics` count N jobs succeeded (read every 1 ms once the handler has seen all N jobs), then the same untimed check as the in-process line. At 16, the per-job overhead: handler start − `started_at` (PostgreSQL's `now()` of the claim) and `finished_at` (`now()` of the completion's transaction, taken when its write begins) − handler end, p50 and p99 over every job. |
 | burn-down, graphile-worker | graphile-worker (npm, installed into a temp dir at bench time) with a no-op task and a silent logger; N jobs inserted with one `graphile_worker.add_jobs` call before timing, `run()` with `concurrentJobs: 24`, `maxPoolSize: 25`, `localQueue: {size: 500}`, `completeJobBatchDelay: 0`, `failJobBatchDelay: 0` (its documented batching). Timed from `run()` until `graphile_worker.jobs` is empty (same polling). |
 | bulk enqueue | `QueueStore::enqueue_many`: 5,000 rows per statement (`sluice.enqueue_many`, an UNNEST insert), 2×N rows. |
 | enqueue latency at 1,000 jobs/s | open loop: one `QueueStore::enqueue` (one `sluice.enqueue_job` call, its own transaction) started every 1 ms for 10 s regardless of earlier ones; pool warmed first; latency per call. |
@@ -553,10 +553,11 @@ async fn in_process(pg: &PgServer, store: &QueueStore, n: usize) -> BurnDown {
     let worker = Worker::new(store.clone(), Noop(handled.clone()), opts);
     let metrics = worker.metrics();
     let w = tokio::spawn(worker.run(shutdown.clone()));
-    wait_handled(|| handled.load(Ordering::Relaxed), n).await;
-    wait_drained_every(store, "inproc", Duration::from_millis(1)).await;
+    wait_counted(|| std::future::ready(handled.load(Ordering::Relaxed) as u64), n).await;
+    wait_counted(|| std::future::ready(succeeded_in(&metrics.render(), "inproc")), n).await;
     let secs = t0.elapsed().as_secs_f64();
     let detail = cpu.report(pg, "bench process (worker)", secs);
+    assert_drained(store, "inproc").await;
     shutdown.cancel();
     w.await.unwrap().unwrap();
     let text = metrics.render();
@@ -639,6 +640,10 @@ async fn sidecar_worker(
         }),
     );
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    // A free port for the worker's metrics, read to find the end of the burn-down.
+    let metrics_addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap();
     let own = CpuMeter::start(pg, Some(std::process::id()));
     let bin = std::env::var("SLUICE_BENCH_SIDECAR_BIN")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_sluice-sidecar").to_owned());
@@ -649,16 +654,17 @@ async fn sidecar_worker(
         .env("SLUICE_QUEUES", queue)
         .env("SLUICE_HANDLER_URL", &url)
         .env("SLUICE_WORKER_CONCURRENCY", concurrency.to_string())
-        .env("SLUICE_METRICS_LISTEN", "127.0.0.1:0")
+        .env("SLUICE_METRICS_LISTEN", metrics_addr.to_string())
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()
         .expect("start sluice-sidecar worker");
-    wait_handled(|| counted.load(Ordering::Relaxed), n).await;
-    wait_drained_every(store, queue, Duration::from_millis(1)).await;
+    wait_counted(|| std::future::ready(counted.load(Ordering::Relaxed) as u64), n).await;
+    wait_counted(|| async { succeeded_in(&scrape(metrics_addr).await, queue) }, n).await;
     let secs = t0.elapsed().as_secs_f64();
     let sidecar_cpu = cpu_secs(child.id());
     let detail = own.report(pg, "bench process (HTTP handler)", secs);
+    assert_drained(store, queue).await;
     let _ = Command::new("kill")
         .arg("-TERM")
         .arg(child.id().to_string())
@@ -673,6 +679,22 @@ async fn sidecar_worker(
         },
         overhead,
     )
+}
+
+/// The worker's `/metrics` text (empty while it is not answering yet).
+async fn scrape(addr: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut conn) = tokio::net::TcpStream::connect(addr).await else {
+        return String::new();
+    };
+    let mut text = String::new();
+    let asked = conn
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n")
+        .await;
+    if asked.is_ok() {
+        let _ = conn.read_to_string(&mut text).await;
+    }
+    text
 }
 
 async fn overhead(store: &QueueStore, queue: &str, seen: &Seen) -> Overhead {

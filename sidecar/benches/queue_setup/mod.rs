@@ -27,38 +27,52 @@ pub async fn fill(store: &QueueStore, queue: &str, n: usize) {
         .unwrap();
 }
 
-/// Waits until `count()` (jobs a bench's handler has seen, counted in memory) reaches `n`, looking
-/// every millisecond: the end of a burn-down is then found by [`wait_drained_every`] in its last moments only,
-/// instead of its probe taking PostgreSQL's time from the workers throughout (about 1 ms per probe at
-/// 100k jobs, every 10 ms).
-pub async fn wait_handled(count: impl Fn() -> usize, n: usize) {
-    while count() < n {
+/// Waits until `count()` reaches `n`, looking every millisecond: first the jobs a bench's handler has
+/// seen (counted in memory), then the jobs its worker has recorded ([`succeeded_in`]), which is asked
+/// only in the last moments of a burn-down (the last completion batch).
+pub async fn wait_counted<F: Future<Output = u64>>(mut count: impl FnMut() -> F, n: usize) {
+    while (count().await as usize) < n {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
 
-/// Waits until no job of `queue` is waiting or running, looking every 10 ms. The probe is an EXISTS over
-/// the partial indexes (a count would steal more CPU from the workers measured), but it still reads past
-/// the claimed jobs' index entries: about 1 ms of PostgreSQL's time per probe at 100k jobs.
-pub async fn wait_drained(store: &QueueStore, queue: &str) {
-    wait_drained_every(store, queue, Duration::from_millis(10)).await
+/// Jobs of `queue` a worker has recorded as succeeded, from its metrics text (Prometheus exposition):
+/// the sum of its `sluice_jobs_succeeded_total` series for that queue. A worker counts a job there once
+/// the statement writing its outcome has committed, so this reaching N is the end of a burn-down, found
+/// without asking PostgreSQL (a probe of the table would take its time from the workers measured).
+pub fn succeeded_in(metrics: &str, queue: &str) -> u64 {
+    let label = format!("queue=\"{queue}\"");
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("sluice_jobs_succeeded_total{") && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
 }
 
-/// [`wait_drained`], looking every `interval`.
-pub async fn wait_drained_every(store: &QueueStore, queue: &str, interval: Duration) {
-    loop {
-        let busy: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM sluice.jobs WHERE queue = $1 AND state IN ('pending', 'retrying')) \
-                 OR EXISTS (SELECT 1 FROM sluice.jobs WHERE queue = $1 AND state = 'running')",
-        )
-        .bind(queue)
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-        if !busy {
-            return;
-        }
-        tokio::time::sleep(interval).await;
+/// Asserts that no job of `queue` is waiting or running: checked once a worker's own count says the
+/// burn-down is over, after its timing.
+pub async fn assert_drained(store: &QueueStore, queue: &str) {
+    assert!(!busy(store, queue).await, "queue {queue} not drained when its worker counted every job");
+}
+
+async fn busy(store: &QueueStore, queue: &str) -> bool {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM sluice.jobs WHERE queue = $1 AND state IN ('pending', 'retrying')) \
+             OR EXISTS (SELECT 1 FROM sluice.jobs WHERE queue = $1 AND state = 'running')",
+    )
+    .bind(queue)
+    .fetch_one(store.pool())
+    .await
+    .unwrap()
+}
+
+/// Waits until no job of `queue` is waiting or running, looking every 10 ms. The probe is an EXISTS over
+/// the partial indexes (a count would steal more CPU from the workers measured), but it still reads past
+/// the claimed jobs' index entries: about 1 ms of PostgreSQL's time per probe at 100k jobs (more just
+/// after a burn-down, before vacuum: 15-150 ms).
+pub async fn wait_drained(store: &QueueStore, queue: &str) {
+    while busy(store, queue).await {
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
