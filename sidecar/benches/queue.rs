@@ -916,6 +916,9 @@ async fn pickup_latency(store: &QueueStore, n: usize) -> Pickup {
         v.push((started - t0).as_secs_f64() * 1000.0);
         calls.push((enqueued - t0).as_secs_f64() * 1000.0);
         after.push((started - enqueued).as_secs_f64() * 1000.0);
+        if std::env::var_os("SLUICE_BENCH_PICKUP_TRACE").is_some() && *v.last().unwrap() > 10.0 {
+            eprintln!("pickup {}: {:.2} ms (enqueue call {:.2} ms)", v.len(), v.last().unwrap(), calls.last().unwrap());
+        }
     }
     shutdown.cancel();
     w.await.unwrap().unwrap();

@@ -244,6 +244,62 @@ impl Ahead {
     }
 }
 
+/// The claim loops' room: how many jobs a loop may claim now ([`Ahead::reserve`]), and the wake-up of
+/// loops waiting for room whenever it may have grown: a handler slot freed, or a claim that got fewer
+/// jobs than it reserved gave the rest back. Without the second, a loop woken by a NOTIFY while another
+/// loop's claim held the whole reservation waited for a slot to free up, and the job that NOTIFY
+/// announced (committed after the other claim's snapshot) waited for that other loop's next poll.
+#[derive(Default)]
+struct Room {
+    ahead: Mutex<Ahead>,
+    grown: Notify,
+}
+
+impl Room {
+    /// Waits until there is room to claim (`free_slots()` read each time) and reserves it: the number of
+    /// jobs to claim. None when `shutdown` fires first.
+    async fn reserve(
+        &self,
+        free_slots: impl Fn() -> usize,
+        concurrency: usize,
+        max_ahead: usize,
+        batch: usize,
+        shutdown: &CancellationToken,
+    ) -> Option<usize> {
+        loop {
+            let grown = self.grown.notified();
+            let mut grown = std::pin::pin!(grown);
+            grown.as_mut().enable();
+            let n = self.ahead.lock().expect("ahead lock").reserve(
+                free_slots(),
+                concurrency,
+                max_ahead,
+                batch,
+            );
+            if n > 0 {
+                return Some(n);
+            }
+            tokio::select! {
+                _ = grown => {}
+                _ = shutdown.cancelled() => return None,
+            }
+        }
+    }
+
+    /// A claim got `claimed` of the `reserved` jobs: the rest is room again, for any loop waiting.
+    fn settle(&self, reserved: usize, claimed: usize) {
+        self.ahead.lock().expect("ahead lock").queued -= reserved - claimed;
+        if claimed < reserved {
+            self.grown.notify_waiters();
+        }
+    }
+
+    /// A handler slot was freed.
+    fn slot_freed(&self) {
+        self.grown.notify_waiters();
+    }
+}
+
 fn ewma(old: f64, sample: f64) -> f64 {
     old + AHEAD_EWMA * (sample - old)
 }
@@ -256,11 +312,9 @@ struct Shared<H> {
     inflight: Mutex<HashMap<Uuid, InFlight>>,
     settings: Mutex<HashMap<String, QueueSettings>>,
     wake: Notify,
-    ahead: Mutex<Ahead>,
+    room: Room,
     /// Moving average of one completer write's time, seconds; None until a write has succeeded.
     write_secs: Mutex<Option<f64>>,
-    /// Notified whenever a handler slot frees up.
-    room: Notify,
 }
 
 impl<H> Shared<H> {
@@ -317,9 +371,8 @@ impl<H: Handler> Worker<H> {
             inflight: Mutex::new(HashMap::new()),
             settings: Mutex::new(HashMap::new()),
             wake: Notify::new(),
-            ahead: Mutex::new(Ahead::default()),
+            room: Room::default(),
             write_secs: Mutex::new(None),
-            room: Notify::new(),
         });
         if !prepare_queues(&shared, &shutdown).await {
             return Ok(());
@@ -358,7 +411,7 @@ impl<H: Handler> Worker<H> {
                     p = slots.clone().acquire_owned() => p.expect("semaphore open"),
                     _ = shutdown.cancelled() => return Some(ready),
                 };
-                shared.ahead.lock().expect("ahead lock").queued -= 1;
+                shared.room.ahead.lock().expect("ahead lock").queued -= 1;
                 let (shared, done_tx) = (shared.clone(), done_tx.clone());
                 jobs.spawn(async move { run_job(&shared, ready, slot, &done_tx).await });
             }
@@ -471,23 +524,18 @@ async fn claim_loop<H: Handler>(
             _ = shutdown.cancelled() => return,
         };
         // Then room: free slots, plus those that free up while this claim is under way.
-        let want = loop {
-            let room = shared.room.notified();
-            let mut room = std::pin::pin!(room);
-            room.as_mut().enable();
-            let n = shared.ahead.lock().expect("ahead lock").reserve(
-                slots.available_permits(),
+        let Some(want) = shared
+            .room
+            .reserve(
+                || slots.available_permits(),
                 concurrency,
                 max_ahead(opts),
                 batch,
-            );
-            if n > 0 {
-                break n;
-            }
-            tokio::select! {
-                _ = room => {}
-                _ = shutdown.cancelled() => return,
-            }
+                shutdown,
+            )
+            .await
+        else {
+            return;
         };
         let mut held = vec![first];
         while held.len() < want {
@@ -512,7 +560,7 @@ async fn claim_loop<H: Handler>(
                 .claim_batch_of_kinds(queue, &opts.kinds, &opts.owner, held.len() as u32, lease)
                 .await;
             {
-                let mut ahead = shared.ahead.lock().expect("ahead lock");
+                let mut ahead = shared.room.ahead.lock().expect("ahead lock");
                 ahead.claim_secs = ewma(ahead.claim_secs, t0.elapsed().as_secs_f64());
             }
             match result {
@@ -531,7 +579,7 @@ async fn claim_loop<H: Handler>(
                 }
             }
         }
-        shared.ahead.lock().expect("ahead lock").queued -= reserved - queued;
+        shared.room.settle(reserved, queued);
         next_queue = next_queue.wrapping_add(1);
         drop(held);
         if claimed_any {
@@ -618,13 +666,13 @@ async fn run_job<H: Handler>(
         }
         let secs = started.elapsed().as_secs_f64();
         shared.metrics.handled(&queue, &kind, secs);
-        let mut ahead = shared.ahead.lock().expect("ahead lock");
+        let mut ahead = shared.room.ahead.lock().expect("ahead lock");
         ahead.handler_secs = Some(ahead.handler_secs.map_or(secs, |h| ewma(h, secs)));
         outcome
     };
     // The slot is free for the next job now; the outcome is written behind it.
     drop(slot);
-    shared.room.notify_waiters();
+    shared.room.slot_freed();
     finishing.store(true, Ordering::SeqCst);
     // Read the reason again: it may have been set while the handler was returning. A lost lease
     // discards whatever the handler said; at shutdown only a success counts (the handler saw its token
@@ -949,7 +997,7 @@ mod tests {
     use tokio_util::sync::CancellationToken;
     use uuid::Uuid;
 
-    use super::{Ahead, COMPLETER_GATHER, InFlight, forget, gather, gather_deadline};
+    use super::{Ahead, COMPLETER_GATHER, InFlight, Room, forget, gather, gather_deadline};
 
     /// A bound for awaiting what must happen at once; reaching it fails the test.
     const SOON: Duration = Duration::from_secs(10);
@@ -1052,6 +1100,27 @@ mod tests {
         assert_eq!(inflight.get(&id).map(|f| f.attempt), Some(2));
         forget(&mut inflight, id, 2);
         assert!(inflight.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_claim_that_got_fewer_jobs_than_it_reserved_gives_the_room_to_a_waiting_loop() {
+        let room = Room::default();
+        let stop = CancellationToken::new();
+        // One loop reserves all four free slots and claims; another (woken by a NOTIFY, say) waits.
+        assert_eq!(room.reserve(|| 4, 4, 4, 4, &stop).await, Some(4));
+        let mut waiting = std::pin::pin!(room.reserve(|| 4, 4, 4, 4, &stop));
+        assert!(futures::poll!(waiting.as_mut()).is_pending(), "no room while the claim runs");
+        // The claim found one job: the other three are room again, and the waiting loop takes them.
+        room.settle(4, 1);
+        let got = tokio::time::timeout(Duration::from_secs(10), waiting).await;
+        assert_eq!(got, Ok(Some(3)), "the waiting loop was woken with the room given back");
+        // A claim that got all it reserved wakes nobody (and leaves no room).
+        let mut waiting = std::pin::pin!(room.reserve(|| 4, 4, 4, 4, &stop));
+        assert!(futures::poll!(waiting.as_mut()).is_pending());
+        room.settle(3, 3);
+        assert!(futures::poll!(waiting.as_mut()).is_pending());
+        stop.cancel();
+        assert_eq!(waiting.await, None, "shutdown ends the wait");
     }
 
     #[test]
