@@ -11,14 +11,15 @@
 //!
 //! A full run rewrites the section between `<!-- bench:queue:start -->` and `<!-- bench:queue:end -->` in
 //! BENCHMARKS.md. `-- --short` shrinks every size ~10× and `-- --only raw,inproc,...` runs a subset; both
-//! only print, leaving BENCHMARKS.md alone.
+//! only print, leaving BENCHMARKS.md alone. `SLUICE_BENCH_PICKUP_TRACE=1` prints every pickup over 10 ms.
 
 #[allow(dead_code)] // shared by the benchmarks; this one uses part of it
 mod queue_setup;
 mod report;
 
 use queue_setup::{
-    assert_drained, cpu_secs, fill, pg_bin, pg_cpu, pgbench_claim_complete, succeeded_in, wait_counted, wait_drained,
+    assert_drained, cpu_secs, fill, pg_bin, pg_cpu, pgbench_claim_complete, succeeded_in, wait_counted,
+    wait_drained,
 };
 
 use std::{
@@ -554,7 +555,11 @@ async fn in_process(pg: &PgServer, store: &QueueStore, n: usize) -> BurnDown {
     let metrics = worker.metrics();
     let w = tokio::spawn(worker.run(shutdown.clone()));
     wait_counted(|| std::future::ready(handled.load(Ordering::Relaxed) as u64), n).await;
-    wait_counted(|| std::future::ready(succeeded_in(&metrics.render(), "inproc")), n).await;
+    wait_counted(
+        || std::future::ready(succeeded_in(&metrics.render(), "inproc")),
+        n,
+    )
+    .await;
     let secs = t0.elapsed().as_secs_f64();
     let detail = cpu.report(pg, "bench process (worker)", secs);
     assert_drained(store, "inproc").await;
@@ -917,7 +922,12 @@ async fn pickup_latency(store: &QueueStore, n: usize) -> Pickup {
         calls.push((enqueued - t0).as_secs_f64() * 1000.0);
         after.push((started - enqueued).as_secs_f64() * 1000.0);
         if std::env::var_os("SLUICE_BENCH_PICKUP_TRACE").is_some() && *v.last().unwrap() > 10.0 {
-            eprintln!("pickup {}: {:.2} ms (enqueue call {:.2} ms)", v.len(), v.last().unwrap(), calls.last().unwrap());
+            eprintln!(
+                "pickup {}: {:.2} ms (enqueue call {:.2} ms)",
+                v.len(),
+                v.last().unwrap(),
+                calls.last().unwrap()
+            );
         }
     }
     shutdown.cancel();

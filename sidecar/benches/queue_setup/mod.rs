@@ -52,7 +52,10 @@ pub fn succeeded_in(metrics: &str, queue: &str) -> u64 {
 /// Asserts that no job of `queue` is waiting or running: checked once a worker's own count says the
 /// burn-down is over, after its timing.
 pub async fn assert_drained(store: &QueueStore, queue: &str) {
-    assert!(!busy(store, queue).await, "queue {queue} not drained when its worker counted every job");
+    assert!(
+        !busy(store, queue).await,
+        "queue {queue} not drained when its worker counted every job"
+    );
 }
 
 async fn busy(store: &QueueStore, queue: &str) -> bool {

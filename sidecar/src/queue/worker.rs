@@ -270,12 +270,11 @@ impl Room {
             let grown = self.grown.notified();
             let mut grown = std::pin::pin!(grown);
             grown.as_mut().enable();
-            let n = self.ahead.lock().expect("ahead lock").reserve(
-                free_slots(),
-                concurrency,
-                max_ahead,
-                batch,
-            );
+            let n =
+                self.ahead
+                    .lock()
+                    .expect("ahead lock")
+                    .reserve(free_slots(), concurrency, max_ahead, batch);
             if n > 0 {
                 return Some(n);
             }
@@ -1109,11 +1108,18 @@ mod tests {
         // One loop reserves all four free slots and claims; another (woken by a NOTIFY, say) waits.
         assert_eq!(room.reserve(|| 4, 4, 4, 4, &stop).await, Some(4));
         let mut waiting = std::pin::pin!(room.reserve(|| 4, 4, 4, 4, &stop));
-        assert!(futures::poll!(waiting.as_mut()).is_pending(), "no room while the claim runs");
+        assert!(
+            futures::poll!(waiting.as_mut()).is_pending(),
+            "no room while the claim runs"
+        );
         // The claim found one job: the other three are room again, and the waiting loop takes them.
         room.settle(4, 1);
         let got = tokio::time::timeout(Duration::from_secs(10), waiting).await;
-        assert_eq!(got, Ok(Some(3)), "the waiting loop was woken with the room given back");
+        assert_eq!(
+            got,
+            Ok(Some(3)),
+            "the waiting loop was woken with the room given back"
+        );
         // A claim that got all it reserved wakes nobody (and leaves no room).
         let mut waiting = std::pin::pin!(room.reserve(|| 4, 4, 4, 4, &stop));
         assert!(futures::poll!(waiting.as_mut()).is_pending());
