@@ -424,7 +424,7 @@ worker's CPU comes out of PostgreSQL's budget. CPU seconds in the table are user
 | burn-down, raw SQL limit | N jobs pre-inserted into `sluice.jobs` (5,000-row `enqueue_many` statements, then `VACUUM ANALYZE`). `pgbench -n -M prepared -c 4 -j 2`, script: the worker's claim statement for 100 jobs, then one `UPDATE … SET state = 'succeeded'` of the client's running jobs, one autocommit transaction each. jobs/s = N / pgbench wall time. No worker at all: the ceiling for this schema on this box. |
 | burn-down, in-process worker | Same N, `queue::Worker` with a no-op `Handler` (concurrency 1,000, claim batch 250, 2 claim loops, the batch completer). Timed from start until the worker has recorded N jobs as succeeded (its `sluice_jobs_succeeded_total`, counted once the statement writing an outcome has committed; read every 1 ms once the handler has seen all N jobs), as pgbench's wall time ends with its last commit; then, untimed, an `EXISTS` probe over the partial indexes checks that no job is waiting or running. |
 | burn-down, sidecar worker | The `sluice-sidecar worker` binary from env vars (`SLUICE_WORKER_CONCURRENCY` 16 — the default — or 512, other settings default) POSTing each job to a no-op axum handler in the bench process, over 20,000 jobs and over N. Timed from process start (a cold start: includes startup and the migration check) until the worker's `/metrics` count N jobs succeeded (read every 1 ms once the handler has seen all N jobs), then the same untimed check as the in-process line. At 16, the per-job overhead: handler start − `started_at` (PostgreSQL's `now()` of the claim) and `finished_at` (`now()` of the completion's transaction, taken when its write begins) − handler end, p50 and p99 over every job. |
-| burn-down, graphile-worker | graphile-worker (npm, installed into a temp dir at bench time) with a no-op task and a silent logger; N jobs inserted with one `graphile_worker.add_jobs` call before timing, `run()` with `concurrentJobs: 24`, `maxPoolSize: 25`, `localQueue: {size: 500}`, `completeJobBatchDelay: 0`, `failJobBatchDelay: 0` (its documented batching). Timed from `run()` until `graphile_worker.jobs` is empty (same polling). |
+| burn-down, graphile-worker | graphile-worker (npm, installed into a temp dir at bench time) with a no-op task and a silent logger; N jobs inserted with one `graphile_worker.add_jobs` call before timing, `run()` with `concurrentJobs: 24`, `maxPoolSize: 25`, `localQueue: {size: 500}`, `completeJobBatchDelay: 0`, `failJobBatchDelay: 0` (its documented batching). Timed from `run()` until `graphile_worker.jobs` is empty (graphile-worker deletes a job when it records it done): probed every 1 ms once its task has run N times (counted in memory); unlike the Sluice lines, that last probe or few is inside its timing, as graphile-worker has no count of recorded jobs to read. |
 | bulk enqueue | `QueueStore::enqueue_many`: 5,000 rows per statement (`sluice.enqueue_many`, an UNNEST insert), 2×N rows. |
 | enqueue latency at 1,000 jobs/s | open loop: one `QueueStore::enqueue` (one `sluice.enqueue_job` call, its own transaction) started every 1 ms for 10 s regardless of earlier ones; pool warmed first; latency per call. |
 | pickup latency, idle queue | one in-process worker (defaults: LISTEN on, poll backing off 50 ms → 2 s) on an empty queue; a job is enqueued every 50 ms and the time from the enqueue call to the handler's start is recorded (200 jobs), and split in two: the enqueue call itself (one `sluice.enqueue_job` statement, committed, NOTIFY sent) and from its return to the handler's start (NOTIFY delivery → wake-up → claim → dispatch). |
@@ -554,12 +554,10 @@ async fn in_process(pg: &PgServer, store: &QueueStore, n: usize) -> BurnDown {
     let worker = Worker::new(store.clone(), Noop(handled.clone()), opts);
     let metrics = worker.metrics();
     let w = tokio::spawn(worker.run(shutdown.clone()));
-    wait_counted(|| std::future::ready(handled.load(Ordering::Relaxed) as u64), n).await;
-    wait_counted(
-        || std::future::ready(succeeded_in(&metrics.render(), "inproc")),
-        n,
-    )
-    .await;
+    let seen = || std::future::ready(handled.load(Ordering::Relaxed) as u64);
+    wait_counted("jobs the handler saw", seen, n).await;
+    let recorded = || std::future::ready(succeeded_in(&metrics.render(), "inproc"));
+    wait_counted("jobs the worker recorded", recorded, n).await;
     let secs = t0.elapsed().as_secs_f64();
     let detail = cpu.report(pg, "bench process (worker)", secs);
     assert_drained(store, "inproc").await;
@@ -664,18 +662,31 @@ async fn sidecar_worker(
         .stdout(Stdio::null())
         .spawn()
         .expect("start sluice-sidecar worker");
-    wait_counted(|| std::future::ready(counted.load(Ordering::Relaxed) as u64), n).await;
-    wait_counted(|| async { succeeded_in(&scrape(metrics_addr).await, queue) }, n).await;
+    // A worker that exited (its metrics port taken meanwhile, say) fails the run instead of hanging it.
+    let mut alive = || {
+        let exited = child.try_wait().ok().flatten();
+        assert!(exited.is_none(), "the sidecar worker exited: {exited:?}");
+    };
+    let handled = || {
+        alive();
+        std::future::ready(counted.load(Ordering::Relaxed) as u64)
+    };
+    wait_counted("jobs the handler saw", handled, n).await;
+    let recorded = || {
+        alive();
+        async { succeeded_in(&scrape(metrics_addr).await, queue) }
+    };
+    wait_counted("jobs the worker recorded", recorded, n).await;
     let secs = t0.elapsed().as_secs_f64();
     let sidecar_cpu = cpu_secs(child.id());
     let detail = own.report(pg, "bench process (HTTP handler)", secs);
-    assert_drained(store, queue).await;
     let _ = Command::new("kill")
         .arg("-TERM")
         .arg(child.id().to_string())
         .status();
     let _ = child.wait();
     server.abort();
+    assert_drained(store, queue).await;
     let overhead = overhead(store, queue, &seen).await;
     (
         BurnDown {
@@ -749,17 +760,21 @@ const logger = new Logger(() => () => {});
     [n]);
   await pool.query("vacuum analyze");
   const t0 = process.hrtime.bigint();
+  let handled = 0;
   const runner = await run({
     noHandleSignals: true,
     logger,
-    taskList: { noop: async () => {} },
+    taskList: { noop: async () => { handled += 1; } },
     preset: { worker: { connectionString, concurrentJobs: 24, maxPoolSize: 25, pollInterval: 1000,
                         localQueue: { size: 500 }, completeJobBatchDelay: 0, failJobBatchDelay: 0 } },
   });
+  // Its table is probed only once every job has run (as the Sluice lines read their worker's count
+  // only then): a probe throughout would take PostgreSQL's time from it.
+  while (handled < n) await new Promise((r) => setTimeout(r, 1));
   for (;;) {
     const { rows } = await pool.query("select exists (select 1 from graphile_worker.jobs) as busy");
     if (!rows[0].busy) break;
-    await new Promise((r) => setTimeout(r, 10));
+    await new Promise((r) => setTimeout(r, 1));
   }
   const secs = Number(process.hrtime.bigint() - t0) / 1e9;
   await runner.stop();

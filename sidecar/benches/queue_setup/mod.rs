@@ -27,11 +27,25 @@ pub async fn fill(store: &QueueStore, queue: &str, n: usize) {
         .unwrap();
 }
 
+/// Longest a burn-down may take before the bench gives up on it (a worker that stopped, a job that
+/// never succeeds): a failed run rather than one that never ends.
+pub const BURN_DOWN_DEADLINE: Duration = Duration::from_secs(600);
+
 /// Waits until `count()` reaches `n`, looking every millisecond: first the jobs a bench's handler has
 /// seen (counted in memory), then the jobs its worker has recorded ([`succeeded_in`]), which is asked
-/// only in the last moments of a burn-down (the last completion batch).
-pub async fn wait_counted<F: Future<Output = u64>>(mut count: impl FnMut() -> F, n: usize) {
-    while (count().await as usize) < n {
+/// only in the last moments of a burn-down (the last completion batch). Panics, naming `what`, after
+/// [`BURN_DOWN_DEADLINE`].
+pub async fn wait_counted<F: Future<Output = u64>>(what: &str, mut count: impl FnMut() -> F, n: usize) {
+    let deadline = Instant::now() + BURN_DOWN_DEADLINE;
+    loop {
+        let seen = count().await as usize;
+        if seen >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {seen} of {n} after {BURN_DOWN_DEADLINE:?}"
+        );
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }

@@ -249,6 +249,8 @@ impl Ahead {
 /// jobs than it reserved gave the rest back. Without the second, a loop woken by a NOTIFY while another
 /// loop's claim held the whole reservation waited for a slot to free up, and the job that NOTIFY
 /// announced (committed after the other claim's snapshot) waited for that other loop's next poll.
+/// Room also grows without a wake-up (a queued job starting, the moving averages changing): no job waits
+/// on it, since the loop that claimed goes on claiming and every job that ends frees a slot.
 #[derive(Default)]
 struct Room {
     ahead: Mutex<Ahead>,
@@ -1114,17 +1116,26 @@ mod tests {
         );
         // The claim found one job: the other three are room again, and the waiting loop takes them.
         room.settle(4, 1);
-        let got = tokio::time::timeout(Duration::from_secs(10), waiting).await;
+        let got = tokio::time::timeout(SOON, waiting).await;
         assert_eq!(
             got,
             Ok(Some(3)),
             "the waiting loop was woken with the room given back"
         );
-        // A claim that got all it reserved wakes nobody (and leaves no room).
-        let mut waiting = std::pin::pin!(room.reserve(|| 4, 4, 4, 4, &stop));
-        assert!(futures::poll!(waiting.as_mut()).is_pending());
+        // A claim that got all it reserved gives nothing back and wakes nobody.
+        let grown = room.grown.notified();
+        let mut grown = std::pin::pin!(grown);
+        grown.as_mut().enable();
         room.settle(3, 3);
-        assert!(futures::poll!(waiting.as_mut()).is_pending());
+        assert!(
+            futures::poll!(grown.as_mut()).is_pending(),
+            "a full claim wakes nobody"
+        );
+        let mut waiting = std::pin::pin!(room.reserve(|| 4, 4, 4, 4, &stop));
+        assert!(
+            futures::poll!(waiting.as_mut()).is_pending(),
+            "and leaves no room"
+        );
         stop.cancel();
         assert_eq!(waiting.await, None, "shutdown ends the wait");
     }
