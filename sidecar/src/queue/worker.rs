@@ -249,8 +249,8 @@ impl Ahead {
 /// jobs than it reserved gave the rest back. Without the second, a loop woken by a NOTIFY while another
 /// loop's claim held the whole reservation waited for a slot to free up, and the job that NOTIFY
 /// announced (committed after the other claim's snapshot) waited for that other loop's next poll.
-/// Room also grows without a wake-up (a queued job starting, the moving averages changing): no job waits
-/// on it, since the loop that claimed goes on claiming and every job that ends frees a slot.
+/// Room also grows without a wake-up ([`Room::started`], the moving averages changing): no job waits on
+/// it, since the loop that claimed goes on claiming and every job that ends frees a slot.
 #[derive(Default)]
 struct Room {
     ahead: Mutex<Ahead>,
@@ -298,6 +298,23 @@ impl Room {
     /// A handler slot was freed.
     fn slot_freed(&self) {
         self.grown.notify_waiters();
+    }
+
+    /// A queued job took a handler slot.
+    fn started(&self) {
+        self.ahead.lock().expect("ahead lock").queued -= 1;
+    }
+
+    /// One claim statement took `secs`.
+    fn claim_took(&self, secs: f64) {
+        let mut ahead = self.ahead.lock().expect("ahead lock");
+        ahead.claim_secs = ewma(ahead.claim_secs, secs);
+    }
+
+    /// One handler took `secs`.
+    fn handler_took(&self, secs: f64) {
+        let mut ahead = self.ahead.lock().expect("ahead lock");
+        ahead.handler_secs = Some(ahead.handler_secs.map_or(secs, |h| ewma(h, secs)));
     }
 }
 
@@ -412,7 +429,7 @@ impl<H: Handler> Worker<H> {
                     p = slots.clone().acquire_owned() => p.expect("semaphore open"),
                     _ = shutdown.cancelled() => return Some(ready),
                 };
-                shared.room.ahead.lock().expect("ahead lock").queued -= 1;
+                shared.room.started();
                 let (shared, done_tx) = (shared.clone(), done_tx.clone());
                 jobs.spawn(async move { run_job(&shared, ready, slot, &done_tx).await });
             }
@@ -560,10 +577,7 @@ async fn claim_loop<H: Handler>(
                 .store
                 .claim_batch_of_kinds(queue, &opts.kinds, &opts.owner, held.len() as u32, lease)
                 .await;
-            {
-                let mut ahead = shared.room.ahead.lock().expect("ahead lock");
-                ahead.claim_secs = ewma(ahead.claim_secs, t0.elapsed().as_secs_f64());
-            }
+            shared.room.claim_took(t0.elapsed().as_secs_f64());
             match result {
                 Ok(claimed) => {
                     shared.metrics.claimed(queue, claimed.len());
@@ -667,8 +681,7 @@ async fn run_job<H: Handler>(
         }
         let secs = started.elapsed().as_secs_f64();
         shared.metrics.handled(&queue, &kind, secs);
-        let mut ahead = shared.room.ahead.lock().expect("ahead lock");
-        ahead.handler_secs = Some(ahead.handler_secs.map_or(secs, |h| ewma(h, secs)));
+        shared.room.handler_took(secs);
         outcome
     };
     // The slot is free for the next job now; the outcome is written behind it.
