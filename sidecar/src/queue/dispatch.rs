@@ -42,6 +42,7 @@ use crate::{
         chunked::Chunked,
         fields::Field,
         response::{self, ResponseHead},
+        worth_parsing,
     },
 };
 
@@ -350,26 +351,36 @@ async fn read_head(
     fields: &mut Vec<Field>,
 ) -> std::result::Result<ResponseHead, HeadError> {
     let mut answered = false;
+    // Where parsing last stopped short, and whether the status line had ended by then: a head that
+    // trickles in is parsed again only once a piece could settle it (`worth_parsing`).
+    let (mut scanned, mut line_ended) = (0, false);
     loop {
-        match response::parse(buf, fields, false) {
-            response::Parsed::Partial => match read_more(reader, buf).await {
-                Ok(()) => answered = true,
-                Err(e) if !answered => return Err(HeadError::Closed(e)),
-                Err(e) => {
+        if !buf.is_empty() && worth_parsing(buf, scanned, line_ended, response::MAX_HEAD) {
+            match response::parse(buf, fields, false) {
+                response::Parsed::Partial => {}
+                response::Parsed::Invalid(why) => {
                     return Err(HeadError::Invalid(format!(
-                        "the handler's answer was cut short: {e}"
+                        "the handler's answer is not valid HTTP: {why}"
                     )));
                 }
-            },
-            response::Parsed::Invalid(why) => {
+                response::Parsed::Head(head) if head.interim() => {
+                    buf.drain(..head.len);
+                    (scanned, line_ended) = (0, false);
+                    continue;
+                }
+                response::Parsed::Head(head) => return Ok(head),
+            }
+        }
+        line_ended |= buf[scanned..].contains(&b'\n');
+        scanned = buf.len();
+        match read_more(reader, buf).await {
+            Ok(()) => answered = true,
+            Err(e) if !answered => return Err(HeadError::Closed(e)),
+            Err(e) => {
                 return Err(HeadError::Invalid(format!(
-                    "the handler's answer is not valid HTTP: {why}"
+                    "the handler's answer was cut short: {e}"
                 )));
             }
-            response::Parsed::Head(head) if head.interim() => {
-                buf.drain(..head.len);
-            }
-            response::Parsed::Head(head) => return Ok(head),
         }
     }
 }
@@ -549,6 +560,44 @@ mod tests {
                 Ok(n) => buf.extend_from_slice(&chunk[..n]),
             }
         }
+    }
+
+    /// Hands out its bytes one per read, then never more (a peer that trickles its answer and waits).
+    struct OneByte(&'static [u8]);
+
+    impl AsyncRead for OneByte {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<io::Result<()>> {
+            let Some((first, rest)) = self.0.split_first() else {
+                return std::task::Poll::Pending;
+            };
+            buf.put_slice(&[*first]);
+            self.0 = rest;
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[test]
+    fn a_head_that_arrives_a_byte_at_a_time_is_read_past_its_interim_heads_or_refused_at_its_first_line() {
+        let (mut buf, mut fields) = (Vec::new(), Vec::new());
+        let answer = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-a: b\r\n\r\nok";
+        let read = read_head(&mut OneByte(answer), &mut buf, &mut fields).now_or_never();
+        let Some(Ok(head)) = read else {
+            panic!("no head from an answer sent a byte at a time");
+        };
+        assert_eq!((head.status, head.len, buf.len()), (200, 46, 46));
+
+        // A malformed status line is refused as soon as it ends, not once a blank line comes.
+        let (mut buf, mut fields) = (Vec::new(), Vec::new());
+        let answer = b"HTTP/1.1 2x0 OK\r\nx-a: b\r\n";
+        let read = read_head(&mut OneByte(answer), &mut buf, &mut fields).now_or_never();
+        assert!(
+            matches!(read, Some(Err(HeadError::Invalid(_)))),
+            "a bad status line waited for more"
+        );
     }
 
     fn handler(url: &str) -> HttpHandler {

@@ -239,7 +239,7 @@ impl Connection {
         // arrives in pieces is parsed again only once a piece could settle it.
         let (mut scanned, mut line_ended) = (0, false);
         loop {
-            if !self.buf.is_empty() && worth_parsing(&self.buf, scanned, line_ended) {
+            if !self.buf.is_empty() && worth_parsing(&self.buf, scanned, line_ended, request::MAX_HEAD) {
                 match request::parse(&self.buf, &mut self.fields) {
                     Parsed::Head(head) => return Next::Head(head),
                     Parsed::HandOff(why) => {
@@ -636,16 +636,18 @@ pub(crate) fn make_room(buf: &mut BytesMut, at_least: usize) {
     }
 }
 
-/// Whether `buf`, of which the first `scanned` bytes were parsed before without a whole head (the request
-/// line had ended in them when `line_ended`), is worth parsing again: the request line just ended (a
-/// malformed one is handed to hyper at once, to answer 400), the blank line that ends a head arrived (a
-/// bare-LF one too, for hyper to refuse), or the most a head may take. So a head that trickles in is
-/// parsed a few times, not once per read, and each call looks at the new bytes only.
-fn worth_parsing(buf: &[u8], scanned: usize, line_ended: bool) -> bool {
+/// Whether `buf`, of which the first `scanned` bytes were parsed before without a whole head (its first
+/// line had ended in them when `line_ended`), is worth parsing again: the first line just ended (a
+/// malformed request line is handed to hyper at once, to answer 400; a malformed status line is
+/// refused), the blank line that ends a head arrived (a bare-LF one too, for the parser to refuse), or
+/// `max_head`, the most a head may take. So a head that trickles in (a request from a client, a response
+/// from the app or a job handler) is parsed a few times, not once per read, and each call looks at the
+/// new bytes only: parsing it again on every read would cost time quadratic in its length.
+pub(crate) fn worth_parsing(buf: &[u8], scanned: usize, line_ended: bool, max_head: usize) -> bool {
     // The blank line may straddle the old and the new bytes.
     let new = &buf[scanned.saturating_sub(2)..];
     scanned == 0
-        || buf.len() >= request::MAX_HEAD
+        || buf.len() >= max_head
         || (!line_ended && buf[scanned..].contains(&b'\n'))
         || new.windows(2).any(|w| w == b"\n\n")
         || new.windows(3).any(|w| w == b"\n\r\n")
@@ -661,7 +663,7 @@ mod tests {
         let mut line_ended = false;
         let mut parses = Vec::new();
         for end in 1..=head.len() {
-            if worth_parsing(&head[..end], end - 1, line_ended) {
+            if worth_parsing(&head[..end], end - 1, line_ended, request::MAX_HEAD) {
                 parses.push(end);
             }
             line_ended |= head[end - 1] == b'\n';
@@ -672,8 +674,11 @@ mod tests {
             "the first byte, the request line, the blank line"
         );
         // A blank line split across reads still counts.
-        assert!(worth_parsing(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n", 26, true));
-        assert!(worth_parsing(b"GET / HTTP/1.1\nHost: a\n\n", 24, true));
-        assert!(!worth_parsing(b"GET / HTTP/1.1\r\nHost: a\r\nX", 27, true));
+        let max = request::MAX_HEAD;
+        assert!(worth_parsing(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n", 26, true, max));
+        assert!(worth_parsing(b"GET / HTTP/1.1\nHost: a\n\n", 24, true, max));
+        assert!(!worth_parsing(b"GET / HTTP/1.1\r\nHost: a\r\nX", 27, true, max));
+        // At the most a head may take, it is parsed (and refused) whatever it holds.
+        assert!(worth_parsing(b"GET / HTTP/1.1\r\nHost: a\r\nX", 25, true, 20));
     }
 }
