@@ -38,11 +38,11 @@ use crate::{
     clock::SharedClock,
     error::{Error, Result},
     proxy::h1::{
+        HeadScan,
         body::Framing,
         chunked::Chunked,
         fields::Field,
         response::{self, ResponseHead},
-        worth_parsing,
     },
 };
 
@@ -351,11 +351,10 @@ async fn read_head(
     fields: &mut Vec<Field>,
 ) -> std::result::Result<ResponseHead, HeadError> {
     let mut answered = false;
-    // Where parsing last stopped short, and whether the status line had ended by then: a head that
-    // trickles in is parsed again only once a piece could settle it (`worth_parsing`).
-    let (mut scanned, mut line_ended) = (0, false);
+    // A head that trickles in is parsed again only once a piece could settle it.
+    let mut scan = HeadScan::default();
     loop {
-        if !buf.is_empty() && worth_parsing(buf, scanned, line_ended, response::MAX_HEAD) {
+        if scan.due(buf, response::MAX_HEAD) {
             match response::parse(buf, fields, false) {
                 response::Parsed::Partial => {}
                 response::Parsed::Invalid(why) => {
@@ -365,14 +364,13 @@ async fn read_head(
                 }
                 response::Parsed::Head(head) if head.interim() => {
                     buf.drain(..head.len);
-                    (scanned, line_ended) = (0, false);
+                    scan = HeadScan::default();
                     continue;
                 }
                 response::Parsed::Head(head) => return Ok(head),
             }
         }
-        line_ended |= buf[scanned..].contains(&b'\n');
-        scanned = buf.len();
+        scan.seen(buf);
         match read_more(reader, buf).await {
             Ok(()) => answered = true,
             Err(e) if !answered => return Err(HeadError::Closed(e)),

@@ -235,11 +235,10 @@ impl Connection {
         mut cancelled: Pin<&mut WaitForCancellationFuture<'_>>,
         timeouts: &ClientTimeouts,
     ) -> Next {
-        // Where parsing last stopped short, and whether the request line had ended by then: a head that
-        // arrives in pieces is parsed again only once a piece could settle it.
-        let (mut scanned, mut line_ended) = (0, false);
+        // A head that arrives in pieces is parsed again only once a piece could settle it.
+        let mut scan = HeadScan::default();
         loop {
-            if !self.buf.is_empty() && worth_parsing(&self.buf, scanned, line_ended, request::MAX_HEAD) {
+            if scan.due(&self.buf, request::MAX_HEAD) {
                 match request::parse(&self.buf, &mut self.fields) {
                     Parsed::Head(head) => return Next::Head(head),
                     Parsed::HandOff(why) => {
@@ -250,8 +249,7 @@ impl Connection {
                     Parsed::Partial => {}
                 }
             }
-            line_ended |= self.buf[scanned..].contains(&b'\n');
-            scanned = self.buf.len();
+            scan.seen(&self.buf);
             let was_empty = self.buf.is_empty();
             let read = tokio::select! {
                 biased;
@@ -636,6 +634,31 @@ pub(crate) fn make_room(buf: &mut BytesMut, at_least: usize) {
     }
 }
 
+/// How far a head that arrives in pieces has been looked at (a request from a client, a response from
+/// the app or a job handler), so that it is parsed again only once a piece could settle it
+/// ([`worth_parsing`]) instead of on every read.
+#[derive(Default)]
+pub(crate) struct HeadScan {
+    /// Bytes of the buffer looked at so far.
+    scanned: usize,
+    /// Whether the head's first line had ended in them.
+    line_ended: bool,
+}
+
+impl HeadScan {
+    /// Whether `buf` holds something and is worth parsing now; `max_head` is the most a head may take.
+    pub(crate) fn due(&self, buf: &[u8], max_head: usize) -> bool {
+        !buf.is_empty() && worth_parsing(buf, self.scanned, self.line_ended, max_head)
+    }
+
+    /// `buf` has been looked at to its end without a whole head; it only grows until the next call (a
+    /// buffer that lost its front starts a new `HeadScan`).
+    pub(crate) fn seen(&mut self, buf: &[u8]) {
+        self.line_ended |= buf[self.scanned..].contains(&b'\n');
+        self.scanned = buf.len();
+    }
+}
+
 /// Whether `buf`, of which the first `scanned` bytes were parsed before without a whole head (its first
 /// line had ended in them when `line_ended`), is worth parsing again: the first line just ended (a
 /// malformed request line is handed to hyper at once, to answer 400; a malformed status line is
@@ -643,7 +666,7 @@ pub(crate) fn make_room(buf: &mut BytesMut, at_least: usize) {
 /// `max_head`, the most a head may take. So a head that trickles in (a request from a client, a response
 /// from the app or a job handler) is parsed a few times, not once per read, and each call looks at the
 /// new bytes only: parsing it again on every read would cost time quadratic in its length.
-pub(crate) fn worth_parsing(buf: &[u8], scanned: usize, line_ended: bool, max_head: usize) -> bool {
+fn worth_parsing(buf: &[u8], scanned: usize, line_ended: bool, max_head: usize) -> bool {
     // The blank line may straddle the old and the new bytes.
     let new = &buf[scanned.saturating_sub(2)..];
     scanned == 0

@@ -17,14 +17,14 @@ use tokio::{
 };
 
 use super::{
-    BUFFER_INITIAL, READ_CHUNK,
+    BUFFER_INITIAL, HeadScan, READ_CHUNK,
     app::{self, App},
     body::Body,
     chunked, encode,
     fields::Field,
     make_room, request,
     response::{self, ResponseHead},
-    worth_parsing, write_all_within,
+    write_all_within,
 };
 use crate::proxy::app_connection::AppError;
 
@@ -354,20 +354,16 @@ async fn read_final_head(
     send: Duration,
 ) -> Result<ResponseHead, Failure> {
     let mut read_any = !app.buf.is_empty();
-    // Where parsing last stopped short, and whether the status line had ended by then (see
-    // `worth_parsing`).
-    let (mut scanned, mut line_ended) = (0, false);
+    let mut scan = HeadScan::default();
     loop {
-        if !app.buf.is_empty() && worth_parsing(&app.buf, scanned, line_ended, response::MAX_HEAD) {
+        if scan.due(&app.buf, response::MAX_HEAD) {
             if let Some(head) = forward_interim(app, client, fields, head_request, send).await? {
                 return Ok(head);
             }
-            // Interim heads before it were forwarded and dropped; what is left was parsed whole.
-            line_ended = app.buf.contains(&b'\n');
-        } else {
-            line_ended |= app.buf[scanned..].contains(&b'\n');
+            // Interim heads before it may have been forwarded and dropped: the buffer starts anew.
+            scan = HeadScan::default();
         }
-        scanned = app.buf.len();
+        scan.seen(&app.buf);
         make_room(&mut app.buf, app::BUFFER_INITIAL);
         match app.io.read_buf(&mut app.buf).await {
             Ok(0) if read_any => return Err(Failure::Invalid("closed mid-head")),
