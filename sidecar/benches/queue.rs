@@ -14,6 +14,8 @@
 //! only print, leaving BENCHMARKS.md alone. `SLUICE_BENCH_PICKUP_TRACE=1` prints every pickup over 10 ms.
 
 #[allow(dead_code)] // shared by the benchmarks; this one uses part of it
+mod proxy_setup;
+#[allow(dead_code)] // shared by the benchmarks; this one uses part of it
 mod queue_setup;
 mod report;
 
@@ -644,9 +646,7 @@ async fn sidecar_worker(
     );
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
     // A free port for the worker's metrics, read to find the end of the burn-down.
-    let metrics_addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap();
+    let metrics_addr = proxy_setup::local(sluice_testsupport::free_port());
     let own = CpuMeter::start(pg, Some(std::process::id()));
     let bin = std::env::var("SLUICE_BENCH_SIDECAR_BIN")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_sluice-sidecar").to_owned());
@@ -674,7 +674,8 @@ async fn sidecar_worker(
     wait_counted("jobs the handler saw", handled, n).await;
     let recorded = || {
         alive();
-        async { succeeded_in(&scrape(metrics_addr).await, queue) }
+        let text = tokio::task::block_in_place(|| proxy_setup::http_get_blocking(metrics_addr, "/metrics"));
+        std::future::ready(succeeded_in(&text, queue))
     };
     wait_counted("jobs the worker recorded", recorded, n).await;
     let secs = t0.elapsed().as_secs_f64();
@@ -695,22 +696,6 @@ async fn sidecar_worker(
         },
         overhead,
     )
-}
-
-/// The worker's `/metrics` text (empty while it is not answering yet).
-async fn scrape(addr: std::net::SocketAddr) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut conn) = tokio::net::TcpStream::connect(addr).await else {
-        return String::new();
-    };
-    let mut text = String::new();
-    let asked = conn
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n")
-        .await;
-    if asked.is_ok() {
-        let _ = conn.read_to_string(&mut text).await;
-    }
-    text
 }
 
 async fn overhead(store: &QueueStore, queue: &str, seen: &Seen) -> Overhead {
