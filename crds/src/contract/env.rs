@@ -52,6 +52,8 @@ pub const QUEUE_NAMESPACE: &str = "SLUICE_QUEUE_NAMESPACE";
 pub const HANDLER_URL: &str = "SLUICE_HANDLER_URL";
 /// `queue.worker.concurrency`.
 pub const WORKER_CONCURRENCY: &str = "SLUICE_WORKER_CONCURRENCY";
+/// `queue.worker.claimBatch`: most jobs claimed by one query.
+pub const WORKER_CLAIM_BATCH: &str = "SLUICE_WORKER_CLAIM_BATCH";
 /// `queue.api.listen`: where the queue HTTP API is served (unset: not served).
 pub const API_LISTEN: &str = "SLUICE_API_LISTEN";
 /// `queue.api.auth.mode`: `kubernetes` checks the queue API's callers (ServiceAccount tokens, RBAC),

@@ -12,7 +12,7 @@ use crate::{duration::Duration, names::is_dns_label};
 
 /// Default jobs handled at once by one worker (`SLUICE_WORKER_CONCURRENCY`).
 pub const WORKER_CONCURRENCY_DEFAULT: u32 = 16;
-/// Default largest claim batch.
+/// Default largest claim batch (`SLUICE_WORKER_CLAIM_BATCH`).
 pub const CLAIM_BATCH_DEFAULT: u32 = 100;
 /// Default handler URL (`SLUICE_HANDLER_URL`).
 pub const HANDLER_URL_DEFAULT: &str = "http://127.0.0.1:3000/jobs";
@@ -136,7 +136,7 @@ pub struct WorkerConfig {
     /// Jobs handled at once (`SLUICE_WORKER_CONCURRENCY`).
     #[serde(default = "default_concurrency")]
     pub concurrency: u32,
-    /// Most jobs claimed by one query.
+    /// Most jobs claimed by one query (`SLUICE_WORKER_CLAIM_BATCH`).
     #[serde(default = "default_claim_batch")]
     pub claim_batch: u32,
     /// Shortest wait between polls of an empty queue.

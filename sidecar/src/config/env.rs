@@ -116,7 +116,8 @@ pub fn apply(config: &mut SidecarConfig, env: &dyn Env) -> Result<EnvSettings, C
 }
 
 /// Applies the queue overrides (`SLUICE_DATABASE_URL`, `SLUICE_QUEUES`, `SLUICE_QUEUE_NAMESPACE`,
-/// `SLUICE_HANDLER_URL`, `SLUICE_WORKER_CONCURRENCY`, `SLUICE_API_LISTEN`, `SLUICE_API_AUTH`,
+/// `SLUICE_HANDLER_URL`, `SLUICE_WORKER_CONCURRENCY`, `SLUICE_WORKER_CLAIM_BATCH`,
+/// `SLUICE_API_LISTEN`, `SLUICE_API_AUTH`,
 /// `SLUICE_API_AUTH_LOOPBACK`, `SLUICE_POD_NAMESPACE`, `SLUICE_POD_SERVICE_ACCOUNT`, `SLUICE_METRICS_LISTEN`,
 /// `SLUICE_GRPC_LISTEN`) to the
 /// `queue:` section:
@@ -145,6 +146,12 @@ pub fn apply_queue(cfg: &mut QueueConfig, env: &dyn Env) -> Result<(), ConfigErr
         match v.trim().parse() {
             Ok(n) => cfg.worker.concurrency = n,
             Err(_) => errs.push(WORKER_CONCURRENCY, format!("{v:?} is not a number")),
+        }
+    }
+    if let Some(v) = env.var(WORKER_CLAIM_BATCH) {
+        match v.trim().parse() {
+            Ok(n) if n > 0 => cfg.worker.claim_batch = n,
+            _ => errs.push(WORKER_CLAIM_BATCH, format!("{v:?} is not a number above 0")),
         }
     }
     if let Some(v) = env.var(API_LISTEN) {
@@ -263,6 +270,7 @@ mod tests {
             (QUEUES, "emails, reports"),
             (HANDLER_URL, "http://127.0.0.1:9/jobs"),
             (WORKER_CONCURRENCY, "4"),
+            (WORKER_CLAIM_BATCH, "250"),
             (API_LISTEN, "127.0.0.1:7070"),
             (QUEUE_NAMESPACE, "shop"),
         ];
@@ -270,20 +278,24 @@ mod tests {
         assert_eq!(cfg.queues, vec!["emails", "reports"]);
         assert_eq!(cfg.namespace.as_deref(), Some("shop"));
         assert_eq!(cfg.worker.concurrency, 4);
+        assert_eq!(cfg.worker.claim_batch, 250);
         assert_eq!(cfg.handler.url, "http://127.0.0.1:9/jobs");
         assert_eq!(cfg.api.listen, Some("127.0.0.1:7070".parse().unwrap()));
     }
 
     #[test]
     fn every_bad_queue_variable_is_named() {
-        let env = &[(WORKER_CONCURRENCY, "many"), (API_LISTEN, "7070")];
+        let env = &[
+            (WORKER_CONCURRENCY, "many"),
+            (WORKER_CLAIM_BATCH, "0"),
+            (API_LISTEN, "7070"),
+        ];
         let err = apply_queue(&mut QueueConfig::default(), env)
             .unwrap_err()
             .to_string();
-        assert!(
-            err.contains(WORKER_CONCURRENCY) && err.contains(API_LISTEN),
-            "{err}"
-        );
+        for name in [WORKER_CONCURRENCY, WORKER_CLAIM_BATCH, API_LISTEN] {
+            assert!(err.contains(name), "{name} not in {err}");
+        }
     }
 
     #[test]
