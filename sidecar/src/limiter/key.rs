@@ -216,15 +216,39 @@ pub fn masked(ip: IpAddr, v4: u8, v6: u8) -> (IpAddr, u8) {
 }
 
 /// Feeds every value of the field `name` (last first); whether there was one.
+///
+/// One value is fed as one item (tag, length, bytes), as before repeated fields were told apart, so the
+/// common single-valued key keeps its counter. Several values are fed after [`LIST_TAG`] and their
+/// count: without it, a value could move from the end of one repeated key header to the start of the
+/// next part fed under the same tag (`A: x, A: y, B: z` and `A: y, B: x, B: z` fed the same items) and
+/// two different requests shared a counter. With it, each part's encoding opens with a byte saying how
+/// many items follow (a value tag: one; [`LIST_TAG`]: the count after it), so the rule's parts, known in
+/// advance, read back from the bytes in one way only.
 fn feed_all(h: &mut Sha256, tag: u8, req: &RequestFacts<'_>, name: &HeaderName) -> bool {
-    let mut any = false;
+    let (mut count, mut last) = (0u64, None);
     req.headers.each_rev(name, &mut |v| {
-        feed(h, tag, v);
-        any = true;
+        count += 1;
+        last.get_or_insert(v);
         std::ops::ControlFlow::Continue(())
     });
-    any
+    let Some(only) = last else {
+        return false;
+    };
+    if count == 1 {
+        feed(h, tag, only);
+    } else {
+        h.update([LIST_TAG]);
+        h.update(count.to_be_bytes());
+        req.headers.each_rev(name, &mut |v| {
+            feed(h, tag, v);
+            std::ops::ControlFlow::Continue(())
+        });
+    }
+    true
 }
+
+/// Opens the items of a key header sent several times (see [`feed_all`]); no value is fed under it.
+const LIST_TAG: u8 = b'n';
 
 fn feed(h: &mut Sha256, tag: u8, value: &[u8]) {
     h.update([tag]);
@@ -351,6 +375,118 @@ mod tests {
             hash_of(&s, "198.51.100.7", &valid),
             hash_of(&s, "198.51.100.7", &junk_first),
             "an app reading the last value would serve the valid one on the junk one's bucket"
+        );
+    }
+
+    fn hex(h: KeyHash) -> String {
+        h.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// A rule keyed by two client-picked headers, `x-tenant` then `x-user`.
+    fn two_headers() -> KeySpec {
+        let header = |name: &str| KeyPart {
+            source: KeySource::Header,
+            name: Some(name.into()),
+            ..KeyPart::client_ip()
+        };
+        spec(&[header("x-tenant"), header("x-user")])
+    }
+
+    fn fields(list: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (name, value) in list {
+            h.append(*name, value.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn a_value_cannot_move_from_one_repeated_key_header_to_the_next() {
+        let s = two_headers();
+        let ip = "198.51.100.7";
+        // Values are walked last first: before, both fed `b`, `a`, `c` in a row.
+        let one = fields(&[("x-tenant", "a"), ("x-tenant", "b"), ("x-user", "c")]);
+        let other = fields(&[("x-tenant", "b"), ("x-user", "c"), ("x-user", "a")]);
+        assert_ne!(hash_of(&s, ip, &one), hash_of(&s, ip, &other));
+        // Nor from a credential to the header after it.
+        let s = spec(&[
+            KeyPart {
+                source: KeySource::Credential,
+                ..KeyPart::client_ip()
+            },
+            KeyPart {
+                source: KeySource::HashedHeader,
+                name: Some("x-api-key".into()),
+                ..KeyPart::client_ip()
+            },
+        ]);
+        let one = fields(&[("authorization", "a"), ("authorization", "b"), ("x-api-key", "c")]);
+        let other = fields(&[("authorization", "b"), ("x-api-key", "c"), ("x-api-key", "a")]);
+        assert_ne!(hash_of(&s, ip, &one), hash_of(&s, ip, &other));
+    }
+
+    #[test]
+    fn a_list_in_one_field_is_another_key_than_the_same_values_in_several() {
+        let s = two_headers();
+        let ip = "198.51.100.7";
+        let keys = [
+            fields(&[("x-tenant", "a,b"), ("x-user", "c")]),
+            fields(&[("x-tenant", "a"), ("x-tenant", "b"), ("x-user", "c")]),
+            fields(&[("x-tenant", "b"), ("x-tenant", "a"), ("x-user", "c")]),
+            fields(&[("x-tenant", "a"), ("x-user", "b,c")]),
+            fields(&[("x-tenant", "a,"), ("x-user", "b,c")]),
+            fields(&[("x-tenant", "a"), ("x-user", ",b,c")]),
+        ]
+        .map(|h| hash_of(&s, ip, &h).unwrap());
+        for (i, a) in keys.iter().enumerate() {
+            for b in &keys[i + 1..] {
+                assert_ne!(a, b, "{keys:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn single_valued_keys_are_the_same_as_before_repeated_headers_were_told_apart() {
+        // Pinned: a changed key starts fresh counters on upgrade.
+        let ip = "198.51.100.7";
+        let credential = spec(&[KeyPart {
+            source: KeySource::Credential,
+            ..KeyPart::client_ip()
+        }]);
+        let hashed_with_route = spec(&[
+            KeyPart {
+                source: KeySource::HashedHeader,
+                name: Some("x-api-key".into()),
+                ..KeyPart::client_ip()
+            },
+            KeyPart {
+                source: KeySource::Method,
+                ..KeyPart::client_ip()
+            },
+            KeyPart {
+                source: KeySource::Path,
+                ..KeyPart::client_ip()
+            },
+        ]);
+        let keys = [
+            hash_of(
+                &two_headers(),
+                ip,
+                &fields(&[("x-tenant", "acme"), ("x-user", "alice")]),
+            ),
+            hash_of(&credential, ip, &fields(&[("authorization", "Bearer alice")])),
+            hash_of(&credential, ip, &HeaderMap::new()),
+            hash_of(&hashed_with_route, ip, &fields(&[("x-api-key", "k-1")])),
+        ]
+        .map(|h| hex(h.unwrap()));
+        assert_eq!(
+            keys,
+            [
+                "4eb718d31d5e0f177ea208822038c23f",
+                "14db72417962335c5367c2ca129986fe",
+                "64cd8a0fbd56d832f549867a22c9d96a",
+                "730eaad8cd996725160eb31d37d0ca3f"
+            ]
         );
     }
 
