@@ -3,6 +3,11 @@
 //! (its share of what was left, see [`super::local`]) instead of from zero, so a window split by an
 //! outage does not allow what Redis counted before it plus a whole local share after it.
 //!
+//! An answer is remembered under its rule's scope id ([`KeySpec::scope_id`](super::key::KeySpec::scope_id))
+//! as well as the key hash and window: the hash covers the rule, but it is 128 bits of a digest of values
+//! clients pick, and two rules' values could be ground to collide in it; the scope id is made of the
+//! operator's names, so one rule's answers never start another rule's buckets.
+//!
 //! Bounded like the local store (`localMaxKeys` keys, in shards): when a shard is full, answers that can
 //! no longer seed anything (older than their window) are dropped first; past that, new keys are not
 //! remembered (counted in `last_said_unnoted_total`) and their buckets start from zero.
@@ -47,7 +52,8 @@ impl Said {
 
 #[derive(Debug)]
 struct Shard {
-    map: HashMap<(KeyHash, u64), Said>,
+    /// By rule scope id, key hash and window length.
+    map: HashMap<(u64, KeyHash, u64), Said>,
     /// The next answer's version (a key always falls in the same shard).
     next: u64,
     /// No answer in `map` is a window old before this (limiter clock, ms; a lower bound): a full shard
@@ -67,7 +73,7 @@ impl Default for Shard {
     }
 }
 
-/// The last answer of Redis per key (the key hash names the rule) and window length.
+/// The last answer of Redis per rule, key and window length.
 #[derive(Debug)]
 pub struct LastSaid {
     shards: Vec<Mutex<Shard>>,
@@ -82,9 +88,17 @@ impl Default for LastSaid {
 }
 
 impl LastSaid {
-    /// Remembers that Redis had `remaining` requests left for `key` at `now`; `false` when the map is full
-    /// (`cap` keys) and the key is new.
-    pub fn record(&self, key: &KeyHash, window_ms: u64, remaining: u64, now: u64, cap: usize) -> bool {
+    /// Remembers that Redis had `remaining` requests left for `key` of the rule with scope id `scope` at
+    /// `now`; `false` when the map is full (`cap` keys) and the key is new.
+    pub fn record(
+        &self,
+        scope: u64,
+        key: &KeyHash,
+        window_ms: u64,
+        remaining: u64,
+        now: u64,
+        cap: usize,
+    ) -> bool {
         let mut guard = lock(&self.shards[usize::from(key[0]) % SHARDS]);
         let shard = &mut *guard;
         shard.next += 1;
@@ -93,7 +107,7 @@ impl LastSaid {
             at: now,
             version: shard.next,
         };
-        if let Some(slot) = shard.map.get_mut(&(*key, window_ms)) {
+        if let Some(slot) = shard.map.get_mut(&(scope, *key, window_ms)) {
             // A later answer moves only this key's expiry later: `first_expiry` stays a lower bound.
             if now >= slot.at {
                 *slot = said;
@@ -107,7 +121,7 @@ impl LastSaid {
             }
             // Answers older than their window seed nothing any more.
             let mut first_expiry = u64::MAX;
-            shard.map.retain(|(_, w), s| {
+            shard.map.retain(|(_, _, w), s| {
                 let expiry = s.at.saturating_add((*w).max(1));
                 let keep = now < expiry;
                 if keep {
@@ -121,15 +135,15 @@ impl LastSaid {
             }
         }
         shard.first_expiry = shard.first_expiry.min(now.saturating_add(window_ms.max(1)));
-        shard.map.insert((*key, window_ms), said);
+        shard.map.insert((scope, *key, window_ms), said);
         true
     }
 
-    /// The last answer for `key`, if one is remembered.
-    pub fn get(&self, key: &KeyHash, window_ms: u64) -> Option<Said> {
+    /// The last answer for `key` of the rule with scope id `scope`, if one is remembered.
+    pub fn get(&self, scope: u64, key: &KeyHash, window_ms: u64) -> Option<Said> {
         lock(&self.shards[usize::from(key[0]) % SHARDS])
             .map
-            .get(&(*key, window_ms))
+            .get(&(scope, *key, window_ms))
             .copied()
     }
 
@@ -152,26 +166,40 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 mod tests {
     use super::*;
 
+    /// A rule's scope id.
+    const RULE: u64 = 1;
+
     fn key(i: u8) -> KeyHash {
         [i; 16]
     }
 
     #[test]
+    fn two_rules_never_see_each_others_answers_even_for_one_key_hash() {
+        let said = LastSaid::default();
+        // A hash two rules share: only a 2^64 search could find one, so it is set here.
+        assert!(said.record(RULE, &key(1), 1_000, 0, 1_100, 32));
+        assert_eq!(said.get(RULE + 1, &key(1), 1_000), None);
+        assert!(said.record(RULE + 1, &key(1), 1_000, 7, 1_200, 32));
+        assert_eq!(said.get(RULE, &key(1), 1_000).unwrap().remaining, 0);
+        assert_eq!(said.get(RULE + 1, &key(1), 1_000).unwrap().remaining, 7);
+    }
+
+    #[test]
     fn the_latest_answer_per_key_is_kept() {
         let said = LastSaid::default();
-        assert!(said.record(&key(1), 1_000, 7, 1_100, 10));
-        assert!(said.record(&key(1), 1_000, 5, 1_200, 10));
+        assert!(said.record(RULE, &key(1), 1_000, 7, 1_100, 10));
+        assert!(said.record(RULE, &key(1), 1_000, 5, 1_200, 10));
         // An answer that arrives late (an older decision) does not replace a newer one.
-        assert!(said.record(&key(1), 1_000, 6, 1_150, 10));
-        let last = said.get(&key(1), 1_000).unwrap();
+        assert!(said.record(RULE, &key(1), 1_000, 6, 1_150, 10));
+        let last = said.get(RULE, &key(1), 1_000).unwrap();
         assert_eq!((last.remaining, last.at), (5, 1_200));
         // Answers within one millisecond are told apart by their version.
-        assert!(said.record(&key(1), 1_000, 4, 1_200, 10));
-        let newer = said.get(&key(1), 1_000).unwrap();
+        assert!(said.record(RULE, &key(1), 1_000, 4, 1_200, 10));
+        let newer = said.get(RULE, &key(1), 1_000).unwrap();
         assert_eq!(newer.remaining, 4);
         assert!(newer.version > last.version);
-        assert_eq!(said.get(&key(1), 2_000), None, "another window length");
-        assert_eq!(said.get(&key(2), 1_000), None);
+        assert_eq!(said.get(RULE, &key(1), 2_000), None, "another window length");
+        assert_eq!(said.get(RULE, &key(2), 1_000), None);
     }
 
     #[test]
@@ -179,14 +207,17 @@ mod tests {
         let said = LastSaid::default();
         // Cap 16: one key a shard (the shard is the key's first byte).
         for i in 0..16 {
-            assert!(said.record(&key(i), 1_000, 1, 1_000, 16));
+            assert!(said.record(RULE, &key(i), 1_000, 1, 1_000, 16));
         }
-        assert!(!said.record(&key(16), 1_000, 1, 1_500, 16), "shard 0 is full");
         assert!(
-            said.record(&key(16), 1_000, 1, 2_000, 16),
+            !said.record(RULE, &key(16), 1_000, 1, 1_500, 16),
+            "shard 0 is full"
+        );
+        assert!(
+            said.record(RULE, &key(16), 1_000, 1, 2_000, 16),
             "key 0's answer is a window old"
         );
-        assert_eq!(said.get(&key(0), 1_000), None);
+        assert_eq!(said.get(RULE, &key(0), 1_000), None);
         assert_eq!(said.len(), 16);
     }
 
@@ -194,31 +225,31 @@ mod tests {
     fn a_full_map_drops_an_answer_once_its_latest_is_a_window_old_and_not_before() {
         let said = LastSaid::default();
         for i in 0..16 {
-            assert!(said.record(&key(i), 1_000, 1, 1_000, 16));
+            assert!(said.record(RULE, &key(i), 1_000, 1, 1_000, 16));
         }
         // Key 0 answered again later: its answer is a window old only at 2_600.
-        assert!(said.record(&key(0), 1_000, 1, 1_600, 16));
+        assert!(said.record(RULE, &key(0), 1_000, 1, 1_600, 16));
         assert!(
-            !said.record(&key(16), 1_000, 1, 2_000, 16),
+            !said.record(RULE, &key(16), 1_000, 1, 2_000, 16),
             "key 0's answer is recent"
         );
-        assert!(!said.record(&key(16), 1_000, 1, 2_599, 16));
+        assert!(!said.record(RULE, &key(16), 1_000, 1, 2_599, 16));
         assert!(
-            said.record(&key(16), 1_000, 1, 2_600, 16),
+            said.record(RULE, &key(16), 1_000, 1, 2_600, 16),
             "now it is a window old"
         );
-        assert_eq!(said.get(&key(0), 1_000), None);
+        assert_eq!(said.get(RULE, &key(0), 1_000), None);
         // A shorter window in the same shard expires first.
-        assert!(said.record(&key(32), 10, 1, 2_600, 32));
+        assert!(said.record(RULE, &key(32), 10, 1, 2_600, 32));
         assert!(
-            !said.record(&key(48), 1_000, 1, 2_605, 32),
+            !said.record(RULE, &key(48), 1_000, 1, 2_605, 32),
             "shard 0 is full (cap 2)"
         );
         assert!(
-            said.record(&key(48), 1_000, 1, 2_610, 32),
+            said.record(RULE, &key(48), 1_000, 1, 2_610, 32),
             "key 32's 10 ms answer lapsed"
         );
-        assert_eq!(said.get(&key(32), 10), None);
+        assert_eq!(said.get(RULE, &key(32), 10), None);
     }
 
     #[test]

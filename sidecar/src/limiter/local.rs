@@ -45,7 +45,9 @@ struct Entry {
 
 #[derive(Debug, Default)]
 struct Shard {
-    map: HashMap<(KeyHash, u64), Entry>,
+    /// By rule scope id (as in [`super::last_said`]: two rules never share a bucket, even for key
+    /// values ground to collide in the hash), key hash and window length.
+    map: HashMap<(u64, KeyHash, u64), Entry>,
     next_sweep: u64,
 }
 
@@ -84,9 +86,17 @@ impl LocalStore {
         self.len() == 0
     }
 
-    /// Decides one request for counter `key` of rule `rule`.
-    pub fn decide(&self, rule: &str, key: &KeyHash, kind: AlgorithmKind, p: Params, now: u64) -> Outcome {
-        self.decide_from(rule, key, kind, p, now, None, 1)
+    /// Decides one request for counter `key` of rule `rule` (scope id `scope`).
+    pub fn decide(
+        &self,
+        rule: &str,
+        scope: u64,
+        key: &KeyHash,
+        kind: AlgorithmKind,
+        p: Params,
+        now: u64,
+    ) -> Outcome {
+        self.decide_from(rule, scope, key, kind, p, now, None, 1)
     }
 
     /// Decides one request of the local fallback for counter `key` of rule `rule` (`p`: the per-pod
@@ -97,6 +107,7 @@ impl LocalStore {
     pub fn decide_from(
         &self,
         rule: &str,
+        scope: u64,
         key: &KeyHash,
         kind: AlgorithmKind,
         p: Params,
@@ -109,7 +120,7 @@ impl LocalStore {
         let index = usize::from(key[0]) % SHARDS;
         let cap = self.shard_cap(index);
         let mut shard = lock(&self.shards[index]);
-        let k = (*key, p.window_ms);
+        let k = (scope, *key, p.window_ms);
         if let Some(e) = shard.map.get_mut(&k) {
             e.params = p;
             if let Some(s) = said.filter(|s| e.seeded_from.is_none_or(|v| s.version > v)) {
@@ -195,6 +206,9 @@ mod tests {
         burst: 0,
     };
 
+    /// Scope id of rule `r`.
+    const R: u64 = 1;
+
     fn key(i: u32) -> KeyHash {
         let mut k = [0u8; 16];
         k[..4].copy_from_slice(&i.to_le_bytes());
@@ -207,14 +221,14 @@ mod tests {
         let store = LocalStore::new(64, m.clone());
         let t0 = 1_700_000_000_000;
         for i in 0..1000 {
-            store.decide("r", &key(i), AlgorithmKind::FixedWindow, P, t0);
+            store.decide("r", R, &key(i), AlgorithmKind::FixedWindow, P, t0);
         }
         assert!(store.len() <= 64);
         assert_eq!(m.local_evictions.get(), 0, "active buckets must not be evicted");
         assert!(m.local_overflow.get() >= 1000 - 64);
         // A window later every bucket is idle: new keys evict them.
         for i in 1000..1100 {
-            store.decide("r", &key(i), AlgorithmKind::FixedWindow, P, t0 + 1_000);
+            store.decide("r", R, &key(i), AlgorithmKind::FixedWindow, P, t0 + 1_000);
         }
         assert!(store.len() <= 64);
         assert!(m.local_evictions.get() > 0);
@@ -228,7 +242,7 @@ mod tests {
         let allowed = (0..10)
             .filter(|i| {
                 store
-                    .decide("r", &key(*i), AlgorithmKind::FixedWindow, P, t0)
+                    .decide("r", R, &key(*i), AlgorithmKind::FixedWindow, P, t0)
                     .allowed
             })
             .count();
@@ -247,12 +261,13 @@ mod tests {
         let abuser = key(u32::MAX);
         assert!(
             store
-                .decide("r", &abuser, AlgorithmKind::TokenBucket, tb, t0)
+                .decide("r", R, &abuser, AlgorithmKind::TokenBucket, tb, t0)
                 .allowed
         );
         for i in 0..10_000 {
             store.decide(
                 "r",
+                R,
                 &key(i),
                 AlgorithmKind::TokenBucket,
                 tb,
@@ -261,8 +276,24 @@ mod tests {
         }
         assert!(
             !store
-                .decide("r", &abuser, AlgorithmKind::TokenBucket, tb, t0 + 30_000)
+                .decide("r", R, &abuser, AlgorithmKind::TokenBucket, tb, t0 + 30_000)
                 .allowed
+        );
+    }
+
+    #[test]
+    fn two_rules_never_share_a_bucket_even_for_one_key_hash() {
+        let store = LocalStore::new(64, Metrics::unregistered());
+        let t0 = 1_700_000_000_000;
+        let fw = AlgorithmKind::FixedWindow;
+        // A hash two rules share: only a 2^64 search could find one, so it is set here.
+        let shared = key(7);
+        assert!(store.decide("r", R, &shared, fw, P, t0).allowed);
+        assert!(store.decide("r", R, &shared, fw, P, t0).allowed);
+        assert!(!store.decide("r", R, &shared, fw, P, t0).allowed);
+        assert!(
+            store.decide("other", R + 1, &shared, fw, P, t0).allowed,
+            "another rule's bucket"
         );
     }
 }

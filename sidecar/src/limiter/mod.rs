@@ -410,10 +410,14 @@ impl Limiter {
     ) -> (Outcome, Source) {
         match &self.shared.redis {
             None => {
-                let o = self
-                    .shared
-                    .local
-                    .decide(&rule.name, hash, rule.algorithm, rule.params, now);
+                let o = self.shared.local.decide(
+                    &rule.name,
+                    rule.key.scope_id(),
+                    hash,
+                    rule.algorithm,
+                    rule.params,
+                    now,
+                );
                 (o, Source::Local)
             }
             Some(_) if self.shared.breaker.is_open() => self.fallback(settings, rule, hash, now),
@@ -421,6 +425,7 @@ impl Limiter {
                 Some(o) => {
                     if settings.failure_mode == FailureMode::Local
                         && !self.shared.last_said.record(
+                            rule.key.scope_id(),
                             hash,
                             rule.params.window_ms,
                             o.remaining,
@@ -471,11 +476,18 @@ impl Limiter {
                 let replicas = self.shared.replicas(settings);
                 let p = rule.params.per_replica(replicas);
                 // The bucket starts from this pod's share of what Redis had left for the key.
-                let said = self.shared.last_said.get(hash, rule.params.window_ms);
-                let o =
-                    self.shared
-                        .local
-                        .decide_from(&rule.name, hash, rule.algorithm, p, now, said, replicas);
+                let scope = rule.key.scope_id();
+                let said = self.shared.last_said.get(scope, hash, rule.params.window_ms);
+                let o = self.shared.local.decide_from(
+                    &rule.name,
+                    scope,
+                    hash,
+                    rule.algorithm,
+                    p,
+                    now,
+                    said,
+                    replicas,
+                );
                 if o.allowed
                     && !self
                         .shared
@@ -723,6 +735,74 @@ mod tests {
         changed.rules.pop();
         l.reconfigure(&changed, Some(&policy)).unwrap();
         assert_eq!(coalescer.tracked(), 0, "a removed rule's keys are dropped");
+    }
+
+    #[tokio::test]
+    async fn one_rules_redis_answers_never_start_another_rules_local_bucket_even_for_one_key_hash() {
+        use sluice_crds::{
+            duration::Duration as ConfigDuration,
+            sidecar_config::{Algorithm, Limit},
+        };
+        use sluice_testsupport::{RedisServer, wait_for_async};
+
+        let rule = |name: &str, requests| Rule {
+            name: name.into(),
+            matches: Default::default(),
+            key: Vec::new(),
+            algorithm: Algorithm::FixedWindow,
+            limit: Limit {
+                requests,
+                window: ConfigDuration::from_millis(60_000),
+                burst: None,
+            },
+            shadow: false,
+            client_ip_ceiling: None,
+        };
+        let mut config = LimitsConfig {
+            rules: vec![rule("strict", 2), rule("loose", 100)],
+            failure_mode: FailureMode::Local,
+            ..Default::default()
+        };
+        // Generous: a loaded machine must not turn a Redis decision into a fallback one.
+        config.redis.timeout = ConfigDuration::from_millis(2_000);
+        let policy = PolicyRef {
+            namespace: "shop".into(),
+            name: "api".into(),
+            generation: 1,
+        };
+        let redis = RedisServer::start();
+        let now = 1_700_000_040_000;
+        let clock: SharedClock = Arc::new(crate::clock::ManualClock::at(now));
+        let l = Limiter::with_metrics(
+            &config,
+            Some(&policy),
+            Some(&redis.url()),
+            clock,
+            Metrics::unregistered(),
+        )
+        .unwrap();
+        wait_for_async("the limiter to reach Redis", Duration::from_secs(10), || async {
+            l.redis_healthy().then_some(())
+        })
+        .await;
+        let settings = l.shared.settings.load_full();
+        let (strict, loose) = (&settings.rules[0], &settings.rules[1]);
+        // A key hash both rules' values hash to: only a 2^64 search could find one, so it is set here.
+        let hash = [7u8; 16];
+        for expected in [true, true, false] {
+            let (o, source) = l.decide(&settings, strict, &hash, now).await;
+            assert_eq!((o.allowed, source), (expected, Source::Redis));
+        }
+        let (o, _) = l.fallback(&settings, strict, &hash, now);
+        assert!(
+            !o.allowed,
+            "the strict rule's bucket starts from what Redis said: none left"
+        );
+        let (o, _) = l.fallback(&settings, loose, &hash, now);
+        assert!(
+            o.allowed && o.remaining == 99,
+            "the loose rule's bucket is its own, not started from the strict rule's answer: {o:?}"
+        );
     }
 
     #[test]
