@@ -220,22 +220,23 @@ pub fn masked(ip: IpAddr, v4: u8, v6: u8) -> (IpAddr, u8) {
 /// One value is fed as one item (tag, length, bytes), as before repeated fields were told apart, so the
 /// common single-valued key keeps its counter. Several values are fed after [`LIST_TAG`] and their
 /// count: without it, a value could move from the end of one repeated key header to the start of the
-/// next part fed under the same tag (`A: x, A: y, B: z` and `A: y, B: x, B: z` fed the same items) and
+/// next part fed under the same tag (`A: x, A: y, B: z` and `A: y, B: z, B: x` both fed `y`, `x`, `z`) and
 /// two different requests shared a counter. With it, each part's encoding opens with a byte saying how
 /// many items follow (a value tag: one; [`LIST_TAG`]: the count after it), so the rule's parts, known in
 /// advance, read back from the bytes in one way only.
 fn feed_all(h: &mut Sha256, tag: u8, req: &RequestFacts<'_>, name: &HeaderName) -> bool {
-    let (mut count, mut last) = (0u64, None);
+    // Values are walked last first: the first one seen is the last field's.
+    let (mut count, mut first_seen) = (0u64, None);
     req.headers.each_rev(name, &mut |v| {
         count += 1;
-        last.get_or_insert(v);
+        first_seen.get_or_insert(v);
         std::ops::ControlFlow::Continue(())
     });
-    let Some(only) = last else {
+    let Some(value) = first_seen else {
         return false;
     };
     if count == 1 {
-        feed(h, tag, only);
+        feed(h, tag, value);
     } else {
         h.update([LIST_TAG]);
         h.update(count.to_be_bytes());
@@ -436,6 +437,10 @@ mod tests {
             fields(&[("x-tenant", "a"), ("x-user", "b,c")]),
             fields(&[("x-tenant", "a,"), ("x-user", "b,c")]),
             fields(&[("x-tenant", "a"), ("x-user", ",b,c")]),
+            // Fed the same items as the second (`b`, `a`, `c`) before the values of a repeated header
+            // were hashed with their count: the one pair here that guards that change, the others were
+            // told apart by the values' lengths already.
+            fields(&[("x-tenant", "b"), ("x-user", "c"), ("x-user", "a")]),
         ]
         .map(|h| hash_of(&s, ip, &h).unwrap());
         for (i, a) in keys.iter().enumerate() {
@@ -488,6 +493,20 @@ mod tests {
                 "730eaad8cd996725160eb31d37d0ca3f"
             ]
         );
+    }
+
+    #[test]
+    fn a_repeated_key_header_hashes_as_pinned() {
+        // Pinned: a change to how repeated values are fed (list tag, count, values last first) would
+        // move every client that repeats a key header to fresh counters on upgrade, and no other test
+        // would notice. The value is what this encoding computes, not worked out independently: it
+        // guards the layout against change, it does not prove it right.
+        let key = hash_of(
+            &two_headers(),
+            "198.51.100.7",
+            &fields(&[("x-tenant", "a"), ("x-tenant", "b"), ("x-user", "c")]),
+        );
+        assert_eq!(hex(key.unwrap()), "28563ed6456efb5a97163241f8832d48");
     }
 
     #[test]

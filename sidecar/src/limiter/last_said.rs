@@ -4,9 +4,14 @@
 //! outage does not allow what Redis counted before it plus a whole local share after it.
 //!
 //! An answer is remembered under its rule's scope id ([`KeySpec::scope_id`](super::key::KeySpec::scope_id))
-//! as well as the key hash and window: the hash covers the rule, but it is 128 bits of a digest of values
-//! clients pick, and two rules' values could be ground to collide in it; the scope id is made of the
-//! operator's names, so one rule's answers never start another rule's buckets.
+//! and algorithm as well as the key hash and window, as the coalescer's counter id (`remote::CounterId`)
+//! names a counter:
+//! - the hash covers the rule, but it is 128 bits of a digest of values clients pick, and two rules'
+//!   values could be ground to collide in it; the scope id is made of the operator's names, so one rule's
+//!   answers never start another rule's buckets;
+//! - a rule whose algorithm changed counts on another Redis counter (another key type and tag), which
+//!   starts fresh: an answer about the old counter says nothing about the new one, so it starts no bucket
+//!   of the new algorithm (and the old algorithm's answer is still there if a reload changes it back).
 //!
 //! Bounded like the local store (`localMaxKeys` keys, in shards): when a shard is full, answers that can
 //! no longer seed anything (older than their window) are dropped first; past that, new keys are not
@@ -52,8 +57,8 @@ impl Said {
 
 #[derive(Debug)]
 struct Shard {
-    /// By rule scope id, key hash and window length.
-    map: HashMap<(u64, KeyHash, u64), Said>,
+    /// By rule scope id, algorithm, key hash and window length.
+    map: HashMap<(u64, AlgorithmKind, KeyHash, u64), Said>,
     /// The next answer's version (a key always falls in the same shard).
     next: u64,
     /// No answer in `map` is a window old before this (limiter clock, ms; a lower bound): a full shard
@@ -73,7 +78,7 @@ impl Default for Shard {
     }
 }
 
-/// The last answer of Redis per rule, key and window length.
+/// The last answer of Redis per rule, algorithm, key and window length.
 #[derive(Debug)]
 pub struct LastSaid {
     shards: Vec<Mutex<Shard>>,
@@ -88,11 +93,13 @@ impl Default for LastSaid {
 }
 
 impl LastSaid {
-    /// Remembers that Redis had `remaining` requests left for `key` of the rule with scope id `scope` at
-    /// `now`; `false` when the map is full (`cap` keys) and the key is new.
+    /// Remembers that Redis had `remaining` requests left for `key` of the rule with scope id `scope`
+    /// counted by `kind` at `now`; `false` when the map is full (`cap` keys) and the key is new.
+    #[allow(clippy::too_many_arguments)]
     pub fn record(
         &self,
         scope: u64,
+        kind: AlgorithmKind,
         key: &KeyHash,
         window_ms: u64,
         remaining: u64,
@@ -107,7 +114,7 @@ impl LastSaid {
             at: now,
             version: shard.next,
         };
-        if let Some(slot) = shard.map.get_mut(&(scope, *key, window_ms)) {
+        if let Some(slot) = shard.map.get_mut(&(scope, kind, *key, window_ms)) {
             // A later answer moves only this key's expiry later: `first_expiry` stays a lower bound.
             if now >= slot.at {
                 *slot = said;
@@ -121,7 +128,7 @@ impl LastSaid {
             }
             // Answers older than their window seed nothing any more.
             let mut first_expiry = u64::MAX;
-            shard.map.retain(|(_, _, w), s| {
+            shard.map.retain(|(_, _, _, w), s| {
                 let expiry = s.at.saturating_add((*w).max(1));
                 let keep = now < expiry;
                 if keep {
@@ -135,15 +142,16 @@ impl LastSaid {
             }
         }
         shard.first_expiry = shard.first_expiry.min(now.saturating_add(window_ms.max(1)));
-        shard.map.insert((scope, *key, window_ms), said);
+        shard.map.insert((scope, kind, *key, window_ms), said);
         true
     }
 
-    /// The last answer for `key` of the rule with scope id `scope`, if one is remembered.
-    pub fn get(&self, scope: u64, key: &KeyHash, window_ms: u64) -> Option<Said> {
+    /// The last answer for `key` of the rule with scope id `scope` counted by `kind`, if one is
+    /// remembered.
+    pub fn get(&self, scope: u64, kind: AlgorithmKind, key: &KeyHash, window_ms: u64) -> Option<Said> {
         lock(&self.shards[usize::from(key[0]) % SHARDS])
             .map
-            .get(&(scope, *key, window_ms))
+            .get(&(scope, kind, *key, window_ms))
             .copied()
     }
 
@@ -168,6 +176,8 @@ mod tests {
 
     /// A rule's scope id.
     const RULE: u64 = 1;
+    /// The rule's algorithm.
+    const FW: AlgorithmKind = AlgorithmKind::FixedWindow;
 
     fn key(i: u8) -> KeyHash {
         [i; 16]
@@ -177,29 +187,42 @@ mod tests {
     fn two_rules_never_see_each_others_answers_even_for_one_key_hash() {
         let said = LastSaid::default();
         // A hash two rules share: only a 2^64 search could find one, so it is set here.
-        assert!(said.record(RULE, &key(1), 1_000, 0, 1_100, 32));
-        assert_eq!(said.get(RULE + 1, &key(1), 1_000), None);
-        assert!(said.record(RULE + 1, &key(1), 1_000, 7, 1_200, 32));
-        assert_eq!(said.get(RULE, &key(1), 1_000).unwrap().remaining, 0);
-        assert_eq!(said.get(RULE + 1, &key(1), 1_000).unwrap().remaining, 7);
+        assert!(said.record(RULE, FW, &key(1), 1_000, 0, 1_100, 32));
+        assert_eq!(said.get(RULE + 1, FW, &key(1), 1_000), None);
+        assert!(said.record(RULE + 1, FW, &key(1), 1_000, 7, 1_200, 32));
+        assert_eq!(said.get(RULE, FW, &key(1), 1_000).unwrap().remaining, 0);
+        assert_eq!(said.get(RULE + 1, FW, &key(1), 1_000).unwrap().remaining, 7);
+    }
+
+    #[test]
+    fn an_answer_about_one_algorithms_counter_is_not_one_about_anothers() {
+        let said = LastSaid::default();
+        let sc = AlgorithmKind::SlidingCounter;
+        // A reload changed only the rule's algorithm: Redis counts it on a new, empty counter.
+        assert!(said.record(RULE, FW, &key(1), 1_000, 0, 1_100, 32));
+        assert_eq!(said.get(RULE, sc, &key(1), 1_000), None);
+        assert!(said.record(RULE, sc, &key(1), 1_000, 9, 1_200, 32));
+        // Changed back, the old counter's answer is still its own.
+        assert_eq!(said.get(RULE, FW, &key(1), 1_000).unwrap().remaining, 0);
+        assert_eq!(said.get(RULE, sc, &key(1), 1_000).unwrap().remaining, 9);
     }
 
     #[test]
     fn the_latest_answer_per_key_is_kept() {
         let said = LastSaid::default();
-        assert!(said.record(RULE, &key(1), 1_000, 7, 1_100, 10));
-        assert!(said.record(RULE, &key(1), 1_000, 5, 1_200, 10));
+        assert!(said.record(RULE, FW, &key(1), 1_000, 7, 1_100, 10));
+        assert!(said.record(RULE, FW, &key(1), 1_000, 5, 1_200, 10));
         // An answer that arrives late (an older decision) does not replace a newer one.
-        assert!(said.record(RULE, &key(1), 1_000, 6, 1_150, 10));
-        let last = said.get(RULE, &key(1), 1_000).unwrap();
+        assert!(said.record(RULE, FW, &key(1), 1_000, 6, 1_150, 10));
+        let last = said.get(RULE, FW, &key(1), 1_000).unwrap();
         assert_eq!((last.remaining, last.at), (5, 1_200));
         // Answers within one millisecond are told apart by their version.
-        assert!(said.record(RULE, &key(1), 1_000, 4, 1_200, 10));
-        let newer = said.get(RULE, &key(1), 1_000).unwrap();
+        assert!(said.record(RULE, FW, &key(1), 1_000, 4, 1_200, 10));
+        let newer = said.get(RULE, FW, &key(1), 1_000).unwrap();
         assert_eq!(newer.remaining, 4);
         assert!(newer.version > last.version);
-        assert_eq!(said.get(RULE, &key(1), 2_000), None, "another window length");
-        assert_eq!(said.get(RULE, &key(2), 1_000), None);
+        assert_eq!(said.get(RULE, FW, &key(1), 2_000), None, "another window length");
+        assert_eq!(said.get(RULE, FW, &key(2), 1_000), None);
     }
 
     #[test]
@@ -207,17 +230,17 @@ mod tests {
         let said = LastSaid::default();
         // Cap 16: one key a shard (the shard is the key's first byte).
         for i in 0..16 {
-            assert!(said.record(RULE, &key(i), 1_000, 1, 1_000, 16));
+            assert!(said.record(RULE, FW, &key(i), 1_000, 1, 1_000, 16));
         }
         assert!(
-            !said.record(RULE, &key(16), 1_000, 1, 1_500, 16),
+            !said.record(RULE, FW, &key(16), 1_000, 1, 1_500, 16),
             "shard 0 is full"
         );
         assert!(
-            said.record(RULE, &key(16), 1_000, 1, 2_000, 16),
+            said.record(RULE, FW, &key(16), 1_000, 1, 2_000, 16),
             "key 0's answer is a window old"
         );
-        assert_eq!(said.get(RULE, &key(0), 1_000), None);
+        assert_eq!(said.get(RULE, FW, &key(0), 1_000), None);
         assert_eq!(said.len(), 16);
     }
 
@@ -225,31 +248,31 @@ mod tests {
     fn a_full_map_drops_an_answer_once_its_latest_is_a_window_old_and_not_before() {
         let said = LastSaid::default();
         for i in 0..16 {
-            assert!(said.record(RULE, &key(i), 1_000, 1, 1_000, 16));
+            assert!(said.record(RULE, FW, &key(i), 1_000, 1, 1_000, 16));
         }
         // Key 0 answered again later: its answer is a window old only at 2_600.
-        assert!(said.record(RULE, &key(0), 1_000, 1, 1_600, 16));
+        assert!(said.record(RULE, FW, &key(0), 1_000, 1, 1_600, 16));
         assert!(
-            !said.record(RULE, &key(16), 1_000, 1, 2_000, 16),
+            !said.record(RULE, FW, &key(16), 1_000, 1, 2_000, 16),
             "key 0's answer is recent"
         );
-        assert!(!said.record(RULE, &key(16), 1_000, 1, 2_599, 16));
+        assert!(!said.record(RULE, FW, &key(16), 1_000, 1, 2_599, 16));
         assert!(
-            said.record(RULE, &key(16), 1_000, 1, 2_600, 16),
+            said.record(RULE, FW, &key(16), 1_000, 1, 2_600, 16),
             "now it is a window old"
         );
-        assert_eq!(said.get(RULE, &key(0), 1_000), None);
+        assert_eq!(said.get(RULE, FW, &key(0), 1_000), None);
         // A shorter window in the same shard expires first.
-        assert!(said.record(RULE, &key(32), 10, 1, 2_600, 32));
+        assert!(said.record(RULE, FW, &key(32), 10, 1, 2_600, 32));
         assert!(
-            !said.record(RULE, &key(48), 1_000, 1, 2_605, 32),
+            !said.record(RULE, FW, &key(48), 1_000, 1, 2_605, 32),
             "shard 0 is full (cap 2)"
         );
         assert!(
-            said.record(RULE, &key(48), 1_000, 1, 2_610, 32),
+            said.record(RULE, FW, &key(48), 1_000, 1, 2_610, 32),
             "key 32's 10 ms answer lapsed"
         );
-        assert_eq!(said.get(RULE, &key(32), 10), None);
+        assert_eq!(said.get(RULE, FW, &key(32), 10), None);
     }
 
     #[test]

@@ -45,9 +45,11 @@ struct Entry {
 
 #[derive(Debug, Default)]
 struct Shard {
-    /// By rule scope id (as in [`super::last_said`]: two rules never share a bucket, even for key
-    /// values ground to collide in the hash), key hash and window length.
-    map: HashMap<(u64, KeyHash, u64), Entry>,
+    /// By rule scope id, algorithm, key hash and window length, as in [`super::last_said`]: two rules
+    /// never share a bucket, even for key values ground to collide in the hash, and a rule whose
+    /// algorithm changed starts another bucket, as it starts another Redis counter (the old bucket stays
+    /// until evicted, as the old counter stays in Redis until it expires).
+    map: HashMap<(u64, AlgorithmKind, KeyHash, u64), Entry>,
     next_sweep: u64,
 }
 
@@ -86,7 +88,7 @@ impl LocalStore {
         self.len() == 0
     }
 
-    /// Decides one request for counter `key` of rule `rule` (scope id `scope`).
+    /// Decides one request for counter `key` of rule `rule` (scope id `scope`), counted by `kind`.
     pub fn decide(
         &self,
         rule: &str,
@@ -120,7 +122,7 @@ impl LocalStore {
         let index = usize::from(key[0]) % SHARDS;
         let cap = self.shard_cap(index);
         let mut shard = lock(&self.shards[index]);
-        let k = (scope, *key, p.window_ms);
+        let k = (scope, kind, *key, p.window_ms);
         if let Some(e) = shard.map.get_mut(&k) {
             e.params = p;
             if let Some(s) = said.filter(|s| e.seeded_from.is_none_or(|v| s.version > v)) {
@@ -295,5 +297,21 @@ mod tests {
             store.decide("other", R + 1, &shared, fw, P, t0).allowed,
             "another rule's bucket"
         );
+    }
+
+    #[test]
+    fn a_reload_that_changes_only_the_algorithm_starts_another_bucket_and_keeps_the_old_one() {
+        let store = LocalStore::new(64, Metrics::unregistered());
+        let t0 = 1_700_000_000_000;
+        let (fw, sc) = (AlgorithmKind::FixedWindow, AlgorithmKind::SlidingCounter);
+        let k = key(7);
+        assert!(store.decide("r", R, &k, fw, P, t0).allowed);
+        assert!(store.decide("r", R, &k, fw, P, t0).allowed);
+        assert!(!store.decide("r", R, &k, fw, P, t0).allowed);
+        // The rule now counts by another algorithm, on a new Redis counter: a bucket of its own.
+        let o = store.decide("r", R, &k, sc, P, t0);
+        assert!(o.allowed && o.remaining == 1, "{o:?}");
+        // Changed back within the window, Redis's fixed-window counter is still spent, and so is the bucket.
+        assert!(!store.decide("r", R, &k, fw, P, t0).allowed);
     }
 }

@@ -426,6 +426,7 @@ impl Limiter {
                     if settings.failure_mode == FailureMode::Local
                         && !self.shared.last_said.record(
                             rule.key.scope_id(),
+                            rule.algorithm,
                             hash,
                             rule.params.window_ms,
                             o.remaining,
@@ -477,7 +478,10 @@ impl Limiter {
                 let p = rule.params.per_replica(replicas);
                 // The bucket starts from this pod's share of what Redis had left for the key.
                 let scope = rule.key.scope_id();
-                let said = self.shared.last_said.get(scope, hash, rule.params.window_ms);
+                let said = self
+                    .shared
+                    .last_said
+                    .get(scope, rule.algorithm, hash, rule.params.window_ms);
                 let o = self.shared.local.decide_from(
                     &rule.name,
                     scope,
@@ -803,6 +807,146 @@ mod tests {
             o.allowed && o.remaining == 99,
             "the loose rule's bucket is its own, not started from the strict rule's answer: {o:?}"
         );
+    }
+
+    /// Fixtures for the local fallback: rules of 10 requests a minute keyed by nothing (tests pick the
+    /// key hash), under `failureMode: local`, without Redis (tests say what it answered).
+    mod outage {
+        use sluice_crds::{
+            duration::Duration as ConfigDuration,
+            sidecar_config::{Algorithm, Limit},
+        };
+
+        use super::*;
+
+        pub fn rule(name: &str, algorithm: Algorithm) -> Rule {
+            Rule {
+                name: name.into(),
+                matches: Default::default(),
+                key: Vec::new(),
+                algorithm,
+                limit: Limit {
+                    requests: 10,
+                    window: ConfigDuration::from_millis(60_000),
+                    burst: None,
+                },
+                shadow: false,
+                client_ip_ceiling: None,
+            }
+        }
+
+        pub fn config(rules: Vec<Rule>) -> LimitsConfig {
+            LimitsConfig {
+                rules,
+                failure_mode: FailureMode::Local,
+                ..Default::default()
+            }
+        }
+
+        pub fn policy(generation: i64) -> PolicyRef {
+            PolicyRef {
+                namespace: "shop".into(),
+                name: "api".into(),
+                generation,
+            }
+        }
+
+        /// Notes that Redis had `remaining` requests left for `hash` under `rule` at `now`.
+        pub fn redis_said(l: &Limiter, rule: &CompiledRule, hash: &KeyHash, remaining: u64, now: u64) {
+            assert!(l.shared.last_said.record(
+                rule.key.scope_id(),
+                rule.algorithm,
+                hash,
+                rule.params.window_ms,
+                remaining,
+                now,
+                64,
+            ));
+        }
+
+        /// The fallback's decision for `hash` under the current rule named `name`: allowed, and remaining.
+        pub fn fallback(l: &Limiter, name: &str, hash: &KeyHash, now: u64) -> (bool, u64) {
+            let settings = l.shared.settings.load_full();
+            let rule = settings.rules.iter().find(|r| &*r.name == name).unwrap();
+            let (o, _) = l.fallback(&settings, rule, hash, now);
+            (o.allowed, o.remaining)
+        }
+    }
+
+    #[test]
+    fn a_reload_that_keeps_a_rule_keeps_its_local_bucket_and_what_redis_last_said() {
+        use self::outage::{config, fallback, policy, redis_said, rule};
+        use sluice_crds::sidecar_config::Algorithm;
+
+        let fw = Algorithm::FixedWindow;
+        let l = Limiter::new(&config(vec![rule("tenant", fw)]), Some(&policy(1))).unwrap();
+        let now = 1_700_000_040_000;
+        let (started, remembered) = ([1u8; 16], [2u8; 16]);
+        let settings = l.shared.settings.load_full();
+        redis_said(&l, &settings.rules[0], &started, 3, now);
+        redis_said(&l, &settings.rules[0], &remembered, 3, now);
+        assert_eq!(fallback(&l, "tenant", &started, now), (true, 2), "from Redis's 3");
+
+        // A new generation with a rule inserted before it: the rule itself is unchanged.
+        l.reconfigure(
+            &config(vec![rule("first", fw), rule("tenant", fw)]),
+            Some(&policy(2)),
+        )
+        .unwrap();
+        assert_eq!(
+            fallback(&l, "tenant", &started, now),
+            (true, 1),
+            "the bucket is kept, not started again"
+        );
+        assert_eq!(
+            fallback(&l, "tenant", &remembered, now),
+            (true, 2),
+            "the answer from before the reload starts the bucket"
+        );
+
+        // A renamed rule is another rule: its own bucket, from zero.
+        l.reconfigure(
+            &config(vec![rule("first", fw), rule("renamed", fw)]),
+            Some(&policy(3)),
+        )
+        .unwrap();
+        assert_eq!(fallback(&l, "renamed", &started, now), (true, 9));
+        assert_eq!(fallback(&l, "renamed", &remembered, now), (true, 9));
+    }
+
+    #[test]
+    fn a_reload_that_changes_only_the_algorithm_in_an_outage_starts_a_bucket_of_its_own() {
+        use self::outage::{config, fallback, policy, redis_said, rule};
+        use sluice_crds::sidecar_config::Algorithm;
+
+        let (fw, sc) = (Algorithm::FixedWindow, Algorithm::SlidingCounter);
+        let l = Limiter::new(&config(vec![rule("tenant", fw)]), Some(&policy(1))).unwrap();
+        let now = 1_700_000_040_000;
+        // Redis had nothing left for either key under the fixed window; one key's bucket has started.
+        let (started, answered) = ([1u8; 16], [2u8; 16]);
+        let settings = l.shared.settings.load_full();
+        redis_said(&l, &settings.rules[0], &started, 0, now);
+        redis_said(&l, &settings.rules[0], &answered, 0, now);
+        assert_eq!(fallback(&l, "tenant", &started, now), (false, 0));
+
+        // Redis would count the rule on a new, empty counter now: so does the fallback.
+        l.reconfigure(&config(vec![rule("tenant", sc)]), Some(&policy(2)))
+            .unwrap();
+        assert_eq!(
+            fallback(&l, "tenant", &started, now),
+            (true, 9),
+            "not the fixed window's bucket"
+        );
+        assert_eq!(
+            fallback(&l, "tenant", &answered, now),
+            (true, 9),
+            "not started from the fixed window's answer"
+        );
+
+        // Changed back within the window: Redis's fixed-window counter is still spent, and so is the bucket.
+        l.reconfigure(&config(vec![rule("tenant", fw)]), Some(&policy(3)))
+            .unwrap();
+        assert_eq!(fallback(&l, "tenant", &started, now), (false, 0));
     }
 
     #[test]
