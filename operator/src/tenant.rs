@@ -278,6 +278,12 @@ pub type Provisioned = std::sync::Mutex<HashSet<(String, String, String, String)
 /// How long one provisioning may take in all (the lock, `ensure_tenant`, the Secret's write); past it
 /// the reconcile reports `TenantNotProvisioned` and retries.
 pub const PROVISION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// How many times one provisioning writes the tenant Secret before a conflict fails the reconcile: the
+/// JobQueues of a namespace share that Secret, and one created together with others finds it written
+/// by another's provisioning between its read and its write (409). Reading it again at once takes the
+/// other's; failing would send each of them into backoff and another full reconcile.
+pub const SECRET_WRITE_ATTEMPTS: u32 = 5;
 /// How long provisioning waits for the namespace's lock, in seconds.
 pub const LOCK_TIMEOUT_SECS: u32 = 5;
 /// Bounds the wait for locks in provisioning's transaction (the namespace's row lock included).
@@ -359,12 +365,18 @@ pub async fn provision(
         }
         None => {}
     }
-    match tokio::time::timeout(
-        PROVISION_TIMEOUT,
-        provision_as_owner(client, pool, done, jq, owner_url),
-    )
-    .await
-    {
+    let attempts = async {
+        let mut attempt = 1;
+        loop {
+            match provision_as_owner(client, pool, done, jq, owner_url).await {
+                Err(Error::Kube(kube::Error::Api(s))) if s.code == 409 && attempt < SECRET_WRITE_ATTEMPTS => {
+                    attempt += 1;
+                }
+                result => return result,
+            }
+        }
+    };
+    match tokio::time::timeout(PROVISION_TIMEOUT, attempts).await {
         Ok(r) => r.map(|(role, hash)| (TenantLogin::Provisioned, role, Some(hash))),
         Err(_) => Err(not_provisioned(format!(
             "provisioning took longer than {}s; the operator retries",
@@ -458,7 +470,15 @@ async fn provision_as_owner(
             .unwrap_or_else(|p| p.into_inner())
             .contains(&memo(current))
     {
-        add_owner(&secrets, current, &owner).await?;
+        if let Some(patched) = add_owner(&secrets, current, &owner).await?
+            && patched.data == current.data
+        {
+            // Still what this process wrote, with one more owner: the next JobQueue reading this version
+            // takes this path too, rather than provision again and race the others for the write.
+            done.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(memo(&patched));
+        }
         return Ok((role, password_hash(&password)));
     }
 
@@ -651,20 +671,20 @@ async fn sibling_password(secrets: &Api<Secret>, db: &str, role: &str) -> Result
 }
 
 /// Adds `owner` to the Secret's ownerReferences (a strategic merge by uid: concurrent additions keep
-/// each other's).
-async fn add_owner(secrets: &Api<Secret>, secret: &Secret, owner: &OwnerReference) -> Result<()> {
+/// each other's); returns the Secret as written, or `None` when `owner` was one already.
+async fn add_owner(secrets: &Api<Secret>, secret: &Secret, owner: &OwnerReference) -> Result<Option<Secret>> {
     if secret.owner_references().iter().any(|o| o.uid == owner.uid) {
-        return Ok(());
+        return Ok(None);
     }
     let patch = json!({"metadata": {"ownerReferences": [owner]}});
-    secrets
+    let patched = secrets
         .patch(
             &secret.name_any(),
             &PatchParams::default(),
             &Patch::Strategic(&patch),
         )
         .await?;
-    Ok(())
+    Ok(Some(patched))
 }
 
 /// `s` as an SQL string literal: in single quotes, each `'` doubled.

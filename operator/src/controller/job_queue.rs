@@ -44,9 +44,10 @@ use kube::{
     Api, Resource, ResourceExt,
     api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams},
     runtime::{
-        Controller,
+        Controller, Predicate,
         controller::{self as runtime, Action},
         events::EventType,
+        predicates,
         reflector::{ObjectRef, Store},
         watcher,
     },
@@ -175,17 +176,22 @@ pub async fn run(
         async move {
             let client = ctx.client.clone();
             let ns = ns.as_deref();
-            let controller = Controller::new(api_in::<JobQueue>(&client, ns), watcher::Config::default());
+            // Spec changes and annotations (`sluice.dev/paused`) only: the reconcile's own status writes
+            // trigger nothing.
+            let (queues, changed) = super::primary_watch(
+                api_in::<JobQueue>(&client, ns),
+                predicates::generation.combine(predicates::annotations),
+            );
+            let controller = Controller::for_stream(changed, queues.clone());
             // A QueueDatabase created, changed or deleted, and a namespace relabelled (its selector
             // judges the labels), reconcile the JobQueues naming a QueueDatabase at once.
-            let queues = controller.store();
+            let queues_of = queues.clone();
             let by_database = move |qdb: QueueDatabase| {
                 let name = qdb.name_any();
-                naming_a_queue_database(&queues, move |jq| {
+                naming_a_queue_database(&queues_of, move |jq| {
                     jq.spec.database.source() == Some(DatabaseSource::QueueDatabase(&name))
                 })
             };
-            let queues = controller.store();
             let by_namespace = move |n: Namespace| {
                 let name = n.name_any();
                 naming_a_queue_database(&queues, move |jq| jq.namespace_or_default() == name)
@@ -279,6 +285,9 @@ async fn steps(jq: &JobQueue, ctx: &Context<State>) -> Result<Action> {
     admit_database(jq, ctx, &url)?;
     prepare_database(jq, ctx, &url).await?;
     let (tenant_login, password_hash, tenant_note) = provision_tenant(jq, ctx, &url).await?;
+    // The status as the cache holds it, to write only a changed one (`jq` below may carry the tenant
+    // login provisioning found instead).
+    let cached = jq.status.as_ref();
     // Workers and the status follow what provisioning found (the cached object's status may be older).
     let with_login;
     let jq = if let Some((login, role)) = tenant_login
@@ -324,7 +333,7 @@ async fn steps(jq: &JobQueue, ctx: &Context<State>) -> Result<Action> {
         replicas,
         degraded,
     };
-    write_status(jq, ctx, &outcome, now).await?;
+    write_status(jq, cached, ctx, &outcome, now).await?;
     let poll = jq.spec.scaling.polling_interval.get();
     Ok(Action::requeue(match outcome.decision.recheck_after {
         Some(r) => r.min(poll).max(RECHECK_FLOOR),
@@ -718,27 +727,36 @@ async fn apply_workers(
             return Ok(None);
         }
     }
-    let mut deployment = render_worker_deployment(
-        jq,
-        &ctx.state.settings.sidecar,
-        (!seen.deployed).then_some(replicas),
-    )?;
-    // A changed tenant password changes the pod template, so the workers roll onto it.
-    if let Some(hash) = password_hash
-        && let Some(template) = deployment.spec.as_mut().map(|s| &mut s.template)
-    {
-        template
-            .metadata
-            .get_or_insert_with(Default::default)
-            .annotations
-            .get_or_insert_with(Default::default)
-            .insert(TENANT_PASSWORD_HASH_ANNOTATION.into(), hash.into());
-    }
+    let render = |replicas: Option<i32>| -> Result<Deployment> {
+        let mut deployment = render_worker_deployment(jq, &ctx.state.settings.sidecar, replicas)?;
+        // A changed tenant password changes the pod template, so the workers roll onto it.
+        if let Some(hash) = password_hash
+            && let Some(template) = deployment.spec.as_mut().map(|s| &mut s.template)
+        {
+            template
+                .metadata
+                .get_or_insert_with(Default::default)
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(TENANT_PASSWORD_HASH_ANNOTATION.into(), hash.into());
+        }
+        Ok(deployment)
+    };
     deployments
-        .patch(&worker_name(jq), &pp, &Patch::Apply(&deployment))
+        .patch(
+            &worker_name(jq),
+            &pp,
+            &Patch::Apply(&render((!seen.deployed).then_some(replicas))?),
+        )
         .await?;
     if !seen.deployed {
         apply_replicas(&deployments, &worker_name(jq), replicas, None).await?;
+        // The replicas manager owns the count now: the Deployment's apply gives the field up in this
+        // reconcile, as every later one applies it, rather than in the next one, whose write would
+        // start yet another reconcile through the Deployment's watch.
+        deployments
+            .patch(&worker_name(jq), &pp, &Patch::Apply(&render(None)?))
+            .await?;
     }
     if decision.scale_to.is_some() && seen.deployed {
         ctx.state.settings.metrics.scaled(decision.reason.as_str());
@@ -839,7 +857,13 @@ struct Outcome {
 
 /// Writes the status (conditions, depth, replicas, scaler) and publishes Events on transitions: a scale
 /// the operator made, becoming ready, becoming degraded for a new reason.
-async fn write_status(jq: &JobQueue, ctx: &Context<State>, outcome: &Outcome, now: i64) -> Result<()> {
+async fn write_status(
+    jq: &JobQueue,
+    cached: Option<&JobQueueStatus>,
+    ctx: &Context<State>,
+    outcome: &Outcome,
+    now: i64,
+) -> Result<()> {
     let Outcome {
         seen,
         decision,
@@ -970,7 +994,7 @@ async fn write_status(jq: &JobQueue, ctx: &Context<State>, outcome: &Outcome, no
         tenant_login: jq.status.as_ref().and_then(|s| s.tenant_login),
         tenant_role: jq.status.as_ref().and_then(|s| s.tenant_role.clone()),
     };
-    ctx.patch_status(jq, &status).await?;
+    ctx.patch_status(jq, cached, &status).await?;
 
     if let Some((why, from, to)) = scaled {
         ctx.event(
@@ -1026,7 +1050,7 @@ async fn report_failure(jq: &JobQueue, ctx: &Context<State>, e: &Error) {
     let changed = jq
         .condition(READY)
         .is_none_or(|c| c.status != "False" || c.reason != why);
-    if let Err(err) = ctx.patch_status(jq, &status).await {
+    if let Err(err) = ctx.patch_status(jq, jq.status.as_ref(), &status).await {
         tracing::debug!(error = %err, "writing the failure status failed");
     }
     if changed {

@@ -10,7 +10,12 @@
 //!   next backoff delay;
 //! - a failed reconcile sets `Ready=False` with [`Error::condition_reason`] and publishes a Warning Event
 //!   when the reason changes;
-//! - `run(ctx, shutdown)`: the watches.
+//! - `run(ctx, shutdown)`: the watches. The watch of the controller's own kind ([`primary_watch`])
+//!   triggers a reconcile when the object's generation changes (a JobQueue's also when its annotations
+//!   do), never for a status write: a reconcile's own status write must not start the next reconcile,
+//!   which would read the status a write behind the server and, with conditions' `lastTransitionTime`,
+//!   can write an older one back, and so on at every event;
+//! - the status is written only when it differs from the one the reconcile read.
 //!
 //! The leader also keeps the queue API reviewers' ClusterRoleBinding to the namespaces holding JobQueues
 //! ([`reviewer_binding`]), a plain watch with no reconcile of its own.
@@ -30,12 +35,16 @@ use std::{
     time::Duration,
 };
 
+use futures::Stream;
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{Patch, PatchParams},
     runtime::{
+        Predicate, WatchStreamExt,
         controller::Action,
         events::{Event, EventType, Recorder, Reporter},
+        reflector::{self, Store},
+        watcher,
     },
 };
 use serde::{Serialize, de::DeserializeOwned};
@@ -109,14 +118,23 @@ impl<S> Context<S> {
         }
     }
 
-    /// Server-side applies `status` as `obj`'s status, owning every field of it.
-    pub async fn patch_status<K>(&self, obj: &K, status: &impl Serialize) -> Result<()>
+    /// Server-side applies `status` as `obj`'s status, owning every field of it, unless `current` (the
+    /// status of the object as the reconcile read it) is already the same: an unchanged status costs no
+    /// API call.
+    pub async fn patch_status<K, T>(&self, obj: &K, current: Option<&T>, status: &T) -> Result<()>
     where
+        T: Serialize,
         K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
             + Clone
             + DeserializeOwned
             + Debug,
     {
+        if let Some(current) = current
+            && let (Ok(current), Ok(new)) = (serde_json::to_value(current), serde_json::to_value(status))
+            && current == new
+        {
+            return Ok(());
+        }
         let api: Api<K> = Api::namespaced(self.client.clone(), &obj.namespace().unwrap_or_default());
         let body = serde_json::json!({
             "apiVersion": K::api_version(&()),
@@ -132,6 +150,30 @@ impl<S> Context<S> {
         .await?;
         Ok(())
     }
+}
+
+/// The watch of a controller's own kind for `Controller::for_stream`: objects of `api` reflected into
+/// the returned store (what reconciles and mappers read), passed on as reconcile triggers only when
+/// `predicate`'s hash of the object changes (and the first time each object is seen, also after a
+/// restart or a re-list). With `predicates::generation`, writing an object's status, which leaves its
+/// generation as it is, triggers nothing; deletion marks (which bump the generation) still do.
+pub fn primary_watch<K, P>(
+    api: Api<K>,
+    predicate: P,
+) -> (
+    Store<K>,
+    impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    P: Predicate<K> + Send + 'static,
+{
+    let (store, writer) = reflector::store();
+    let triggers = watcher(api, watcher::Config::default())
+        .reflect(writer)
+        .applied_objects()
+        .predicate_filter(predicate, Default::default());
+    (store, triggers)
 }
 
 /// Whether the object `name` (of `kind`) that `owner` would write exists: `Ok(false)` when it does not,

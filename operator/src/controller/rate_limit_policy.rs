@@ -32,7 +32,7 @@ use k8s_openapi::api::{
 use kube::{
     Api, Resource, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams},
-    runtime::{Controller, controller::Action, events::EventType, reflector::ObjectRef, watcher},
+    runtime::{Controller, controller::Action, events::EventType, predicates, reflector::ObjectRef, watcher},
 };
 use serde_json::json;
 use sha2::Digest;
@@ -122,7 +122,10 @@ pub async fn run(ctx: Arc<Context<State>>, shutdown: impl Future<Output = ()> + 
             let client = ctx.client.clone();
             let ns = ns.as_deref();
             let managed = watcher::Config::default().labels(&format!("{MANAGED_BY}={MANAGED_BY_VALUE}"));
-            Controller::new(api_in::<RateLimitPolicy>(&client, ns), watcher::Config::default())
+            // Spec changes only: the reconcile's own status writes trigger nothing.
+            let (policies, changed) =
+                super::primary_watch(api_in::<RateLimitPolicy>(&client, ns), predicates::generation);
+            Controller::for_stream(changed, policies)
                 .owns(api_in::<ConfigMap>(&client, ns), managed.clone())
                 .owns(api_in::<NetworkPolicy>(&client, ns), managed)
                 .watches(
@@ -475,7 +478,7 @@ async fn write_status(
         ctx.now_ms(),
     );
     let previous_ready = policy.ready_condition().map(|c| c.reason.clone());
-    ctx.patch_status(policy, &status).await?;
+    ctx.patch_status(policy, policy.status.as_ref(), &status).await?;
     if previous_ready.as_deref() != Some(e.ready.reason) && e.ready.reason != reason::PROPAGATING {
         ctx.event(policy, EventType::Normal, e.ready.reason, &e.ready.message)
             .await;
@@ -662,7 +665,7 @@ async fn fail(policy: &RateLimitPolicy, ctx: &Context<State>, error: &Error) -> 
         ctx.now_ms(),
     );
     let changed = policy.ready_condition().map(|c| c.reason.as_str()) != Some(why);
-    ctx.patch_status(policy, &status).await?;
+    ctx.patch_status(policy, policy.status.as_ref(), &status).await?;
     if changed {
         ctx.event(policy, EventType::Warning, why, &message).await;
     }
