@@ -176,11 +176,13 @@ pub async fn run(
         async move {
             let client = ctx.client.clone();
             let ns = ns.as_deref();
-            // Spec changes and annotations (`sluice.dev/paused`) only: the reconcile's own status writes
-            // trigger nothing.
+            // Changes of the spec, labels or annotations (`sluice.dev/paused`; a user's touch forces a
+            // reconcile); status writes, the reconcile's own or anyone's, trigger nothing.
             let (queues, changed) = super::primary_watch(
                 api_in::<JobQueue>(&client, ns),
-                predicates::generation.combine(predicates::annotations),
+                predicates::generation
+                    .combine(predicates::labels)
+                    .combine(predicates::annotations),
             );
             let controller = Controller::for_stream(changed, queues.clone());
             // A QueueDatabase created, changed or deleted, and a namespace relabelled (its selector
@@ -285,9 +287,6 @@ async fn steps(jq: &JobQueue, ctx: &Context<State>) -> Result<Action> {
     admit_database(jq, ctx, &url)?;
     prepare_database(jq, ctx, &url).await?;
     let (tenant_login, password_hash, tenant_note) = provision_tenant(jq, ctx, &url).await?;
-    // The status as the cache holds it, to write only a changed one (`jq` below may carry the tenant
-    // login provisioning found instead).
-    let cached = jq.status.as_ref();
     // Workers and the status follow what provisioning found (the cached object's status may be older).
     let with_login;
     let jq = if let Some((login, role)) = tenant_login
@@ -333,7 +332,7 @@ async fn steps(jq: &JobQueue, ctx: &Context<State>) -> Result<Action> {
         replicas,
         degraded,
     };
-    write_status(jq, cached, ctx, &outcome, now).await?;
+    write_status(jq, ctx, &outcome, now).await?;
     let poll = jq.spec.scaling.polling_interval.get();
     Ok(Action::requeue(match outcome.decision.recheck_after {
         Some(r) => r.min(poll).max(RECHECK_FLOOR),
@@ -857,13 +856,7 @@ struct Outcome {
 
 /// Writes the status (conditions, depth, replicas, scaler) and publishes Events on transitions: a scale
 /// the operator made, becoming ready, becoming degraded for a new reason.
-async fn write_status(
-    jq: &JobQueue,
-    cached: Option<&JobQueueStatus>,
-    ctx: &Context<State>,
-    outcome: &Outcome,
-    now: i64,
-) -> Result<()> {
+async fn write_status(jq: &JobQueue, ctx: &Context<State>, outcome: &Outcome, now: i64) -> Result<()> {
     let Outcome {
         seen,
         decision,
@@ -994,7 +987,7 @@ async fn write_status(
         tenant_login: jq.status.as_ref().and_then(|s| s.tenant_login),
         tenant_role: jq.status.as_ref().and_then(|s| s.tenant_role.clone()),
     };
-    ctx.patch_status(jq, cached, &status).await?;
+    ctx.patch_status(jq, &status).await?;
 
     if let Some((why, from, to)) = scaled {
         ctx.event(
@@ -1050,7 +1043,7 @@ async fn report_failure(jq: &JobQueue, ctx: &Context<State>, e: &Error) {
     let changed = jq
         .condition(READY)
         .is_none_or(|c| c.status != "False" || c.reason != why);
-    if let Err(err) = ctx.patch_status(jq, jq.status.as_ref(), &status).await {
+    if let Err(err) = ctx.patch_status(jq, &status).await {
         tracing::debug!(error = %err, "writing the failure status failed");
     }
     if changed {

@@ -118,10 +118,11 @@ impl<S> Context<S> {
         }
     }
 
-    /// Server-side applies `status` as `obj`'s status, owning every field of it, unless `current` (the
-    /// status of the object as the reconcile read it) is already the same: an unchanged status costs no
-    /// API call.
-    pub async fn patch_status<K, T>(&self, obj: &K, current: Option<&T>, status: &T) -> Result<()>
+    /// Server-side applies `status` as `obj`'s status, owning every field of it. Written even when the
+    /// cached object shows the same status: the cache may be behind the server (a write of an earlier
+    /// reconcile not seen yet), and a skipped write would then leave the older status until the next
+    /// requeue. Status writes trigger no reconcile (see [`primary_watch`]).
+    pub async fn patch_status<K, T>(&self, obj: &K, status: &T) -> Result<()>
     where
         T: Serialize,
         K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
@@ -129,12 +130,6 @@ impl<S> Context<S> {
             + DeserializeOwned
             + Debug,
     {
-        if let Some(current) = current
-            && let (Ok(current), Ok(new)) = (serde_json::to_value(current), serde_json::to_value(status))
-            && current == new
-        {
-            return Ok(());
-        }
         let api: Api<K> = Api::namespaced(self.client.clone(), &obj.namespace().unwrap_or_default());
         let body = serde_json::json!({
             "apiVersion": K::api_version(&()),
@@ -154,9 +149,14 @@ impl<S> Context<S> {
 
 /// The watch of a controller's own kind for `Controller::for_stream`: objects of `api` reflected into
 /// the returned store (what reconciles and mappers read), passed on as reconcile triggers only when
-/// `predicate`'s hash of the object changes (and the first time each object is seen, also after a
-/// restart or a re-list). With `predicates::generation`, writing an object's status, which leaves its
-/// generation as it is, triggers nothing; deletion marks (which bump the generation) still do.
+/// `predicate`'s hash of the object changes, and the first time this process sees each object (so
+/// every object once when the operator starts or takes over leadership; a watch that lists again
+/// within one process does not trigger unchanged objects: the controllers' requeues cover drift). With
+/// `predicates::generation`, writing an object's status, which leaves its generation as it is, triggers
+/// nothing; so does another writer's change of the status, which the next requeue corrects. A deletion
+/// mark triggers on a real API server, which bumps the generation when it sets `deletionTimestamp`.
+/// The controllers combine it with `predicates::labels` and `predicates::annotations`, so that a
+/// user's touch of an object (a label or annotation) still forces a reconcile.
 pub fn primary_watch<K, P>(
     api: Api<K>,
     predicate: P,

@@ -32,7 +32,10 @@ use k8s_openapi::api::{
 use kube::{
     Api, Resource, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams},
-    runtime::{Controller, controller::Action, events::EventType, predicates, reflector::ObjectRef, watcher},
+    runtime::{
+        Controller, Predicate, controller::Action, events::EventType, predicates, reflector::ObjectRef,
+        watcher,
+    },
 };
 use serde_json::json;
 use sha2::Digest;
@@ -122,9 +125,14 @@ pub async fn run(ctx: Arc<Context<State>>, shutdown: impl Future<Output = ()> + 
             let client = ctx.client.clone();
             let ns = ns.as_deref();
             let managed = watcher::Config::default().labels(&format!("{MANAGED_BY}={MANAGED_BY_VALUE}"));
-            // Spec changes only: the reconcile's own status writes trigger nothing.
-            let (policies, changed) =
-                super::primary_watch(api_in::<RateLimitPolicy>(&client, ns), predicates::generation);
+            // Changes of the spec, labels or annotations (a user's touch forces a reconcile); status
+            // writes, the reconcile's own or anyone's, trigger nothing.
+            let (policies, changed) = super::primary_watch(
+                api_in::<RateLimitPolicy>(&client, ns),
+                predicates::generation
+                    .combine(predicates::labels)
+                    .combine(predicates::annotations),
+            );
             Controller::for_stream(changed, policies)
                 .owns(api_in::<ConfigMap>(&client, ns), managed.clone())
                 .owns(api_in::<NetworkPolicy>(&client, ns), managed)
@@ -478,7 +486,7 @@ async fn write_status(
         ctx.now_ms(),
     );
     let previous_ready = policy.ready_condition().map(|c| c.reason.clone());
-    ctx.patch_status(policy, policy.status.as_ref(), &status).await?;
+    ctx.patch_status(policy, &status).await?;
     if previous_ready.as_deref() != Some(e.ready.reason) && e.ready.reason != reason::PROPAGATING {
         ctx.event(policy, EventType::Normal, e.ready.reason, &e.ready.message)
             .await;
@@ -665,7 +673,7 @@ async fn fail(policy: &RateLimitPolicy, ctx: &Context<State>, error: &Error) -> 
         ctx.now_ms(),
     );
     let changed = policy.ready_condition().map(|c| c.reason.as_str()) != Some(why);
-    ctx.patch_status(policy, policy.status.as_ref(), &status).await?;
+    ctx.patch_status(policy, &status).await?;
     if changed {
         ctx.event(policy, EventType::Warning, why, &message).await;
     }
