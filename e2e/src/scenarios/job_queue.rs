@@ -165,8 +165,9 @@ pub async fn run(system: &SluiceSystem) {
         Ok(port) => port,
         // What the stand-in's processes of the pod said, so that a pod that never got ready says why.
         Err(e) => panic!(
-            "{e}\n{}",
-            container_logs(system, &n, "enqueuer", &["sluice-sidecar", "app"])
+            "{e}\n==== enqueuer/sluice-sidecar ====\n{}\n==== enqueuer/app ====\n{}",
+            system.container_log(&n, "enqueuer", "sluice-sidecar"),
+            system.container_log(&n, "enqueuer", "app")
         ),
     };
     let pod = pods.get("enqueuer").await.unwrap();
@@ -339,24 +340,4 @@ pub async fn run(system: &SluiceSystem) {
     );
 
     drop(ns);
-}
-
-/// The end of each named container's output in a pod the kubelet stand-in runs (for failure messages).
-fn container_logs(system: &SluiceSystem, namespace: &str, pod: &str, containers: &[&str]) -> String {
-    containers
-        .iter()
-        .map(|c| {
-            let text = system
-                .kubelet()
-                .log_path(namespace, pod, c)
-                .and_then(|p| std::fs::read_to_string(p).ok())
-                .unwrap_or_else(|| "(no output recorded)".into());
-            let start = text.len().saturating_sub(4000);
-            let start = (start..text.len())
-                .find(|&i| text.is_char_boundary(i))
-                .unwrap_or(text.len());
-            format!("==== {pod}/{c} ====\n{}", &text[start..])
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
 }
