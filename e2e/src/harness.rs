@@ -18,12 +18,14 @@
 //! # }
 //! ```
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::{ByteString, api::core::v1::Secret, apimachinery::pkg::apis::meta::v1::ObjectMeta};
 use kube::api::{Api, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::discovery::Scope;
 use serde_json::{Value, json};
@@ -319,6 +321,25 @@ impl TestNamespace {
         <K as kube::Resource>::DynamicType: Default,
     {
         Api::namespaced(self.client.clone(), &self.name)
+    }
+
+    /// Creates Secret `name` in this namespace holding `value` under `key`.
+    pub async fn create_secret(&self, name: &str, key: &str, value: &str) -> Result<Secret> {
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..ObjectMeta::default()
+            },
+            data: Some(BTreeMap::from([(
+                key.into(),
+                ByteString(value.as_bytes().to_vec()),
+            )])),
+            ..Secret::default()
+        };
+        Ok(self
+            .api::<Secret>()
+            .create(&PostParams::default(), &secret)
+            .await?)
     }
 
     /// Applies YAML (see [`Env::apply_yaml`]) with this namespace as the default.

@@ -5,7 +5,6 @@
 //! nothing runs.
 
 use std::{
-    collections::BTreeMap,
     sync::{
         Arc,
         atomic::{AtomicI64, Ordering},
@@ -14,17 +13,12 @@ use std::{
 };
 
 use k8s_openapi::{
-    ByteString,
-    api::{
-        apps::v1::Deployment,
-        autoscaling::v2::HorizontalPodAutoscaler,
-        core::v1::{ConfigMap, Secret},
-    },
+    api::{apps::v1::Deployment, autoscaling::v2::HorizontalPodAutoscaler, core::v1::ConfigMap},
     kube_aggregator::pkg::apis::apiregistration::v1::APIService,
 };
 use kube::{
     Api,
-    api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
+    api::{DeleteParams, Patch, PatchParams, PostParams},
 };
 use serde_json::json;
 use sluice_crds::{contract::annotation::CONFIG_HASH as CONFIG_HASH_ANNOTATION, job_queue::JobQueue};
@@ -97,21 +91,7 @@ async fn fixture(apiservice_namespace: &str) -> Fixture {
         .unwrap();
     let ns = env.namespace("jobqueue").await.unwrap();
     let pg = PgServer::start();
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some("pg".into()),
-            ..ObjectMeta::default()
-        },
-        data: Some(BTreeMap::from([(
-            "url".into(),
-            ByteString(pg.url().into_bytes()),
-        )])),
-        ..Secret::default()
-    };
-    ns.api::<Secret>()
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
+    ns.create_secret("pg", "url", &pg.url()).await.unwrap();
 
     let clock = TestClock::default();
     let metrics = Arc::new(JobQueueMetrics::default());

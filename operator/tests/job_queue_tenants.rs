@@ -97,7 +97,7 @@ async fn emails_on_a_database_owned_by_limited(f: &Fixture, attributes: &str) ->
     let url =
         f.pg.url_for("queues")
             .replace("postgres://postgres@", "postgres://limited:limited-pw@");
-    put_secret(&ns, "pg", &url).await;
+    ns.create_secret("pg", "url", &url).await.unwrap();
     ns.apply_yaml(&job_queue_yaml("emails", "pg", None))
         .await
         .unwrap();
@@ -114,24 +114,6 @@ async fn assert_no_tenant_secret(ns: &TestNamespace) {
             .unwrap()
             .starts_with(tenant::SECRET_PREFIX)
     }));
-}
-
-async fn put_secret(ns: &TestNamespace, name: &str, url: &str) {
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
-        data: Some(BTreeMap::from([(
-            "url".into(),
-            ByteString(url.as_bytes().to_vec()),
-        )])),
-        ..Secret::default()
-    };
-    ns.api::<Secret>()
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
 }
 
 fn job_queue_yaml(name: &str, secret: &str, rls: Option<&str>) -> String {
@@ -230,7 +212,7 @@ async fn the_workers_log_in_as_their_namespace_s_tenant_and_see_only_its_queues(
         f.env.namespace("blog").await.unwrap(),
     );
     for ns in [&shop, &blog] {
-        put_secret(ns, "pg", &f.pg.url()).await;
+        ns.create_secret("pg", "url", &f.pg.url()).await.unwrap();
         ns.apply_yaml(&job_queue_yaml("emails", "pg", None))
             .await
             .unwrap();
@@ -298,8 +280,10 @@ async fn job_queues_of_one_namespace_on_one_database_share_the_role_and_its_pass
     let f = fixture().await;
     let ns = f.env.namespace("shop").await.unwrap();
     // Two Secrets naming the same database (with another parameter), and two JobQueues on the first.
-    put_secret(&ns, "pg", &f.pg.url()).await;
-    put_secret(&ns, "pg-too", &format!("{}?application_name=other", f.pg.url())).await;
+    ns.create_secret("pg", "url", &f.pg.url()).await.unwrap();
+    ns.create_secret("pg-too", "url", &format!("{}?application_name=other", f.pg.url()))
+        .await
+        .unwrap();
     for (jq, secret) in [("emails", "pg"), ("thumbs", "pg"), ("reports", "pg-too")] {
         ns.apply_yaml(&job_queue_yaml(jq, secret, None)).await.unwrap();
     }
@@ -402,7 +386,7 @@ async fn an_owner_without_createrole_gets_a_condition_and_no_worker() {
 async fn disabled_hands_the_workers_the_job_queue_s_own_secret() {
     let f = fixture().await;
     let ns = f.env.namespace("shop").await.unwrap();
-    put_secret(&ns, "pg", &f.pg.url()).await;
+    ns.create_secret("pg", "url", &f.pg.url()).await.unwrap();
     ns.apply_yaml(&job_queue_yaml("emails", "pg", Some("Disabled")))
         .await
         .unwrap();
@@ -427,8 +411,10 @@ async fn two_operator_replicas_provisioning_at_once_agree_on_one_password() {
     let f = fixture().await;
     f.stop.cancel(); // this test drives provisioning itself
     let ns = f.env.namespace("shop").await.unwrap();
-    put_secret(&ns, "pg", &f.pg.url()).await;
-    put_secret(&ns, "pg-too", &format!("{}?application_name=other", f.pg.url())).await;
+    ns.create_secret("pg", "url", &f.pg.url()).await.unwrap();
+    ns.create_secret("pg-too", "url", &format!("{}?application_name=other", f.pg.url()))
+        .await
+        .unwrap();
     let mut queues = Vec::new();
     for (jq, secret) in [("emails", "pg"), ("reports", "pg-too")] {
         ns.apply_yaml(&job_queue_yaml(jq, secret, None)).await.unwrap();
@@ -489,7 +475,7 @@ async fn a_secret_that_logs_in_as_the_namespace_s_tenant_is_used_as_it_is() {
     let url =
         f.pg.url()
             .replace("postgres://postgres@", "postgres://shop_app:shop-app-pw@");
-    put_secret(&ns, "pg", &url).await;
+    ns.create_secret("pg", "url", &url).await.unwrap();
     ns.apply_yaml(&job_queue_yaml("emails", "pg", None))
         .await
         .unwrap();
@@ -573,7 +559,7 @@ async fn a_session_holding_the_provisioning_lock_delays_its_namespace_only() {
     .await
     .unwrap();
     for ns in [&shop, &blog] {
-        put_secret(ns, "pg", &f.pg.url()).await;
+        ns.create_secret("pg", "url", &f.pg.url()).await.unwrap();
         ns.apply_yaml(&job_queue_yaml("emails", "pg", None))
             .await
             .unwrap();
@@ -595,7 +581,7 @@ async fn a_tenant_cannot_hold_up_another_namespaces_provisioning() {
         f.env.namespace("shop").await.unwrap(),
         f.env.namespace("blog").await.unwrap(),
     );
-    put_secret(&blog, "pg", &f.pg.url()).await;
+    blog.create_secret("pg", "url", &f.pg.url()).await.unwrap();
     blog.apply_yaml(&job_queue_yaml("emails", "pg", None))
         .await
         .unwrap();
@@ -620,7 +606,7 @@ async fn a_tenant_cannot_hold_up_another_namespaces_provisioning() {
         "{denied}"
     );
 
-    put_secret(&shop, "pg", &f.pg.url()).await;
+    shop.create_secret("pg", "url", &f.pg.url()).await.unwrap();
     shop.apply_yaml(&job_queue_yaml("emails", "pg", None))
         .await
         .unwrap();
@@ -632,7 +618,7 @@ async fn a_tenant_cannot_hold_up_another_namespaces_provisioning() {
 async fn a_new_tenant_password_rolls_the_workers() {
     let f = fixture().await;
     let ns = f.env.namespace("shop").await.unwrap();
-    put_secret(&ns, "pg", &f.pg.url()).await;
+    ns.create_secret("pg", "url", &f.pg.url()).await.unwrap();
     ns.apply_yaml(&job_queue_yaml("emails", "pg", None))
         .await
         .unwrap();
@@ -684,8 +670,8 @@ async fn one_namespace_gets_a_tenant_in_each_database_of_one_server() {
     ));
     f.pg.psql("CREATE DATABASE second");
     let owners = [f.pg.url(), f.pg.url_for("second")];
-    put_secret(&ns, "pg", &owners[0]).await;
-    put_secret(&ns, "pg-second", &owners[1]).await;
+    ns.create_secret("pg", "url", &owners[0]).await.unwrap();
+    ns.create_secret("pg-second", "url", &owners[1]).await.unwrap();
     for (jq, secret) in [("emails", "pg"), ("reports", "pg-second")] {
         ns.apply_yaml(&job_queue_yaml(jq, secret, None)).await.unwrap();
     }
@@ -811,7 +797,7 @@ async fn a_namespace_s_registered_tenant_keeps_its_role_whatever_its_name() {
 
     // The new operator: both namespaces' JobQueues on the owner's Secret.
     for ns in [&shop, &blog] {
-        put_secret(ns, "pg", &owner).await;
+        ns.create_secret("pg", "url", &owner).await.unwrap();
         ns.apply_yaml(&job_queue_yaml("emails", "pg", None))
             .await
             .unwrap();
@@ -1085,7 +1071,7 @@ async fn a_registered_tenant_that_could_step_out_of_row_level_security_is_refuse
             .execute(owner.pool())
     };
     register("limited").await.unwrap();
-    put_secret(&ns, "pg", &url).await;
+    ns.create_secret("pg", "url", &url).await.unwrap();
     ns.apply_yaml(&job_queue_yaml("emails", "pg", None))
         .await
         .unwrap();

@@ -8,15 +8,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_openapi::{
-    ByteString,
-    api::{
-        core::v1::{ConfigMap, Pod, Secret, Service},
-        events::v1::Event,
-        networking::v1::NetworkPolicy,
-    },
+use k8s_openapi::api::{
+    core::v1::{ConfigMap, Pod, Service},
+    events::v1::Event,
+    networking::v1::NetworkPolicy,
 };
-use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use sluice_crds::rate_limit_policy::RateLimitPolicy;
 use sluice_e2e::{Env, TestNamespace, wait_for};
@@ -65,7 +62,7 @@ async fn fixture_with(state: impl FnOnce(&str) -> rate_limit_policy::State) -> F
     }
     let ns = env.namespace("rlp").await.unwrap();
     let redis = RedisServer::start();
-    secret(&ns, "redis", "url", &redis.url()).await;
+    ns.create_secret("redis", "url", &redis.url()).await.unwrap();
     let metrics = Arc::new(Metrics::default());
     let ctx = Arc::new(Context::new(
         env.client(),
@@ -83,24 +80,6 @@ async fn fixture_with(state: impl FnOnce(&str) -> rate_limit_policy::State) -> F
         metrics,
         stop,
     }
-}
-
-async fn secret(ns: &TestNamespace, name: &str, key: &str, value: &str) {
-    let s = Secret {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        data: Some(BTreeMap::from([(
-            key.into(),
-            ByteString(value.as_bytes().to_vec()),
-        )])),
-        ..Default::default()
-    };
-    ns.api::<Secret>()
-        .create(&PostParams::default(), &s)
-        .await
-        .unwrap();
 }
 
 fn policy(name: &str, secret: &str, requests: u64) -> RateLimitPolicy {
@@ -317,21 +296,19 @@ async fn a_missing_secret_sets_ready_false_with_an_event_and_recovers_when_creat
     .unwrap();
     assert!(f.metrics.reconcile_errors("ratelimitpolicy", "secret_not_found") >= 1);
 
-    secret(&f.ns, "later", "url", &f.redis.url()).await;
+    f.ns.create_secret("later", "url", &f.redis.url()).await.unwrap();
     ready_reason(&f.ns, "api", "NoPods").await;
 }
 
 #[tokio::test]
 async fn a_secret_without_the_key_and_an_unreachable_redis_are_reported() {
     let f = fixture().await;
-    secret(&f.ns, "wrong-key", "uri", &f.redis.url()).await;
-    secret(
-        &f.ns,
-        "nowhere",
-        "url",
-        &format!("redis://127.0.0.1:{}", free_port()),
-    )
-    .await;
+    f.ns.create_secret("wrong-key", "uri", &f.redis.url())
+        .await
+        .unwrap();
+    f.ns.create_secret("nowhere", "url", &format!("redis://127.0.0.1:{}", free_port()))
+        .await
+        .unwrap();
     let api = f.ns.api::<RateLimitPolicy>();
     api.create(&PostParams::default(), &policy("a", "wrong-key", 10))
         .await
@@ -725,7 +702,7 @@ async fn a_namespace_gets_at_most_its_share_of_redis_servers() {
     .await;
     // Another database of the same server is another endpoint, as another host would be.
     let other_url = format!("{}/1", f.redis.url());
-    secret(&f.ns, "second", "url", &other_url).await;
+    f.ns.create_secret("second", "url", &other_url).await.unwrap();
     let api = f.ns.api::<RateLimitPolicy>();
     api.create(&PostParams::default(), &policy("first", "redis", 100))
         .await
@@ -766,7 +743,10 @@ async fn with_watch_namespaces_only_policies_in_them_are_reconciled() {
     })
     .await;
     let elsewhere = f._env.namespace("unwatched").await.unwrap();
-    secret(&elsewhere, "redis", "url", &f.redis.url()).await;
+    elsewhere
+        .create_secret("redis", "url", &f.redis.url())
+        .await
+        .unwrap();
     elsewhere
         .api::<RateLimitPolicy>()
         .create(&PostParams::default(), &policy("api", "redis", 100))

@@ -5,19 +5,15 @@
 //! and reconciled, which the watch delivers after whatever the first object's writes caused.
 
 use std::{
-    collections::BTreeMap,
     fmt::Debug,
     sync::{Arc, Mutex, OnceLock},
     time::Duration,
 };
 
-use k8s_openapi::{
-    ByteString,
-    api::core::v1::{Pod, Secret},
-};
+use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api,
-    api::{ObjectMeta, Patch, PatchParams, PostParams},
+    api::{Patch, PatchParams, PostParams},
 };
 use serde_json::json;
 use sluice_crds::{job_queue::JobQueue, rate_limit_policy::RateLimitPolicy};
@@ -110,24 +106,6 @@ fn own_updates(reasons: &[String]) -> usize {
     reasons.iter().filter(|r| *r == "object updated").count()
 }
 
-async fn secret(ns: &TestNamespace, name: &str, url: &str) {
-    let s = Secret {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        data: Some(BTreeMap::from([(
-            "url".into(),
-            ByteString(url.as_bytes().to_vec()),
-        )])),
-        ..Default::default()
-    };
-    ns.api::<Secret>()
-        .create(&PostParams::default(), &s)
-        .await
-        .unwrap();
-}
-
 fn policy(name: &str, requests: u64) -> RateLimitPolicy {
     serde_json::from_value(json!({
         "apiVersion": "sluice.dev/v1alpha1", "kind": "RateLimitPolicy",
@@ -166,7 +144,7 @@ async fn a_policys_own_status_writes_and_unchanged_owned_objects_do_not_reconcil
     }
     let ns = env.namespace("triggers").await.unwrap();
     let redis = RedisServer::start();
-    secret(&ns, "redis", &redis.url()).await;
+    ns.create_secret("redis", "url", &redis.url()).await.unwrap();
     let ctx = Arc::new(Context::new(
         env.client(),
         Arc::new(Metrics::default()),
@@ -255,7 +233,7 @@ async fn a_job_queues_own_status_writes_and_unchanged_owned_objects_do_not_recon
     }
     let ns = env.namespace("triggers").await.unwrap();
     let pg = PgServer::start();
-    secret(&ns, "pg", &pg.url()).await;
+    ns.create_secret("pg", "url", &pg.url()).await.unwrap();
     let stop = CancellationToken::new();
     let _stop = stop.clone().drop_guard();
     let settings = job_queue::Settings {
