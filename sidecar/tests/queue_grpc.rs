@@ -1,7 +1,8 @@
 //! The gRPC worker API (`sluice.v1.Worker`) on real PostgreSQL: fencing (an outcome after the lease was
 //! lost is refused and says why), heartbeats keeping a job past its lease (and their absence losing it),
 //! a worker that disconnects mid-job (its jobs are retried and completed once by another), bad messages,
-//! the stream limit, health and reflection; and the Python example worker draining a queue against the real sidecar
+//! the stream limit, health and reflection, a one-slot stream's claims (never more than one job leased
+//! ahead of the one in hand); and the Python example worker draining a queue against the real sidecar
 //! process, every job completed exactly once.
 
 mod queue_support;
@@ -623,4 +624,51 @@ async fn the_python_example_worker_drains_a_queue_every_job_exactly_once() {
         let j = store.get(*id).await.unwrap().unwrap();
         assert_eq!((j.state.as_str(), j.attempt), ("succeeded", 1), "job {id}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_slot_stream_never_holds_more_than_one_job_ahead_of_the_one_in_hand() {
+    let (pgs, pool) = pg().await;
+    let store = QueueStore::new(pool.clone());
+    queue(&store, "q").await;
+    // Claims made slow (30 ms per job claimed) against a worker that answers at once: the engine
+    // measures that a claim takes many handlers' time and claims as far ahead as one claim batch allows
+    // (the sidecar's is 16 here). Not a wait: the database is made slow at what the engine sizes its
+    // claims by.
+    sqlx::raw_sql(
+        "CREATE FUNCTION slow_claim() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN PERFORM pg_sleep(0.03); RETURN NEW; END $$; \
+         CREATE TRIGGER slow_claim BEFORE UPDATE ON sluice.jobs FOR EACH ROW \
+         WHEN (NEW.state = 'running' AND OLD.state <> 'running') EXECUTE FUNCTION slow_claim();",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let ids = enqueue(&store, "q", 40).await;
+    let server = serve(&pgs.url(), &["q"], 2, 1 << 20).await;
+    let mut w = Stream::subscribe(server.addr, &["q"], 1).await;
+
+    // Each time the worker holds a job, the jobs leased in the database that it has not answered are
+    // the one in hand and those claimed ahead: at most one slot's worth of them.
+    let mut answered = std::collections::HashSet::new();
+    let mut most = 0;
+    for _ in 0..ids.len() {
+        let job = w.job().await;
+        let running: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM sluice.jobs WHERE state = 'running'")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        let unanswered = running.iter().filter(|id| !answered.contains(*id)).count();
+        most = most.max(unanswered);
+        assert!(
+            unanswered <= 2,
+            "{unanswered} jobs leased to a one-slot stream and not answered"
+        );
+        answered.insert(job.job_id.parse::<Uuid>().unwrap());
+        w.send(succeeded(&job)).await;
+    }
+    for id in ids {
+        wait_state(&store, id, "succeeded").await;
+    }
+    assert!(most >= 1, "the job in hand is leased");
 }

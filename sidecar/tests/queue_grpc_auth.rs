@@ -5,8 +5,11 @@
 //! health stays open, and that an open stream whose caller is refused at a re-check takes no more jobs
 //! and ends with the refusal; and that a caller with no right on the queues, by opening streams it never
 //! subscribes on or that are refused, cannot keep authorized workers out (a stream takes a slot only
-//! once authorized; until then it is pending, at most two of one caller). The reviews themselves against a real kube-apiserver, with the Python
-//! example sending its projected token, are in the e2e scenario `grpc_queue`.
+//! once authorized; until then it is pending, at most two of one caller); that an API server that
+//! never answers cannot hold a stream past the admission deadline, that a full room to wait refuses
+//! remote streams before their tokens are reviewed, and that the pending gauge and refusal counters
+//! move. The reviews themselves against a real kube-apiserver, with the Python example sending its
+//! projected token, are in the e2e scenario `grpc_queue`.
 
 mod queue_support;
 
@@ -15,7 +18,7 @@ use std::{
     net::SocketAddr,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicBool, Ordering::SeqCst},
+        atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst},
     },
     time::{Duration, Instant},
 };
@@ -29,7 +32,7 @@ use sluice_sidecar::queue::{
         ALLOW_TTL, Access, Authenticator, Decision, POD_NAME_EXTRA, Reviews, TokenAnswer, Unavailable, User,
     },
     grpc::{
-        self, Admission, GrpcOptions, MAX_PENDING_PER_CALLER, SUBSCRIBE_TIMEOUT,
+        self, ADMISSION_TIMEOUT, Admission, GrpcOptions, MAX_PENDING_PER_CALLER,
         proto::{
             self, SidecarMessage, WorkerMessage, outcome, sidecar_message::Msg as Out,
             worker_client::WorkerClient, worker_message::Msg as In,
@@ -48,14 +51,19 @@ const POD: &str = "emails-worker-7d9f-abcde";
 
 /// Token `t-<sa>` is ServiceAccount `<sa>` of `shop`, `t-<sa>@<pod>` the same bound to pod `<pod>`,
 /// while `tokens_valid`; `unreachable` cannot be checked. `(sa, verb, subresource, queue)` in `grants`
-/// is allowed unless `revoked`; every access asked is kept in `asked`.
+/// is allowed unless `revoked`; every access asked is kept in `asked`, and every token review counted in
+/// `tokens_asked`.
 struct Rbac {
     grants: BTreeSet<(String, String, String, String)>,
     tokens_valid: AtomicBool,
     revoked: AtomicBool,
     /// SubjectAccessReviews cannot be asked.
     down: AtomicBool,
+    /// TokenReviews, and SubjectAccessReviews, are never answered (an API server that hangs).
+    tokens_hang: AtomicBool,
+    access_hangs: AtomicBool,
     asked: Mutex<Vec<String>>,
+    tokens_asked: AtomicUsize,
 }
 
 impl Rbac {
@@ -68,7 +76,10 @@ impl Rbac {
             tokens_valid: true.into(),
             revoked: false.into(),
             down: false.into(),
+            tokens_hang: false.into(),
+            access_hangs: false.into(),
             asked: Mutex::default(),
+            tokens_asked: AtomicUsize::new(0),
         })
     }
 }
@@ -76,6 +87,10 @@ impl Rbac {
 impl Reviews for Rbac {
     fn review_token<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<TokenAnswer, Unavailable>> {
         Box::pin(async move {
+            self.tokens_asked.fetch_add(1, SeqCst);
+            if self.tokens_hang.load(SeqCst) {
+                futures::future::pending::<()>().await;
+            }
             if token == "unreachable" {
                 return Err(Unavailable(
                     "connecting to the API server: connection refused".into(),
@@ -104,6 +119,9 @@ impl Reviews for Rbac {
     ) -> BoxFuture<'a, Result<Decision, Unavailable>> {
         Box::pin(async move {
             assert_eq!(namespace, "shop");
+            if self.access_hangs.load(SeqCst) {
+                futures::future::pending::<()>().await;
+            }
             if self.down.load(SeqCst) {
                 return Err(Unavailable(
                     "connecting to the API server: connection refused".into(),
@@ -130,6 +148,7 @@ impl Reviews for Rbac {
 
 struct Server {
     addr: SocketAddr,
+    metrics: Arc<QueueMetrics>,
     shutdown: CancellationToken,
 }
 
@@ -147,8 +166,20 @@ async fn serve(url: &str, auth: Authenticator) -> Server {
 
 /// [`serve`] with `max_streams` and `admission`; `auth` `None`: callers are not checked.
 async fn admitting(url: &str, auth: Option<Authenticator>, max_streams: u32, admission: Admission) -> Server {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    admitting_on("127.0.0.1:0", url, auth, max_streams, admission).await
+}
+
+/// [`admitting`] with the listener bound to `bind`; its address as reached on 127.0.0.1.
+async fn admitting_on(
+    bind: &str,
+    url: &str,
+    auth: Option<Authenticator>,
+    max_streams: u32,
+    admission: Admission,
+) -> Server {
+    let listener = tokio::net::TcpListener::bind(bind).await.unwrap();
+    let addr = SocketAddr::from(([127, 0, 0, 1], listener.local_addr().unwrap().port()));
+    let metrics = Arc::new(QueueMetrics::new());
     let shutdown = CancellationToken::new();
     let engine = WorkerOptions {
         heartbeat_interval: Some(Duration::from_millis(100)),
@@ -168,10 +199,14 @@ async fn admitting(url: &str, auth: Option<Authenticator>, max_streams: u32, adm
         listener,
         opts,
         admission,
-        Arc::new(QueueMetrics::new()),
+        metrics.clone(),
         shutdown.clone(),
     ));
-    Server { addr, shutdown }
+    Server {
+        addr,
+        metrics,
+        shutdown,
+    }
 }
 
 async fn channel(addr: SocketAddr) -> Channel {
@@ -663,6 +698,8 @@ async fn one_caller_may_have_two_streams_waiting_to_be_let_in_whatever_its_token
         assert_eq!(s.code(), Code::Unavailable, "{s:?}");
         assert_eq!(s.message(), per_caller_cap("system:serviceaccount:shop:web"));
     }
+    assert_eq!(refusals(&server.metrics, "caller_pending_full"), 3.0);
+    pending_reads(&server.metrics, 2.0).await;
     // Other callers are not held up by it.
     let ops = Stream::open(addr, Some("t-ops"), &["emails"]).await.unwrap();
     drop(ops);
@@ -710,7 +747,7 @@ async fn one_caller_may_have_two_streams_waiting_to_be_let_in_whatever_its_token
         for s in &silent {
             s.call.abort();
         }
-        let soon = SUBSCRIBE_TIMEOUT / 2;
+        let soon = ADMISSION_TIMEOUT / 2;
         sluice_testsupport::wait_for_async("the room of streams gone to come back", soon, || async {
             match Stream::open(addr, Some("t-web"), &["emails"]).await {
                 Err(s) if s.code() == Code::PermissionDenied => Some(()),
@@ -721,6 +758,7 @@ async fn one_caller_may_have_two_streams_waiting_to_be_let_in_whatever_its_token
         })
         .await;
     }
+    pending_reads(&server.metrics, 0.0).await;
 
     // With callers not checked there is no caller to tell apart: the total alone applies (a pod's own
     // workers may all start at once).
@@ -750,7 +788,7 @@ async fn stream_slots_come_back_after_refusals_timeouts_and_bad_starts() {
     ]);
     let gate = Authenticator::new(rbac, "shop", Some("worker"), LoopbackCallers::Token);
     let admission = Admission {
-        subscribe_timeout: Duration::from_secs(1),
+        timeout: Duration::from_secs(1),
         ..Admission::default()
     };
     let server = admitting(&pgs.url(), Some(gate), SLOTS, admission).await;
@@ -814,4 +852,139 @@ async fn stream_slots_come_back_after_refusals_timeouts_and_bad_starts() {
     for id in ids {
         wait_state(&store, id, "succeeded").await;
     }
+}
+
+/// The value of the sample `name` (with its labels, as rendered) in `metrics`; 0 when absent.
+fn sample(metrics: &QueueMetrics, name: &str) -> f64 {
+    metrics
+        .render()
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+fn refusals(metrics: &QueueMetrics, reason: &str) -> f64 {
+    sample(
+        metrics,
+        &format!("sluice_grpc_streams_refused_total{{reason=\"{reason}\"}}"),
+    )
+}
+
+/// Waits until the gauge of streams waiting to be let in reads `n`.
+async fn pending_reads(metrics: &QueueMetrics, n: f64) {
+    sluice_testsupport::wait_for_async(&format!("{n} streams pending"), DEADLINE, || {
+        let now = sample(metrics, "sluice_grpc_streams_pending");
+        async move { (now == n).then_some(()) }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reviews_that_never_come_back_end_the_stream_at_the_admission_deadline_naming_them() {
+    const SLOTS: u32 = 2;
+    let (pgs, pool) = pg().await;
+    let store = QueueStore::new(pool);
+    queue(&store, "shop/emails").await;
+    let rbac = Rbac::new(&[
+        ("ops", "update", "jobs", "emails"),
+        ("qa", "update", "jobs", "emails"),
+    ]);
+    let gate = Authenticator::new(rbac.clone(), "shop", Some("worker"), LoopbackCallers::Token);
+    let admission = Admission {
+        timeout: Duration::from_secs(1),
+        ..Admission::default()
+    };
+    let server = admitting(&pgs.url(), Some(gate), SLOTS, admission).await;
+    let addr = server.addr;
+    let answered = |r| async move {
+        refused(
+            tokio::time::timeout(DEADLINE, r)
+                .await
+                .expect("the stream is answered within the deadline"),
+        )
+    };
+
+    // The API server takes the token but never answers a SubjectAccessReview: each stream ends at the
+    // deadline, and gives back its room to wait (more streams in a row than there is room: one held
+    // would refuse the next with UNAVAILABLE).
+    rbac.access_hangs.store(true, SeqCst);
+    for _ in 0..2 * SLOTS {
+        let s = answered(Stream::open(addr, Some("t-ops"), &["emails"])).await;
+        assert_eq!(s.code(), Code::DeadlineExceeded, "{s:?}");
+        assert_eq!(
+            s.message(),
+            "the caller was not authorized within 1s: the API server did not answer the \
+             SubjectAccessReview in time"
+        );
+    }
+    rbac.access_hangs.store(false, SeqCst);
+
+    // Nor a TokenReview.
+    rbac.tokens_hang.store(true, SeqCst);
+    let s = answered(Stream::open(addr, Some("t-dev"), &["emails"])).await;
+    assert_eq!(s.code(), Code::DeadlineExceeded, "{s:?}");
+    assert_eq!(
+        s.message(),
+        "the caller's token was not checked within 1s: the API server did not answer the TokenReview \
+         in time"
+    );
+    rbac.tokens_hang.store(false, SeqCst);
+
+    // Answering again, the API server lets a caller in (one whose reviews are not the ones left
+    // hanging).
+    let qa = Stream::open(addr, Some("t-qa"), &["emails"]).await;
+    assert!(qa.is_ok(), "{:?}", qa.as_ref().err());
+    let m = &server.metrics;
+    assert_eq!(refusals(m, "review_timeout"), f64::from(2 * SLOTS + 1));
+    pending_reads(m, 0.0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_room_to_wait_refuses_remote_streams_before_their_token_is_reviewed() {
+    const SLOTS: u32 = 2;
+    let (pgs, pool) = pg().await;
+    let store = QueueStore::new(pool);
+    queue(&store, "shop/emails").await;
+    let rbac = Rbac::new(&[("web", "get", "jobs", "emails")]);
+    let gate = Authenticator::new(rbac.clone(), "shop", Some("worker"), LoopbackCallers::Token);
+    // Bound to every address: a caller reaching it on 127.0.0.1 is not the pod's own loopback caller.
+    let server = admitting_on("0.0.0.0:0", &pgs.url(), Some(gate), SLOTS, Admission::default()).await;
+    let (addr, m) = (server.addr, &server.metrics);
+
+    // `web` waits with two streams, never subscribing: the room to wait (as many as the slots) is full.
+    // Its third is refused for that, so both are counted by then.
+    let (answered, mut answers_rx) = mpsc::unbounded_channel();
+    let mut web = Vec::new();
+    for _ in 0..=SLOTS {
+        web.push(open_silent(addr, Some("t-web"), &answered).await);
+    }
+    let full = "at most 2 worker streams may wait for subscribe and authorization at once";
+    let s = answers(&mut answers_rx, 1).await.remove(0);
+    assert_eq!(s.message(), full);
+    pending_reads(m, 2.0).await;
+
+    // Streams with made-up tokens are refused without asking the API server.
+    let asked = rbac.tokens_asked.load(SeqCst);
+    for i in 0..5 {
+        let s = refused(Stream::open(addr, Some(&format!("junk-{i}")), &["emails"]).await);
+        assert_eq!(s.code(), Code::Unavailable, "{s:?}");
+        assert_eq!(s.message(), full);
+    }
+    assert_eq!(rbac.tokens_asked.load(SeqCst), asked, "no TokenReview");
+    assert_eq!(refusals(m, "pending_full"), 6.0);
+
+    // Once the room frees up, tokens are reviewed again.
+    drop(web);
+    for s in answers(&mut answers_rx, 2).await {
+        assert_eq!(s.message(), "the stream ended before subscribe", "{s:?}");
+    }
+    let s = refused(Stream::open(addr, Some("junk-0"), &["emails"]).await);
+    assert_eq!(s.code(), Code::Unauthenticated, "{s:?}");
+    assert_eq!(rbac.tokens_asked.load(SeqCst), asked + 1);
+    let s = refused(Stream::open(addr, Some("t-web"), &["emails"]).await);
+    assert_eq!(s.code(), Code::PermissionDenied, "{s:?}");
+    assert_eq!(refusals(m, "no_subscribe"), 2.0);
+    assert_eq!(refusals(m, "unauthenticated"), 1.0);
+    assert_eq!(refusals(m, "forbidden"), 1.0);
+    pending_reads(m, 0.0).await;
 }

@@ -1,5 +1,6 @@
 //! Prometheus metrics of the queue worker: jobs started/succeeded/failed/dead/cancelled by queue and kind,
-//! handler duration, claim batch sizes, lost leases and depth gauges.
+//! handler duration, claim batch sizes, lost leases and depth gauges; and the gRPC worker API's streams
+//! waiting to be let in and refused.
 
 use prometheus_client::{
     encoding::text::encode,
@@ -10,6 +11,7 @@ use prometheus_client::{
 type QueueKind = [(&'static str, String); 2];
 type QueueOnly = [(&'static str, String); 1];
 type QueueState = [(&'static str, String); 2];
+type Reason = [(&'static str, &'static str); 1];
 
 fn duration_histogram() -> Histogram {
     Histogram::new([
@@ -34,6 +36,8 @@ pub struct QueueMetrics {
     duration: Family<QueueKind, Histogram, fn() -> Histogram>,
     claim_batch: Family<QueueOnly, Histogram, fn() -> Histogram>,
     depth: Family<QueueState, Gauge>,
+    grpc_pending: Gauge,
+    grpc_refused: Family<Reason, Counter>,
 }
 
 impl Default for QueueMetrics {
@@ -61,6 +65,8 @@ impl QueueMetrics {
         let duration = Family::new_with_constructor(duration_histogram as fn() -> Histogram);
         let claim_batch = Family::new_with_constructor(batch_histogram as fn() -> Histogram);
         let depth = Family::default();
+        let grpc_pending = Gauge::default();
+        let grpc_refused = Family::default();
         registry.register("sluice_jobs_started", "Job attempts started", started.clone());
         registry.register("sluice_jobs_succeeded", "Jobs that succeeded", succeeded.clone());
         registry.register(
@@ -94,6 +100,16 @@ impl QueueMetrics {
             "Jobs per queue and state (ready, blocked, scheduled, retrying, running, dead)",
             depth.clone(),
         );
+        registry.register(
+            "sluice_grpc_streams_pending",
+            "gRPC worker streams opened and not yet let in or refused",
+            grpc_pending.clone(),
+        );
+        registry.register(
+            "sluice_grpc_streams_refused",
+            "gRPC worker streams refused before they were let in, by reason",
+            grpc_refused.clone(),
+        );
         Self {
             registry,
             started,
@@ -105,6 +121,8 @@ impl QueueMetrics {
             duration,
             claim_batch,
             depth,
+            grpc_pending,
+            grpc_refused,
         }
     }
 
@@ -160,6 +178,17 @@ impl QueueMetrics {
                 .get_or_create(&[("queue", d.queue.clone()), ("state", state.to_owned())])
                 .set(v);
         }
+    }
+
+    /// A gRPC worker stream opened (`delta` 1) or was let in, refused or went away while pending (-1).
+    pub fn grpc_pending(&self, delta: i64) {
+        self.grpc_pending.inc_by(delta);
+    }
+
+    /// A gRPC worker stream was refused before it was let in; `reason` is one of a fixed set (the gRPC
+    /// worker API's `Refused::reason`).
+    pub fn grpc_refused(&self, reason: &'static str) {
+        self.grpc_refused.get_or_create(&[("reason", reason)]).inc();
     }
 
     /// The Prometheus text exposition.

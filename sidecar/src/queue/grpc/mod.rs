@@ -36,12 +36,22 @@
 //!
 //! Stream slots: a stream takes one of [`GrpcOptions::max_streams`] only once `subscribe` was read and
 //! the caller authorized on its queues (else `RESOURCE_EXHAUSTED`). Until then it is *pending*
-//! ([`Admission`]), for at most [`SUBSCRIBE_TIMEOUT`] before `subscribe` comes: at most `max_streams`
-//! streams are pending at once, and at most [`MAX_PENDING_PER_CALLER`] of one checked caller (refused:
-//! `UNAVAILABLE` naming the cap, for the caller to try again), so that a caller with no right on the
-//! queues cannot keep the workers out by opening streams it never subscribes on, or that are refused.
-//! The worker pod itself is not counted: it needs no review, and others' waiting streams must not keep
-//! it out.
+//! ([`Admission`]): the whole admission (the TokenReview, reading `subscribe`, the SubjectAccessReviews)
+//! must be done within [`ADMISSION_TIMEOUT`] of the stream's start, else `DEADLINE_EXCEEDED` naming
+//! what was slow; at most `max_streams` streams wait at once, and at most [`MAX_PENDING_PER_CALLER`] of
+//! one checked caller (refused: `UNAVAILABLE` naming the cap, for the caller to try again), so that a
+//! caller with no right on the queues cannot keep the workers out by opening streams it never subscribes
+//! on, or that are refused. The worker pod itself is not counted: it needs no review, and others'
+//! waiting streams must not keep it out. The checks run cheapest first (`GrpcWorker::admit`): while
+//! as many streams wait as may, a stream that cannot be the worker pod itself (not from loopback to a
+//! loopback listener) is refused before its token is reviewed.
+//!
+//! Each stream's engine claims at most `min(slots, claim_batch)` jobs per query, and so holds at most
+//! that many claimed ahead of its slots (`stream_engine`): a one-slot stream does not lease a
+//! sidecar's claim batch of jobs it will run one at a time.
+//!
+//! Metrics: `sluice_grpc_streams_pending` (streams opened and not yet let in or refused) and
+//! `sluice_grpc_streams_refused_total{reason}` ([`RefuseReason`]).
 //!
 //! Also served, to anyone: `grpc.health.v1.Health` (`sluice.v1.Worker` and `""` are `SERVING` until
 //! shutdown) and server reflection (v1). Plaintext HTTP/2, meant for loopback or the pod network, like
@@ -100,8 +110,9 @@ pub const MAX_SLOTS: u32 = 1024;
 /// Connections of the database pool each stream's engine uses (LISTEN, claims, completions,
 /// heartbeats, maintenance).
 pub const STREAM_POOL_SIZE: u32 = 4;
-/// How long a new stream may take to send `subscribe` (default of [`Admission::subscribe_timeout`]).
-pub const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a new stream's admission may take, from its start until it is let in: the TokenReview,
+/// `subscribe`, the SubjectAccessReviews (default of [`Admission::timeout`]).
+pub const ADMISSION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most streams of one caller that may be pending at once (default of
 /// [`Admission::pending_per_caller`]): opened, and not yet subscribed and authorized.
 pub const MAX_PENDING_PER_CALLER: usize = 2;
@@ -148,8 +159,9 @@ pub struct GrpcOptions {
 /// with no right on the queues can hold neither the stream slots nor all the room to wait for one.
 #[derive(Clone, Copy, Debug)]
 pub struct Admission {
-    /// How long a new stream may take to send `subscribe` before it ends `DEADLINE_EXCEEDED`.
-    pub subscribe_timeout: Duration,
+    /// How long a new stream's admission may take, from the stream's start (TokenReview, `subscribe`,
+    /// SubjectAccessReviews) before it ends `DEADLINE_EXCEEDED`.
+    pub timeout: Duration,
     /// Most streams of one caller pending at once.
     pub pending_per_caller: usize,
 }
@@ -157,7 +169,7 @@ pub struct Admission {
 impl Default for Admission {
     fn default() -> Self {
         Self {
-            subscribe_timeout: SUBSCRIBE_TIMEOUT,
+            timeout: ADMISSION_TIMEOUT,
             pending_per_caller: MAX_PENDING_PER_CALLER,
         }
     }
@@ -171,6 +183,11 @@ struct Pending {
 }
 
 impl Pending {
+    /// Whether `total` streams are pending already: a new one would be refused whoever its caller.
+    fn is_full(&self, total: usize) -> bool {
+        self.counts.lock().expect("pending lock").0 >= total
+    }
+
     /// Counts a new stream of `caller` as pending until the slot returned is dropped (the stream
     /// subscribed and was authorized, was refused, timed out or went away); `UNAVAILABLE` naming the cap
     /// (a moment's refusal: the caller tries again) when `total` streams, or `per_caller` of this
@@ -180,23 +197,24 @@ impl Pending {
         caller: Option<String>,
         total: usize,
         per_caller: usize,
-    ) -> std::result::Result<PendingSlot, Status> {
+    ) -> std::result::Result<PendingSlot, Refused> {
         let mut counts = self.counts.lock().expect("pending lock");
         let (all, by_caller) = &mut *counts;
         if *all >= total {
-            return Err(Status::unavailable(format!(
-                "at most {total} worker streams may wait for subscribe and authorization at once"
-            )));
+            return Err(Refused::pending_full(total));
         }
         // Unchecked callers have no identity to tell apart: the total alone bounds them (a cap of one
         // "caller" would refuse a pod's own workers starting at once).
         if let Some(user) = &caller {
             let mine = by_caller.entry(user.clone()).or_default();
             if *mine >= per_caller {
-                return Err(Status::unavailable(format!(
-                    "at most {per_caller} worker streams of one caller may wait for subscribe and \
-                     authorization at once; {user} has {mine}"
-                )));
+                return Err(Refused {
+                    reason: RefuseReason::CallerPendingFull,
+                    status: Status::unavailable(format!(
+                        "at most {per_caller} worker streams of one caller may wait for subscribe and \
+                         authorization at once; {user} has {mine}"
+                    )),
+                });
             }
             *mine += 1;
         }
@@ -227,6 +245,162 @@ impl Drop for PendingSlot {
                 by_caller.remove(user);
             }
         }
+    }
+}
+
+/// Why a stream was not let in: the `reason` label of `sluice_grpc_streams_refused_total` (a fixed set).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefuseReason {
+    /// No token, or one the TokenReview did not accept (`UNAUTHENTICATED`).
+    Unauthenticated,
+    /// The caller may not take jobs of a queue it named (`PERMISSION_DENIED`).
+    Forbidden,
+    /// The API server could not be asked, or too many reviews were in flight (`UNAVAILABLE`).
+    Unavailable,
+    /// A review did not come back within the admission's deadline (`DEADLINE_EXCEEDED`).
+    ReviewTimeout,
+    /// As many streams as `max_streams` were waiting already (`UNAVAILABLE`).
+    PendingFull,
+    /// The caller had as many streams waiting as one may (`UNAVAILABLE`).
+    CallerPendingFull,
+    /// Every stream slot was taken (`RESOURCE_EXHAUSTED`).
+    StreamsFull,
+    /// The stream ended, broke or sent nothing readable before `subscribe` within the deadline.
+    NoSubscribe,
+    /// The first message was not a valid `subscribe` (`INVALID_ARGUMENT`), or too large to read.
+    Invalid,
+    /// The queue database could not be read for the stream's queues (`UNAVAILABLE`, `INTERNAL`).
+    Database,
+    /// The worker went away (its call was dropped) while the stream waited.
+    Gone,
+}
+
+impl RefuseReason {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unauthenticated => "unauthenticated",
+            Self::Forbidden => "forbidden",
+            Self::Unavailable => "unavailable",
+            Self::ReviewTimeout => "review_timeout",
+            Self::PendingFull => "pending_full",
+            Self::CallerPendingFull => "caller_pending_full",
+            Self::StreamsFull => "streams_full",
+            Self::NoSubscribe => "no_subscribe",
+            Self::Invalid => "invalid",
+            Self::Database => "database",
+            Self::Gone => "gone",
+        }
+    }
+}
+
+/// A stream refused before it was let in: why (for the metric) and the status it ends with.
+#[derive(Debug)]
+struct Refused {
+    /// Why, as a metric label.
+    reason: RefuseReason,
+    /// What the worker is told.
+    status: Status,
+}
+
+impl Refused {
+    fn new(reason: RefuseReason, status: Status) -> Self {
+        Self { reason, status }
+    }
+
+    /// `total` streams are waiting already.
+    fn pending_full(total: usize) -> Self {
+        Self::new(
+            RefuseReason::PendingFull,
+            Status::unavailable(format!(
+                "at most {total} worker streams may wait for subscribe and authorization at once"
+            )),
+        )
+    }
+
+    /// The gatekeeper's refusal.
+    fn of(refusal: Refusal) -> Self {
+        let reason = match refusal {
+            Refusal::Unauthenticated(_) => RefuseReason::Unauthenticated,
+            Refusal::Forbidden(_) => RefuseReason::Forbidden,
+            Refusal::Unavailable(_) => RefuseReason::Unavailable,
+        };
+        Self::new(reason, refusal_status(refusal))
+    }
+
+    /// A bad first message.
+    fn invalid(status: Status) -> Self {
+        Self::new(RefuseReason::Invalid, status)
+    }
+}
+
+/// One stream in admission, from its start until it is let in or refused: counted in
+/// `sluice_grpc_streams_pending` while it lives; dropped unsettled (the worker went away while it
+/// waited), it counts as refused `gone`.
+struct Admitting {
+    metrics: Arc<QueueMetrics>,
+    settled: bool,
+}
+
+impl Admitting {
+    fn start(metrics: &Arc<QueueMetrics>) -> Self {
+        metrics.grpc_pending(1);
+        Self {
+            metrics: metrics.clone(),
+            settled: false,
+        }
+    }
+
+    /// The stream was let in (`None`) or refused.
+    fn settle(mut self, refused: Option<RefuseReason>) {
+        if let Some(reason) = refused {
+            self.metrics.grpc_refused(reason.as_str());
+        }
+        self.settled = true;
+    }
+}
+
+impl Drop for Admitting {
+    fn drop(&mut self) {
+        self.metrics.grpc_pending(-1);
+        if !self.settled {
+            self.metrics.grpc_refused(RefuseReason::Gone.as_str());
+        }
+    }
+}
+
+/// A stream let in: what it subscribed to, what to check again while it is open, and its stream slot.
+struct Admitted {
+    inbound: Streaming<WorkerMessage>,
+    sub: proto::Subscribe,
+    queues: Vec<String>,
+    kinds: Vec<String>,
+    /// Who, for the log (`None`: callers are not checked).
+    caller: Option<String>,
+    guard: Option<Guard>,
+    permit: OwnedSemaphorePermit,
+}
+
+/// The engine options of a stream subscribed with `slots` to `queues` (and `kinds`): the sidecar's
+/// `engine`, with the stream's slots as its concurrency, one claim loop, an owner of its own, and claims
+/// of at most `min(slots, claim_batch)` jobs. The engine claims ahead of its free slots up to one claim
+/// batch (`Ahead::reserve` in [`super::worker`]); with the sidecar's batch (100 by default) a one-slot
+/// stream would lease up to 100 jobs it runs one at a time, jobs other streams and pods could be
+/// running. Capped, a stream holds at most `slots` jobs claimed ahead, `2 × slots` unanswered in all.
+fn stream_engine(
+    engine: &WorkerOptions,
+    queues: Vec<String>,
+    kinds: Vec<String>,
+    slots: u32,
+) -> WorkerOptions {
+    WorkerOptions {
+        queues,
+        concurrency: slots as usize,
+        claim_batch: engine.claim_batch.min(slots).max(1),
+        claimers: 1,
+        owner: default_owner(),
+        kinds,
+        ..engine.clone()
     }
 }
 
@@ -752,7 +926,7 @@ impl GrpcWorker {
 
     /// Who opened the stream (`None` when callers are not checked): `UNAUTHENTICATED` without a valid
     /// token unless a tokenless caller is let in from loopback.
-    async fn authenticate<T>(&self, request: &Request<T>) -> std::result::Result<Option<Caller>, Status> {
+    async fn authenticate<T>(&self, request: &Request<T>) -> std::result::Result<Option<Caller>, Refused> {
         let Some(auth) = &self.inner.opts.auth else {
             return Ok(None);
         };
@@ -764,7 +938,7 @@ impl GrpcWorker {
                 local: self.inner.bound,
             })
             .await
-            .map_err(refusal_status)?;
+            .map_err(Refused::of)?;
         let own_pod = match authorization {
             // Let in without a token: the pod's own loopback.
             None => true,
@@ -793,7 +967,7 @@ impl GrpcWorker {
         &self,
         caller: Caller,
         queues: &[String],
-    ) -> std::result::Result<Option<Guard>, Status> {
+    ) -> std::result::Result<Option<Guard>, Refused> {
         let auth = self
             .inner
             .opts
@@ -806,9 +980,7 @@ impl GrpcWorker {
         let mut accesses = Vec::with_capacity(queues.len());
         for q in queues {
             let access = Access::jobs(WORK_VERB, self.short_name(q));
-            auth.authorize(&caller.user, &access)
-                .await
-                .map_err(refusal_status)?;
+            auth.authorize(&caller.user, &access).await.map_err(Refused::of)?;
             accesses.push(access);
         }
         Ok(Some(Guard {
@@ -841,49 +1013,172 @@ impl WorkerService for GrpcWorker {
         &self,
         request: Request<Streaming<WorkerMessage>>,
     ) -> std::result::Result<Response<WorkStream>, Status> {
-        let caller = self.authenticate(&request).await?;
+        let admitting = Admitting::start(&self.inner.metrics);
+        let admitted = match self.admit(request).await {
+            Ok(a) => a,
+            Err(refused) => {
+                tracing::debug!(reason = refused.reason.as_str(), status = %refused.status, "gRPC worker stream refused");
+                admitting.settle(Some(refused.reason));
+                return Err(refused.status);
+            }
+        };
+        match self.start(admitted).await {
+            Ok(response) => {
+                admitting.settle(None);
+                Ok(response)
+            }
+            Err(refused) => {
+                admitting.settle(Some(refused.reason));
+                Err(refused.status)
+            }
+        }
+    }
+}
+
+impl GrpcWorker {
+    /// Lets a new stream in, or says why not. All of it, from the stream's start, is under
+    /// [`Admission::timeout`] (`DEADLINE_EXCEEDED` naming the step that was slow). The order, cheapest
+    /// first and never taking room before the caller is known:
+    ///
+    /// 1. The room to wait, in total, when the room is full: refused at once, before any review, unless
+    ///    the stream may be the worker pod itself, which waits in no line (it comes from loopback to a
+    ///    loopback listener: the pod's own containers). This only looks: a stream takes no room before
+    ///    its caller is known, so unauthenticated streams cannot take room from authenticated ones, and
+    ///    a flood of junk tokens against a full room costs the API server nothing.
+    /// 2. Who is calling (a TokenReview, unless cached or tokenless).
+    /// 3. Room to wait, taken: in total and per caller (none for the worker pod itself).
+    /// 4. `subscribe`, read and checked.
+    /// 5. Whether the caller may take jobs of the queues it named (SubjectAccessReviews, unless cached or
+    ///    the worker pod itself).
+    /// 6. A stream slot.
+    ///
+    /// The room taken at 3 is given back when this returns (or the worker goes away: the future is
+    /// dropped), whatever the outcome; the slot is the stream's until it ends.
+    async fn admit(
+        &self,
+        request: Request<Streaming<WorkerMessage>>,
+    ) -> std::result::Result<Admitted, Refused> {
+        let admission = self.inner.admission;
+        let within = admission.timeout;
+        let deadline = tokio::time::Instant::now() + within;
+        let total = self.inner.opts.max_streams.max(1) as usize;
+        let local = request.remote_addr().is_some_and(|a| a.ip().is_loopback())
+            && self.inner.bound.ip().is_loopback();
+        if self.inner.opts.auth.is_some() && !local && self.inner.pending.is_full(total) {
+            return Err(Refused::pending_full(total));
+        }
+        let caller = tokio::time::timeout_at(deadline, self.authenticate(&request))
+            .await
+            .map_err(|_| {
+                Refused::new(
+                    RefuseReason::ReviewTimeout,
+                    Status::deadline_exceeded(format!(
+                        "the caller's token was not checked within {within:?}: the API server did not \
+                         answer the TokenReview in time"
+                    )),
+                )
+            })??;
         // Until its caller is authorized on the queues its subscribe names, the stream is only pending
         // (capped in total and per caller): a caller with no right on them must not hold a stream slot,
         // else it keeps the sidecar's workers out by opening streams it never subscribes on or that are
-        // refused. `pending` counts it until dropped: on every return below, once the stream slot is
-        // taken, and if the stream goes away (this future is dropped). The worker pod itself is let in on
-        // its queues without a review: it waits for nothing but its own `subscribe`, and others' waiting
-        // streams must not keep it out.
-        let admission = self.inner.admission;
+        // refused. `pending` counts it until dropped. The worker pod itself is let in on its queues
+        // without a review: it waits for nothing but its own `subscribe`, and others' waiting streams
+        // must not keep it out.
         let pending = match &caller {
             Some(c) if c.own_pod => None,
             _ => Some(self.inner.pending.enter(
                 caller.as_ref().map(|c| c.user.name.clone()),
-                self.inner.opts.max_streams.max(1) as usize,
+                total,
                 admission.pending_per_caller.max(1),
             )?),
         };
         let mut inbound = request.into_inner();
-        let wait = admission.subscribe_timeout;
-        let first = tokio::time::timeout(wait, inbound.message())
-            .await
-            .map_err(|_| Status::deadline_exceeded(format!("no subscribe within {wait:?}")))??
-            .ok_or_else(|| Status::invalid_argument("the stream ended before subscribe"))?;
-        let Some(In::Subscribe(sub)) = first.msg else {
-            return Err(Status::invalid_argument("the first message must be subscribe"));
+        let first = match tokio::time::timeout_at(deadline, inbound.message()).await {
+            Err(_) => {
+                return Err(Refused::new(
+                    RefuseReason::NoSubscribe,
+                    Status::deadline_exceeded(format!("no subscribe within {within:?}")),
+                ));
+            }
+            // Too large to read: a bad first message. Anything else: the stream broke (a reset, the
+            // connection lost) or sent what is no message.
+            Ok(Err(status))
+                if matches!(
+                    status.code(),
+                    tonic::Code::OutOfRange | tonic::Code::ResourceExhausted
+                ) =>
+            {
+                return Err(Refused::invalid(status));
+            }
+            Ok(Err(status)) => return Err(Refused::new(RefuseReason::NoSubscribe, status)),
+            Ok(Ok(None)) => {
+                return Err(Refused::new(
+                    RefuseReason::NoSubscribe,
+                    Status::invalid_argument("the stream ended before subscribe"),
+                ));
+            }
+            Ok(Ok(Some(m))) => m,
         };
-        let (queues, kinds) = self.subscription(&sub)?;
+        let Some(In::Subscribe(sub)) = first.msg else {
+            return Err(Refused::invalid(Status::invalid_argument(
+                "the first message must be subscribe",
+            )));
+        };
+        let (queues, kinds) = self.subscription(&sub).map_err(Refused::invalid)?;
         let caller_name = caller.as_ref().map(Caller::describe);
         let guard = match caller {
-            Some(caller) => self.authorize(caller, &queues).await?,
+            Some(caller) => tokio::time::timeout_at(deadline, self.authorize(caller, &queues))
+                .await
+                .map_err(|_| {
+                    Refused::new(
+                        RefuseReason::ReviewTimeout,
+                        Status::deadline_exceeded(format!(
+                            "the caller was not authorized within {within:?}: the API server did not \
+                             answer the SubjectAccessReview in time"
+                        )),
+                    )
+                })??,
             None => None,
         };
         let permit = self.inner.streams.clone().try_acquire_owned().map_err(|_| {
-            Status::resource_exhausted(format!(
-                "this sidecar serves at most {} worker streams at once",
-                self.inner.opts.max_streams
-            ))
+            Refused::new(
+                RefuseReason::StreamsFull,
+                Status::resource_exhausted(format!(
+                    "this sidecar serves at most {} worker streams at once",
+                    self.inner.opts.max_streams
+                )),
+            )
         })?;
         drop(pending);
+        Ok(Admitted {
+            inbound,
+            sub,
+            queues,
+            kinds,
+            caller: caller_name,
+            guard,
+            permit,
+        })
+    }
 
+    /// Starts the engine of a stream let in, and answers `subscribed`.
+    async fn start(&self, admitted: Admitted) -> std::result::Result<Response<WorkStream>, Refused> {
+        let Admitted {
+            inbound,
+            sub,
+            queues,
+            kinds,
+            caller: caller_name,
+            guard,
+            permit,
+        } = admitted;
         let opts = &self.inner.opts;
-        let pool = sluice_queue::pool::connect_lazy(&opts.database_url, STREAM_POOL_SIZE)
-            .map_err(|e| Status::internal(format!("database pool: {e}")))?;
+        let pool = sluice_queue::pool::connect_lazy(&opts.database_url, STREAM_POOL_SIZE).map_err(|e| {
+            Refused::new(
+                RefuseReason::Database,
+                Status::internal(format!("database pool: {e}")),
+            )
+        })?;
         let store = QueueStore::new(pool);
         let mut leases = HashMap::new();
         for q in &queues {
@@ -892,19 +1187,15 @@ impl WorkerService for GrpcWorker {
                 Ok(None) => QueueSettings::defaults(q).lease(),
                 Err(e) => {
                     tracing::warn!(error = %e, "gRPC worker stream: reading queue settings failed");
-                    return Err(Status::unavailable("the queue database is unavailable"));
+                    return Err(Refused::new(
+                        RefuseReason::Database,
+                        Status::unavailable("the queue database is unavailable"),
+                    ));
                 }
             };
             leases.insert(q.clone(), lease);
         }
-        let engine_opts = WorkerOptions {
-            queues: queues.clone(),
-            concurrency: sub.slots as usize,
-            claimers: 1,
-            owner: default_owner(),
-            kinds: kinds.clone(),
-            ..opts.engine.clone()
-        };
+        let engine_opts = stream_engine(&opts.engine, queues.clone(), kinds.clone(), sub.slots);
         let (tx, rx) = mpsc::channel(2 * sub.slots as usize + 16);
         let session = Arc::new(Session {
             tx: tx.clone(),
