@@ -852,6 +852,19 @@ async fn stream_slots_come_back_after_refusals_timeouts_and_bad_starts() {
     for id in ids {
         wait_state(&store, id, "succeeded").await;
     }
+
+    // Each refusal was counted once, by its reason.
+    let m = &server.metrics;
+    let n = f64::from(3 * SLOTS);
+    assert_eq!(refusals(m, "forbidden"), n);
+    assert_eq!(
+        refusals(m, "no_subscribe"),
+        2.0 * n,
+        "timed out, or ended before subscribe"
+    );
+    assert_eq!(refusals(m, "invalid"), 3.0 * n);
+    assert_eq!(refusals(m, "streams_full"), 1.0);
+    pending_reads(m, 0.0).await;
 }
 
 /// The value of the sample `name` (with its labels, as rendered) in `metrics`; 0 when absent.
