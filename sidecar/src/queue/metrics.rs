@@ -107,7 +107,7 @@ impl QueueMetrics {
         );
         registry.register(
             "sluice_grpc_streams_refused",
-            "gRPC worker streams refused before they were let in, by reason",
+            "gRPC worker streams refused before they were let in, or that could not start once let in, by reason",
             grpc_refused.clone(),
         );
         Self {
@@ -180,13 +180,18 @@ impl QueueMetrics {
         }
     }
 
-    /// A gRPC worker stream opened (`delta` 1) or was let in, refused or went away while pending (-1).
-    pub fn grpc_pending(&self, delta: i64) {
-        self.grpc_pending.inc_by(delta);
+    /// A gRPC worker stream opened: pending until [`Self::grpc_stream_settled`].
+    pub fn grpc_stream_admitting(&self) {
+        self.grpc_pending.inc();
     }
 
-    /// A gRPC worker stream was refused before it was let in; `reason` is one of a fixed set (the gRPC
-    /// worker API's `Refused::reason`).
+    /// A pending gRPC worker stream was let in, refused, or went away.
+    pub fn grpc_stream_settled(&self) {
+        self.grpc_pending.dec();
+    }
+
+    /// A gRPC worker stream was refused before it was let in, or could not start once let in; `reason`
+    /// is one of a fixed set (the gRPC worker API's `Refused::reason`).
     pub fn grpc_refused(&self, reason: &'static str) {
         self.grpc_refused.get_or_create(&[("reason", reason)]).inc();
     }

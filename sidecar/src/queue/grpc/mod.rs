@@ -36,22 +36,22 @@
 //!
 //! Stream slots: a stream takes one of [`GrpcOptions::max_streams`] only once `subscribe` was read and
 //! the caller authorized on its queues (else `RESOURCE_EXHAUSTED`). Until then it is *pending*
-//! ([`Admission`]): the whole admission (the TokenReview, reading `subscribe`, the SubjectAccessReviews)
-//! must be done within [`ADMISSION_TIMEOUT`] of the stream's start, else `DEADLINE_EXCEEDED` naming
-//! what was slow; at most `max_streams` streams wait at once, and at most [`MAX_PENDING_PER_CALLER`] of
+//! ([`Admission`]): the TokenReview, reading `subscribe` and the SubjectAccessReviews must all be done
+//! within [`ADMISSION_TIMEOUT`] of the stream's start, else `DEADLINE_EXCEEDED` naming what was slow
+//! (starting the engine of a stream let in, which reads its queues' settings, comes after and is not
+//! under it); at most `max_streams` streams wait at once, and at most [`MAX_PENDING_PER_CALLER`] of
 //! one checked caller (refused: `UNAVAILABLE` naming the cap, for the caller to try again), so that a
 //! caller with no right on the queues cannot keep the workers out by opening streams it never subscribes
 //! on, or that are refused. The worker pod itself is not counted: it needs no review, and others'
-//! waiting streams must not keep it out. The checks run cheapest first (`GrpcWorker::admit`): while
-//! as many streams wait as may, a stream that cannot be the worker pod itself (not from loopback to a
-//! loopback listener) is refused before its token is reviewed.
+//! waiting streams must not keep it out: a stream takes room to wait only once its caller is known
+//! (`GrpcWorker::admit`).
 //!
 //! Each stream's engine claims at most `min(slots, claim_batch)` jobs per query, and so holds at most
 //! that many claimed ahead of its slots (`stream_engine`): a one-slot stream does not lease a
 //! sidecar's claim batch of jobs it will run one at a time.
 //!
 //! Metrics: `sluice_grpc_streams_pending` (streams opened and not yet let in or refused) and
-//! `sluice_grpc_streams_refused_total{reason}` ([`RefuseReason`]).
+//! `sluice_grpc_streams_refused_total{reason}` (`RefuseReason`).
 //!
 //! Also served, to anyone: `grpc.health.v1.Health` (`sluice.v1.Worker` and `""` are `SERVING` until
 //! shutdown) and server reflection (v1). Plaintext HTTP/2, meant for loopback or the pod network, like
@@ -183,11 +183,6 @@ struct Pending {
 }
 
 impl Pending {
-    /// Whether `total` streams are pending already: a new one would be refused whoever its caller.
-    fn is_full(&self, total: usize) -> bool {
-        self.counts.lock().expect("pending lock").0 >= total
-    }
-
     /// Counts a new stream of `caller` as pending until the slot returned is dropped (the stream
     /// subscribed and was authorized, was refused, timed out or went away); `UNAVAILABLE` naming the cap
     /// (a moment's refusal: the caller tries again) when `total` streams, or `per_caller` of this
@@ -208,13 +203,7 @@ impl Pending {
         if let Some(user) = &caller {
             let mine = by_caller.entry(user.clone()).or_default();
             if *mine >= per_caller {
-                return Err(Refused {
-                    reason: RefuseReason::CallerPendingFull,
-                    status: Status::unavailable(format!(
-                        "at most {per_caller} worker streams of one caller may wait for subscribe and \
-                         authorization at once; {user} has {mine}"
-                    )),
-                });
+                return Err(Refused::caller_pending_full(per_caller, user, *mine));
             }
             *mine += 1;
         }
@@ -248,9 +237,10 @@ impl Drop for PendingSlot {
     }
 }
 
-/// Why a stream was not let in: the `reason` label of `sluice_grpc_streams_refused_total` (a fixed set).
+/// Why a stream was not let in (or, `Database`, could not start once let in): the `reason` label of
+/// `sluice_grpc_streams_refused_total` (a fixed set).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RefuseReason {
+pub(crate) enum RefuseReason {
     /// No token, or one the TokenReview did not accept (`UNAUTHENTICATED`).
     Unauthenticated,
     /// The caller may not take jobs of a queue it named (`PERMISSION_DENIED`).
@@ -267,9 +257,11 @@ pub enum RefuseReason {
     StreamsFull,
     /// The stream ended, broke or sent nothing readable before `subscribe` within the deadline.
     NoSubscribe,
-    /// The first message was not a valid `subscribe` (`INVALID_ARGUMENT`), or too large to read.
+    /// The first message was not a valid `subscribe` (`INVALID_ARGUMENT`), bytes that decode to no
+    /// message (`INTERNAL`), or too large to read.
     Invalid,
-    /// The queue database could not be read for the stream's queues (`UNAVAILABLE`, `INTERNAL`).
+    /// After the stream was let in, its engine could not start: the database pool, or its queues'
+    /// settings could not be read (`INTERNAL`, `UNAVAILABLE`).
     Database,
     /// The worker went away (its call was dropped) while the stream waited.
     Gone,
@@ -277,7 +269,7 @@ pub enum RefuseReason {
 
 impl RefuseReason {
     /// The metric label.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Unauthenticated => "unauthenticated",
             Self::Forbidden => "forbidden",
@@ -318,6 +310,27 @@ impl Refused {
         )
     }
 
+    /// `caller` has `per_caller` streams waiting already (`mine`).
+    fn caller_pending_full(per_caller: usize, caller: &str, mine: usize) -> Self {
+        Self::new(
+            RefuseReason::CallerPendingFull,
+            Status::unavailable(format!(
+                "at most {per_caller} worker streams of one caller may wait for subscribe and \
+                 authorization at once; {caller} has {mine}"
+            )),
+        )
+    }
+
+    /// The API server did not answer the `review` (of `what`) within the admission's deadline.
+    fn review_timeout(what: &str, review: &str, within: Duration) -> Self {
+        Self::new(
+            RefuseReason::ReviewTimeout,
+            Status::deadline_exceeded(format!(
+                "{what} within {within:?}: the API server did not answer the {review} in time"
+            )),
+        )
+    }
+
     /// The gatekeeper's refusal.
     fn of(refusal: Refusal) -> Self {
         let reason = match refusal {
@@ -344,7 +357,7 @@ struct Admitting {
 
 impl Admitting {
     fn start(metrics: &Arc<QueueMetrics>) -> Self {
-        metrics.grpc_pending(1);
+        metrics.grpc_stream_admitting();
         Self {
             metrics: metrics.clone(),
             settled: false,
@@ -362,7 +375,7 @@ impl Admitting {
 
 impl Drop for Admitting {
     fn drop(&mut self) {
-        self.metrics.grpc_pending(-1);
+        self.metrics.grpc_stream_settled();
         if !self.settled {
             self.metrics.grpc_refused(RefuseReason::Gone.as_str());
         }
@@ -1022,37 +1035,31 @@ impl WorkerService for GrpcWorker {
                 return Err(refused.status);
             }
         };
-        match self.start(admitted).await {
-            Ok(response) => {
-                admitting.settle(None);
-                Ok(response)
-            }
-            Err(refused) => {
-                admitting.settle(Some(refused.reason));
-                Err(refused.status)
-            }
-        }
+        // Let in: no longer pending, whatever starting its engine then meets. A failure there (the
+        // queue database) is still counted by its reason, after the stream was let in.
+        admitting.settle(None);
+        self.start(admitted).await.map_err(|refused| {
+            tracing::debug!(reason = refused.reason.as_str(), status = %refused.status, "gRPC worker stream could not start");
+            self.inner.metrics.grpc_refused(refused.reason.as_str());
+            refused.status
+        })
     }
 }
 
 impl GrpcWorker {
     /// Lets a new stream in, or says why not. All of it, from the stream's start, is under
-    /// [`Admission::timeout`] (`DEADLINE_EXCEEDED` naming the step that was slow). The order, cheapest
-    /// first and never taking room before the caller is known:
+    /// [`Admission::timeout`] (`DEADLINE_EXCEEDED` naming the step that was slow). The order, never
+    /// taking room before the caller is known (so unauthenticated streams cannot take room from
+    /// authenticated ones, nor from the worker pod itself):
     ///
-    /// 1. The room to wait, in total, when the room is full: refused at once, before any review, unless
-    ///    the stream may be the worker pod itself, which waits in no line (it comes from loopback to a
-    ///    loopback listener: the pod's own containers). This only looks: a stream takes no room before
-    ///    its caller is known, so unauthenticated streams cannot take room from authenticated ones, and
-    ///    a flood of junk tokens against a full room costs the API server nothing.
-    /// 2. Who is calling (a TokenReview, unless cached or tokenless).
-    /// 3. Room to wait, taken: in total and per caller (none for the worker pod itself).
-    /// 4. `subscribe`, read and checked.
-    /// 5. Whether the caller may take jobs of the queues it named (SubjectAccessReviews, unless cached or
+    /// 1. Who is calling (a TokenReview, unless cached or tokenless).
+    /// 2. Room to wait, taken: in total and per caller (none for the worker pod itself).
+    /// 3. `subscribe`, read and checked.
+    /// 4. Whether the caller may take jobs of the queues it named (SubjectAccessReviews, unless cached or
     ///    the worker pod itself).
-    /// 6. A stream slot.
+    /// 5. A stream slot.
     ///
-    /// The room taken at 3 is given back when this returns (or the worker goes away: the future is
+    /// The room taken at 2 is given back when this returns (or the worker goes away: the future is
     /// dropped), whatever the outcome; the slot is the stream's until it ends.
     async fn admit(
         &self,
@@ -1062,21 +1069,10 @@ impl GrpcWorker {
         let within = admission.timeout;
         let deadline = tokio::time::Instant::now() + within;
         let total = self.inner.opts.max_streams.max(1) as usize;
-        let local = request.remote_addr().is_some_and(|a| a.ip().is_loopback())
-            && self.inner.bound.ip().is_loopback();
-        if self.inner.opts.auth.is_some() && !local && self.inner.pending.is_full(total) {
-            return Err(Refused::pending_full(total));
-        }
         let caller = tokio::time::timeout_at(deadline, self.authenticate(&request))
             .await
             .map_err(|_| {
-                Refused::new(
-                    RefuseReason::ReviewTimeout,
-                    Status::deadline_exceeded(format!(
-                        "the caller's token was not checked within {within:?}: the API server did not \
-                         answer the TokenReview in time"
-                    )),
-                )
+                Refused::review_timeout("the caller's token was not checked", "TokenReview", within)
             })??;
         // Until its caller is authorized on the queues its subscribe names, the stream is only pending
         // (capped in total and per caller): a caller with no right on them must not hold a stream slot,
@@ -1100,13 +1096,15 @@ impl GrpcWorker {
                     Status::deadline_exceeded(format!("no subscribe within {within:?}")),
                 ));
             }
-            // Too large to read: a bad first message. Anything else: the stream broke (a reset, the
-            // connection lost) or sent what is no message.
+            // Bytes that are no message: too large to read (`OUT_OF_RANGE`, `RESOURCE_EXHAUSTED` past
+            // the decompression limit) or not a protobuf `WorkerMessage` (`INTERNAL`), statuses made by
+            // tonic's decoder, with no error under them. Anything else: the stream broke (a reset, an
+            // HTTP/2 error, which tonic gives with the h2 error as source, the connection lost).
             Ok(Err(status))
                 if matches!(
                     status.code(),
-                    tonic::Code::OutOfRange | tonic::Code::ResourceExhausted
-                ) =>
+                    tonic::Code::OutOfRange | tonic::Code::ResourceExhausted | tonic::Code::Internal
+                ) && std::error::Error::source(&status).is_none() =>
             {
                 return Err(Refused::invalid(status));
             }
@@ -1130,13 +1128,7 @@ impl GrpcWorker {
             Some(caller) => tokio::time::timeout_at(deadline, self.authorize(caller, &queues))
                 .await
                 .map_err(|_| {
-                    Refused::new(
-                        RefuseReason::ReviewTimeout,
-                        Status::deadline_exceeded(format!(
-                            "the caller was not authorized within {within:?}: the API server did not \
-                             answer the SubjectAccessReview in time"
-                        )),
-                    )
+                    Refused::review_timeout("the caller was not authorized", "SubjectAccessReview", within)
                 })??,
             None => None,
         };
@@ -1402,4 +1394,29 @@ async fn on_message(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn engine(claim_batch: u32) -> WorkerOptions {
+        WorkerOptions {
+            claim_batch,
+            ..WorkerOptions::new(["q"])
+        }
+    }
+
+    #[test]
+    fn a_stream_claims_at_most_its_slots_at_once_and_at_most_the_sidecars_claim_batch() {
+        let sidecar = engine(16);
+        let claims = |slots| stream_engine(&sidecar, vec!["q".into()], vec![], slots).claim_batch;
+        assert_eq!(claims(1), 1);
+        assert_eq!(claims(8), 8);
+        assert_eq!(claims(16), 16);
+        assert_eq!(claims(64), 16);
+        let one = stream_engine(&sidecar, vec!["q".into()], vec!["k".into()], 1);
+        assert_eq!((one.concurrency, one.claimers), (1, 1));
+        assert_eq!(one.kinds, ["k"]);
+    }
 }
