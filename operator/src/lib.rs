@@ -31,6 +31,7 @@ pub mod certs;
 pub mod clock;
 pub mod config;
 pub mod controller;
+pub mod counter_key;
 pub mod crdgen;
 pub mod digest;
 pub mod external_metrics;
@@ -168,6 +169,21 @@ pub enum Error {
         /// What failed and how to fix it.
         why: String,
     },
+    /// The namespace's counter key Secret holds no usable key (see [`counter_key`]).
+    #[error(
+        "Secret {namespace}/{name}: its key {key:?} {why}; fix it, or delete the Secret and the operator \
+         writes a new random key (every counter of the namespace's policies then starts afresh)"
+    )]
+    CounterKeyInvalid {
+        /// The policy's namespace.
+        namespace: String,
+        /// The Secret's name.
+        name: String,
+        /// The key within it.
+        key: String,
+        /// What is wrong with the value (never the value).
+        why: String,
+    },
     /// Redis could not be reached or refused a command.
     #[error("Redis: {0}")]
     Redis(String),
@@ -206,6 +222,7 @@ impl Error {
             }
             Error::TooManyEndpoints { .. } => "too_many_endpoints",
             Error::TenantNotProvisioned { .. } => "tenant_not_provisioned",
+            Error::CounterKeyInvalid { .. } => "counter_key_invalid",
             Error::Redis(_) => "redis_unreachable",
             Error::Database(_) => "database_unreachable",
             Error::Certificate(_) => "certificate",
@@ -229,6 +246,7 @@ impl Error {
             }
             Error::TooManyEndpoints { .. } => reason::TOO_MANY_ENDPOINTS,
             Error::TenantNotProvisioned { .. } => reason::TENANT_NOT_PROVISIONED,
+            Error::CounterKeyInvalid { .. } => reason::COUNTER_KEY_INVALID,
             Error::Redis(_) => reason::REDIS_UNREACHABLE,
             Error::Database(_) => reason::DATABASE_UNREACHABLE,
             _ => reason::KUBERNETES_API_ERROR,
@@ -250,6 +268,7 @@ impl Error {
                 | Error::QueueDatabaseSelectorInvalid { .. }
                 | Error::TooManyEndpoints { .. }
                 | Error::TenantNotProvisioned { .. }
+                | Error::CounterKeyInvalid { .. }
         )
     }
 }

@@ -9,11 +9,14 @@ use std::{
 };
 
 use k8s_openapi::api::{
-    core::v1::{ConfigMap, Pod, Service},
+    core::v1::{ConfigMap, Pod, Secret, Service},
     events::v1::Event,
     networking::v1::NetworkPolicy,
 };
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{
+    ResourceExt,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+};
 use serde_json::{Value, json};
 use sluice_crds::rate_limit_policy::RateLimitPolicy;
 use sluice_e2e::{Env, TestNamespace, wait_for};
@@ -337,6 +340,73 @@ async fn a_secret_without_the_key_and_an_unreachable_redis_are_reported() {
     );
     // The ConfigMap is written all the same: new pods start with the right rules.
     f.ns.api::<ConfigMap>().get("sluice-policy-b").await.unwrap();
+}
+
+/// The namespace's counter key: its value, whether it is immutable, and its labels.
+async fn counter_key(ns: &TestNamespace) -> (Vec<u8>, Option<bool>) {
+    let s = ns.api::<Secret>().get("sluice-counter-key").await.unwrap();
+    assert_eq!(
+        s.labels().get("app.kubernetes.io/managed-by").map(String::as_str),
+        Some("sluice-operator")
+    );
+    (s.data.unwrap()["key"].0.clone(), s.immutable)
+}
+
+#[tokio::test]
+async fn the_first_policy_of_a_namespace_writes_its_counter_key_once() {
+    let f = fixture().await;
+    let api = f.ns.api::<RateLimitPolicy>();
+    api.create(&PostParams::default(), &policy("a", "redis", 10))
+        .await
+        .unwrap();
+    ready_reason(&f.ns, "a", "NoPods").await;
+    let (key, immutable) = counter_key(&f.ns).await;
+    assert!(key.len() >= 32 && key.iter().all(u8::is_ascii_alphanumeric));
+    assert_eq!(immutable, Some(true));
+
+    // Another policy of the namespace, and another reconcile of the first, keep it.
+    api.create(&PostParams::default(), &policy("b", "redis", 10))
+        .await
+        .unwrap();
+    ready_reason(&f.ns, "b", "NoPods").await;
+    let mut touched = api.get("a").await.unwrap();
+    touched.spec.rules[0].limit.requests = 20;
+    api.replace("a", &PostParams::default(), &touched).await.unwrap();
+    wait_for("a at generation 2", DEADLINE, || {
+        let api = api.clone();
+        async move { (api.get("a").await.ok()?.status?.observed_generation == Some(2)).then_some(()) }
+    })
+    .await
+    .unwrap();
+    assert_eq!(counter_key(&f.ns).await.0, key, "the key changed");
+}
+
+#[tokio::test]
+async fn an_unusable_counter_key_is_reported_without_its_value_and_replaced_once_deleted() {
+    let f = fixture().await;
+    f.ns.create_secret("sluice-counter-key", "key", "too-short-a-key")
+        .await
+        .unwrap();
+    let api = f.ns.api::<RateLimitPolicy>();
+    api.create(&PostParams::default(), &policy("api", "redis", 10))
+        .await
+        .unwrap();
+    let p = ready_reason(&f.ns, "api", "CounterKeyInvalid").await;
+    let message = p.ready_condition().unwrap().message.clone();
+    assert!(message.contains("has 15 characters; at least 32"), "{message}");
+    assert!(!message.contains("too-short-a-key"), "the key shows: {message}");
+    assert!(
+        f.metrics
+            .reconcile_errors("ratelimitpolicy", "counter_key_invalid")
+            >= 1
+    );
+
+    f.ns.api::<Secret>()
+        .delete("sluice-counter-key", &DeleteParams::default())
+        .await
+        .unwrap();
+    ready_reason(&f.ns, "api", "NoPods").await;
+    assert!(counter_key(&f.ns).await.0.len() >= 32);
 }
 
 #[tokio::test]

@@ -18,6 +18,13 @@ pub const LISTEN: &str = "SLUICE_LISTEN";
 pub const UPSTREAM: &str = "SLUICE_UPSTREAM";
 /// `limits.redis.url`.
 pub const REDIS_URL: &str = "SLUICE_REDIS_URL";
+/// The secret the sidecar keys the hashes naming its counters in Redis with (HMAC-SHA-256), so that
+/// nobody who can read Redis's key names (a backup, a replica, `MONITOR`) can test guesses of a key
+/// value (an `Authorization` header, a client IP) against them offline. At least
+/// [`super::redis::COUNTER_KEY_MIN_LEN`] characters; every sidecar counting on the same counters must
+/// have the same one. The webhook sets it from the namespace's [`super::redis::COUNTER_KEY_SECRET`].
+/// Unset: unkeyed SHA-256, as sidecars before it hashed (a warning at start).
+pub const COUNTER_KEY: &str = "SLUICE_COUNTER_KEY";
 /// `limits.redis.caFile`: CA certificates (PEM) trusted for a TLS Redis besides the system's.
 pub const REDIS_CA_FILE: &str = "SLUICE_REDIS_CA_FILE";
 /// `limits.adminListen`: `/healthz`, `/readyz` and `/metrics`.

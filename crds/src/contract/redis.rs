@@ -11,7 +11,18 @@
 //!   written by each sidecar every few seconds and after each apply ([`enforced_key`]).
 //! - `sluice:{<ns>/<policy>/<rule>/<32 hex digits>}:<algorithm tag>:<window ms>[:<window index>]`: a
 //!   rule's counters, one hash per key value ([`rule_key_prefix`] is the part before the hex digits).
-//!   Keys never contain limit values or rule order, so changing a limit keeps the counters.
+//!   Keys never contain limit values or rule order, so changing a limit keeps the counters. The hex
+//!   digits are an HMAC keyed with the namespace's [`COUNTER_KEY_SECRET`] (see
+//!   [`super::env::COUNTER_KEY`]), so they reveal nothing of the key value to whoever reads them.
+
+/// The Secret, in each namespace with a RateLimitPolicy, holding the key its sidecars hash counter names
+/// with ([`super::env::COUNTER_KEY`]): written once by the operator (random, [`COUNTER_KEY_MIN_LEN`]
+/// characters or more), never rotated by it, as a new key starts every counter afresh.
+pub const COUNTER_KEY_SECRET: &str = "sluice-counter-key";
+/// The key of [`COUNTER_KEY_SECRET`] holding the counter key.
+pub const COUNTER_KEY_SECRET_KEY: &str = "key";
+/// Fewest characters of a counter key: 32 random alphanumerics are about 190 bits.
+pub const COUNTER_KEY_MIN_LEN: usize = 32;
 
 /// The start of every key.
 pub const KEY_PREFIX: &str = "sluice:";

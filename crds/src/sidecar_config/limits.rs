@@ -172,6 +172,46 @@ pub struct RedisConfig {
     /// on reload). See docs/rate-limiting.md, "Hot keys take their budget ahead".
     #[serde(default = "default_prefetch")]
     pub prefetch: u64,
+    /// The key counter names are hashed with (`SLUICE_COUNTER_KEY`, from a Secret): never read from
+    /// or written to a config file, so never in a ConfigMap or a config published through Redis.
+    #[serde(skip)]
+    pub counter_key: Option<CounterKey>,
+}
+
+/// The secret counter names in Redis are keyed with ([`crate::contract::env::COUNTER_KEY`]). Its
+/// `Debug` shows only its length.
+#[derive(Clone, PartialEq, Eq)]
+pub struct CounterKey(String);
+
+impl CounterKey {
+    /// `text` as a counter key, if it has at least
+    /// [`COUNTER_KEY_MIN_LEN`](crate::contract::redis::COUNTER_KEY_MIN_LEN) characters and no
+    /// whitespace at either end (a stray newline from `echo` into a Secret would give sidecars
+    /// differing keys); else what is wrong, without the value.
+    pub fn new(text: &str) -> Result<Self, String> {
+        use crate::contract::redis::COUNTER_KEY_MIN_LEN;
+        if text.trim() != text {
+            return Err("has whitespace at its start or end".into());
+        }
+        let len = text.chars().count();
+        if len < COUNTER_KEY_MIN_LEN {
+            return Err(format!(
+                "has {len} characters; at least {COUNTER_KEY_MIN_LEN} are needed"
+            ));
+        }
+        Ok(Self(text.to_owned()))
+    }
+
+    /// The key's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
+impl std::fmt::Debug for CounterKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CounterKey(<{} characters>)", self.0.chars().count())
+    }
 }
 
 impl Default for RedisConfig {
@@ -184,6 +224,7 @@ impl Default for RedisConfig {
             breaker_cooldown: default_breaker_cooldown(),
             pool_size: default_pool_size(),
             prefetch: PREFETCH_DEFAULT,
+            counter_key: None,
         }
     }
 }

@@ -2,6 +2,8 @@
 //!
 //! Each reconcile, in order: [`render_yaml`] the policy into the sidecar config; `apply_config_map`
 //! (server-side apply to a ConfigMap the policy owns: deleting the policy collects it; new pods mount it);
+//! make sure the namespace has its counter key Secret ([`counter_key::ensure`]: injected sidecars hash
+//! counter names with it, and do not start without it);
 //! list the `governed_pods`; `apply_network_policy` (the NetworkPolicy admitting ingress to them only
 //! through the sidecar, owned by the policy; deleted when `spec.networkPolicy.enabled` is false); find
 //! the Services that target the app's port around the sidecar (`AppPortExposed`); read the Redis URL
@@ -52,7 +54,7 @@ use sluice_crds::{
 
 use super::{Context, Namespaces, api_in, conditions::Desired};
 use crate::{
-    Error, FIELD_MANAGER, Result,
+    Error, FIELD_MANAGER, Result, counter_key,
     propagation::Publisher,
     render::{
         network_policy::{Exposure, exposures, network_policy, network_policy_name},
@@ -180,10 +182,11 @@ pub fn error_policy(policy: Arc<RateLimitPolicy>, error: &Error, ctx: Arc<Contex
 async fn steps(policy: &RateLimitPolicy, ctx: &Context<State>) -> Result<Action> {
     let yaml = render_yaml(policy)?;
     apply_config_map(policy, ctx, &yaml).await?;
+    let ns = policy.namespace().unwrap_or_default();
+    counter_key::ensure(&ctx.client, &ns).await?;
     let governed = governed_pods(policy, ctx).await?;
     let network_policy = apply_network_policy(policy, ctx, &governed).await?;
     let exposed = exposed_app_ports(policy, ctx, &governed).await?;
-    let ns = policy.namespace().unwrap_or_default();
     let url = secret::read_url(
         &ctx.client,
         &ns,

@@ -40,6 +40,7 @@ use sluice_crds::{
         path::{CONFIG_DIR as CONFIG_MOUNT_DIR, POLICY_CONFIG_FILE as CONFIG_KEY},
         port::{ADMIN as SIDECAR_ADMIN_PORT, LISTEN_DEFAULT as SIDECAR_LISTEN_PORT_DEFAULT, QUEUE_API},
         port_name,
+        redis::{COUNTER_KEY_SECRET, COUNTER_KEY_SECRET_KEY},
     },
     job_queue::JobQueue,
     rate_limit_policy::{RateLimitPolicy, SecretKeyRef},
@@ -638,7 +639,8 @@ fn injected(config: &InjectConfig) -> SidecarContainer {
 
 /// The proxy role: reads the policy's rendered config from the mounted ConfigMap, listens on `listen`
 /// (taking the app port's name), forwards to the app on `app_port`, and reaches Redis with the URL from
-/// the policy's Secret.
+/// the policy's Secret, naming counters with the namespace's counter key (a Secret the policy's
+/// reconcile writes; until it exists the kubelet holds the container back).
 fn proxy_container(
     target: &PolicyTarget,
     config: &InjectConfig,
@@ -651,7 +653,14 @@ fn proxy_container(
         .pod_name_env()
         .env(env::LISTEN, format!("0.0.0.0:{listen}"))
         .env(env::UPSTREAM, format!("http://127.0.0.1:{app_port}"))
-        .env_from_secret(env::REDIS_URL, &target.redis_secret);
+        .env_from_secret(env::REDIS_URL, &target.redis_secret)
+        .env_from_secret(
+            env::COUNTER_KEY,
+            &SecretKeyRef {
+                name: COUNTER_KEY_SECRET.into(),
+                key: COUNTER_KEY_SECRET_KEY.into(),
+            },
+        );
     let sidecar = match &config.config_verify_key {
         Some(key) => sidecar.env(env::CONFIG_VERIFY_KEY, key.clone()),
         None => sidecar,

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use sluice_crds::{
     contract::env::*,
     sidecar_config::{
-        ApiAuthMode, ConfigErrors, LoopbackCallers, QueueConfig, SidecarConfig, TierLimits,
+        ApiAuthMode, ConfigErrors, CounterKey, LoopbackCallers, QueueConfig, SidecarConfig, TierLimits,
         validate::check_upstream_url,
     },
 };
@@ -81,6 +81,12 @@ pub fn apply(config: &mut SidecarConfig, env: &dyn Env) -> Result<EnvSettings, C
     }
     if let Some(v) = env.var(REDIS_CA_FILE) {
         config.limits.redis.ca_file = Some(v.trim().to_owned());
+    }
+    if let Some(v) = env.var(COUNTER_KEY) {
+        match CounterKey::new(&v) {
+            Ok(key) => config.limits.redis.counter_key = Some(key),
+            Err(msg) => errs.push(COUNTER_KEY, format!("the key {msg}")),
+        }
     }
     let enabled = match env.var(RATE_LIMIT_ENABLED).as_deref().map(str::trim) {
         None => true,
@@ -244,6 +250,35 @@ mod tests {
         assert_eq!(c.limits.listen.to_string(), "127.0.0.1:1234");
         assert_eq!(c.limits.upstream, "http://127.0.0.1:9");
         assert_eq!(c.limits.redis.url.as_deref(), Some("redis://r:6380"));
+    }
+
+    #[test]
+    fn the_counter_key_comes_from_its_variable_and_never_shows() {
+        let key = "k".repeat(40);
+        let mut c = SidecarConfig::default();
+        apply(&mut c, &[(COUNTER_KEY, key.as_str())]).unwrap();
+        let got = c.limits.redis.counter_key.as_ref().expect("the key is set");
+        assert_eq!(got.as_bytes(), key.as_bytes());
+        // Neither a config's Debug nor its serialized form carries it.
+        assert!(!format!("{c:?}").contains(&key), "Debug shows the key");
+        assert!(
+            !serde_yaml::to_string(&c).unwrap().contains(&key),
+            "the YAML carries the key"
+        );
+    }
+
+    #[test]
+    fn a_short_or_padded_counter_key_is_refused_without_its_value() {
+        for bad in ["short-key", &format!("{}\n", "k".repeat(40))] {
+            let err = apply(&mut SidecarConfig::default(), &[(COUNTER_KEY, bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(COUNTER_KEY), "{err}");
+            assert!(
+                !err.contains("short-key") && !err.contains("kkkk"),
+                "the value shows: {err}"
+            );
+        }
     }
 
     #[test]

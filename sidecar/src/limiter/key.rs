@@ -1,16 +1,19 @@
 //! Key derivation: which counter a request counts against.
 //!
 //! A rule's key parts (client IP masked to a prefix, headers, method, path) are fed, length-prefixed, into
-//! SHA-256 together with the namespace, policy and rule name; the first 16 bytes name the counter. So the
-//! Redis key has a fixed length, carries no raw header value or credential, and depends only on
-//! (namespace, policy, rule, key value) plus the window length — never on limit values or rule order, so a
-//! limit change keeps its counters. Redis keys look like
+//! HMAC-SHA-256 keyed with the counter key (`SLUICE_COUNTER_KEY`; plain SHA-256 without one) together
+//! with the namespace, policy and rule name; the first 16 bytes name the counter. So the Redis key has a
+//! fixed length, carries no raw header value or credential — and, keyed, cannot be tested against
+//! guesses of one by whoever reads Redis's key names without the key — and depends only on (namespace,
+//! policy, rule, key value, counter key) plus the window length — never on limit values or rule order,
+//! so a limit change keeps its counters. Redis keys look like
 //! `sluice:{<namespace>/<policy>/<rule>/<32 hex digits>}:<algorithm>:<window ms>[:<window index>]`;
 //! the braces are a Redis Cluster hash tag, so every key of one counter lives in one slot.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use http::HeaderName;
+use ring::hmac;
 use sha2::{Digest, Sha256};
 use sluice_crds::sidecar_config::{KeyPart, KeySource, PolicyRef};
 
@@ -20,8 +23,49 @@ use crate::{Error, Result};
 /// Header hashed by `credential` key parts unless the rule names another.
 pub const CREDENTIAL_HEADER_DEFAULT: &str = "authorization";
 
-/// 128 bits of SHA-256: the identity of one counter (rule and key value).
+/// 128 bits of HMAC-SHA-256 (or SHA-256): the identity of one counter (rule and key value).
 pub type KeyHash = [u8; 16];
+
+/// A key hash in the making: HMAC-SHA-256 keyed with the counter key, or SHA-256 without one.
+#[derive(Clone)]
+enum Hasher {
+    Plain(Sha256),
+    Keyed(hmac::Context),
+}
+
+impl Hasher {
+    fn new(counter_key: Option<&hmac::Key>) -> Self {
+        match counter_key {
+            Some(key) => Self::Keyed(hmac::Context::with_key(key)),
+            None => Self::Plain(Sha256::new()),
+        }
+    }
+
+    fn update(&mut self, bytes: impl AsRef<[u8]>) {
+        match self {
+            Self::Plain(h) => h.update(bytes),
+            Self::Keyed(h) => h.update(bytes.as_ref()),
+        }
+    }
+
+    fn finish(self) -> KeyHash {
+        let mut out = [0u8; 16];
+        match self {
+            Self::Plain(h) => out.copy_from_slice(&h.finalize()[..16]),
+            Self::Keyed(h) => out.copy_from_slice(&h.sign().as_ref()[..16]),
+        }
+        out
+    }
+}
+
+impl std::fmt::Debug for Hasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Plain(_) => "Hasher::Plain",
+            Self::Keyed(_) => "Hasher::Keyed",
+        })
+    }
+}
 
 /// One compiled key part.
 #[derive(Debug, Clone)]
@@ -51,8 +95,9 @@ pub const CEILING_SUFFIX: &str = "/client-ip";
 /// How one rule derives keys from requests.
 #[derive(Debug, Clone)]
 pub struct KeySpec {
-    /// Namespace, policy and rule, hashed into every key of the rule.
-    scope: Vec<u8>,
+    /// The hash with the rule's namespace, policy and name fed in: every key hash of the rule starts
+    /// from (a copy of) it.
+    start: Hasher,
     /// The first 8 bytes of SHA-256 of `scope` (see [`KeySpec::scope_id`]).
     scope_id: u64,
     /// `sluice:{ns/policy/rule/`, the readable start of every Redis key of the rule.
@@ -61,8 +106,15 @@ pub struct KeySpec {
 }
 
 impl KeySpec {
-    /// Compiles the key of rule `rule` (at `field`, e.g. `limits.rules[2]`).
-    pub fn compile(policy: Option<&PolicyRef>, rule: &str, parts: &[KeyPart], field: &str) -> Result<Self> {
+    /// Compiles the key of rule `rule` (at `field`, e.g. `limits.rules[2]`), its hashes keyed with
+    /// `counter_key` (unkeyed SHA-256 without one).
+    pub fn compile(
+        policy: Option<&PolicyRef>,
+        rule: &str,
+        parts: &[KeyPart],
+        field: &str,
+        counter_key: Option<&hmac::Key>,
+    ) -> Result<Self> {
         let (ns, name) = policy.map_or(("-", "-"), |p| (p.namespace.as_str(), p.name.as_str()));
         let mut scope = Vec::new();
         for s in [ns, name, rule] {
@@ -84,8 +136,10 @@ impl KeySpec {
                 .try_into()
                 .expect("a SHA-256 digest has 8 bytes"),
         );
+        let mut start = Hasher::new(counter_key);
+        start.update(&scope);
         Ok(Self {
-            scope,
+            start,
             scope_id,
             redis_prefix,
             parts,
@@ -95,7 +149,13 @@ impl KeySpec {
     /// The key of the ceiling per client IP of a rule keyed by `parts` (see [`CEILING_SUFFIX`]): the
     /// client IP, grouped by the prefixes of the rule's `credential` part (or the defaults), counted
     /// only for requests that carry the headers the rule's key read.
-    pub fn ceiling(policy: Option<&PolicyRef>, rule: &str, parts: &[KeyPart], field: &str) -> Result<Self> {
+    pub fn ceiling(
+        policy: Option<&PolicyRef>,
+        rule: &str,
+        parts: &[KeyPart],
+        field: &str,
+        counter_key: Option<&hmac::Key>,
+    ) -> Result<Self> {
         let mut present = Vec::new();
         let mut ip = KeyPart::client_ip();
         for (j, p) in parts.iter().enumerate() {
@@ -108,7 +168,13 @@ impl KeySpec {
                 _ => {}
             }
         }
-        let mut spec = Self::compile(policy, &format!("{rule}{CEILING_SUFFIX}"), &[ip], field)?;
+        let mut spec = Self::compile(
+            policy,
+            &format!("{rule}{CEILING_SUFFIX}"),
+            &[ip],
+            field,
+            counter_key,
+        )?;
         spec.parts.extend(present);
         Ok(spec)
     }
@@ -123,8 +189,7 @@ impl KeySpec {
     /// The key hash of `req`, or `None` when a header the key needs is missing (the rule does not apply).
     /// A header sent several times counts with all its values: an app may read another one than the first.
     pub fn hash(&self, req: &RequestFacts<'_>) -> Option<KeyHash> {
-        let mut h = Sha256::new();
-        h.update(&self.scope);
+        let mut h = self.start.clone();
         for part in &self.parts {
             match part {
                 Part::ClientIp { v4, v6 } => feed_ip(&mut h, b'i', masked(req.client_ip, *v4, *v6)),
@@ -140,10 +205,7 @@ impl KeySpec {
                 Part::Present(name) => req.headers.first(name).map(drop)?,
             }
         }
-        let digest = h.finalize();
-        let mut out = [0u8; 16];
-        out.copy_from_slice(&digest[..16]);
-        Some(out)
+        Some(h.finish())
     }
 
     /// `sluice:{ns/policy/rule/<hex>}`: the start of every Redis key of this counter.
@@ -224,7 +286,7 @@ pub fn masked(ip: IpAddr, v4: u8, v6: u8) -> (IpAddr, u8) {
 /// two different requests shared a counter. With it, each part's encoding opens with a byte saying how
 /// many items follow (a value tag: one; [`LIST_TAG`]: the count after it), so the rule's parts, known in
 /// advance, read back from the bytes in one way only.
-fn feed_all(h: &mut Sha256, tag: u8, req: &RequestFacts<'_>, name: &HeaderName) -> bool {
+fn feed_all(h: &mut Hasher, tag: u8, req: &RequestFacts<'_>, name: &HeaderName) -> bool {
     // Values are walked last first: the first one seen is the last field's.
     let (mut count, mut first_seen) = (0u64, None);
     req.headers.each_rev(name, &mut |v| {
@@ -251,13 +313,13 @@ fn feed_all(h: &mut Sha256, tag: u8, req: &RequestFacts<'_>, name: &HeaderName) 
 /// Opens the items of a key header sent several times (see [`feed_all`]); no value is fed under it.
 const LIST_TAG: u8 = b'n';
 
-fn feed(h: &mut Sha256, tag: u8, value: &[u8]) {
+fn feed(h: &mut Hasher, tag: u8, value: &[u8]) {
     h.update([tag]);
     h.update((value.len() as u64).to_be_bytes());
     h.update(value);
 }
 
-fn feed_ip(h: &mut Sha256, tag: u8, (ip, prefix): (IpAddr, u8)) {
+fn feed_ip(h: &mut Hasher, tag: u8, (ip, prefix): (IpAddr, u8)) {
     match ip {
         IpAddr::V4(a) => {
             feed(h, tag, &a.octets());
@@ -291,7 +353,7 @@ mod tests {
             name: "api".into(),
             generation: 1,
         };
-        KeySpec::compile(Some(&policy), "read", parts, "limits.rules[0]").unwrap()
+        KeySpec::compile(Some(&policy), "read", parts, "limits.rules[0]", None).unwrap()
     }
 
     fn hash_of(s: &KeySpec, ip: &str, headers: &HeaderMap) -> Option<KeyHash> {
@@ -510,6 +572,44 @@ mod tests {
     }
 
     #[test]
+    fn a_counter_key_makes_the_name_an_hmac_of_the_same_bytes() {
+        // The bytes a credential key feeds: the scope (namespace, policy, rule, each length-prefixed),
+        // then the header's value under its tag.
+        let mut bytes = Vec::new();
+        for s in ["shop", "api", "read"] {
+            bytes.extend((s.len() as u64).to_be_bytes());
+            bytes.extend(s.as_bytes());
+        }
+        bytes.push(b'x');
+        bytes.extend(12u64.to_be_bytes());
+        bytes.extend(b"Bearer alice");
+        let policy = PolicyRef {
+            namespace: "shop".into(),
+            name: "api".into(),
+            generation: 1,
+        };
+        let parts = [KeyPart {
+            source: KeySource::Credential,
+            ..KeyPart::client_ip()
+        }];
+        let with = |key: Option<&hmac::Key>| {
+            let spec = KeySpec::compile(Some(&policy), "read", &parts, "limits.rules[0]", key).unwrap();
+            let headers = fields(&[("authorization", "Bearer alice")]);
+            hash_of(&spec, "198.51.100.7", &headers).unwrap()
+        };
+        let key = hmac::Key::new(hmac::HMAC_SHA256, b"0123456789abcdef0123456789abcdef");
+        let other = hmac::Key::new(hmac::HMAC_SHA256, b"0123456789abcdef0123456789abcdeF");
+        assert_eq!(
+            with(None)[..],
+            Sha256::digest(&bytes)[..16],
+            "unkeyed: SHA-256 as before"
+        );
+        assert_eq!(with(Some(&key))[..], hmac::sign(&key, &bytes).as_ref()[..16]);
+        assert_eq!(with(Some(&key)), with(Some(&key)), "one key, one name");
+        assert_ne!(with(Some(&key)), with(Some(&other)));
+    }
+
+    #[test]
     fn a_ceiling_counts_per_client_ip_whatever_token_and_only_with_one() {
         let policy = PolicyRef {
             namespace: "shop".into(),
@@ -521,7 +621,7 @@ mod tests {
             ipv4_prefix: 24,
             ..KeyPart::client_ip()
         }];
-        let c = KeySpec::ceiling(Some(&policy), "write", &parts, "limits.rules[0]").unwrap();
+        let c = KeySpec::ceiling(Some(&policy), "write", &parts, "limits.rules[0]", None).unwrap();
         let token = |t: &str| {
             let mut h = HeaderMap::new();
             h.insert("authorization", t.parse().unwrap());
@@ -559,13 +659,14 @@ mod tests {
             name: None,
             ..KeyPart::client_ip()
         };
-        let err = KeySpec::compile(None, "r", &[KeyPart::client_ip(), bad], "limits.rules[3]").unwrap_err();
+        let err =
+            KeySpec::compile(None, "r", &[KeyPart::client_ip(), bad], "limits.rules[3]", None).unwrap_err();
         assert!(err.to_string().contains("limits.rules[3].key[1].name"), "{err}");
         let bad = KeyPart {
             ipv6_prefix: 129,
             ..KeyPart::client_ip()
         };
-        let err = KeySpec::compile(None, "r", &[bad], "limits.rules[0]").unwrap_err();
+        let err = KeySpec::compile(None, "r", &[bad], "limits.rules[0]", None).unwrap_err();
         assert!(
             err.to_string().contains("limits.rules[0].key[0].ipv6Prefix"),
             "{err}"
@@ -574,7 +675,7 @@ mod tests {
 
     #[test]
     fn braces_in_rule_names_cannot_break_the_hash_tag() {
-        let s = KeySpec::compile(None, "a}b{", &[], "limits.rules[0]").unwrap();
+        let s = KeySpec::compile(None, "a}b{", &[], "limits.rules[0]", None).unwrap();
         let base = s.redis_base(&[0; 16]);
         assert_eq!(base.matches('{').count(), 1);
         assert_eq!(base.matches('}').count(), 1);

@@ -46,6 +46,7 @@ use std::{
 use arc_swap::ArcSwap;
 use ipnet::IpNet;
 use prometheus_client::registry::Registry;
+use ring::hmac;
 use sluice_crds::sidecar_config::{FailureMode, LimitsConfig, PolicyRef, Rule, TierLimits, default_rules};
 
 pub use client_ip::client_ip;
@@ -118,7 +119,12 @@ struct Settings {
 }
 
 impl Settings {
-    fn compile(config: &LimitsConfig, policy: Option<&PolicyRef>, metrics: &Metrics) -> crate::Result<Self> {
+    fn compile(
+        config: &LimitsConfig,
+        policy: Option<&PolicyRef>,
+        counter_key: Option<&hmac::Key>,
+        metrics: &Metrics,
+    ) -> crate::Result<Self> {
         let defaults;
         let rules: &[Rule] = if config.rules.is_empty() {
             defaults = default_rules(TierLimits::default());
@@ -135,8 +141,8 @@ impl Settings {
                     r.name
                 )));
             }
-            let rule = CompiledRule::compile(i, r, policy, metrics.rule(&r.name))?;
-            let ceiling = rule.ceiling(i, r, policy, |name| metrics.rule(name))?;
+            let rule = CompiledRule::compile(i, r, policy, counter_key, metrics.rule(&r.name))?;
+            let ceiling = rule.ceiling(i, r, policy, counter_key, |name| metrics.rule(name))?;
             compiled.push(rule);
             compiled.extend(ceiling);
         }
@@ -170,6 +176,9 @@ struct Shared {
     settings: ArcSwap<Settings>,
     clock: SharedClock,
     redis: Option<RedisStore>,
+    /// `limits.redis.counterKey` as the limiter started with it: every reload keys its rules' hashes
+    /// with it (a config read from Redis carries none), so counters never change names mid-run.
+    counter_key: Option<hmac::Key>,
     breaker: Breaker,
     local: LocalStore,
     /// Requests the local fallback allowed, owed to Redis.
@@ -272,7 +281,19 @@ impl Limiter {
         clock: SharedClock,
         metrics: Metrics,
     ) -> crate::Result<Self> {
-        let settings = Settings::compile(config, policy, &metrics)?;
+        let counter_key = config
+            .redis
+            .counter_key
+            .as_ref()
+            .map(|k| hmac::Key::new(hmac::HMAC_SHA256, k.as_bytes()));
+        if redis_url.is_some() && counter_key.is_none() {
+            tracing::warn!(
+                "{} is not set: counter names in Redis are unkeyed hashes of key values, which whoever \
+                 reads Redis's key names can test guesses of (a credential, a client IP) against",
+                sluice_crds::contract::env::COUNTER_KEY
+            );
+        }
+        let settings = Settings::compile(config, policy, counter_key.as_ref(), &metrics)?;
         let redis = redis_url
             .map(|url| {
                 RedisStore::connect(
@@ -294,6 +315,7 @@ impl Limiter {
             coalescer: Coalescer::default(),
             metrics,
             redis,
+            counter_key,
             instance: rand::random(),
             seq: AtomicU64::new(0),
             enforcing_pods: AtomicU32::new(0),
@@ -310,7 +332,12 @@ impl Limiter {
     /// coalescer holds for counters no rule uses any longer (a changed window or algorithm, a removed
     /// rule). On error the old settings stay. The Redis URL and pool size cannot change here.
     pub fn reconfigure(&self, config: &LimitsConfig, policy: Option<&PolicyRef>) -> crate::Result<()> {
-        let settings = Settings::compile(config, policy, &self.shared.metrics)?;
+        let settings = Settings::compile(
+            config,
+            policy,
+            self.shared.counter_key.as_ref(),
+            &self.shared.metrics,
+        )?;
         if let Some(redis) = &self.shared.redis {
             redis.set_timeout(settings.timeout);
         }
@@ -912,6 +939,33 @@ mod tests {
         .unwrap();
         assert_eq!(fallback(&l, "renamed", &started, now), (true, 9));
         assert_eq!(fallback(&l, "renamed", &remembered, now), (true, 9));
+    }
+
+    #[test]
+    fn a_reload_keeps_the_counter_key_the_limiter_started_with() {
+        use self::outage::{config, policy, rule};
+        use sluice_crds::sidecar_config::{Algorithm, CounterKey};
+
+        let headers = HeaderMap::new();
+        let facts = RequestFacts {
+            method: &Method::GET,
+            path: "/",
+            host: None,
+            headers: &headers,
+            client_ip: "198.51.100.7".parse().unwrap(),
+        };
+        let hash = |l: &Limiter| l.shared.settings.load().rules[0].key.hash(&facts).unwrap();
+        let rules = || config(vec![rule("tenant", Algorithm::FixedWindow)]);
+        let unkeyed = hash(&Limiter::new(&rules(), Some(&policy(1))).unwrap());
+        let mut keyed_config = rules();
+        keyed_config.redis.counter_key = Some(CounterKey::new(&"k".repeat(32)).unwrap());
+        let l = Limiter::new(&keyed_config, Some(&policy(1))).unwrap();
+        let keyed = hash(&l);
+        assert_ne!(keyed, unkeyed);
+
+        // A config read from Redis carries no key: the rules are still keyed with the limiter's.
+        l.reconfigure(&rules(), Some(&policy(2))).unwrap();
+        assert_eq!(hash(&l), keyed);
     }
 
     #[test]

@@ -445,7 +445,7 @@ mod tests {
 
     fn key(rule: &str) -> KeySpec {
         let parts = [KeyPart::client_ip()];
-        KeySpec::compile(Some(&policy()), rule, &parts, "limits.rules[0]").unwrap()
+        KeySpec::compile(Some(&policy()), rule, &parts, "limits.rules[0]", None).unwrap()
     }
 
     #[test]
@@ -455,7 +455,7 @@ mod tests {
         let fw = AlgorithmKind::FixedWindow;
         let read = CounterId::of(&key("read"), fw, 60_000, &hash);
         assert_ne!(read, CounterId::of(&key("write"), fw, 60_000, &hash));
-        let ceiling = KeySpec::ceiling(Some(&policy()), "read", &[], "limits.rules[0]").unwrap();
+        let ceiling = KeySpec::ceiling(Some(&policy()), "read", &[], "limits.rules[0]", None).unwrap();
         assert_ne!(
             CounterId::of(&key("read"), fw, 60_000, &hash).scope,
             CounterId::of(&ceiling, fw, 60_000, &hash).scope

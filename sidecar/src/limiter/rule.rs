@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use http::HeaderName;
 use regex::Regex;
+use ring::hmac;
 use sluice_crds::sidecar_config::{Algorithm as AlgorithmKind, PolicyRef, Rule, RuleMatch};
 
 use super::{
@@ -121,11 +122,13 @@ pub struct CompiledRule {
 }
 
 impl CompiledRule {
-    /// Compiles rule `index` of the config.
+    /// Compiles rule `index` of the config; its key hashes are keyed with `counter_key`
+    /// ([`KeySpec::compile`]).
     pub fn compile(
         index: usize,
         rule: &Rule,
         policy: Option<&PolicyRef>,
+        counter_key: Option<&hmac::Key>,
         counters: RuleCounters,
     ) -> Result<Self> {
         let field = format!("limits.rules[{index}]");
@@ -157,7 +160,7 @@ impl CompiledRule {
         Ok(Self {
             name: Arc::from(rule.name.as_str()),
             matcher: Matcher::compile(&rule.matches, &format!("{field}.match"))?,
-            key: KeySpec::compile(policy, &rule.name, &rule.key, &field)?,
+            key: KeySpec::compile(policy, &rule.name, &rule.key, &field, counter_key)?,
             algorithm: rule.algorithm,
             params: Params {
                 requests: rule.limit.requests,
@@ -177,6 +180,7 @@ impl CompiledRule {
         index: usize,
         rule: &Rule,
         policy: Option<&PolicyRef>,
+        counter_key: Option<&hmac::Key>,
         counters: impl FnOnce(&str) -> RuleCounters,
     ) -> Result<Option<Self>> {
         let Some(multiple) = rule.ceiling() else {
@@ -202,7 +206,7 @@ impl CompiledRule {
             counters: counters(&name),
             name: Arc::from(name),
             matcher: self.matcher.clone(),
-            key: KeySpec::ceiling(policy, &rule.name, &rule.key, &field)?,
+            key: KeySpec::ceiling(policy, &rule.name, &rule.key, &field, counter_key)?,
             algorithm: self.algorithm,
             params,
             shadow: self.shadow,

@@ -120,6 +120,10 @@ fn single_container_pod_gets_a_native_sidecar_that_takes_over_the_named_port() {
         json!({"name": "redis-creds", "key": "url", "optional": false})
     );
     assert_eq!(
+        env(s, "SLUICE_COUNTER_KEY")["valueFrom"]["secretKeyRef"],
+        json!({"name": "sluice-counter-key", "key": "key", "optional": false})
+    );
+    assert_eq!(
         env(s, "SLUICE_POD_NAME")["valueFrom"]["fieldRef"]["fieldPath"],
         "metadata.name"
     );

@@ -1,0 +1,151 @@
+//! The counter key of a namespace: the Secret [`COUNTER_KEY_SECRET`] whose key the namespace's sidecars
+//! hash counter names in Redis with (HMAC-SHA-256; the webhook sets [`env::COUNTER_KEY`] from it), so
+//! that whoever reads Redis's key names cannot test guesses of a key value (a credential, a client IP)
+//! against them.
+//!
+//! [`ensure`] writes it when a RateLimitPolicy of the namespace is reconciled and it does not exist: a
+//! random key of [`tenant::PASSWORD_LEN`] characters, immutable. The operator never rotates or deletes
+//! it, since a new key starts every counter of the namespace afresh; an administrator who wants another
+//! key deletes the Secret (or writes their own before the first policy) and restarts the sidecars. An
+//! existing Secret is used as it is when its key is usable ([`CounterKey::new`]); otherwise the policy
+//! is `Ready=False`, reason `CounterKeyInvalid`, as sidecars could not start with it.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::{ByteString, api::core::v1::Secret, apimachinery::pkg::apis::meta::v1::ObjectMeta};
+use kube::{Api, Client, api::PostParams};
+use sluice_crds::{
+    contract::{
+        env,
+        label::{MANAGED_BY, MANAGED_BY_VALUE},
+        redis::{COUNTER_KEY_SECRET, COUNTER_KEY_SECRET_KEY},
+    },
+    sidecar_config::CounterKey,
+};
+
+use crate::{Error, Result, tenant};
+
+/// Makes sure `namespace` has a usable counter key Secret: writes a random one if there is none, and
+/// refuses one whose key is missing or unusable ([`Error::CounterKeyInvalid`]).
+pub async fn ensure(client: &Client, namespace: &str) -> Result<()> {
+    let secrets = Api::<Secret>::namespaced(client.clone(), namespace);
+    if let Some(existing) = secrets.get_opt(COUNTER_KEY_SECRET).await? {
+        return check(&existing, namespace);
+    }
+    match secrets
+        .create(&PostParams::default(), &new_secret(namespace)?)
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Written meanwhile by another policy's reconcile (or a person): use that one.
+        Err(kube::Error::Api(e)) if e.code == 409 => match secrets.get_opt(COUNTER_KEY_SECRET).await? {
+            Some(existing) => check(&existing, namespace),
+            None => Err(kube::Error::Api(e).into()),
+        },
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A new counter key Secret for `namespace`, its key random.
+fn new_secret(namespace: &str) -> Result<Secret> {
+    let key = tenant::generate_password()?;
+    Ok(Secret {
+        metadata: ObjectMeta {
+            name: Some(COUNTER_KEY_SECRET.into()),
+            namespace: Some(namespace.into()),
+            labels: Some(BTreeMap::from([(
+                MANAGED_BY.to_owned(),
+                MANAGED_BY_VALUE.to_owned(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        type_: Some("Opaque".into()),
+        immutable: Some(true),
+        data: Some(BTreeMap::from([(
+            COUNTER_KEY_SECRET_KEY.to_owned(),
+            ByteString(key.into_bytes()),
+        )])),
+        ..Secret::default()
+    })
+}
+
+/// Whether `secret`'s key is one sidecars can start with; the error says what is wrong, never the value.
+fn check(secret: &Secret, namespace: &str) -> Result<()> {
+    let value = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(COUNTER_KEY_SECRET_KEY))
+        .map(|v| std::str::from_utf8(&v.0))
+        .or_else(|| {
+            secret
+                .string_data
+                .as_ref()
+                .and_then(|d| d.get(COUNTER_KEY_SECRET_KEY))
+                .map(|v| Ok(v.as_str()))
+        });
+    let why = match value {
+        None => "is missing".to_owned(),
+        Some(Err(_)) => "is not UTF-8".to_owned(),
+        Some(Ok(text)) => match CounterKey::new(text) {
+            Ok(_) => return Ok(()),
+            Err(why) => why,
+        },
+    };
+    Err(Error::CounterKeyInvalid {
+        namespace: namespace.into(),
+        name: COUNTER_KEY_SECRET.into(),
+        key: COUNTER_KEY_SECRET_KEY.into(),
+        why: format!("{why} (sidecars read it as {})", env::COUNTER_KEY),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(value: &[u8]) -> Secret {
+        Secret {
+            data: Some(BTreeMap::from([(
+                COUNTER_KEY_SECRET_KEY.to_owned(),
+                ByteString(value.to_vec()),
+            )])),
+            ..Secret::default()
+        }
+    }
+
+    #[test]
+    fn a_new_key_is_random_usable_and_immutable() {
+        let (a, b) = (new_secret("shop").unwrap(), new_secret("shop").unwrap());
+        assert!(check(&a, "shop").is_ok());
+        assert_eq!(a.immutable, Some(true));
+        assert_ne!(a.data, b.data, "two keys alike");
+    }
+
+    #[test]
+    fn an_unusable_key_is_named_without_its_value() {
+        for (secret, says) in [
+            (Secret::default(), "is missing"),
+            (with(b"short"), "at least"),
+            (
+                with(b"\xff\xfe not utf-8 but long enough to pass the length"),
+                "not UTF-8",
+            ),
+            (with(format!("{}\n", "k".repeat(40)).as_bytes()), "whitespace"),
+        ] {
+            let err = check(&secret, "shop").unwrap_err();
+            let text = err.to_string();
+            assert!(
+                text.contains(says) && text.contains("shop/sluice-counter-key"),
+                "{text}"
+            );
+            assert!(
+                !text.contains("short") && !text.contains("kkk"),
+                "the value shows: {text}"
+            );
+            assert_eq!(
+                err.condition_reason(),
+                sluice_crds::conditions::reason::COUNTER_KEY_INVALID
+            );
+        }
+    }
+}
