@@ -144,6 +144,8 @@ fn start_sidecar(dir: &Path, upstream: SocketAddr, redis: &str) -> (Proc, Socket
             .env("SLUICE_ADMIN_LISTEN", admin.to_string())
             .env("SLUICE_UPSTREAM", format!("http://{upstream}"))
             .env("SLUICE_REDIS_URL", redis)
+            // As the webhook injects it: counter names keyed with the namespace's counter key.
+            .env("SLUICE_COUNTER_KEY", "bench-counter-key-0123456789abcdefghijkl")
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())

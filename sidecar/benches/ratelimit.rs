@@ -252,6 +252,8 @@ async fn run(s: &Settings, notes: Vec<String>) -> String {
 }
 
 const NO_RULE: &str = "version: 1\n";
+/// The counter key sidecars with Redis run with (40 characters, as the operator writes them).
+const BENCH_COUNTER_KEY: &str = "bench-counter-key-0123456789abcdefghijkl";
 const FIXED_WINDOW: &str = r#"
 version: 1
 policy: {namespace: bench, name: bench, generation: 1}
@@ -317,7 +319,9 @@ fn start_sidecar(
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
     if let Some(url) = redis {
-        cmd.env("SLUICE_REDIS_URL", url);
+        // As the webhook injects it: counter names keyed with the namespace's counter key.
+        cmd.env("SLUICE_REDIS_URL", url)
+            .env("SLUICE_COUNTER_KEY", BENCH_COUNTER_KEY);
     }
     if limiting_off {
         cmd.env("RATE_LIMIT__ENABLED", "false");
@@ -605,7 +609,8 @@ fn render(s: &Settings, rows: &[Row], notes: &[String]) -> String {
          nginx: `worker_processes auto`, upstream keepalive 128, access log off; `limit_req` at 1,000,000 r/s \
          burst 1,000,000 nodelay (never hit). Sidecar: default config (tokio on all cores), limits never hit \
          (10⁹ per hour; 10⁸ per key for the 10,000-key rule, a header key, which nginx is measured against \
-         with the same wrk script), client-IP key, `failureMode: local`; \"Redis down\" = the redis-server killed before \
+         with the same wrk script), client-IP key, `failureMode: local`, counter names keyed with a \
+         `SLUICE_COUNTER_KEY` as injected sidecars are; \"Redis down\" = the redis-server killed before \
          the sidecar starts, so the circuit breaker is open and decisions come from the local fallback. The \
          load generator, the upstream and the proxy share the machine's cores.\n",
         s.rounds,
