@@ -28,9 +28,10 @@ pub mod reason {
     pub const SECRET_NOT_FOUND: &str = "SecretNotFound";
     /// The Secret exists but lacks the key its reference names (or the value is empty).
     pub const SECRET_KEY_MISSING: &str = "SecretKeyMissing";
-    /// The namespace's counter key Secret (`sluice-counter-key`) exists but its key is missing or
-    /// unusable (too short, padded with whitespace): sidecars could not start with it.
-    pub const COUNTER_KEY_INVALID: &str = "CounterKeyInvalid";
+    /// The namespace's counter key Secret (`sluice-counter-key`) has no usable key (missing, too short,
+    /// padded with whitespace: sidecars refuse to start with it), or the operator may not create it
+    /// (injected pods then wait for it).
+    pub const COUNTER_KEY_UNUSABLE: &str = "CounterKeyUnusable";
     /// A Kubernetes API call failed (e.g. applying the worker Deployment).
     pub const KUBERNETES_API_ERROR: &str = "KubernetesApiError";
     /// An object the operator would write (ConfigMap, NetworkPolicy, worker Deployment, HPA,

@@ -7,8 +7,9 @@
 //! random key of [`tenant::PASSWORD_LEN`] characters, immutable. The operator never rotates or deletes
 //! it, since a new key starts every counter of the namespace afresh; an administrator who wants another
 //! key deletes the Secret (or writes their own before the first policy) and restarts the sidecars. An
-//! existing Secret is used as it is when its key is usable ([`CounterKey::new`]); otherwise the policy
-//! is `Ready=False`, reason `CounterKeyInvalid`, as sidecars could not start with it.
+//! existing Secret is used as it is when its key is usable ([`CounterKey::new`]). A Secret with an
+//! unusable key, or one the operator may not create, makes the policy `Ready=False`, reason
+//! `CounterKeyUnusable`, saying what to do.
 
 use std::collections::BTreeMap;
 
@@ -25,11 +26,16 @@ use sluice_crds::{
 
 use crate::{Error, Result, tenant};
 
-/// Makes sure `namespace` has a usable counter key Secret: writes a random one if there is none, and
-/// refuses one whose key is missing or unusable ([`Error::CounterKeyInvalid`]).
+/// Makes sure `namespace` has a usable counter key Secret: writes a random one if there is none; refuses
+/// one whose key is missing or unusable, and says so when the operator may not read or create it
+/// ([`Error::CounterKeyUnusable`]).
 pub async fn ensure(client: &Client, namespace: &str) -> Result<()> {
     let secrets = Api::<Secret>::namespaced(client.clone(), namespace);
-    if let Some(existing) = secrets.get_opt(COUNTER_KEY_SECRET).await? {
+    if let Some(existing) = secrets
+        .get_opt(COUNTER_KEY_SECRET)
+        .await
+        .map_err(|e| forbidden(e, namespace))?
+    {
         return check(&existing, namespace);
     }
     match secrets
@@ -42,7 +48,31 @@ pub async fn ensure(client: &Client, namespace: &str) -> Result<()> {
             Some(existing) => check(&existing, namespace),
             None => Err(kube::Error::Api(e).into()),
         },
-        Err(e) => Err(e.into()),
+        Err(e) => Err(forbidden(e, namespace)),
+    }
+}
+
+/// A 403 as what the administrator must do; any other error as it is.
+fn forbidden(e: kube::Error, namespace: &str) -> Error {
+    match e {
+        kube::Error::Api(s) if s.code == 403 => unusable(
+            namespace,
+            format!(
+                "cannot be read or created by the operator (forbidden): add the namespace to the chart's \
+                 rbac.secretNamespaces, or create the Secret with a key {COUNTER_KEY_SECRET_KEY:?} of at \
+                 least {} random characters; until then injected pods wait for it",
+                sluice_crds::contract::redis::COUNTER_KEY_MIN_LEN
+            ),
+        ),
+        e => e.into(),
+    }
+}
+
+fn unusable(namespace: &str, why: String) -> Error {
+    Error::CounterKeyUnusable {
+        namespace: namespace.into(),
+        name: COUNTER_KEY_SECRET.into(),
+        why,
     }
 }
 
@@ -69,34 +99,32 @@ fn new_secret(namespace: &str) -> Result<Secret> {
     })
 }
 
-/// Whether `secret`'s key is one sidecars can start with; the error says what is wrong, never the value.
+/// Whether `secret`'s key is one sidecars can start with, read from `data` as the kubelet reads it; the
+/// error says what is wrong, never the value.
 fn check(secret: &Secret, namespace: &str) -> Result<()> {
     let value = secret
         .data
         .as_ref()
         .and_then(|d| d.get(COUNTER_KEY_SECRET_KEY))
-        .map(|v| std::str::from_utf8(&v.0))
-        .or_else(|| {
-            secret
-                .string_data
-                .as_ref()
-                .and_then(|d| d.get(COUNTER_KEY_SECRET_KEY))
-                .map(|v| Ok(v.as_str()))
-        });
+        .map(|v| std::str::from_utf8(&v.0));
     let why = match value {
         None => "is missing".to_owned(),
         Some(Err(_)) => "is not UTF-8".to_owned(),
+        Some(Ok("")) => "is empty".to_owned(),
         Some(Ok(text)) => match CounterKey::new(text) {
             Ok(_) => return Ok(()),
             Err(why) => why,
         },
     };
-    Err(Error::CounterKeyInvalid {
-        namespace: namespace.into(),
-        name: COUNTER_KEY_SECRET.into(),
-        key: COUNTER_KEY_SECRET_KEY.into(),
-        why: format!("{why} (sidecars read it as {})", env::COUNTER_KEY),
-    })
+    Err(unusable(
+        namespace,
+        format!(
+            "has no usable key {COUNTER_KEY_SECRET_KEY:?}: it {why}, and sidecars refuse to start with it \
+             ({}); fix it, or delete the Secret and the operator writes a new random key (every counter \
+             of the namespace's policies then starts afresh)",
+            env::COUNTER_KEY
+        ),
+    ))
 }
 
 #[cfg(test)]
@@ -126,6 +154,7 @@ mod tests {
         for (secret, says) in [
             (Secret::default(), "is missing"),
             (with(b"short"), "at least"),
+            (with(b""), "is empty"),
             (
                 with(b"\xff\xfe not utf-8 but long enough to pass the length"),
                 "not UTF-8",
@@ -144,7 +173,7 @@ mod tests {
             );
             assert_eq!(
                 err.condition_reason(),
-                sluice_crds::conditions::reason::COUNTER_KEY_INVALID
+                sluice_crds::conditions::reason::COUNTER_KEY_UNUSABLE
             );
         }
     }

@@ -169,19 +169,15 @@ pub enum Error {
         /// What failed and how to fix it.
         why: String,
     },
-    /// The namespace's counter key Secret holds no usable key (see [`counter_key`]).
-    #[error(
-        "Secret {namespace}/{name}: its key {key:?} {why}; fix it, or delete the Secret and the operator \
-         writes a new random key (every counter of the namespace's policies then starts afresh)"
-    )]
-    CounterKeyInvalid {
+    /// The namespace's counter key Secret holds no usable key, or the operator may not write it (see
+    /// [`counter_key`]).
+    #[error("Secret {namespace}/{name} {why}")]
+    CounterKeyUnusable {
         /// The policy's namespace.
         namespace: String,
         /// The Secret's name.
         name: String,
-        /// The key within it.
-        key: String,
-        /// What is wrong with the value (never the value).
+        /// What is wrong (never the value), what it does to the sidecars, and what to do.
         why: String,
     },
     /// Redis could not be reached or refused a command.
@@ -222,7 +218,7 @@ impl Error {
             }
             Error::TooManyEndpoints { .. } => "too_many_endpoints",
             Error::TenantNotProvisioned { .. } => "tenant_not_provisioned",
-            Error::CounterKeyInvalid { .. } => "counter_key_invalid",
+            Error::CounterKeyUnusable { .. } => "counter_key_unusable",
             Error::Redis(_) => "redis_unreachable",
             Error::Database(_) => "database_unreachable",
             Error::Certificate(_) => "certificate",
@@ -246,7 +242,7 @@ impl Error {
             }
             Error::TooManyEndpoints { .. } => reason::TOO_MANY_ENDPOINTS,
             Error::TenantNotProvisioned { .. } => reason::TENANT_NOT_PROVISIONED,
-            Error::CounterKeyInvalid { .. } => reason::COUNTER_KEY_INVALID,
+            Error::CounterKeyUnusable { .. } => reason::COUNTER_KEY_UNUSABLE,
             Error::Redis(_) => reason::REDIS_UNREACHABLE,
             Error::Database(_) => reason::DATABASE_UNREACHABLE,
             _ => reason::KUBERNETES_API_ERROR,
@@ -268,7 +264,7 @@ impl Error {
                 | Error::QueueDatabaseSelectorInvalid { .. }
                 | Error::TooManyEndpoints { .. }
                 | Error::TenantNotProvisioned { .. }
-                | Error::CounterKeyInvalid { .. }
+                | Error::CounterKeyUnusable { .. }
         )
     }
 }

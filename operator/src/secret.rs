@@ -1,8 +1,9 @@
 //! Reading a connection URL from the one Secret an object names (`spec.redis.secretRef`,
 //! `spec.database.secretRef`), in the object's own namespace, or, for a JobQueue naming a
 //! `QueueDatabase`, from the QueueDatabase's Secret in the operator's own namespace ([`database_url`]).
-//! These are the only Secrets the operator reads for users; the URL goes to Redis or PostgreSQL clients
-//! and nowhere else (never a log, status or another namespace).
+//! These are the only Secrets the operator reads for users (besides the counter key it writes itself,
+//! [`crate::counter_key`]); the URL goes to Redis or PostgreSQL clients and nowhere else (never a log,
+//! status or another namespace).
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::{Api, Client};

@@ -382,6 +382,24 @@ async fn the_first_policy_of_a_namespace_writes_its_counter_key_once() {
 }
 
 #[tokio::test]
+async fn two_reconciles_writing_the_counter_key_at_once_agree_on_one() {
+    let env = Env::start().await.unwrap();
+    let ns = env.namespace("ck").await.unwrap();
+    let client = env.client();
+    let (a, b) = tokio::join!(
+        sluice_operator::counter_key::ensure(&client, ns.name()),
+        sluice_operator::counter_key::ensure(&client, ns.name())
+    );
+    a.unwrap();
+    b.unwrap();
+    let (key, _) = counter_key(&ns).await;
+    sluice_operator::counter_key::ensure(&client, ns.name())
+        .await
+        .unwrap();
+    assert_eq!(counter_key(&ns).await.0, key, "a later call changed the key");
+}
+
+#[tokio::test]
 async fn an_unusable_counter_key_is_reported_without_its_value_and_replaced_once_deleted() {
     let f = fixture().await;
     f.ns.create_secret("sluice-counter-key", "key", "too-short-a-key")
@@ -391,13 +409,13 @@ async fn an_unusable_counter_key_is_reported_without_its_value_and_replaced_once
     api.create(&PostParams::default(), &policy("api", "redis", 10))
         .await
         .unwrap();
-    let p = ready_reason(&f.ns, "api", "CounterKeyInvalid").await;
+    let p = ready_reason(&f.ns, "api", "CounterKeyUnusable").await;
     let message = p.ready_condition().unwrap().message.clone();
     assert!(message.contains("has 15 characters; at least 32"), "{message}");
     assert!(!message.contains("too-short-a-key"), "the key shows: {message}");
     assert!(
         f.metrics
-            .reconcile_errors("ratelimitpolicy", "counter_key_invalid")
+            .reconcile_errors("ratelimitpolicy", "counter_key_unusable")
             >= 1
     );
 

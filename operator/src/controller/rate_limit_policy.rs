@@ -2,8 +2,6 @@
 //!
 //! Each reconcile, in order: [`render_yaml`] the policy into the sidecar config; `apply_config_map`
 //! (server-side apply to a ConfigMap the policy owns: deleting the policy collects it; new pods mount it);
-//! make sure the namespace has its counter key Secret ([`counter_key::ensure`]: injected sidecars hash
-//! counter names with it, and do not start without it);
 //! list the `governed_pods`; `apply_network_policy` (the NetworkPolicy admitting ingress to them only
 //! through the sidecar, owned by the policy; deleted when `spec.networkPolicy.enabled` is false); find
 //! the Services that target the app's port around the sidecar (`AppPortExposed`); read the Redis URL
@@ -11,6 +9,8 @@
 //! to Redis, where running sidecars pick it up within a second (republished at once if the key holds
 //! anything else), and read back their reports; publish the count of pods enforcing the policy
 //! ([`enforcing_pods`], signed, when it changes) for the sidecars' share under `failureMode: local`;
+//! make sure the namespace has its counter key Secret ([`counter_key::ensure`]: injected sidecars hash
+//! counter names with it; a missing or unusable one fails the reconcile only after the publication);
 //! count the running governed pods that report enforcing the current generation ([`enforcement`]);
 //! `write_status`. While pods lag it requeues every
 //! [`PROPAGATION_POLL`], so status shows the change reaching every pod; afterwards every [`RESYNC`].
@@ -182,11 +182,10 @@ pub fn error_policy(policy: Arc<RateLimitPolicy>, error: &Error, ctx: Arc<Contex
 async fn steps(policy: &RateLimitPolicy, ctx: &Context<State>) -> Result<Action> {
     let yaml = render_yaml(policy)?;
     apply_config_map(policy, ctx, &yaml).await?;
-    let ns = policy.namespace().unwrap_or_default();
-    counter_key::ensure(&ctx.client, &ns).await?;
     let governed = governed_pods(policy, ctx).await?;
     let network_policy = apply_network_policy(policy, ctx, &governed).await?;
     let exposed = exposed_app_ports(policy, ctx, &governed).await?;
+    let ns = policy.namespace().unwrap_or_default();
     let url = secret::read_url(
         &ctx.client,
         &ns,
@@ -197,6 +196,9 @@ async fn steps(policy: &RateLimitPolicy, ctx: &Context<State>) -> Result<Action>
     let (reports, published_ms) = publish(policy, ctx, &url, &yaml).await?;
     let selected = running(&governed);
     publish_pods(policy, ctx, &url, enforcing_pods(&governed)).await?;
+    // After publishing: a missing or unusable counter key must not hold back a new config for the pods
+    // that run already.
+    counter_key::ensure(&ctx.client, &ns).await?;
     let generation = policy.metadata.generation.unwrap_or_default();
     let e = enforcement(generation, &selected, &reports, ctx.now_ms(), published_ms);
     let exposed = app_port_exposed(&exposed, network_policy.as_deref());

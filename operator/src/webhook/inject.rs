@@ -640,7 +640,9 @@ fn injected(config: &InjectConfig) -> SidecarContainer {
 /// The proxy role: reads the policy's rendered config from the mounted ConfigMap, listens on `listen`
 /// (taking the app port's name), forwards to the app on `app_port`, and reaches Redis with the URL from
 /// the policy's Secret, naming counters with the namespace's counter key (a Secret the policy's
-/// reconcile writes; until it exists the kubelet holds the container back).
+/// reconcile writes). A pod admitted before it exists waits for it (as for any missing Secret) rather
+/// than start counting apart from its keyed peers; where the operator may not write it, the policy's
+/// status says so and what to do.
 fn proxy_container(
     target: &PolicyTarget,
     config: &InjectConfig,

@@ -18,6 +18,10 @@ use sluice_crds::{
 pub trait Env: Send + Sync {
     /// The value of `name`, if set and not empty.
     fn var(&self, name: &str) -> Option<String>;
+
+    /// Whether `name` is set at all, even empty or not UTF-8 (for a variable whose absence means
+    /// something else than a bad value).
+    fn is_set(&self, name: &str) -> bool;
 }
 
 /// The process environment.
@@ -28,11 +32,19 @@ impl Env for ProcessEnv {
     fn var(&self, name: &str) -> Option<String> {
         std::env::var(name).ok().filter(|v| !v.trim().is_empty())
     }
+
+    fn is_set(&self, name: &str) -> bool {
+        std::env::var_os(name).is_some()
+    }
 }
 
 impl Env for HashMap<String, String> {
     fn var(&self, name: &str) -> Option<String> {
         self.get(name).cloned().filter(|v| !v.trim().is_empty())
+    }
+
+    fn is_set(&self, name: &str) -> bool {
+        self.contains_key(name)
     }
 }
 
@@ -42,6 +54,10 @@ impl<const N: usize> Env for [(&str, &str); N] {
             .find(|(k, _)| *k == name)
             .map(|(_, v)| v.to_string())
             .filter(|v| !v.trim().is_empty())
+    }
+
+    fn is_set(&self, name: &str) -> bool {
+        self.iter().any(|(k, _)| *k == name)
     }
 }
 
@@ -82,11 +98,16 @@ pub fn apply(config: &mut SidecarConfig, env: &dyn Env) -> Result<EnvSettings, C
     if let Some(v) = env.var(REDIS_CA_FILE) {
         config.limits.redis.ca_file = Some(v.trim().to_owned());
     }
-    if let Some(v) = env.var(COUNTER_KEY) {
-        match CounterKey::new(&v) {
+    // Set but unusable is an error, not "unset": sidecars with and without a key would count apart.
+    match env.var(COUNTER_KEY) {
+        Some(v) => match CounterKey::new(&v) {
             Ok(key) => config.limits.redis.counter_key = Some(key),
             Err(msg) => errs.push(COUNTER_KEY, format!("the key {msg}")),
+        },
+        None if env.is_set(COUNTER_KEY) => {
+            errs.push(COUNTER_KEY, "is set but empty, blank or not UTF-8".to_owned());
         }
+        None => {}
     }
     let enabled = match env.var(RATE_LIMIT_ENABLED).as_deref().map(str::trim) {
         None => true,
@@ -269,7 +290,7 @@ mod tests {
 
     #[test]
     fn a_short_or_padded_counter_key_is_refused_without_its_value() {
-        for bad in ["short-key", &format!("{}\n", "k".repeat(40))] {
+        for bad in ["short-key", &format!("{}\n", "k".repeat(40)), "", "  "] {
             let err = apply(&mut SidecarConfig::default(), &[(COUNTER_KEY, bad)])
                 .unwrap_err()
                 .to_string();

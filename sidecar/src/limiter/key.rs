@@ -98,7 +98,7 @@ pub struct KeySpec {
     /// The hash with the rule's namespace, policy and name fed in: every key hash of the rule starts
     /// from (a copy of) it.
     start: Hasher,
-    /// The first 8 bytes of SHA-256 of `scope` (see [`KeySpec::scope_id`]).
+    /// The first 8 bytes of SHA-256 of the rule's namespace, policy and name (see [`KeySpec::scope_id`]).
     scope_id: u64,
     /// `sluice:{ns/policy/rule/`, the readable start of every Redis key of the rule.
     redis_prefix: String,

@@ -176,8 +176,8 @@ struct Shared {
     settings: ArcSwap<Settings>,
     clock: SharedClock,
     redis: Option<RedisStore>,
-    /// `limits.redis.counterKey` as the limiter started with it: every reload keys its rules' hashes
-    /// with it (a config read from Redis carries none), so counters never change names mid-run.
+    /// The counter key (`SLUICE_COUNTER_KEY`) the limiter started with: every reload keys its rules'
+    /// hashes with it, whatever the reloaded config holds, so counters never change names mid-run.
     counter_key: Option<hmac::Key>,
     breaker: Breaker,
     local: LocalStore,
@@ -963,7 +963,7 @@ mod tests {
         let keyed = hash(&l);
         assert_ne!(keyed, unkeyed);
 
-        // A config read from Redis carries no key: the rules are still keyed with the limiter's.
+        // A reloaded config without the key (its field is never in a file): still keyed as at start.
         l.reconfigure(&rules(), Some(&policy(2))).unwrap();
         assert_eq!(hash(&l), keyed);
     }
