@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
 /// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
 /// which the workspace does not enable).
-const MIGRATIONS: [(i64, &str, &str); 23] = [
+const MIGRATIONS: [(i64, &str, &str); 24] = [
     (
         1,
         "queue tables",
@@ -130,6 +130,11 @@ const MIGRATIONS: [(i64, &str, &str); 23] = [
         23,
         "batch key holders in the lock order",
         include_str!("../../migrations/0023_batch_key_holders_in_the_lock_order.sql"),
+    ),
+    (
+        24,
+        "cascades locked in the lock order",
+        include_str!("../../migrations/0024_cascades_locked_in_the_lock_order.sql"),
     ),
 ];
 

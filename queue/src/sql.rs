@@ -142,14 +142,22 @@ SELECT DISTINCT d.parent_id
 "#;
 
 /// Locks, in one id order, the owner's running jobs among `$1` (a finish batch, `$6` the owner: the
-/// parameters of `sluice.finish_jobs`) and the children waiting (with an unresolved edge) on the jobs
-/// `v_parents` (the function's variable: the result of [`JOB_OPEN_PARENTS`]), and returns the jobs among
+/// parameters of `sluice.finish_jobs`), the children waiting (with an unresolved edge) on the jobs
+/// `v_parents` (the function's variable: the result of [`JOB_OPEN_PARENTS`]), and the deeper cascade
+/// ([`JOB_CASCADE`]) of those of them whose outcome (`$3`) is not a success, and returns the jobs among
 /// `v_parents` it locked. Run only when `v_parents` is not empty. One statement, so that its locks follow
 /// one id order, the order an enqueue locks the parents it names in: the batch's jobs and the children
 /// never share a row (a job with an unresolved edge is blocked or cancelled, never running). The children
 /// of a batch job the owner does not hold are locked too, which the update then does not write.
 /// `MATERIALIZED` keeps the filter on `v_parents` out of the locking scan: every row is locked, not just
 /// the parents.
+///
+/// The deeper levels (migration 0024): a failed job's trigger cancels its children and then the
+/// children of those, level by level; locked only as the trigger reached them, a grandchild G with a
+/// smaller id than its parent C was taken after C, crossing an enqueue naming G and C. A batch of
+/// successes releases its children and goes no deeper: it pays one call of [`JOB_CASCADE`] on an empty
+/// array. A retry that is not the last attempt is walked too (the statement does not read attempts),
+/// which locks more than it needs, never less.
 ///
 /// The children are not filtered by `state = 'blocked'` (the only children the finish's trigger writes):
 /// that let the planner scan the partial index of blocked jobs, which statistics taken between bursts
@@ -161,12 +169,38 @@ WITH locked AS MATERIALIZED (
     SELECT j.id
       FROM sluice.jobs j
      WHERE j.id = ANY ($1 || ARRAY(SELECT d.job_id FROM sluice.job_dependencies d
-                                    WHERE d.parent_id = ANY (v_parents) AND NOT d.resolved))
+                                    WHERE d.parent_id = ANY (v_parents) AND NOT d.resolved)
+                          || sluice.job_cascade(ARRAY(SELECT f.id FROM unnest($1, $3) AS f(id, outcome)
+                                                       WHERE f.outcome <> 's' AND f.id = ANY (v_parents))))
        AND (j.id <> ALL ($1) OR (j.lease_owner = $6 AND j.lease_expires_at IS NOT NULL))
      ORDER BY j.id
        FOR NO KEY UPDATE
 )
 SELECT locked.id FROM locked WHERE locked.id = ANY (v_parents)
+"#;
+
+/// The jobs a cascade from the jobs `p_roots` can reach when they end failed (`dead` or `cancelled`):
+/// the body of `sluice.job_cascade(uuid[]) → uuid[]` (migration 0024), which the lock statements of the
+/// paths ending jobs with dependents call ([`JOB_CANCEL`], [`JOB_LOCK_FINISHING`], [`JOB_LOCK_RESCUING`],
+/// [`JOB_LOCK_RELEASING`]). Their waiting children, and, below each child a failed parent cancels
+/// (blocked, not `on_parent_failure = run`, with dependents), its waiting children, to the bottom: what
+/// `sluice.release_dependents` locks level by level, so that those locks are taken already, in the
+/// same statement and id order as the ending jobs. Edges from the partial index of unresolved edges,
+/// children by primary key.
+pub const JOB_CASCADE: &str = r#"
+WITH RECURSIVE reached(id, deeper) AS (
+    SELECT c.id, c.state = 'blocked' AND c.has_dependents AND c.on_parent_failure IS DISTINCT FROM 'run'
+      FROM sluice.job_dependencies d
+      JOIN sluice.jobs c ON c.id = d.job_id
+     WHERE d.parent_id = ANY (p_roots) AND NOT d.resolved
+    UNION
+    SELECT c.id, c.state = 'blocked' AND c.has_dependents AND c.on_parent_failure IS DISTINCT FROM 'run'
+      FROM reached r
+      JOIN sluice.job_dependencies d ON d.parent_id = r.id AND NOT d.resolved
+      JOIN sluice.jobs c ON c.id = d.job_id
+     WHERE r.deeper
+)
+SELECT coalesce(array_agg(DISTINCT reached.id), '{}') FROM reached
 "#;
 
 /// Locks the children waiting on the jobs `v_parents` (with an unresolved edge), in one statement in id
@@ -175,8 +209,9 @@ SELECT locked.id FROM locked WHERE locked.id = ANY (v_parents)
 /// release). Its update then writes them in whatever order its plan reads them (with statistics, a hash
 /// join reading the table in its physical order), which used to be the order it locked them in: a cancel
 /// cascade met an enqueue naming two of the children, or a batch finishing another of their parents, in
-/// the other order, and PostgreSQL aborted one of them as a deadlock. A finishing batch holds its level's
-/// locks already ([`JOB_LOCK_FINISHING`]); a cascade's deeper levels are locked level by level.
+/// the other order, and PostgreSQL aborted one of them as a deadlock. Every path ending a job with
+/// dependents now holds these locks already, taken with the ending job in one id order
+/// ([`JOB_CASCADE`], migration 0024): this statement waits only for a job that joined the cascade since.
 pub const JOB_LOCK_CHILDREN: &str = r#"
 SELECT c.id
   FROM sluice.jobs c
@@ -253,7 +288,30 @@ UPDATE sluice.jobs j
 RETURNING j.id, j.cancel_requested
 "#;
 
+/// Locks, in one statement in id order, the owner's (`$2`) running jobs among `$1` and the cascades
+/// ([`JOB_CASCADE`]) of those whose cancellation was requested: the release's first statement, in its
+/// transaction, before [`JOB_RELEASE_FENCED`] (migration 0024). The release cancels such a job, and its
+/// trigger used to lock the job's waiting children only after the update had locked the job; a child
+/// can have a smaller id than its parent, and an enqueue naming child C and parent P locked C, then
+/// waited for P, which the release held while it waited for C. Without a requested cancellation with
+/// dependents the cascade is empty and only the jobs are locked (once more than before: a shutdown's
+/// cost, not a hot path's).
+pub const JOB_LOCK_RELEASING: &str = r#"
+SELECT j.id
+  FROM sluice.jobs j
+ WHERE j.id = ANY ($1 || sluice.job_cascade(ARRAY(
+           SELECT r.id
+             FROM sluice.jobs r
+            WHERE r.id = ANY ($1) AND r.lease_owner = $2 AND r.lease_expires_at IS NOT NULL
+              AND r.cancel_requested AND r.has_dependents)))
+   AND (j.id <> ALL ($1) OR (j.lease_owner = $2 AND j.lease_expires_at IS NOT NULL))
+ ORDER BY j.id
+   FOR NO KEY UPDATE
+"#;
+
 /// Hands running jobs back at once (shutdown): the attempt is not counted and the job is ready again.
+/// A job whose cancellation was requested is cancelled instead, with its dependents (locked first,
+/// [`JOB_LOCK_RELEASING`]).
 pub const JOB_RELEASE_FENCED: &str = r#"
 UPDATE sluice.jobs j
    SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
@@ -272,28 +330,24 @@ RETURNING j.id
 "#;
 
 /// Rescues up to `$2` jobs of queues `$1` whose lease expired (worker crashed, node lost): they become
-/// ready again at once, or `dead` when that was their last attempt, or `cancelled` when asked to.
-pub const JOB_RESCUE_EXPIRED: &str = r#"
-WITH expired AS (
-    SELECT j.id
-      FROM sluice.jobs j
-     WHERE j.queue = ANY($1)
-       AND j.state = 'running'
-       AND j.lease_expires_at < now()
-     LIMIT $2
-       FOR UPDATE SKIP LOCKED
-)
-UPDATE sluice.jobs j
-   SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
-                    WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'retrying' END,
-       finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN now() END,
-       run_at = now(),
-       last_error = 'lease expired: worker ' || j.lease_owner || ' stopped heartbeating',
-       lease_owner = NULL,
-       lease_expires_at = NULL
-  FROM expired
- WHERE j.id = expired.id
-RETURNING j.id
+/// ready again at once, or `dead` when that was their last attempt, or `cancelled` when asked to
+/// (`sluice.rescue_expired`, migration 0024). Jobs whose rescue does not end them with dependents (almost
+/// all) are taken with `FOR UPDATE SKIP LOCKED`, as the statement this function replaced did; the
+/// others are locked first, waiting, with their cascades ([`JOB_LOCK_RESCUING`]).
+pub const JOB_RESCUE_EXPIRED: &str = "SELECT id FROM sluice.rescue_expired($1, $2)";
+
+/// Locks the expired jobs `v_ending` that a rescue ends (`dead` or `cancelled`) while they have
+/// dependents, with their cascades ([`JOB_CASCADE`]), in one statement in id order: the first lock of
+/// `sluice.rescue_expired` when there are any (migration 0024). The rescue used to take such a job with
+/// `SKIP LOCKED` and its trigger then waited for the job's children: with child C < P, it held P and
+/// waited for C while an enqueue naming C and P held C and waited for P. Those jobs are no longer
+/// skipped when another transaction holds them: the rescue waits for it, in id order.
+pub const JOB_LOCK_RESCUING: &str = r#"
+SELECT j.id
+  FROM sluice.jobs j
+ WHERE j.id = ANY (v_ending || sluice.job_cascade(v_ending))
+ ORDER BY j.id
+   FOR NO KEY UPDATE
 "#;
 
 /// Enqueues one job through the SQL API (`sluice.enqueue_job`): returns (id, created). `$11` (unique for)
@@ -350,23 +404,24 @@ SELECT * FROM sluice.jobs
 
 /// Cancels a job: waiting (and blocked) jobs at once, running jobs by request (the worker delivers it).
 /// Returns the state before and after; no row when the job does not exist. Cancelling a job with
-/// dependents cancels them too (the `jobs_release_dependents` trigger, which locks each level of the
-/// cascade in id order first, [`JOB_LOCK_CHILDREN`]).
+/// dependents cancels them too (the `jobs_release_dependents` trigger).
 ///
-/// A waiting job is locked together with the children waiting on it, in one statement in id order
-/// (`locked`), before it is written: a child can have a smaller id than its parent (an explicit id, or a
-/// graph listing the child first), and locking the parent first, then the child in the trigger, crossed
-/// an enqueue or a finishing batch locking that child and then the parent. A running job's children are
-/// not locked: its cancel only sets the request. The job's state in `locked` is read under its lock.
+/// A waiting job is locked together with the jobs its cancel cascades to (its waiting children, theirs
+/// when those are cancelled, and so on: [`JOB_CASCADE`]), in one statement in id order (`locked`),
+/// before it is written: a child can have a smaller id than its parent (an explicit id, or a graph
+/// listing the child first), and locking the parent first, then the child in the trigger, crossed an
+/// enqueue or a finishing batch locking that child and then the parent; the cascade's deeper levels
+/// were locked level by level as the trigger reached them until migration 0024, crossing an enqueue
+/// naming a grandchild with a smaller id and its parent. A running job's children are not locked: its
+/// cancel only sets the request. The job's state in `locked` is read under its lock.
 pub const JOB_CANCEL: &str = r#"
 WITH locked AS MATERIALIZED (
     SELECT j.id, j.state
       FROM sluice.jobs j
-     WHERE j.id = ANY (ARRAY[$1::uuid] || ARRAY(
-               SELECT d.job_id FROM sluice.job_dependencies d
-                WHERE d.parent_id = $1 AND NOT d.resolved
-                  AND EXISTS (SELECT 1 FROM sluice.jobs w
-                               WHERE w.id = $1 AND w.state IN ('blocked', 'pending', 'retrying'))))
+     WHERE j.id = ANY (ARRAY[$1::uuid]
+                       || CASE WHEN EXISTS (SELECT 1 FROM sluice.jobs w
+                                             WHERE w.id = $1 AND w.state IN ('blocked', 'pending', 'retrying'))
+                               THEN sluice.job_cascade(ARRAY[$1::uuid]) END)
      ORDER BY j.id
        FOR UPDATE
 ), before AS (

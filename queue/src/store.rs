@@ -623,29 +623,39 @@ impl QueueStore {
     /// Hands `owner`'s running jobs back without counting the attempt. Returns the jobs released.
     ///
     /// A job whose cancellation was requested is cancelled instead, and its dependents with it (see
-    /// [`QueueStore::cancel`]). Unlike a cancel, the release locks the jobs first and each one's waiting
-    /// children after it, parent by parent, and a child can have a smaller id than its parent: the
-    /// release can then cross an enqueue naming a child and its parent (or a finishing batch), and
-    /// PostgreSQL aborts one side as a deadlock: the release is then run once more, and an enqueue in
-    /// an app's own transaction gets the error ([`is_deadlock`]).
+    /// [`QueueStore::cancel`]). As a cancel does, the release first locks its jobs together with the
+    /// jobs those cancels cascade to, in one statement in id order ([`sql::JOB_LOCK_RELEASING`]), then
+    /// writes them, in one transaction with its generic plans (see [`sql`]). A job that joins a cascade
+    /// after that statement read it can still meet another transaction in the other order: PostgreSQL
+    /// aborts one side as a deadlock, and the release is run once more.
     pub async fn release(&self, owner: &str, jobs: &[(Uuid, i32)]) -> Result<Vec<Uuid>> {
         let (ids, attempts): (Vec<Uuid>, Vec<i32>) = in_lock_order(jobs).into_iter().unzip();
-        let (ids, attempts) = (&ids, &attempts);
-        let rows = once_more_on_deadlock(move || {
-            let query = sqlx::query(sql::JOB_RELEASE_FENCED)
+        let (pool, ids, attempts) = (&self.pool, &ids, &attempts);
+        let rows = once_more_on_deadlock(move || async move {
+            let mut tx = pool.begin().await?;
+            sqlx::query(sql::PLAN_GENERIC).execute(&mut *tx).await?;
+            sqlx::query(sql::JOB_LOCK_RELEASING)
+                .bind(ids)
+                .bind(owner)
+                .execute(&mut *tx)
+                .await?;
+            let rows = sqlx::query(sql::JOB_RELEASE_FENCED)
                 .bind(ids)
                 .bind(attempts)
-                .bind(owner);
-            self.fetch_planned_generically(query)
+                .bind(owner)
+                .fetch_all(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(rows)
         })
         .await?;
         rows.iter().map(|r| Ok(r.try_get("id")?)).collect()
     }
 
-    /// Runs one of the by-id batch statements (heartbeat, release) with its generic plan, in a
-    /// transaction of its own: `SET LOCAL plan_cache_mode = force_generic_plan` (see [`sql`] for why the
-    /// generic plan is the right one at every table size and a custom plan is not). Costs two more round
-    /// trips per batch, not per job.
+    /// Runs one of the by-id batch statements (heartbeat) with its generic plan, in a transaction of its
+    /// own: `SET LOCAL plan_cache_mode = force_generic_plan` (see [`sql`] for why the generic plan is the
+    /// right one at every table size and a custom plan is not). Costs two more round trips per batch,
+    /// not per job.
     async fn fetch_planned_generically(
         &self,
         query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
@@ -658,9 +668,11 @@ impl QueueStore {
     }
 
     /// Makes up to `limit` jobs of `queues` whose lease expired ready again (or dead, or cancelled).
-    /// Returns how many. Jobs ending dead or cancelled release their dependents parent by parent, each
-    /// job locked before its children, as a release does: it can cross an enqueue naming a child and its
-    /// parent, and a rescue PostgreSQL aborted as a deadlock is run once more.
+    /// Returns how many. One call of `sluice.rescue_expired` ([`sql::JOB_RESCUE_EXPIRED`]): a job the
+    /// rescue ends while it has dependents is locked first, waiting, with the jobs its end cascades to,
+    /// in one statement in id order; the others are taken with `SKIP LOCKED`. A job that joins a cascade
+    /// after that statement read it can still meet another transaction in the other order, and a rescue
+    /// PostgreSQL aborted as a deadlock is run once more.
     pub async fn rescue_expired(&self, queues: &[String], limit: i64) -> Result<u64> {
         let pool = &self.pool;
         let rows = once_more_on_deadlock(move || async move {

@@ -1,13 +1,22 @@
 //! Every path that locks several jobs locks them in one statement in id order, the order an enqueue
 //! locks the parents it names: a cancel and its cascade, a graph naming jobs outside it as parents or
-//! resent with keys that find existing jobs, a batch replacing its unique keys' holders, and an enqueue
-//! replacing a unique key's holder or clearing an expired idempotency key wait for an enqueue holding
-//! some of the same jobs instead of deadlocking with it. Each test holds the first job an enqueue naming two jobs locks, starts the other path on its
-//! own connection, waits until that session waits for the holder's lock (`pg_blocking_pids`), and then
-//! runs the whole enqueue: had the other path taken the enqueue's second job before asking for the
-//! first, PostgreSQL would abort one of them (40P01). The other path runs once, not through the store's
-//! retrying methods, which would run it once more and hide a deadlock. A cancel that does meet another
-//! transaction in the other order is run once more by the store.
+//! resent with keys that find existing jobs, a batch replacing its unique keys' holders, an enqueue
+//! replacing a unique key's holder or clearing an expired idempotency key, and the paths ending a job
+//! with dependents (a cancel, a failing completion batch, a lease rescue, a shutdown release), which lock
+//! the jobs the end cascades to with it, to the deepest level (migration 0024), wait for an enqueue
+//! holding some of the same jobs instead of deadlocking with it. Each test holds the first job an
+//! enqueue naming two jobs locks, starts the other path on its own connection, waits until that session
+//! waits for the holder's lock (`pg_blocking_pids`), and then runs the whole enqueue: had the other path
+//! taken the enqueue's second job before asking for the first, PostgreSQL would abort one of them
+//! (40P01). The other path runs once, not through the store's retrying methods, which would run it once
+//! more and hide a deadlock (the release runs through the store, on a session that counts its runs). A
+//! cancel that does meet another transaction in the other order is run once more by the store.
+//!
+//! The children and grandchildren below have smaller ids than their parents (explicit ids, as a graph
+//! listing children first gives): an enqueue naming a child and its parent then locks the child first,
+//! while a path locking a job before the jobs its end cascades to takes the parent first. Each test of
+//! a rescue, a release, a failing batch or a cascade's deeper level was aborted as a deadlock before
+//! migration 0024.
 
 mod support;
 
@@ -488,4 +497,283 @@ async fn a_cancel_aborted_as_a_deadlock_is_run_once_more() {
     support::wait_for_deadlocks(&pool, deadlocks_before + 1).await;
     assert_eq!(state(&store, p).await, "cancelled");
     assert_eq!(state(&store, child).await, "cancelled");
+}
+
+/// Enqueues job `id` (an explicit id, as a graph listing children first makes ids smaller than their
+/// parents') waiting on `parent`.
+async fn with_id_waiting_on(pool: &PgPool, id: Uuid, parent: Uuid) {
+    let created: Uuid = sqlx::query_scalar(
+        "SELECT id FROM sluice.enqueue_job('q', 'c', '{}', p_id => $1, p_depends_on => ARRAY[$2::uuid])",
+    )
+    .bind(id)
+    .bind(parent)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(created, id);
+}
+
+/// An id smaller than every job's enqueued from now on.
+async fn a_smaller_id(pool: &PgPool) -> Uuid {
+    let id = Uuid::now_v7();
+    support::past_the_millisecond_of(pool, id).await;
+    id
+}
+
+/// Claims `p`, the only ready job, for worker `w`: its attempt.
+async fn running(store: &QueueStore, p: Uuid) -> i32 {
+    let claimed = store
+        .claim_batch("q", "w", 10, std::time::Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(claimed.iter().map(|j| j.id).collect::<Vec<_>>(), [p], "P runs");
+    claimed[0].attempt
+}
+
+/// Makes running job `p` one whose lease expired on its last attempt: a rescue makes it dead.
+async fn expired_on_its_last_attempt(pool: &PgPool, p: Uuid) {
+    sqlx::query(
+        "UPDATE sluice.jobs SET max_attempts = attempt, lease_expires_at = now() - interval '1 minute' \
+          WHERE id = $1",
+    )
+    .bind(p)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// Runs the rescue once (not through the store, which would run it again after a deadlock): the jobs
+/// rescued.
+fn rescue_once(mut conn: PgConnection) -> tokio::task::JoinHandle<Result<Vec<Uuid>, sqlx::Error>> {
+    tokio::spawn(async move {
+        sqlx::query_scalar(sql::JOB_RESCUE_EXPIRED)
+            .bind(vec!["q".to_owned()])
+            .bind(10_i64)
+            .fetch_all(&mut conn)
+            .await
+    })
+}
+
+/// Asserts the states of named jobs.
+async fn states_are(store: &QueueStore, expected: &[(&str, Uuid, &str)]) {
+    for (name, id, want) in expected {
+        assert_eq!(state(store, *id).await, *want, "{name} is {want}");
+    }
+}
+
+/// Running job P's lease expired on its last attempt; its waiting child C has the smaller id; an
+/// enqueue naming C and P locks C, then P. The rescue used to take P (`SKIP LOCKED`) and then, in the
+/// trigger making P's children follow it, wait for C: it held P and waited for C, the enqueue held C
+/// and asked for P, and PostgreSQL aborted the rescue as a deadlock. `sluice.rescue_expired` (migration
+/// 0024) now locks a job its rescue ends while it has dependents together with its cascade, in one
+/// statement in id order, C first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rescue_waits_for_an_enqueue_naming_a_child_with_a_smaller_id_and_the_job() {
+    let (pg, pool, store) = support::server_with_queue(10).await;
+    let c = a_smaller_id(&pool).await;
+    let p = store.enqueue("q", &NewJob::new("p", json!({}))).await.unwrap().id;
+    with_id_waiting_on(&pool, c, p).await;
+    assert!(c < p, "the child's id is the smaller");
+    running(&store, p).await;
+    expired_on_its_last_attempt(&pool, p).await;
+
+    let (rescuer, rescuer_pid) = session(&pg).await;
+    let (enqueuer, enqueuer_pid) = holding(&pool, c).await;
+    let rescue = rescue_once(rescuer);
+    support::wait_until_blocked_by(&pool, rescuer_pid, enqueuer_pid, "the rescue").await;
+
+    let child = enqueue_and_commit(enqueuer, [c, p]).await;
+    let rescued = rescue
+        .await
+        .unwrap()
+        .expect("the rescue is not aborted as a deadlock");
+    assert_eq!(rescued, [p]);
+    states_are(
+        &store,
+        &[
+            ("P", p, "dead"),
+            ("C", c, "cancelled"),
+            ("the new child", child, "cancelled"),
+        ],
+    )
+    .await;
+}
+
+/// Job P (running, its lease expired on its last attempt) has a waiting child C, and C a waiting child
+/// G with the smallest id; an enqueue naming G and C locks G, then C. Rescued dead, P cancels C, and C
+/// cancels G on the cascade's next level. That level used to be locked only when the trigger reached
+/// it: the rescue held C and waited for G, the enqueue held G and asked for C. The rescue now locks
+/// every job the cascade can reach with P, in one statement in id order, G first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rescue_cascade_waits_for_an_enqueue_naming_a_grandchild_with_a_smaller_id_and_its_parent() {
+    let (pg, pool, store) = support::server_with_queue(10).await;
+    let g = a_smaller_id(&pool).await;
+    let p = store.enqueue("q", &NewJob::new("p", json!({}))).await.unwrap().id;
+    let c = store
+        .enqueue("q", &NewJob::new("c", json!({})).depends_on([p]))
+        .await
+        .unwrap()
+        .id;
+    with_id_waiting_on(&pool, g, c).await;
+    assert!(g < p && g < c, "the grandchild's id is the smallest");
+    running(&store, p).await;
+    expired_on_its_last_attempt(&pool, p).await;
+
+    let (rescuer, rescuer_pid) = session(&pg).await;
+    let (enqueuer, enqueuer_pid) = holding(&pool, g).await;
+    let rescue = rescue_once(rescuer);
+    support::wait_until_blocked_by(&pool, rescuer_pid, enqueuer_pid, "the rescue").await;
+
+    let child = enqueue_and_commit(enqueuer, [g, c]).await;
+    let rescued = rescue
+        .await
+        .unwrap()
+        .expect("the rescue is not aborted as a deadlock");
+    assert_eq!(rescued, [p]);
+    states_are(
+        &store,
+        &[
+            ("P", p, "dead"),
+            ("C", c, "cancelled"),
+            ("G", g, "cancelled"),
+            ("the new child", child, "cancelled"),
+        ],
+    )
+    .await;
+}
+
+/// Job P0 waits to run; P waits on it, C on P, and G on C with the smallest id; an enqueue naming G and
+/// C locks G, then C. The cancel of P0 locked P0 with its children (P), then C and G level by level as
+/// its trigger reached them: it held C and waited for G, crossing the enqueue. It now locks the whole
+/// cascade with P0 in one statement in id order (`sql::JOB_CANCEL`), G first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_cascade_waits_for_an_enqueue_naming_a_grandchild_with_a_smaller_id_and_its_parent() {
+    let (pg, pool, store) = support::server_with_queue(10).await;
+    let g = a_smaller_id(&pool).await;
+    let p0 = store
+        .enqueue("q", &NewJob::new("p0", json!({})))
+        .await
+        .unwrap()
+        .id;
+    let p = store
+        .enqueue("q", &NewJob::new("p", json!({})).depends_on([p0]))
+        .await
+        .unwrap()
+        .id;
+    let c = store
+        .enqueue("q", &NewJob::new("c", json!({})).depends_on([p]))
+        .await
+        .unwrap()
+        .id;
+    with_id_waiting_on(&pool, g, c).await;
+    assert!(g < p0, "the grandchild's id is the smallest");
+
+    let (canceller, canceller_pid) = session(&pg).await;
+    let (enqueuer, enqueuer_pid) = holding(&pool, g).await;
+    let cancel = cancel_once(canceller, p0);
+    support::wait_until_blocked_by(&pool, canceller_pid, enqueuer_pid, "the cancel").await;
+
+    let child = enqueue_and_commit(enqueuer, [g, c]).await;
+    let before = cancel
+        .await
+        .unwrap()
+        .expect("the cancel is not aborted as a deadlock");
+    assert_eq!(before, "pending");
+    for (name, id) in [("P0", p0), ("P", p), ("C", c), ("G", g), ("the new child", child)] {
+        assert_eq!(state(&store, id).await, "cancelled", "{name} is cancelled");
+    }
+}
+
+/// Running job P fails for good; its waiting child C has a waiting child G with the smallest id; an
+/// enqueue naming G and C locks G, then C. The finishing batch locked P with its waiting children (C),
+/// and its trigger then cancelled C and locked G on the cascade's next level: it held C and waited for
+/// G, crossing the enqueue. `sluice.finish_jobs` (migration 0024) now locks the deeper cascade of a job
+/// whose outcome is not a success with the batch, in one statement in id order, G first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_batch_waits_for_an_enqueue_naming_a_grandchild_with_a_smaller_id_and_its_parent() {
+    let (pg, pool, store) = support::server_with_queue(10).await;
+    let g = a_smaller_id(&pool).await;
+    let p = store.enqueue("q", &NewJob::new("p", json!({}))).await.unwrap().id;
+    let c = store
+        .enqueue("q", &NewJob::new("c", json!({})).depends_on([p]))
+        .await
+        .unwrap()
+        .id;
+    with_id_waiting_on(&pool, g, c).await;
+    assert!(g < p, "the grandchild's id is the smallest");
+    let attempt = running(&store, p).await;
+
+    let (mut finisher, finisher_pid) = session(&pg).await;
+    let (enqueuer, enqueuer_pid) = holding(&pool, g).await;
+    let finish = tokio::spawn(async move {
+        sqlx::query(sql::JOB_FINISH)
+            .bind(vec![p])
+            .bind(vec![attempt])
+            .bind(vec!["p"])
+            .bind(vec![0_i64])
+            .bind(vec!["failed for good"])
+            .bind("w")
+            .fetch_all(&mut finisher)
+            .await
+            .map(|rows| rows.len())
+    });
+    support::wait_until_blocked_by(&pool, finisher_pid, enqueuer_pid, "the finish").await;
+
+    let child = enqueue_and_commit(enqueuer, [g, c]).await;
+    let finished = finish
+        .await
+        .unwrap()
+        .expect("the finish is not aborted as a deadlock");
+    assert_eq!(finished, 1);
+    states_are(
+        &store,
+        &[
+            ("P", p, "dead"),
+            ("C", c, "cancelled"),
+            ("G", g, "cancelled"),
+            ("the new child", child, "cancelled"),
+        ],
+    )
+    .await;
+}
+
+/// Running job P's cancellation was requested; its waiting child C has the smaller id; an enqueue
+/// naming C and P locks C, then P. Handing P back at shutdown cancels it, and the release used to lock
+/// P in its update and C in the trigger after it: it held P and waited for C, crossing the enqueue, and
+/// PostgreSQL aborted one of them. The release now locks its jobs with the cascades of those it cancels
+/// in one statement in id order (`sql::JOB_LOCK_RELEASING`), C first, and runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_cancelling_a_job_waits_for_an_enqueue_naming_a_child_with_a_smaller_id_and_the_job() {
+    let (pg, pool, store) = support::server_with_queue(10).await;
+    let c = a_smaller_id(&pool).await;
+    let p = store.enqueue("q", &NewJob::new("p", json!({}))).await.unwrap().id;
+    with_id_waiting_on(&pool, c, p).await;
+    assert!(c < p, "the child's id is the smaller");
+    let attempt = running(&store, p).await;
+    assert_eq!(store.cancel(p).await.unwrap(), CancelOutcome::Requested);
+
+    let session = support::RetriedSession::connect(&pg.url(), "1s").await;
+    let (releaser, releaser_pid) = (QueueStore::new(session.pool.clone()), session.pid);
+    let (enqueuer, enqueuer_pid) = holding(&pool, c).await;
+    let release = tokio::spawn(async move { releaser.release("w", &[(p, attempt)]).await });
+    support::wait_until_blocked_by(&pool, releaser_pid, enqueuer_pid, "the release").await;
+
+    let child = enqueue_and_commit(enqueuer, [c, p]).await;
+    session.open_the_gate();
+    let released = release.await.unwrap().expect("the release is done");
+    assert_eq!(released, [p]);
+    assert_eq!(
+        session.runs(),
+        1,
+        "the release ran once: it was not aborted as a deadlock"
+    );
+    states_are(
+        &store,
+        &[
+            ("P", p, "cancelled"),
+            ("C", c, "cancelled"),
+            ("the new child", child, "cancelled"),
+        ],
+    )
+    .await;
 }

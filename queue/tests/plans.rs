@@ -287,6 +287,30 @@ async fn batch_statements_look_jobs_up_by_primary_key_in_a_large_table() {
             "'plans', '{i}', '{k}'".to_owned(),
             &["jobs_unique_idx", "jobs_idempotency_idx"][..],
         ),
+        (
+            "job_cascade",
+            sql::JOB_CASCADE,
+            "uuid[]",
+            &["p_roots"][..],
+            ids.clone(),
+            &[][..],
+        ),
+        (
+            "lock_rescuing",
+            sql::JOB_LOCK_RESCUING,
+            "uuid[]",
+            &["v_ending"][..],
+            ids.clone(),
+            &[][..],
+        ),
+        (
+            "lock_releasing",
+            sql::JOB_LOCK_RELEASING,
+            "uuid[], text",
+            &[][..],
+            format!("{ids}, 'w'"),
+            &[][..],
+        ),
     ] {
         let mut statement = statement.to_owned();
         // The batch's statement names its parameters by position already: `$1` stays, the others
@@ -501,6 +525,8 @@ async fn the_functions_take_their_locks_with_the_statements_whose_plans_are_chec
             "lock_batch_holders",
             sql::JOB_LOCK_BATCH_HOLDERS,
         ),
+        ("sluice.job_cascade", "job_cascade", sql::JOB_CASCADE),
+        ("sluice.rescue_expired", "lock_rescuing", sql::JOB_LOCK_RESCUING),
     ] {
         let body: String = sqlx::query_scalar("SELECT prosrc FROM pg_proc WHERE oid = $1::regproc")
             .bind(function)
