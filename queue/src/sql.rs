@@ -288,6 +288,28 @@ UPDATE sluice.jobs j
 RETURNING j.id, j.cancel_requested
 "#;
 
+/// [`JOB_HEARTBEAT`] for jobs whose handler returned and whose outcome the owner has not written yet
+/// (they are still running in the database): extends the leases of those of them the owner (`$3`)
+/// still holds at attempt `$2` by `$4` ms, skipping any row another transaction holds, and returns the
+/// jobs renewed. Skipping, not waiting: such a row is almost always held by the owner's own completion
+/// write, which is writing the job's outcome (and which may itself wait for a child's lock for long);
+/// a heartbeat waiting for it would hold up the leases of the owner's running jobs. A job skipped is
+/// renewed on the next heartbeat if it still needs it. Locks in id order, waits for nobody.
+pub const JOB_HEARTBEAT_FINISHING: &str = r#"
+UPDATE sluice.jobs j
+   SET lease_expires_at = now() + $4 * interval '1 millisecond'
+ WHERE j.id = ANY (ARRAY(
+           SELECT l.id
+             FROM sluice.jobs l
+             JOIN unnest($1::uuid[], $2::integer[]) AS h(id, attempt) ON l.id = h.id
+            WHERE l.lease_owner = $3
+              AND l.lease_expires_at IS NOT NULL
+              AND l.attempt = h.attempt
+            ORDER BY l.id
+              FOR NO KEY UPDATE OF l SKIP LOCKED))
+RETURNING j.id
+"#;
+
 /// Locks, in one statement in id order, the owner's (`$2`) running jobs among `$1` and the cascades
 /// ([`JOB_CASCADE`]) of those whose cancellation was requested: the release's first statement, in its
 /// transaction, before [`JOB_RELEASE_FENCED`] (migration 0024). The release cancels such a job, and its

@@ -620,6 +620,25 @@ impl QueueStore {
             .collect()
     }
 
+    /// Extends the leases of `owner`'s finished jobs whose outcome is not written yet by `lease`,
+    /// skipping those another transaction holds (the owner's own write, mostly): see
+    /// [`sql::JOB_HEARTBEAT_FINISHING`]. Returns the jobs renewed.
+    pub async fn heartbeat_finishing(
+        &self,
+        owner: &str,
+        jobs: &[(Uuid, i32)],
+        lease: Duration,
+    ) -> Result<Vec<Uuid>> {
+        let (ids, attempts): (Vec<Uuid>, Vec<i32>) = in_lock_order(jobs).into_iter().unzip();
+        let query = sqlx::query(sql::JOB_HEARTBEAT_FINISHING)
+            .bind(ids)
+            .bind(attempts)
+            .bind(owner)
+            .bind(lease.as_millis() as i64);
+        let rows = self.fetch_planned_generically(query).await?;
+        rows.iter().map(|r| Ok(r.try_get("id")?)).collect()
+    }
+
     /// Hands `owner`'s running jobs back without counting the attempt. Returns the jobs released.
     ///
     /// A job whose cancellation was requested is cancelled instead, and its dependents with it (see
@@ -652,7 +671,7 @@ impl QueueStore {
         rows.iter().map(|r| Ok(r.try_get("id")?)).collect()
     }
 
-    /// Runs one of the by-id batch statements (heartbeat) with its generic plan, in a transaction of its
+    /// Runs one of the by-id batch statements (the heartbeats) with its generic plan, in a transaction of its
     /// own: `SET LOCAL plan_cache_mode = force_generic_plan` (see [`sql`] for why the generic plan is the
     /// right one at every table size and a custom plan is not). Costs two more round trips per batch,
     /// not per job.

@@ -183,6 +183,34 @@ async fn batch_statements_look_jobs_up_by_primary_key_in_a_large_table() {
         }
     }
 
+    // The heartbeat of finished jobs not written yet locks them (skipping rows others hold), then
+    // writes them: both by primary key.
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "PREPARE heartbeat_finishing(uuid[], integer[], text, bigint) AS {}",
+        sql::JOB_HEARTBEAT_FINISHING
+    )))
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    let plan = explain(
+        &mut conn,
+        "force_generic_plan",
+        "heartbeat_finishing",
+        &format!("{ids}, {ones}, 'w', 30000"),
+    )
+    .await;
+    let mut scans = Vec::new();
+    scans_of_jobs(&plan, &mut scans);
+    assert!(
+        !scans.is_empty()
+            && scans.iter().all(|s| *s
+                == Scan {
+                    node: "Index Scan".into(),
+                    index: Some("jobs_pkey".into()),
+                }),
+        "heartbeat_finishing must look its {BATCH} ids up by primary key: {plan:#}"
+    );
+
     // The finish's look for children waiting on the batch: the partial index of unresolved edges, not
     // the resolved ones a graph-heavy queue keeps beside its finished jobs (here one per finished job).
     sqlx::query(
@@ -447,6 +475,10 @@ async fn the_store_runs_the_batch_statements_with_their_generic_plan() {
     let claimed = store.claim_batch("generic", "w", 3, lease).await.unwrap();
     let held: Vec<(uuid::Uuid, i32)> = claimed.iter().map(|j| (j.id, j.attempt)).collect();
     assert_eq!(store.heartbeat("w", &held, lease).await.unwrap().len(), 3);
+    assert_eq!(
+        store.heartbeat_finishing("w", &held, lease).await.unwrap().len(),
+        3
+    );
     let done = [Finished {
         id: held[0].0,
         attempt: held[0].1,
@@ -457,6 +489,7 @@ async fn the_store_runs_the_batch_statements_with_their_generic_plan() {
 
     for (name, statement) in [
         ("heartbeat", sql::JOB_HEARTBEAT),
+        ("heartbeat_finishing", sql::JOB_HEARTBEAT_FINISHING),
         ("release", sql::JOB_RELEASE_FENCED),
     ] {
         let (generic, custom): (i64, i64) = sqlx::query_as(

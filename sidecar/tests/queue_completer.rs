@@ -101,3 +101,226 @@ async fn a_worker_writes_a_finished_job_while_another_jobs_write_waits_on_a_row_
     shutdown.cancel();
     w.await.unwrap().unwrap();
 }
+
+/// A job whose handler returned but whose outcome waits to be written is still running in the
+/// database: the heartbeat keeps renewing its lease, so no worker rescues it and runs it again however
+/// long the write waits. Job P has a waiting child C with the smaller id, which a transaction holds:
+/// P's finish locks its batch with the waiting children in id order, so it waits for C before it takes
+/// P, and P's row stays free for the heartbeat (and for a rescue, were its lease to lapse). The worker
+/// rescues expired leases itself, every heartbeat interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_job_whose_write_waits_keeps_its_lease_and_runs_once() {
+    let (_pg, pool) = pg().await;
+    let store = QueueStore::new(pool.clone());
+    store
+        .upsert_queue(&QueueSettings {
+            lease_ms: 300,
+            ..settings("slow")
+        })
+        .await
+        .unwrap();
+    let mut ids = [uuid::Uuid::now_v7(), uuid::Uuid::now_v7()];
+    ids.sort();
+    let [c, p] = ids;
+    let enqueue = "SELECT id FROM sluice.enqueue_job('slow', 'k', '{}', p_id => $1, p_depends_on => $2)";
+    for (id, parents) in [(p, None), (c, Some(vec![p]))] {
+        sqlx::query(enqueue)
+            .bind(id)
+            .bind(parents)
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    let mut hold = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM sluice.jobs WHERE id = $1 FOR NO KEY UPDATE")
+        .bind(c)
+        .execute(&mut *hold)
+        .await
+        .unwrap();
+
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = calls.clone();
+    // Runs of P (C runs too, once P has succeeded).
+    let handler = FnHandler::new(move |job, _| {
+        if job.id == p {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        async { Outcome::Succeeded }
+    });
+    let shutdown = CancellationToken::new();
+    let w = tokio::spawn(Worker::new(store.clone(), handler, opts("slow", "w1")).run(shutdown.clone()));
+
+    wait_for_async("P's outcome write to wait for C", DEADLINE, || {
+        let pool = pool.clone();
+        async move {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                  WHERE wait_event_type = 'Lock' AND strpos(query, 'finish_jobs') > 0",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            (waiting > 0).then_some(())
+        }
+    })
+    .await;
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // P's lease as the write began to wait: from now on only a heartbeat of a finishing job renews it.
+    let first_expiry: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT lease_expires_at FROM sluice.jobs WHERE id = $1")
+            .bind(p)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    wait_for_async(
+        "P's first attempt to hold its lease past the lease it had when its write began to wait",
+        DEADLINE,
+        || {
+            let pool = pool.clone();
+            async move {
+                let renewed: bool = sqlx::query_scalar(
+                    "SELECT now() > $2 AND state = 'running' AND attempt = 1 AND lease_expires_at > now() \
+                       FROM sluice.jobs WHERE id = $1",
+                )
+                .bind(p)
+                .bind(first_expiry)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+                renewed.then_some(())
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        store.rescue_expired(&["slow".to_owned()], 10).await.unwrap(),
+        0,
+        "no lease to rescue"
+    );
+
+    hold.rollback().await.unwrap();
+    wait_state(&store, p, "succeeded").await;
+    assert_eq!(store.get(p).await.unwrap().unwrap().attempt, 1);
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1, "P ran once");
+    shutdown.cancel();
+    w.await.unwrap().unwrap();
+}
+
+/// The heartbeat of finished jobs waiting to be written never holds up the running jobs' leases. Job P
+/// has a waiting child C with the greater id, which a transaction holds: P's finish locks P, then waits
+/// for C. A heartbeat waiting for P's row would wait with it, and job R, still running, would lose its
+/// lease meanwhile; the finishing jobs' heartbeat skips rows another transaction holds, and R's lease is
+/// renewed as ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_job_whose_write_holds_its_row_does_not_hold_up_the_running_jobs_heartbeat() {
+    let (_pg, pool) = pg().await;
+    let store = QueueStore::new(pool.clone());
+    store
+        .upsert_queue(&QueueSettings {
+            lease_ms: 300,
+            ..settings("slow")
+        })
+        .await
+        .unwrap();
+    let mut ids = [uuid::Uuid::now_v7(), uuid::Uuid::now_v7()];
+    ids.sort();
+    let [p, c] = ids;
+    let enqueue = "SELECT id FROM sluice.enqueue_job('slow', 'k', '{}', p_id => $1, p_depends_on => $2)";
+    for (id, parents) in [(p, None), (c, Some(vec![p]))] {
+        sqlx::query(enqueue)
+            .bind(id)
+            .bind(parents)
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    let r = store
+        .enqueue("slow", &NewJob::new("r", serde_json::json!({})))
+        .await
+        .unwrap()
+        .id;
+    let mut hold = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM sluice.jobs WHERE id = $1 FOR NO KEY UPDATE")
+        .bind(c)
+        .execute(&mut *hold)
+        .await
+        .unwrap();
+
+    // R runs until the gate opens; P returns at once. Runs of each are counted.
+    let runs = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let gate = Arc::new(Notify::new());
+    let (counted, g) = (runs.clone(), gate.clone());
+    let handler = FnHandler::new(move |job, _| {
+        counted.lock().unwrap().push(job.id);
+        let (started_tx, g) = (started_tx.clone(), g.clone());
+        async move {
+            if job.id == r {
+                let _ = started_tx.send(job.id);
+                g.notified().await;
+            }
+            Outcome::Succeeded
+        }
+    });
+    let shutdown = CancellationToken::new();
+    let w = tokio::spawn(Worker::new(store.clone(), handler, opts("slow", "w1")).run(shutdown.clone()));
+
+    let running = tokio::time::timeout(DEADLINE, started.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(running, r);
+    wait_for_async("P's outcome write to wait for C", DEADLINE, || {
+        let pool = pool.clone();
+        async move {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                  WHERE wait_event_type = 'Lock' AND strpos(query, 'finish_jobs') > 0",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            (waiting > 0).then_some(())
+        }
+    })
+    .await;
+    let first_expiry: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT lease_expires_at FROM sluice.jobs WHERE id = $1")
+            .bind(r)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    wait_for_async(
+        "R's first attempt to hold its lease past the lease it had while P's write waited",
+        DEADLINE,
+        || {
+            let pool = pool.clone();
+            async move {
+                let renewed: bool = sqlx::query_scalar(
+                    "SELECT now() > $2 AND state = 'running' AND attempt = 1 AND lease_expires_at > now() \
+                       FROM sluice.jobs WHERE id = $1",
+                )
+                .bind(r)
+                .bind(first_expiry)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+                renewed.then_some(())
+            }
+        },
+    )
+    .await;
+
+    hold.rollback().await.unwrap();
+    gate.notify_one();
+    for id in [p, r] {
+        wait_state(&store, id, "succeeded").await;
+        assert_eq!(store.get(id).await.unwrap().unwrap().attempt, 1);
+    }
+    let runs = runs.lock().unwrap().clone();
+    for (name, id) in [("P", p), ("R", r)] {
+        assert_eq!(runs.iter().filter(|&&j| j == id).count(), 1, "{name} ran once");
+    }
+    shutdown.cancel();
+    w.await.unwrap().unwrap();
+}

@@ -9,8 +9,9 @@
 //! - the **dispatcher** starts the locally queued jobs in claim order, one task per job, as handler slots
 //!   (`concurrency` of them) free up;
 //! - the **listener** LISTENs on `sluice_jobs` and turns notifications into one coalesced wake-up;
-//! - the **heartbeat** extends the leases of running jobs, delivers cancellation requests, and stops a job
-//!   whose lease was lost (another worker rescued it);
+//! - the **heartbeat** extends the leases of running jobs (and of finished jobs whose outcome is not
+//!   written yet), delivers cancellation requests, and stops a job whose lease was lost (another worker
+//!   rescued it);
 //! - the **completer** writes finished attempts in batches (up to two at once), fenced on (id, running,
 //!   owner, attempt);
 //! - **maintenance** rescues expired leases, deletes finished jobs past retention in bounded batches and
@@ -838,9 +839,10 @@ async fn record<H>(shared: Arc<Shared<H>>, batch: Vec<Done>, shutdown: Cancellat
                     break;
                 }
                 tracing::warn!(error = %e, attempt, "recording finished jobs failed; retrying");
-                // The heartbeat does not renew these leases (their jobs are finishing): once one lapses,
-                // the job may be rescued and run again by any worker, and this write is fenced out for
-                // it (its result discarded as a lost lease).
+                // The heartbeat keeps renewing these leases while the write is retried, as long as it
+                // reaches the database itself; when it does not either, a lease lapses, the job may be
+                // rescued and run again by any worker, and this write is fenced out for it (its result
+                // discarded as a lost lease).
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(Duration::from_secs(2));
             }
@@ -906,14 +908,36 @@ async fn heartbeat<H>(shared: Arc<Shared<H>>, stop: CancellationToken) {
             _ = tokio::time::sleep(heartbeat_interval(&shared)) => {}
             _ = stop.cancelled() => return,
         }
-        // Group the running jobs by their queue's lease.
+        // Group the jobs this worker holds by their queue's lease, the running ones (claimed ahead
+        // too) apart from the finishing ones. Finishing jobs are renewed too: their handler has
+        // returned, but until the completer has written the outcome the job is still running in the
+        // database, and a lease that lapsed while the write waited (a slow database, a row lock, a
+        // write retried) would let any worker rescue the job and run it a second time. Their statement
+        // skips rows another transaction holds (their own write, which may wait for a child's lock for
+        // long), so that it never holds up the running jobs' heartbeat: one statement more per
+        // heartbeat while some job is finishing, not per job.
         let mut by_lease: HashMap<Duration, Vec<(Uuid, i32)>> = HashMap::new();
+        let mut finishing_by_lease: HashMap<Duration, Vec<(Uuid, i32)>> = HashMap::new();
         for (id, f) in shared.inflight.lock().expect("inflight lock").iter() {
-            if !f.finishing.load(Ordering::SeqCst) {
-                by_lease
-                    .entry(shared.settings(&f.queue).lease())
-                    .or_default()
-                    .push((*id, f.attempt));
+            let group = if f.finishing.load(Ordering::SeqCst) {
+                &mut finishing_by_lease
+            } else {
+                &mut by_lease
+            };
+            group
+                .entry(shared.settings(&f.queue).lease())
+                .or_default()
+                .push((*id, f.attempt));
+        }
+        for (lease, jobs) in finishing_by_lease {
+            // A job missing from the result was written meanwhile, is being written, or was lost (its
+            // write is then fenced out): nothing to do either way.
+            if let Err(e) = shared
+                .store
+                .heartbeat_finishing(&shared.opts.owner, &jobs, lease)
+                .await
+            {
+                tracing::warn!(error = %e, "heartbeat of finishing jobs failed");
             }
         }
         for (lease, jobs) in by_lease {
@@ -923,6 +947,7 @@ async fn heartbeat<H>(shared: Arc<Shared<H>>, stop: CancellationToken) {
                     let inflight = shared.inflight.lock().expect("inflight lock");
                     for (id, attempt) in jobs {
                         let Some(f) = inflight.get(&id) else { continue };
+                        // Its handler returned since the jobs were grouped: nothing to stop.
                         if f.attempt != attempt || f.finishing.load(Ordering::SeqCst) {
                             continue;
                         }
