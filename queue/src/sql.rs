@@ -143,9 +143,9 @@ SELECT DISTINCT d.parent_id
 
 /// Locks, in one id order, the owner's running jobs among `$1` (a finish batch, `$6` the owner: the
 /// parameters of `sluice.finish_jobs`), the children waiting (with an unresolved edge) on the jobs
-/// `v_parents` (the function's variable: the result of [`JOB_OPEN_PARENTS`]), and the deeper cascade
-/// ([`JOB_CASCADE`]) of those of them whose outcome (`$3`) is not a success, and returns the jobs among
-/// `v_parents` it locked. Run only when `v_parents` is not empty. One statement, so that its locks follow
+/// `v_parents` (the function's variable: the result of [`JOB_OPEN_PARENTS`]), and returns the jobs among
+/// `v_parents` it locked: migration 0020's statement, run when no job of the batch with waiting
+/// children ends failed (a batch of successes, or of retries that are not the last attempt). Run only when `v_parents` is not empty. One statement, so that its locks follow
 /// one id order, the order an enqueue locks the parents it names in: the batch's jobs and the children
 /// never share a row (a job with an unresolved edge is blocked or cancelled, never running). The children
 /// of a batch job the owner does not hold are locked too, which the update then does not write.
@@ -154,10 +154,8 @@ SELECT DISTINCT d.parent_id
 ///
 /// The deeper levels (migration 0024): a failed job's trigger cancels its children and then the
 /// children of those, level by level; locked only as the trigger reached them, a grandchild G with a
-/// smaller id than its parent C was taken after C, crossing an enqueue naming G and C. A batch of
-/// successes releases its children and goes no deeper: it pays one call of [`JOB_CASCADE`] on an empty
-/// array. A retry that is not the last attempt is walked too (the statement does not read attempts),
-/// which locks more than it needs, never less.
+/// smaller id than its parent C was taken after C, crossing an enqueue naming G and C. A batch some of
+/// whose jobs end failed runs [`JOB_LOCK_FINISHING_FAILING`] instead, which locks those cascades too.
 ///
 /// The children are not filtered by `state = 'blocked'` (the only children the finish's trigger writes):
 /// that let the planner scan the partial index of blocked jobs, which statistics taken between bursts
@@ -169,9 +167,24 @@ WITH locked AS MATERIALIZED (
     SELECT j.id
       FROM sluice.jobs j
      WHERE j.id = ANY ($1 || ARRAY(SELECT d.job_id FROM sluice.job_dependencies d
+                                    WHERE d.parent_id = ANY (v_parents) AND NOT d.resolved))
+       AND (j.id <> ALL ($1) OR (j.lease_owner = $6 AND j.lease_expires_at IS NOT NULL))
+     ORDER BY j.id
+       FOR NO KEY UPDATE
+)
+SELECT locked.id FROM locked WHERE locked.id = ANY (v_parents)
+"#;
+
+/// [`JOB_LOCK_FINISHING`] for a batch some of whose jobs with waiting children end failed (`v_roots`:
+/// outcome `p` or `c`, or `r` on the last attempt or with a cancellation requested): it also locks their
+/// deeper cascades ([`JOB_CASCADE`]), in the same statement in id order (migration 0024).
+pub const JOB_LOCK_FINISHING_FAILING: &str = r#"
+WITH locked AS MATERIALIZED (
+    SELECT j.id
+      FROM sluice.jobs j
+     WHERE j.id = ANY ($1 || ARRAY(SELECT d.job_id FROM sluice.job_dependencies d
                                     WHERE d.parent_id = ANY (v_parents) AND NOT d.resolved)
-                          || sluice.job_cascade(ARRAY(SELECT f.id FROM unnest($1, $3) AS f(id, outcome)
-                                                       WHERE f.outcome <> 's' AND f.id = ANY (v_parents))))
+                          || sluice.job_cascade(v_roots))
        AND (j.id <> ALL ($1) OR (j.lease_owner = $6 AND j.lease_expires_at IS NOT NULL))
      ORDER BY j.id
        FOR NO KEY UPDATE
@@ -355,15 +368,19 @@ RETURNING j.id
 /// ready again at once, or `dead` when that was their last attempt, or `cancelled` when asked to
 /// (`sluice.rescue_expired`, migration 0024). Jobs whose rescue does not end them with dependents (almost
 /// all) are taken with `FOR UPDATE SKIP LOCKED`, as the statement this function replaced did; the
-/// others are locked first, waiting, with their cascades ([`JOB_LOCK_RESCUING`]).
+/// others are locked first with their cascades, skipping held rows ([`JOB_LOCK_RESCUING`]), rescued
+/// first, and only when the job and its whole cascade were locked: the rescue never waits.
 pub const JOB_RESCUE_EXPIRED: &str = "SELECT id FROM sluice.rescue_expired($1, $2)";
 
 /// Locks the expired jobs `v_ending` that a rescue ends (`dead` or `cancelled`) while they have
 /// dependents, with their cascades ([`JOB_CASCADE`]), in one statement in id order: the first lock of
 /// `sluice.rescue_expired` when there are any (migration 0024). The rescue used to take such a job with
 /// `SKIP LOCKED` and its trigger then waited for the job's children: with child C < P, it held P and
-/// waited for C while an enqueue naming C and P held C and waited for P. Those jobs are no longer
-/// skipped when another transaction holds them: the rescue waits for it, in id order.
+/// waited for C while an enqueue naming C and P held C and waited for P. Now the whole cascade is taken
+/// with the job before any is written, and rows another transaction holds are skipped: the rescue never
+/// waits (an application transaction enqueueing a child under the job can hold it for as long as it
+/// likes), and rescues a job only when it locked the job and its whole cascade; the others are left
+/// for the next rescue.
 pub const JOB_LOCK_RESCUING: &str = r#"
 SELECT j.id
   FROM sluice.jobs j

@@ -4,7 +4,8 @@
 //! replacing a unique key's holder or clearing an expired idempotency key, and the paths ending a job
 //! with dependents (a cancel, a failing completion batch, a lease rescue, a shutdown release), which lock
 //! the jobs the end cascades to with it, to the deepest level (migration 0024), wait for an enqueue
-//! holding some of the same jobs instead of deadlocking with it. Each test holds the first job an
+//! holding some of the same jobs instead of deadlocking with it (the rescue, which never waits, leaves
+//! such a job for its next pass instead). Each test holds the first job an
 //! enqueue naming two jobs locks, starts the other path on its own connection, waits until that session
 //! waits for the holder's lock (`pg_blocking_pids`), and then runs the whole enqueue: had the other path
 //! taken the enqueue's second job before asking for the first, PostgreSQL would abort one of them
@@ -542,18 +543,6 @@ async fn expired_on_its_last_attempt(pool: &PgPool, p: Uuid) {
     .unwrap();
 }
 
-/// Runs the rescue once (not through the store, which would run it again after a deadlock): the jobs
-/// rescued.
-fn rescue_once(mut conn: PgConnection) -> tokio::task::JoinHandle<Result<Vec<Uuid>, sqlx::Error>> {
-    tokio::spawn(async move {
-        sqlx::query_scalar(sql::JOB_RESCUE_EXPIRED)
-            .bind(vec!["q".to_owned()])
-            .bind(10_i64)
-            .fetch_all(&mut conn)
-            .await
-    })
-}
-
 /// Asserts the states of named jobs.
 async fn states_are(store: &QueueStore, expected: &[(&str, Uuid, &str)]) {
     for (name, id, want) in expected {
@@ -561,14 +550,30 @@ async fn states_are(store: &QueueStore, expected: &[(&str, Uuid, &str)]) {
     }
 }
 
+/// Runs the rescue once, with `limit`, and asserts that it returns without waiting for any lock.
+async fn rescued_without_waiting(pg: &PgServer, limit: i64) -> Vec<Uuid> {
+    let (mut conn, _) = session(pg).await;
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        sqlx::query_scalar(sql::JOB_RESCUE_EXPIRED)
+            .bind(vec!["q".to_owned()])
+            .bind(limit)
+            .fetch_all(&mut conn),
+    )
+    .await
+    .expect("the rescue does not wait for a held job")
+    .expect("the rescue succeeds")
+}
+
 /// Running job P's lease expired on its last attempt; its waiting child C has the smaller id; an
 /// enqueue naming C and P locks C, then P. The rescue used to take P (`SKIP LOCKED`) and then, in the
 /// trigger making P's children follow it, wait for C: it held P and waited for C, the enqueue held C
 /// and asked for P, and PostgreSQL aborted the rescue as a deadlock. `sluice.rescue_expired` (migration
-/// 0024) now locks a job its rescue ends while it has dependents together with its cascade, in one
-/// statement in id order, C first.
+/// 0024) now locks P with its whole cascade in one statement in id order, skipping held rows, and
+/// rescues P only when it locked all of them: while the enqueue holds C, the rescue leaves P for the
+/// next one without waiting; once the enqueue committed, the next rescue takes P and its cascade.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rescue_waits_for_an_enqueue_naming_a_child_with_a_smaller_id_and_the_job() {
+async fn a_rescue_leaves_a_job_whose_child_an_enqueue_holds_for_the_next_rescue() {
     let (pg, pool, store) = support::server_with_queue(10).await;
     let c = a_smaller_id(&pool).await;
     let p = store.enqueue("q", &NewJob::new("p", json!({}))).await.unwrap().id;
@@ -577,17 +582,15 @@ async fn a_rescue_waits_for_an_enqueue_naming_a_child_with_a_smaller_id_and_the_
     running(&store, p).await;
     expired_on_its_last_attempt(&pool, p).await;
 
-    let (rescuer, rescuer_pid) = session(&pg).await;
-    let (enqueuer, enqueuer_pid) = holding(&pool, c).await;
-    let rescue = rescue_once(rescuer);
-    support::wait_until_blocked_by(&pool, rescuer_pid, enqueuer_pid, "the rescue").await;
+    let (enqueuer, _) = holding(&pool, c).await;
+    assert!(
+        rescued_without_waiting(&pg, 10).await.is_empty(),
+        "P is left for the next rescue"
+    );
+    assert_eq!(state(&store, p).await, "running");
 
     let child = enqueue_and_commit(enqueuer, [c, p]).await;
-    let rescued = rescue
-        .await
-        .unwrap()
-        .expect("the rescue is not aborted as a deadlock");
-    assert_eq!(rescued, [p]);
+    assert_eq!(rescued_without_waiting(&pg, 10).await, [p]);
     states_are(
         &store,
         &[
@@ -603,9 +606,10 @@ async fn a_rescue_waits_for_an_enqueue_naming_a_child_with_a_smaller_id_and_the_
 /// G with the smallest id; an enqueue naming G and C locks G, then C. Rescued dead, P cancels C, and C
 /// cancels G on the cascade's next level. That level used to be locked only when the trigger reached
 /// it: the rescue held C and waited for G, the enqueue held G and asked for C. The rescue now locks
-/// every job the cascade can reach with P, in one statement in id order, G first.
+/// every job the cascade can reach with P, in one statement in id order, skipping held rows: with G
+/// held, it leaves P (and C, G) alone and returns; once the enqueue committed, it rescues P.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rescue_cascade_waits_for_an_enqueue_naming_a_grandchild_with_a_smaller_id_and_its_parent() {
+async fn a_rescue_leaves_a_job_whose_grandchild_an_enqueue_holds_for_the_next_rescue() {
     let (pg, pool, store) = support::server_with_queue(10).await;
     let g = a_smaller_id(&pool).await;
     let p = store.enqueue("q", &NewJob::new("p", json!({}))).await.unwrap().id;
@@ -619,17 +623,15 @@ async fn a_rescue_cascade_waits_for_an_enqueue_naming_a_grandchild_with_a_smalle
     running(&store, p).await;
     expired_on_its_last_attempt(&pool, p).await;
 
-    let (rescuer, rescuer_pid) = session(&pg).await;
-    let (enqueuer, enqueuer_pid) = holding(&pool, g).await;
-    let rescue = rescue_once(rescuer);
-    support::wait_until_blocked_by(&pool, rescuer_pid, enqueuer_pid, "the rescue").await;
+    let (enqueuer, _) = holding(&pool, g).await;
+    assert!(
+        rescued_without_waiting(&pg, 10).await.is_empty(),
+        "P is left for the next rescue"
+    );
+    states_are(&store, &[("P", p, "running"), ("C", c, "blocked")]).await;
 
     let child = enqueue_and_commit(enqueuer, [g, c]).await;
-    let rescued = rescue
-        .await
-        .unwrap()
-        .expect("the rescue is not aborted as a deadlock");
-    assert_eq!(rescued, [p]);
+    assert_eq!(rescued_without_waiting(&pg, 10).await, [p]);
     states_are(
         &store,
         &[
@@ -640,6 +642,92 @@ async fn a_rescue_cascade_waits_for_an_enqueue_naming_a_grandchild_with_a_smalle
         ],
     )
     .await;
+}
+
+/// Expired jobs P (its last attempt, with a waiting child) and Q: while another transaction holds P
+/// (an application's enqueue naming P, P's own outcome write), the rescue does not wait for it (every
+/// worker's maintenance runs the rescue): it rescues Q and returns. Once P is free, the next rescue
+/// takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rescue_rescues_the_other_jobs_and_returns_while_an_ending_job_is_held() {
+    let (pg, pool, store) = support::server_with_queue(10).await;
+    let p = store.enqueue("q", &NewJob::new("p", json!({}))).await.unwrap().id;
+    let c = store
+        .enqueue("q", &NewJob::new("c", json!({})).depends_on([p]))
+        .await
+        .unwrap()
+        .id;
+    let q = store.enqueue("q", &NewJob::new("q", json!({}))).await.unwrap().id;
+    let claimed = store
+        .claim_batch("q", "w", 10, std::time::Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 2, "P and Q run");
+    expired_on_its_last_attempt(&pool, p).await;
+    sqlx::query("UPDATE sluice.jobs SET lease_expires_at = now() - interval '1 minute' WHERE id = $1")
+        .bind(q)
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let (holder, _) = holding(&pool, p).await;
+    assert_eq!(rescued_without_waiting(&pg, 10).await, [q]);
+    states_are(
+        &store,
+        &[("P", p, "running"), ("C", c, "blocked"), ("Q", q, "retrying")],
+    )
+    .await;
+
+    holder.rollback().await.unwrap();
+    assert_eq!(rescued_without_waiting(&pg, 10).await, [p]);
+    states_are(&store, &[("P", p, "dead"), ("C", c, "cancelled")]).await;
+}
+
+/// More expired jobs than the rescue's limit, one of them (P, enqueued last) ending with a waiting
+/// child: the rescue takes P first, under the locks it took for P's cascade, and fills the limit with
+/// the others, so that it does not lock a cascade and then rescue other jobs instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rescue_takes_the_ending_jobs_it_locked_before_filling_its_limit() {
+    let (pg, pool, store) = support::server_with_queue(10).await;
+    let mut others = Vec::new();
+    for i in 0..3 {
+        others.push(
+            store
+                .enqueue("q", &NewJob::new(format!("o{i}"), json!({})))
+                .await
+                .unwrap()
+                .id,
+        );
+    }
+    let p = store.enqueue("q", &NewJob::new("p", json!({}))).await.unwrap().id;
+    let c = store
+        .enqueue("q", &NewJob::new("c", json!({})).depends_on([p]))
+        .await
+        .unwrap()
+        .id;
+    let claimed = store
+        .claim_batch("q", "w", 10, std::time::Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 4, "P and the others run");
+    sqlx::query(
+        "UPDATE sluice.jobs SET lease_expires_at = now() - interval '1 minute' WHERE state = 'running'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    expired_on_its_last_attempt(&pool, p).await;
+
+    assert_eq!(
+        rescued_without_waiting(&pg, 2).await.first(),
+        Some(&p),
+        "P is rescued first"
+    );
+    states_are(&store, &[("P", p, "dead"), ("C", c, "cancelled")]).await;
+    let mut rest = rescued_without_waiting(&pg, 10).await;
+    assert_eq!(rest.len(), 2, "the limit was filled with one other job");
+    rest.sort();
+    assert!(rest.iter().all(|id| others.contains(id)));
 }
 
 /// Job P0 waits to run; P waits on it, C on P, and G on C with the smallest id; an enqueue naming G and

@@ -245,12 +245,15 @@ async fn batch_statements_look_jobs_up_by_primary_key_in_a_large_table() {
     // The finish's locks, run only when some job of the batch has waiting children: every job of the
     // batch and every waiting child by primary key, the children found in the index of unresolved edges,
     // in one statement. In the function `v_parents` is a variable; here it is the seventh parameter.
-    let finish_types = "uuid[], integer[], text[], bigint[], text[], text, uuid[]";
-    let finish_args = format!("{ids}, {ones}, {s}, {zeros}, {empty}, 'w', {ids}");
-    for (name, statement) in [("lock_finishing", sql::JOB_LOCK_FINISHING)] {
+    let finish_types = "uuid[], integer[], text[], bigint[], text[], text, uuid[], uuid[]";
+    let finish_args = format!("{ids}, {ones}, {s}, {zeros}, {empty}, 'w', {ids}, {ids}");
+    for (name, statement) in [
+        ("lock_finishing", sql::JOB_LOCK_FINISHING),
+        ("lock_finishing_failing", sql::JOB_LOCK_FINISHING_FAILING),
+    ] {
         sqlx::raw_sql(AssertSqlSafe(format!(
             "PREPARE {name}({finish_types}) AS {}",
-            statement.replace("v_parents", "$7")
+            statement.replace("v_parents", "$7").replace("v_roots", "$8")
         )))
         .execute(&mut *conn)
         .await
@@ -527,6 +530,7 @@ async fn the_store_runs_the_batch_statements_with_their_generic_plan() {
         ("finish", sql::JOB_FINISH_FENCED),
         ("open_parents", sql::JOB_OPEN_PARENTS),
         ("lock_finishing", sql::JOB_LOCK_FINISHING),
+        ("lock_finishing_failing", sql::JOB_LOCK_FINISHING_FAILING),
     ] {
         assert!(
             words(&body).contains(&words(statement)),
