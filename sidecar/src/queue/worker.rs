@@ -806,6 +806,8 @@ async fn record<H>(shared: Arc<Shared<H>>, batch: Vec<Done>, shutdown: Cancellat
     let owner = &shared.opts.owner;
     let (finish, release): (Vec<Done>, Vec<Done>) = batch.into_iter().partition(|d| d.finish.is_some());
     let mut wait = Duration::from_millis(50);
+    // When the write first failed (it has failed every time since).
+    let mut failing_since: Option<tokio::time::Instant> = None;
     for attempt in 0.. {
         let t0 = tokio::time::Instant::now();
         match write_batch(&shared.store, owner, &finish, &release).await {
@@ -840,9 +842,31 @@ async fn record<H>(shared: Arc<Shared<H>>, batch: Vec<Done>, shutdown: Cancellat
                 }
                 tracing::warn!(error = %e, attempt, "recording finished jobs failed; retrying");
                 // The heartbeat keeps renewing these leases while the write is retried, as long as it
-                // reaches the database itself; when it does not either, a lease lapses, the job may be
-                // rescued and run again by any worker, and this write is fenced out for it (its result
-                // discarded as a lost lease).
+                // reaches the database itself, but not for ever: a write that keeps failing (an error
+                // it will meet every time) would keep the jobs running and their permits taken. Once
+                // the write has failed for longer than a job's lease, the job is no longer renewed:
+                // its lease lapses, any worker may rescue it and run it again, and this write is
+                // fenced out for it (its result discarded as a lost lease) unless it goes through
+                // first.
+                let failing = *failing_since.get_or_insert(t0);
+                let mut given_up = 0;
+                {
+                    let mut inflight = shared.inflight.lock().expect("inflight lock");
+                    for d in finish.iter().chain(&release) {
+                        if failing.elapsed() >= shared.settings(&d.queue).lease()
+                            && inflight.get(&d.id).is_some_and(|f| f.attempt == d.attempt)
+                        {
+                            forget(&mut inflight, d.id, d.attempt);
+                            given_up += 1;
+                        }
+                    }
+                }
+                if given_up > 0 {
+                    tracing::warn!(
+                        jobs = given_up,
+                        "recording finished jobs has failed for longer than their lease; no longer renewing it"
+                    );
+                }
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(Duration::from_secs(2));
             }
