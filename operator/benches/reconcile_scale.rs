@@ -13,10 +13,13 @@
 #![allow(missing_docs)] // a benchmark binary: its items are not an API
 
 use std::{
+    collections::BTreeMap,
     fmt::Write as _,
+    io::BufRead as _,
     net::SocketAddr,
     path::Path,
     process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -34,8 +37,54 @@ const OPERATOR_NS: &str = "sluice-system";
 /// How long every object may take to be reconciled before the run fails.
 const DEADLINE: Duration = Duration::from_secs(600);
 
-/// A child process killed on drop.
-struct Proc(Child);
+/// A child process killed on drop, with the failed reconciles its log reported (see [`failures`]).
+struct Proc(Child, Failures);
+
+/// Failed reconciles the operator logged, by controller and error with digits blanked (so that the
+/// errors of `api-1` and `api-2` count together).
+type Failures = Arc<Mutex<BTreeMap<(String, String), u64>>>;
+
+/// Reads the operator's JSON log from `log`, counting its failed reconciles (`reconcile failed` at
+/// warn, `not ready` at info: what `error_policy` logs) into the returned map; other lines at warn
+/// and above are passed on to the bench's stderr.
+fn failures(log: impl std::io::Read + Send + 'static) -> Failures {
+    let failures = Failures::default();
+    let counts = failures.clone();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(log).lines().map_while(Result::ok) {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+                eprintln!("{line}");
+                continue;
+            };
+            let f = &v["fields"];
+            let message = f["message"].as_str().unwrap_or_default();
+            if message == "reconcile failed" || message == "not ready" {
+                let error = f["error"].as_str().unwrap_or_default();
+                let blanked = digits_blanked(error);
+                let controller = f["controller"].as_str().unwrap_or_default().to_owned();
+                *counts.lock().unwrap().entry((controller, blanked)).or_default() += 1;
+            } else if v["level"] != "INFO" {
+                eprintln!("{line}");
+            }
+        }
+    });
+    failures
+}
+
+/// `text` with every run of digits replaced by `N`.
+fn digits_blanked(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_ascii_digit() {
+            if !out.ends_with('N') {
+                out.push('N');
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
 
 impl Drop for Proc {
     fn drop(&mut self) {
@@ -54,6 +103,20 @@ fn status_kb(pid: u32, field: &str) -> u64 {
                 .nth(1)?
                 .parse()
                 .ok()
+        })
+        .unwrap_or(0)
+}
+
+/// How many sockets process `pid` holds open (its connections to the API server, Redis, PostgreSQL,
+/// and its listeners).
+fn sockets(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|fds| {
+            fds.filter_map(Result::ok)
+                .filter(|fd| {
+                    std::fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
+                })
+                .count()
         })
         .unwrap_or(0)
 }
@@ -96,20 +159,36 @@ fn metric(text: &str, name: &str, controller: &str) -> f64 {
 }
 
 fn start_operator(kubeconfig: &Path, webhook_port: u16, metrics: SocketAddr) -> Proc {
-    Proc(
-        Command::new(env!("CARGO_BIN_EXE_sluice-operator"))
-            .args(["run", "--namespace", OPERATOR_NS, "--pod-name", "operator-0"])
-            .args(["--webhook-listen", &format!("127.0.0.1:{webhook_port}")])
-            .args(["--metrics-listen", &metrics.to_string()])
-            .args(["--external-metrics-listen", &format!("127.0.0.1:{}", free_port())])
-            .args(["--sidecar-image", "sluice-sidecar:bench", "--log-format", "text"])
-            .env("KUBECONFIG", kubeconfig)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn sluice-operator"),
-    )
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice-operator"))
+        .args(["run", "--namespace", OPERATOR_NS, "--pod-name", "operator-0"])
+        .args(["--webhook-listen", &format!("127.0.0.1:{webhook_port}")])
+        .args(["--metrics-listen", &metrics.to_string()])
+        .args(["--external-metrics-listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["--sidecar-image", "sluice-sidecar:bench", "--log-format", "json"])
+        .env("KUBECONFIG", kubeconfig)
+        // `not ready` (a failure the user must fix) is logged at info.
+        .env("RUST_LOG", "warn,sluice_operator::controller=info")
+        // The log is written to stdout.
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn sluice-operator");
+    let log = child.stdout.take().expect("the operator's stdout");
+    Proc(child, failures(log))
+}
+
+/// The samples of metric `name` by their labels (`controller="…",reason="…"`), summed.
+fn by_labels(text: &str, name: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for l in text.lines().filter(|l| l.starts_with(name)) {
+        let Some(labels) = l[name.len()..].strip_prefix('{').and_then(|r| r.split_once('}')) else {
+            continue;
+        };
+        if let Ok(v) = labels.1.trim().parse::<f64>() {
+            *out.entry(labels.0.to_owned()).or_default() += v;
+        }
+    }
+    out
 }
 
 /// How many RateLimitPolicies and JobQueues in `ns` have a status that caught up with their generation.
@@ -151,10 +230,16 @@ struct Measured {
     rlp_reconciles: f64,
     jq_reconciles: f64,
     errors: f64,
+    /// Failed reconciles by `controller="…",reason="…"` (the operator's metric).
+    errors_by_reason: BTreeMap<String, f64>,
+    /// Failed reconciles by controller and logged error (digits blanked).
+    failures: BTreeMap<(String, String), u64>,
     cpu_secs: f64,
     rss_idle_kb: u64,
     rss_kb: u64,
     hwm_kb: u64,
+    sockets_peak: usize,
+    sockets: usize,
     restart_secs: f64,
     restart_rss_kb: u64,
     restart_cpu_secs: f64,
@@ -256,9 +341,11 @@ async fn main() {
     eprintln!("created in {create_secs:.1} s");
     let (mut rlp_secs, mut jq_secs) = (None, None);
     let mut hwm_kb = 0;
+    let mut sockets_peak = 0;
     loop {
         let (r, q) = caught_up(&ns).await;
         hwm_kb = hwm_kb.max(status_kb(pid, "VmHWM:"));
+        sockets_peak = sockets_peak.max(sockets(pid));
         if r == n && rlp_secs.is_none() {
             rlp_secs = Some(t0.elapsed().as_secs_f64());
         }
@@ -285,14 +372,24 @@ async fn main() {
         + metric(&text, "sluice_operator_reconcile_errors_total", "jobqueue");
     let rss_kb = status_kb(pid, "VmRSS:");
     let hwm_kb = hwm_kb.max(status_kb(pid, "VmHWM:"));
+    let sockets_end = sockets(pid);
     let m_rlp_reconciles = metric(&text, "sluice_operator_reconcile_total", "ratelimitpolicy");
     let m_jq_reconciles = metric(&text, "sluice_operator_reconcile_total", "jobqueue");
     eprintln!(
         "all reconciled in {all_secs:.1} s; operator CPU {cpu:.1} s; RSS {rss_kb} kB (peak {hwm_kb} kB); \
-         reconciles {m_rlp_reconciles} + {m_jq_reconciles}, errors {errors}"
+         sockets {sockets_end} (peak {sockets_peak}); reconciles {m_rlp_reconciles} + {m_jq_reconciles}, \
+         errors {errors}"
     );
     let rlp_mean_ms = mean_ms("ratelimitpolicy");
     let jq_mean_ms = mean_ms("jobqueue");
+    let errors_by_reason = by_labels(&text, "sluice_operator_reconcile_errors_total");
+    for (labels, n) in &errors_by_reason {
+        eprintln!("  errors {{{labels}}}: {n}");
+    }
+    let failures = op.1.lock().unwrap().clone();
+    for ((controller, error), n) in &failures {
+        eprintln!("  {controller}: {n} × {error}");
+    }
     drop(op);
 
     // A restart over the same objects: until each controller has started a reconcile of every object.
@@ -333,10 +430,14 @@ async fn main() {
         rlp_reconciles: m_rlp_reconciles,
         jq_reconciles: m_jq_reconciles,
         errors,
+        errors_by_reason,
+        failures,
         cpu_secs: cpu,
         rss_idle_kb,
         rss_kb,
         hwm_kb,
+        sockets_peak,
+        sockets: sockets_end,
         restart_secs,
         restart_rss_kb,
         restart_cpu_secs,
@@ -430,6 +531,10 @@ fn render(m: &Measured, quick: bool, started: chrono::DateTime<chrono::Utc>) -> 
         ("operator RSS, all reconciled", format!("{:.1} MB", mb(m.rss_kb))),
         ("operator peak RSS (VmHWM)", format!("{:.1} MB", mb(m.hwm_kb))),
         (
+            "operator's open sockets, all reconciled (most seen while polling)",
+            format!("{} ({})", m.sockets, m.sockets_peak),
+        ),
+        (
             "restart: a reconcile of every object started",
             format!(
                 "{:.1} s (CPU {:.1} s, RSS {:.1} MB)",
@@ -441,6 +546,19 @@ fn render(m: &Measured, quick: bool, started: chrono::DateTime<chrono::Utc>) -> 
     ];
     for (k, v) in rows {
         let _ = writeln!(out, "| {k} | {v} |");
+    }
+    if m.errors > 0.0 {
+        let _ = writeln!(
+            out,
+            "\nFailed reconciles until all were reconciled, by the operator's \
+             `sluice_operator_reconcile_errors_total` and by the error its log gave (digits as N):\n"
+        );
+        for (labels, n) in &m.errors_by_reason {
+            let _ = writeln!(out, "- `{{{labels}}}`: {n:.0}");
+        }
+        for ((controller, error), n) in &m.failures {
+            let _ = writeln!(out, "- {controller}, {n}×: `{error}`");
+        }
     }
     let _ = writeln!(out, "\n{END}");
     out
