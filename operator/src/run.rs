@@ -420,6 +420,7 @@ pub async fn run_with(client: Client, args: RunArgs, shutdown: CancellationToken
         metrics: metrics.clone(),
         signer,
         redis_budget: (args.max_endpoints_per_namespace, args.max_endpoints),
+        concurrency: args.concurrent_reconciles,
         job_queues: job_queue::Settings {
             databases,
             metrics: job_queue_metrics,
@@ -457,6 +458,8 @@ pub struct Controllers {
     pub signer: Arc<ConfigSigner>,
     /// Bounds on distinct Redis servers: per namespace, in all.
     pub redis_budget: (usize, usize),
+    /// Most reconciles each controller runs at once.
+    pub concurrency: u16,
     /// What the JobQueue controller is built from.
     pub job_queues: job_queue::Settings,
     /// The queue API reviewers' ClusterRoleBinding whose subjects follow the namespaces holding
@@ -476,6 +479,7 @@ pub async fn supervise_controllers(
         metrics,
         signer,
         redis_budget,
+        concurrency,
         job_queues,
         reviewer_binding,
     } = controllers;
@@ -494,6 +498,7 @@ pub async fn supervise_controllers(
                 &client,
                 &metrics,
                 &identity,
+                concurrency,
                 rate_limit_policy::State {
                     signer: Some(signer.clone()),
                     namespaces: job_queues.namespaces.clone(),
@@ -509,7 +514,7 @@ pub async fn supervise_controllers(
         ));
         let (state, wakes) = job_queue::State::new(job_queues.clone(), term.clone());
         let jobs = tokio::spawn(job_queue::run(
-            context(&client, &metrics, &identity, state),
+            context(&client, &metrics, &identity, concurrency, state),
             wakes,
             term.clone().cancelled_owned(),
         ));
@@ -541,12 +546,21 @@ pub async fn supervise_controllers(
 }
 
 /// A controller's context for this replica, on the real clock.
-fn context<S>(client: &Client, metrics: &Arc<Metrics>, identity: &str, state: S) -> Arc<Context<S>> {
-    Arc::new(Context::new(
-        client.clone(),
-        metrics.clone(),
-        Some(identity.to_owned()),
-        system_clock(),
-        state,
-    ))
+fn context<S>(
+    client: &Client,
+    metrics: &Arc<Metrics>,
+    identity: &str,
+    concurrency: u16,
+    state: S,
+) -> Arc<Context<S>> {
+    Arc::new(
+        Context::new(
+            client.clone(),
+            metrics.clone(),
+            Some(identity.to_owned()),
+            system_clock(),
+            state,
+        )
+        .with_concurrency(concurrency),
+    )
 }

@@ -184,7 +184,8 @@ pub async fn run(
                     .combine(predicates::labels)
                     .combine(predicates::annotations),
             );
-            let controller = Controller::for_stream(changed, queues.clone());
+            let controller =
+                Controller::for_stream(changed, queues.clone()).with_config(ctx.controller_config());
             // A QueueDatabase created, changed or deleted, and a namespace relabelled (its selector
             // judges the labels), reconcile the JobQueues naming a QueueDatabase at once.
             let queues_of = queues.clone();

@@ -1,7 +1,7 @@
 //! The two controllers, `RateLimitPolicy` and `JobQueue`, and what they share. Both have one shape:
 //!
-//! - one [`Context`]: the client, the Event recorder, the metrics, per-object backoff, the clock, and the
-//!   controller's own `state`;
+//! - one [`Context`]: the client, the Event recorder, the metrics, per-object backoff, the clock, the
+//!   bound on reconciles at once ([`Context::controller_config`]), and the controller's own `state`;
 //! - `reconcile(object, ctx)`: a short list of named steps run inside [`instrumented`], which opens the
 //!   `reconcile` span (`controller`, `object`, `generation`, `outcome`), counts and times it
 //!   (`sluice_operator_reconcile_total`, `_time_seconds`) and resets the object's backoff on success;
@@ -11,11 +11,11 @@
 //! - a failed reconcile sets `Ready=False` with [`Error::condition_reason`] and publishes a Warning Event
 //!   when the reason changes;
 //! - `run(ctx, shutdown)`: the watches. The watch of the controller's own kind ([`primary_watch`])
-//!   triggers a reconcile when the object's generation changes (a JobQueue's also when its annotations
-//!   do), never for a status write: a reconcile's own status write must not start the next reconcile,
-//!   which would read the status a write behind the server and, with conditions' `lastTransitionTime`,
-//!   can write an older one back, and so on at every event;
-//! - the status is written only when it differs from the one the reconcile read.
+//!   triggers a reconcile when the object's generation, labels or annotations change, never for a
+//!   status write: a reconcile's own status write must not start the next reconcile, which would read
+//!   the status a write behind the server and, with conditions' `lastTransitionTime`, can write an
+//!   older one back, and so on at every event;
+//! - the status is written at every reconcile ([`Context::patch_status`] says why).
 //!
 //! The leader also keeps the queue API reviewers' ClusterRoleBinding to the namespaces holding JobQueues
 //! ([`reviewer_binding`]), a plain watch with no reconcile of its own.
@@ -41,7 +41,7 @@ use kube::{
     api::{Patch, PatchParams},
     runtime::{
         Predicate, WatchStreamExt,
-        controller::Action,
+        controller::{self, Action},
         events::{Event, EventType, Recorder, Reporter},
         reflector::{self, Store},
         watcher,
@@ -50,7 +50,9 @@ use kube::{
 use serde::{Serialize, de::DeserializeOwned};
 use tracing::{Instrument, field, info_span};
 
-use crate::{Error, FIELD_MANAGER, Result, clock::Clock, metrics::Metrics};
+use crate::{
+    Error, FIELD_MANAGER, Result, clock::Clock, config::CONCURRENT_RECONCILES_DEFAULT, metrics::Metrics,
+};
 
 /// Longest Event note: the API server refuses notes over 1 kB.
 pub const EVENT_NOTE_MAX_CHARS: usize = 1000;
@@ -68,6 +70,8 @@ pub struct Context<S> {
     pub backoff: Backoff,
     /// Wall clock (Unix ms), for condition times and everything timed against the objects.
     pub clock: Clock,
+    /// Most reconciles the controller runs at once ([`Context::controller_config`]).
+    pub concurrency: u16,
     /// What only this controller keeps.
     pub state: S,
 }
@@ -91,8 +95,23 @@ impl<S> Context<S> {
             metrics,
             backoff: Backoff::default(),
             clock,
+            concurrency: CONCURRENT_RECONCILES_DEFAULT,
             state,
         }
+    }
+
+    /// The same context with at most `concurrency` reconciles at once (at least one).
+    pub fn with_concurrency(mut self, concurrency: u16) -> Self {
+        self.concurrency = concurrency.max(1);
+        self
+    }
+
+    /// The kube-runtime settings of the controller: at most [`Context::concurrency`] reconciles at
+    /// once. kube-runtime's own default is no bound: every object triggered together (all of them when
+    /// the operator starts or takes over) is reconciled at once, every reconcile holding a connection
+    /// to the API server and waiting its turn for the one connection to its database.
+    pub fn controller_config(&self) -> controller::Config {
+        controller::Config::default().concurrency(self.concurrency)
     }
 
     /// Now, in Unix milliseconds.

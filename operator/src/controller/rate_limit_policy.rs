@@ -136,6 +136,7 @@ pub async fn run(ctx: Arc<Context<State>>, shutdown: impl Future<Output = ()> + 
                     .combine(predicates::annotations),
             );
             Controller::for_stream(changed, policies)
+                .with_config(ctx.controller_config())
                 .owns(api_in::<ConfigMap>(&client, ns), managed.clone())
                 .owns(api_in::<NetworkPolicy>(&client, ns), managed)
                 .watches(
