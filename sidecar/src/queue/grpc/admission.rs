@@ -1,20 +1,25 @@
-//! How a new `Work` stream is let in: who is calling (TokenReview), `subscribe` read and checked, the
-//! caller authorized on its queues (SubjectAccessReviews), the room to wait and the stream slot, all under
-//! one deadline; and why a stream was refused.
+//! How a new `Work` stream is let in ([`Admitter::admit`]): who is calling (TokenReview), `subscribe`
+//! read and checked, the caller authorized on its queues (SubjectAccessReviews), the room to wait
+//! ([`Pending`]) and the stream slot, all under one deadline ([`Admission`]); and why a stream was
+//! refused ([`RefuseReason`], counted by [`Admitting`]). The rules are in the parent module's doc.
+//!
+//! Nothing here knows the stream engine: a stream let in leaves as [`Admitted`] (what it subscribed
+//! to, its [`Guard`] to check again, its slot), and serving it is the parent module's.
 
 use std::{
     collections::HashMap,
+    net::SocketAddr,
     sync::{Arc, Mutex},
     time::Duration,
 };
 
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{Request, Status, Streaming};
 
 use sluice_crds::sidecar_config::queue_in_namespace;
 
 use super::{
-    GrpcWorker,
+    GrpcOptions,
     proto::{self, WorkerMessage, worker_message::Msg as In},
 };
 use crate::queue::{
@@ -58,7 +63,7 @@ impl Default for Admission {
 
 /// The streams pending ([`Admission`]), in total and by checked caller.
 #[derive(Default)]
-pub(super) struct Pending {
+struct Pending {
     /// Streams pending in all, and per checked caller (unchecked callers count in the total only).
     counts: Mutex<(usize, HashMap<String, usize>)>,
 }
@@ -337,13 +342,49 @@ impl Guard {
     }
 }
 
-impl GrpcWorker {
+/// Lets new streams in: what they are checked against, the room to wait it gives out, and the stream
+/// slots (one per stream let in, held until the stream ends).
+pub(super) struct Admitter {
+    admission: Admission,
+    /// Queues the sidecar serves.
+    queues: Vec<String>,
+    /// The namespace a `subscribe.queues` name without one is in.
+    namespace: Option<String>,
+    /// Checks callers; `None`: callers are not checked.
+    auth: Option<Arc<Authenticator>>,
+    /// The worker pod's name: a caller whose token is bound to it is the pod itself.
+    pod_name: Option<String>,
+    /// The address the listener is bound to (`0.0.0.0:9903` is not loopback, even for a connection that
+    /// reached it on 127.0.0.1); unknown: not loopback.
+    bound: SocketAddr,
+    max_streams: u32,
+    /// One per stream let in.
+    streams: Arc<Semaphore>,
+    pending: Arc<Pending>,
+}
+
+impl Admitter {
+    /// Lets streams in to the service `opts` describes by `admission`, on a listener bound to `bound`.
+    pub(super) fn new(opts: &GrpcOptions, admission: Admission, bound: Option<SocketAddr>) -> Self {
+        Self {
+            admission,
+            queues: opts.queues.clone(),
+            namespace: opts.namespace.clone(),
+            auth: opts.auth.clone(),
+            pod_name: opts.pod_name.clone(),
+            bound: bound.unwrap_or_else(|| ([0, 0, 0, 0], 0).into()),
+            max_streams: opts.max_streams,
+            streams: Arc::new(Semaphore::new(opts.max_streams.max(1) as usize)),
+            pending: Arc::default(),
+        }
+    }
+
     /// Checks a `subscribe`; the queues and kinds the stream takes (no kinds: all of them).
     fn subscription(
         &self,
         sub: &proto::Subscribe,
     ) -> std::result::Result<(Vec<String>, Vec<String>), Status> {
-        let served = &self.inner.opts.queues;
+        let served = &self.queues;
         if sub.kinds.len() > MAX_KINDS {
             return Err(Status::invalid_argument(format!(
                 "subscribe.kinds: {} kinds is over the limit of {MAX_KINDS}",
@@ -372,11 +413,11 @@ impl GrpcWorker {
         }
         let mut queues = Vec::new();
         for q in &sub.queues {
-            let q = &queue_in_namespace(self.inner.opts.namespace.as_deref(), q);
+            let q = &queue_in_namespace(self.namespace.as_deref(), q);
             if !served.contains(q) {
                 // With callers checked, the queues served are named to nobody before they are
                 // authorized.
-                let serves = if self.inner.opts.auth.is_some() {
+                let serves = if self.auth.is_some() {
                     String::new()
                 } else {
                     format!(" (it serves {})", served.join(", "))
@@ -395,7 +436,7 @@ impl GrpcWorker {
     /// Who opened the stream (`None` when callers are not checked): `UNAUTHENTICATED` without a valid
     /// token unless a tokenless caller is let in from loopback.
     async fn authenticate<T>(&self, request: &Request<T>) -> std::result::Result<Option<Caller>, Refused> {
-        let Some(auth) = &self.inner.opts.auth else {
+        let Some(auth) = &self.auth else {
             return Ok(None);
         };
         let authorization = request.metadata().get("authorization").map(|v| v.as_bytes());
@@ -403,7 +444,7 @@ impl GrpcWorker {
             .authenticate(Origin {
                 authorization,
                 peer: request.remote_addr().unwrap_or_else(|| ([0, 0, 0, 0], 0).into()),
-                local: self.inner.bound,
+                local: self.bound,
             })
             .await
             .map_err(Refused::of)?;
@@ -413,8 +454,6 @@ impl GrpcWorker {
             Some(_) => {
                 auth.pod_account().is_some_and(|pod| pod.name == user.name)
                     && self
-                        .inner
-                        .opts
                         .pod_name
                         .as_deref()
                         .is_some_and(|pod| user.is_bound_to_pod(pod))
@@ -437,8 +476,6 @@ impl GrpcWorker {
         queues: &[String],
     ) -> std::result::Result<Option<Guard>, Refused> {
         let auth = self
-            .inner
-            .opts
             .auth
             .clone()
             .expect("a caller is authenticated only with an authenticator");
@@ -461,17 +498,13 @@ impl GrpcWorker {
     /// `queue`'s name within the sidecar's namespace (its JobQueue's `queueName`), as the HTTP API names
     /// it to authorize.
     fn short_name(&self, queue: &str) -> String {
-        self.inner
-            .opts
-            .namespace
+        self.namespace
             .as_deref()
             .and_then(|ns| queue.strip_prefix(ns)?.strip_prefix('/'))
             .unwrap_or(queue)
             .to_owned()
     }
-}
 
-impl GrpcWorker {
     /// Lets a new stream in, or says why not. All of it, from the stream's start, is under
     /// [`Admission::timeout`] (`DEADLINE_EXCEEDED` naming the step that was slow). The order, never
     /// taking room before the caller is known (so unauthenticated streams cannot take room from
@@ -490,10 +523,10 @@ impl GrpcWorker {
         &self,
         request: Request<Streaming<WorkerMessage>>,
     ) -> std::result::Result<Admitted, Refused> {
-        let admission = self.inner.admission;
+        let admission = self.admission;
         let within = admission.timeout;
         let deadline = tokio::time::Instant::now() + within;
-        let total = self.inner.opts.max_streams.max(1) as usize;
+        let total = self.max_streams.max(1) as usize;
         let caller = tokio::time::timeout_at(deadline, self.authenticate(&request))
             .await
             .map_err(|_| {
@@ -507,7 +540,7 @@ impl GrpcWorker {
         // must not keep it out.
         let pending = match &caller {
             Some(c) if c.own_pod => None,
-            _ => Some(self.inner.pending.enter(
+            _ => Some(self.pending.enter(
                 caller.as_ref().map(|c| c.user.name.clone()),
                 total,
                 admission.pending_per_caller.max(1),
@@ -557,12 +590,12 @@ impl GrpcWorker {
                 })??,
             None => None,
         };
-        let permit = self.inner.streams.clone().try_acquire_owned().map_err(|_| {
+        let permit = self.streams.clone().try_acquire_owned().map_err(|_| {
             Refused::new(
                 RefuseReason::StreamsFull,
                 Status::resource_exhausted(format!(
                     "this sidecar serves at most {} worker streams at once",
-                    self.inner.opts.max_streams
+                    self.max_streams
                 )),
             )
         })?;
@@ -576,5 +609,37 @@ impl GrpcWorker {
             guard,
             permit,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_caller_waits_with_at_most_its_share_and_everyone_with_at_most_the_total() {
+        let pending = Arc::new(Pending::default());
+        let enter = |caller: &str| pending.enter(Some(caller.into()), 3, 2);
+        let first = enter("a").unwrap();
+        let _second = enter("a").unwrap();
+        let refused = enter("a").err().expect("a caller's third is refused");
+        assert_eq!(refused.reason, RefuseReason::CallerPendingFull);
+        assert_eq!(refused.status.code(), tonic::Code::Unavailable);
+        let _other = enter("b").unwrap();
+        let refused = enter("c").err().expect("past the total, anyone is refused");
+        assert_eq!(refused.reason, RefuseReason::PendingFull);
+        assert_eq!(refused.status.code(), tonic::Code::Unavailable);
+        drop(first);
+        enter("a").expect("the room given back is the caller's again");
+    }
+
+    #[test]
+    fn unchecked_callers_are_bounded_by_the_total_alone_and_give_their_room_back() {
+        let pending = Arc::new(Pending::default());
+        let waiting: Vec<_> = (0..3).map(|_| pending.enter(None, 3, 1).unwrap()).collect();
+        let refused = pending.enter(None, 3, 1).err().expect("past the total");
+        assert_eq!(refused.reason, RefuseReason::PendingFull);
+        drop(waiting);
+        assert_eq!(*pending.counts.lock().unwrap(), (0, HashMap::new()));
     }
 }

@@ -44,7 +44,7 @@
 //! caller with no right on the queues cannot keep the workers out by opening streams it never subscribes
 //! on, or that are refused. The worker pod itself is not counted: it needs no review, and others'
 //! waiting streams must not keep it out: a stream takes room to wait only once its caller is known
-//! (`GrpcWorker::admit`).
+//! (`Admitter::admit`).
 //!
 //! Each stream's engine claims at most `min(slots, claim_batch)` jobs per query, and so holds at most
 //! that many claimed ahead of its slots (`stream_engine`): a one-slot stream does not lease a
@@ -56,6 +56,11 @@
 //! Also served, to anyone: `grpc.health.v1.Health` (`sluice.v1.Worker` and `""` are `SERVING` until
 //! shutdown) and server reflection (v1). Plaintext HTTP/2, meant for loopback or the pod network, like
 //! the queue HTTP API.
+//!
+//! Layout: `admission` lets a stream in or refuses it (who is calling, `subscribe`, whether the caller
+//! may take the jobs, the room to wait, the stream slot; why a stream was refused), and knows nothing
+//! of what follows; this module serves the streams let in ([`GrpcWorker`]: each stream's engine, its
+//! session and the worker's messages).
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -70,7 +75,7 @@ use std::{
 
 use chrono::Utc;
 use futures::{StreamExt as _, future::OptionFuture};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc, oneshot};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
@@ -90,7 +95,7 @@ mod admission;
 pub use admission::{
     ADMISSION_TIMEOUT, Admission, MAX_KINDS, MAX_PENDING_PER_CALLER, MAX_SLOTS, WORK_VERB, refusal_status,
 };
-use admission::{Admitted, Admitting, Guard, Pending, RefuseReason, Refused};
+use admission::{Admitted, Admitter, Admitting, Guard, RefuseReason, Refused};
 
 /// The code generated from proto/sluice/v1/worker.proto by proto/update.sh (checked in; no protoc at
 /// build time).
@@ -178,13 +183,8 @@ pub const MAX_UNAVAILABLE_RECHECKS: u32 = 3;
 
 struct Inner {
     opts: GrpcOptions,
-    /// The address the listener is bound to (`0.0.0.0:9903` is not loopback, even for a connection that
-    /// reached it on 127.0.0.1); unknown: not loopback.
-    bound: SocketAddr,
-    /// One per stream subscribed and authorized.
-    streams: Arc<Semaphore>,
-    admission: Admission,
-    pending: Arc<Pending>,
+    /// Lets new streams in, and holds the stream slots.
+    admitter: Admitter,
     metrics: Arc<QueueMetrics>,
     shutdown: CancellationToken,
 }
@@ -217,10 +217,7 @@ impl GrpcWorker {
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
-                streams: Arc::new(Semaphore::new(opts.max_streams.max(1) as usize)),
-                admission,
-                pending: Arc::default(),
-                bound: bound.unwrap_or_else(|| ([0, 0, 0, 0], 0).into()),
+                admitter: Admitter::new(&opts, admission, bound),
                 opts,
                 metrics,
                 shutdown,
@@ -585,7 +582,7 @@ impl WorkerService for GrpcWorker {
         request: Request<Streaming<WorkerMessage>>,
     ) -> std::result::Result<Response<WorkStream>, Status> {
         let admitting = Admitting::start(&self.inner.metrics);
-        let admitted = match self.admit(request).await {
+        let admitted = match self.inner.admitter.admit(request).await {
             Ok(a) => a,
             Err(refused) => {
                 tracing::debug!(reason = refused.reason.as_str(), status = %refused.status, "gRPC worker stream refused");
