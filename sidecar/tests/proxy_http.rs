@@ -302,6 +302,8 @@ async fn admin_endpoints_report_health_readiness_and_metrics() {
     ] {
         assert!(metrics.contains(line), "missing {line:?} in\n{metrics}");
     }
+    // The gRPC worker API is a worker's, never the proxy's.
+    assert!(!metrics.contains("sluice_grpc_streams"), "{metrics}");
 }
 
 #[tokio::test]

@@ -63,7 +63,7 @@ async fn serve(url: &str, queues: &[&str], max_streams: u32, max_message_bytes: 
     tokio::spawn(grpc::serve(
         listener,
         opts,
-        Arc::new(QueueMetrics::new()),
+        Arc::new(QueueMetrics::with_grpc_streams()),
         shutdown.clone(),
     ));
     Server { addr, shutdown }

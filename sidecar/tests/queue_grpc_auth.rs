@@ -179,7 +179,7 @@ async fn admitting_on(
 ) -> Server {
     let listener = tokio::net::TcpListener::bind(bind).await.unwrap();
     let addr = SocketAddr::from(([127, 0, 0, 1], listener.local_addr().unwrap().port()));
-    let metrics = Arc::new(QueueMetrics::new());
+    let metrics = Arc::new(QueueMetrics::with_grpc_streams());
     let shutdown = CancellationToken::new();
     let engine = WorkerOptions {
         heartbeat_interval: Some(Duration::from_millis(100)),

@@ -1,4 +1,5 @@
-//! The sidecar worker as a real process: HTTP dispatch with headers and status mapping, kill -9 mid-job
+//! The sidecar worker as a real process: HTTP dispatch with headers and status mapping, the gRPC worker
+//! API's stream metrics listed only by a worker serving that API, kill -9 mid-job
 //! (the job is retried after its lease expires and completes once), SIGTERM hand-back, and PostgreSQL
 //! restarted under load (no acknowledged enqueue lost).
 
@@ -63,6 +64,28 @@ async fn start_handler(seen: Seen) -> String {
     url
 }
 
+/// The `/metrics` response of a worker serving it on `port`; `None` while it does not answer.
+async fn metrics_text(port: u16) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .await
+        .ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.ok()?;
+    Some(body)
+}
+
+/// A worker process, killed when dropped (a failed assertion leaves none behind).
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts `sluice-sidecar worker` from env vars alone.
 fn spawn_worker(db: &str, queue: &str, handler: &str, pod: &str) -> Child {
     spawn_worker_with_metrics(db, queue, handler, pod, 0)
@@ -125,16 +148,9 @@ async fn the_sidecar_worker_posts_jobs_with_headers_and_maps_statuses() {
     assert!(last.contains("500") && last.contains("said 500"), "{last}");
 
     let metrics = wait_for_async("the metrics endpoint", DEADLINE, || async move {
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", metrics_port))
+        metrics_text(metrics_port)
             .await
-            .ok()?;
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
-            .await
-            .ok()?;
-        let mut body = String::new();
-        s.read_to_string(&mut body).await.ok()?;
-        body.contains("sluice_jobs_dead_total").then_some(body)
+            .filter(|body| body.contains("sluice_jobs_dead_total"))
     })
     .await;
     assert!(
@@ -162,6 +178,51 @@ async fn the_sidecar_worker_posts_jobs_with_headers_and_maps_statuses() {
         .unwrap()
         .unwrap();
     assert!(status.success(), "worker exits 0 on SIGTERM: {status}");
+    drop(pg);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_worker_serving_the_grpc_worker_api_lists_its_stream_metrics() {
+    let (pg, _pool) = pg().await;
+    let (http_metrics, grpc_metrics) = (sluice_testsupport::free_port(), sluice_testsupport::free_port());
+    // Nothing is enqueued: the handler is never called.
+    let _http = Running(spawn_worker_with_metrics(
+        &pg.url(),
+        "posted",
+        "http://127.0.0.1:9/jobs",
+        "pod-http",
+        http_metrics,
+    ));
+    let _grpc = Running(
+        Command::new(env!("CARGO_BIN_EXE_sluice-sidecar"))
+            .arg("worker")
+            .env("SLUICE_DATABASE_URL", pg.url())
+            .env("SLUICE_QUEUES", "streamed")
+            .env(
+                "SLUICE_GRPC_LISTEN",
+                format!("127.0.0.1:{}", sluice_testsupport::free_port()),
+            )
+            .env("SLUICE_METRICS_LISTEN", format!("127.0.0.1:{grpc_metrics}"))
+            .env("SLUICE_POD_NAME", "pod-grpc")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start sluice-sidecar worker"),
+    );
+    // A whole exposition (it ends with `# EOF`); metrics with no sample yet (the job counters here)
+    // are not in it, a gauge is.
+    let listed = |port| {
+        wait_for_async("the metrics endpoint", DEADLINE, move || async move {
+            metrics_text(port).await.filter(|body| body.contains("# EOF"))
+        })
+    };
+
+    let http = listed(http_metrics).await;
+    assert!(!http.contains("sluice_grpc_streams"), "{http}");
+
+    let grpc = listed(grpc_metrics).await;
+    assert!(grpc.contains("sluice_grpc_streams_pending 0"), "{grpc}");
     drop(pg);
 }
 

@@ -1,6 +1,6 @@
 //! Prometheus metrics of the queue worker: jobs started/succeeded/failed/dead/cancelled by queue and kind,
-//! handler duration, claim batch sizes, lost leases and depth gauges; and the gRPC worker API's streams
-//! waiting to be let in and refused.
+//! handler duration, claim batch sizes, lost leases and depth gauges; and, in a sidecar serving the gRPC
+//! worker API, its streams waiting to be let in and refused.
 
 use prometheus_client::{
     encoding::text::encode,
@@ -53,8 +53,19 @@ impl std::fmt::Debug for QueueMetrics {
 }
 
 impl QueueMetrics {
-    /// Fresh metrics in their own registry.
+    /// Fresh metrics in their own registry, for a worker that serves no gRPC worker API: the
+    /// `sluice_grpc_streams_*` metrics are not listed (counting them is harmless and shows nowhere).
     pub fn new() -> Self {
+        Self::registered(false)
+    }
+
+    /// [`Self::new`], listing the gRPC worker API's stream metrics too (`sluice_grpc_streams_pending`,
+    /// `sluice_grpc_streams_refused_total`): for a worker serving that API.
+    pub fn with_grpc_streams() -> Self {
+        Self::registered(true)
+    }
+
+    fn registered(grpc_streams: bool) -> Self {
         let mut registry = Registry::default();
         let started = Family::default();
         let succeeded = Family::default();
@@ -100,16 +111,18 @@ impl QueueMetrics {
             "Jobs per queue and state (ready, blocked, scheduled, retrying, running, dead)",
             depth.clone(),
         );
-        registry.register(
-            "sluice_grpc_streams_pending",
-            "gRPC worker streams opened and not yet let in or refused",
-            grpc_pending.clone(),
-        );
-        registry.register(
-            "sluice_grpc_streams_refused",
-            "gRPC worker streams refused before they were let in, or that could not start once let in, by reason",
-            grpc_refused.clone(),
-        );
+        if grpc_streams {
+            registry.register(
+                "sluice_grpc_streams_pending",
+                "gRPC worker streams opened and not yet let in or refused",
+                grpc_pending.clone(),
+            );
+            registry.register(
+                "sluice_grpc_streams_refused",
+                "gRPC worker streams refused before they were let in, or that could not start once let in, by reason",
+                grpc_refused.clone(),
+            );
+        }
         Self {
             registry,
             started,
@@ -230,5 +243,29 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} not in {text}");
         }
+    }
+
+    #[test]
+    fn grpc_stream_metrics_are_listed_only_with_the_grpc_worker_api() {
+        let http = QueueMetrics::new();
+        http.grpc_stream_admitting();
+        http.grpc_refused("gone");
+        assert!(
+            !http.render().contains("sluice_grpc_streams"),
+            "{}",
+            http.render()
+        );
+
+        let grpc = QueueMetrics::with_grpc_streams();
+        let text = grpc.render();
+        assert!(text.contains("sluice_grpc_streams_pending 0"), "{text}");
+        grpc.grpc_stream_admitting();
+        grpc.grpc_refused("gone");
+        let text = grpc.render();
+        assert!(text.contains("sluice_grpc_streams_pending 1"), "{text}");
+        assert!(
+            text.contains(r#"sluice_grpc_streams_refused_total{reason="gone"} 1"#),
+            "{text}"
+        );
     }
 }

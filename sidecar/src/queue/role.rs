@@ -161,7 +161,12 @@ pub async fn run_worker(cfg: QueueConfig, shutdown: CancellationToken) -> Result
         tracing::info!(schedules = schedules.len(), "scheduler starting");
         tokio::spawn(store.clone().run_schedules(schedules, shutdown.clone()));
     }
-    let metrics = Arc::new(QueueMetrics::new());
+    // The gRPC worker API's stream metrics are listed only where it is served.
+    let metrics = Arc::new(if cfg.grpc.listen.is_some() {
+        QueueMetrics::with_grpc_streams()
+    } else {
+        QueueMetrics::new()
+    });
     serve_admin(&cfg, metrics.clone(), &shutdown).await?;
     if let Some(addr) = cfg.api.listen {
         let state = api_state(&cfg, store.clone())?;

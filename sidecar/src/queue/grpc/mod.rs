@@ -51,7 +51,8 @@
 //! sidecar's claim batch of jobs it will run one at a time.
 //!
 //! Metrics: `sluice_grpc_streams_pending` (streams opened and not yet let in or refused) and
-//! `sluice_grpc_streams_refused_total{reason}` (`RefuseReason`).
+//! `sluice_grpc_streams_refused_total{reason}` (`RefuseReason`), listed only by a sidecar serving this
+//! API ([`QueueMetrics::with_grpc_streams`]).
 //!
 //! Also served, to anyone: `grpc.health.v1.Health` (`sluice.v1.Worker` and `""` are `SERVING` until
 //! shutdown) and server reflection (v1). Plaintext HTTP/2, meant for loopback or the pod network, like
@@ -197,7 +198,8 @@ pub struct GrpcWorker {
 
 impl GrpcWorker {
     /// A service whose streams stop (drain, then end) when `shutdown` fires, served by a listener bound
-    /// to `bound`, letting streams in by the default [`Admission`].
+    /// to `bound`, letting streams in by the default [`Admission`]. `metrics` lists the streams'
+    /// admission only if made by [`QueueMetrics::with_grpc_streams`].
     pub fn new(
         opts: GrpcOptions,
         bound: Option<SocketAddr>,
@@ -235,7 +237,8 @@ impl GrpcWorker {
 }
 
 /// Serves `sluice.v1.Worker`, health and reflection on `listener` until `shutdown`; returns once the
-/// streams have drained.
+/// streams have drained. `metrics` lists the streams' admission only if made by
+/// [`QueueMetrics::with_grpc_streams`].
 pub async fn serve(
     listener: tokio::net::TcpListener,
     opts: GrpcOptions,
