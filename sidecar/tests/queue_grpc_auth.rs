@@ -8,7 +8,8 @@
 //! once authorized; until then it is pending, at most two of one caller); that an API server that
 //! never answers cannot hold a stream past the admission deadline, that on a listener of every address
 //! the worker pod's own stream is let in while others fill the room to wait, and that the pending gauge
-//! and refusal counters move. The reviews themselves against a real kube-apiserver, with the Python
+//! and refusal counters move (a worker that goes away while its stream waits, in a review or before
+//! `subscribe`, is counted `gone`). The reviews themselves against a real kube-apiserver, with the Python
 //! example sending its projected token, are in the e2e scenario `grpc_queue`.
 
 mod queue_support;
@@ -64,6 +65,8 @@ struct Rbac {
     access_hangs: AtomicBool,
     asked: Mutex<Vec<String>>,
     tokens_asked: AtomicUsize,
+    /// SubjectAccessReviews begun (answered or not).
+    accesses_begun: AtomicUsize,
 }
 
 impl Rbac {
@@ -80,6 +83,7 @@ impl Rbac {
             access_hangs: false.into(),
             asked: Mutex::default(),
             tokens_asked: AtomicUsize::new(0),
+            accesses_begun: AtomicUsize::new(0),
         })
     }
 }
@@ -119,6 +123,7 @@ impl Reviews for Rbac {
     ) -> BoxFuture<'a, Result<Decision, Unavailable>> {
         Box::pin(async move {
             assert_eq!(namespace, "shop");
+            self.accesses_begun.fetch_add(1, SeqCst);
             if self.access_hangs.load(SeqCst) {
                 futures::future::pending::<()>().await;
             }
@@ -297,7 +302,7 @@ impl Stream {
 /// A stream opened by [`open_silent`].
 struct Silent {
     /// Nothing is sent until this sends; dropping it ends the worker's side of the stream.
-    _tx: mpsc::Sender<WorkerMessage>,
+    tx: mpsc::Sender<WorkerMessage>,
     /// The call; aborting it drops the connection, as a worker that goes away.
     call: tokio::task::JoinHandle<()>,
 }
@@ -325,7 +330,7 @@ async fn open_silent(
         };
         let _ = answers.send(answer);
     });
-    Silent { _tx: tx, call }
+    Silent { tx, call }
 }
 
 /// The next `n` answers to streams opened by [`open_silent`], each within the deadline.
@@ -914,6 +919,24 @@ fn refusals(metrics: &QueueMetrics, reason: &str) -> f64 {
     )
 }
 
+/// Waits until `counter` is past `before`.
+async fn passed(counter: &AtomicUsize, before: usize, what: &str) {
+    sluice_testsupport::wait_for_async(what, DEADLINE, || {
+        let now = counter.load(SeqCst);
+        async move { (now > before).then_some(()) }
+    })
+    .await;
+}
+
+/// Waits until `n` streams were counted refused for `reason`.
+async fn refusals_read(metrics: &QueueMetrics, reason: &str, n: f64) {
+    sluice_testsupport::wait_for_async(&format!("{n} streams refused {reason}"), DEADLINE, || {
+        let now = refusals(metrics, reason);
+        async move { (now == n).then_some(()) }
+    })
+    .await;
+}
+
 /// Waits until the gauge of streams waiting to be let in reads `n`.
 async fn pending_reads(metrics: &QueueMetrics, n: f64) {
     sluice_testsupport::wait_for_async(&format!("{n} streams pending"), DEADLINE, || {
@@ -1033,4 +1056,61 @@ async fn on_a_listener_of_every_address_the_worker_pod_is_let_in_while_the_room_
     assert_eq!(refusals(m, "no_subscribe"), 2.0);
     pending_reads(m, 0.0).await;
     drop(own);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_goes_away_while_its_stream_waits_to_be_let_in_is_counted_gone() {
+    let (pgs, pool) = pg().await;
+    let store = QueueStore::new(pool);
+    queue(&store, "shop/emails").await;
+    let rbac = Rbac::new(&[("ops", "update", "jobs", "emails")]);
+    let gate = Authenticator::new(rbac.clone(), "shop", Some("worker"), LoopbackCallers::Token);
+    // The default admission deadline (10 s) is far off: what ends these streams is the worker going
+    // away (its call dropped, the stream reset), not the deadline.
+    let server = serve(&pgs.url(), gate).await;
+    let (addr, m) = (server.addr, &server.metrics);
+    let (answered, mut answers_rx) = mpsc::unbounded_channel();
+
+    // Going away while its `subscribe` is awaited breaks the stream the sidecar reads: `no_subscribe`,
+    // as a stream that ends or breaks then.
+    let waiting = open_silent(addr, Some("t-ops"), &answered).await;
+    pending_reads(m, 1.0).await;
+    waiting.call.abort();
+    refusals_read(m, "no_subscribe", 1.0).await;
+    pending_reads(m, 0.0).await;
+    assert_eq!(refusals(m, "gone"), 0.0);
+
+    // Waiting for its TokenReview, which never comes back.
+    rbac.tokens_hang.store(true, SeqCst);
+    let before = rbac.tokens_asked.load(SeqCst);
+    let waiting = open_silent(addr, Some("t-dev"), &answered).await;
+    passed(&rbac.tokens_asked, before, "the TokenReview to begin").await;
+    pending_reads(m, 1.0).await;
+    waiting.call.abort();
+    refusals_read(m, "gone", 1.0).await;
+    pending_reads(m, 0.0).await;
+    rbac.tokens_hang.store(false, SeqCst);
+
+    // Subscribed, waiting for its SubjectAccessReview, which never comes back.
+    rbac.access_hangs.store(true, SeqCst);
+    let before = rbac.accesses_begun.load(SeqCst);
+    let waiting = open_silent(addr, Some("t-ops"), &answered).await;
+    waiting.tx.send(subscribe(&["emails"])).await.unwrap();
+    passed(&rbac.accesses_begun, before, "the SubjectAccessReview to begin").await;
+    pending_reads(m, 1.0).await;
+    waiting.call.abort();
+    refusals_read(m, "gone", 2.0).await;
+    pending_reads(m, 0.0).await;
+
+    // Counted as said and nothing else; none was answered: no one was left to answer.
+    for reason in [
+        "review_timeout",
+        "unauthenticated",
+        "forbidden",
+        "unavailable",
+        "invalid",
+    ] {
+        assert_eq!(refusals(m, reason), 0.0, "{reason}");
+    }
+    assert!(answers_rx.try_recv().is_err(), "a stream gone was answered");
 }

@@ -141,7 +141,8 @@ pub(crate) enum RefuseReason {
     CallerPendingFull,
     /// Every stream slot was taken (`RESOURCE_EXHAUSTED`).
     StreamsFull,
-    /// The stream ended, broke or sent nothing readable before `subscribe` within the deadline.
+    /// The stream ended, broke or sent nothing readable before `subscribe` within the deadline (a worker
+    /// that goes away while its `subscribe` is awaited breaks the stream: counted here, not `Gone`).
     NoSubscribe,
     /// The first message was not a valid `subscribe` (`INVALID_ARGUMENT`), bytes that decode to no
     /// message (`INTERNAL`), or too large to read.
@@ -149,7 +150,8 @@ pub(crate) enum RefuseReason {
     /// After the stream was let in, its engine could not start: the database pool, or its queues'
     /// settings could not be read (`INTERNAL`, `UNAVAILABLE`).
     Database,
-    /// The worker went away (its call was dropped) while the stream waited.
+    /// The worker went away (its call was dropped) while the stream waited for something other than
+    /// the worker: a review.
     Gone,
 }
 
