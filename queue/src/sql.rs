@@ -145,8 +145,8 @@ SELECT DISTINCT d.parent_id
 /// parameters of `sluice.finish_jobs`), the children waiting (with an unresolved edge) on the jobs
 /// `v_parents` (the function's variable: the result of [`JOB_OPEN_PARENTS`]), and returns the jobs among
 /// `v_parents` it locked: migration 0020's statement, run when no job of the batch with waiting
-/// children ends failed (a batch of successes, or of retries that are not the last attempt). Run only when `v_parents` is not empty. One statement, so that its locks follow
-/// one id order, the order an enqueue locks the parents it names in: the batch's jobs and the children
+/// children ends failed (a batch of successes, or of retries that are not the last attempt). Run only
+/// when `v_parents` is not empty. One statement, so that its locks follow one id order, the order an enqueue locks the parents it names in: the batch's jobs and the children
 /// never share a row (a job with an unresolved edge is blocked or cancelled, never running). The children
 /// of a batch job the owner does not hold are locked too, which the update then does not write.
 /// `MATERIALIZED` keeps the filter on `v_parents` out of the locking scan: every row is locked, not just
@@ -194,8 +194,8 @@ SELECT locked.id FROM locked WHERE locked.id = ANY (v_parents)
 
 /// The jobs a cascade from the jobs `p_roots` can reach when they end failed (`dead` or `cancelled`):
 /// the body of `sluice.job_cascade(uuid[]) → uuid[]` (migration 0024), which the lock statements of the
-/// paths ending jobs with dependents call ([`JOB_CANCEL`], [`JOB_LOCK_FINISHING`], [`JOB_LOCK_RESCUING`],
-/// [`JOB_LOCK_RELEASING`]). Their waiting children, and, below each child a failed parent cancels
+/// paths ending jobs with dependents call ([`JOB_CANCEL`], [`JOB_LOCK_FINISHING_FAILING`],
+/// [`JOB_LOCK_RESCUING`], [`JOB_LOCK_RELEASING`]). Their waiting children, and, below each child a failed parent cancels
 /// (blocked, not `on_parent_failure = run`, with dependents), its waiting children, to the bottom: what
 /// `sluice.release_dependents` locks level by level, so that those locks are taken already, in the
 /// same statement and id order as the ending jobs. Edges from the partial index of unresolved edges,
@@ -287,18 +287,41 @@ SELECT h.id
    FOR NO KEY UPDATE
 "#;
 
-/// Extends the leases of the owner's running jobs (`$1` ids, `$2` attempts) by `$4` ms from now. Returns
-/// the jobs still held, with their cancellation flag; a job missing from the result was lost.
-/// Only `lease_expires_at` changes, which no index covers: a HOT update.
+/// Extends the leases of the owner's (`$3`) running jobs (`$1` ids, `$2` attempts) by `$4` ms from now,
+/// skipping any row another transaction holds. Returns every job the owner still holds at that attempt,
+/// with its cancellation flag and whether its lease was renewed now; a job missing from the result was
+/// lost. Skipping, not waiting: a running job's row can be held for as long as an application likes
+/// (a transaction enqueueing a child under it locks it until it commits, as does a completion write of
+/// a job that finished meanwhile waiting for a child), and a heartbeat waiting for one row would leave
+/// every other lease of its statement unrenewed until then: other workers would rescue those jobs and
+/// run them a second time. A job skipped is still the owner's (its committed row says so: it is
+/// reported held, not lost) and is renewed by the next heartbeat that finds its row free. Locks in id
+/// order, waits for nobody. Only `lease_expires_at` changes, which no index covers: a HOT update.
 pub const JOB_HEARTBEAT: &str = r#"
+WITH renewed AS (
 UPDATE sluice.jobs j
    SET lease_expires_at = now() + $4 * interval '1 millisecond'
-  FROM unnest($1::uuid[], $2::integer[]) AS h(id, attempt)
- WHERE j.id = h.id
-   AND j.lease_owner = $3
-   AND j.lease_expires_at IS NOT NULL
-   AND j.attempt = h.attempt
+ WHERE j.id = ANY (ARRAY(
+           SELECT l.id
+             FROM sluice.jobs l
+             JOIN unnest($1::uuid[], $2::integer[]) AS h(id, attempt) ON l.id = h.id
+            WHERE l.lease_owner = $3
+              AND l.lease_expires_at IS NOT NULL
+              AND l.attempt = h.attempt
+            ORDER BY l.id
+              FOR NO KEY UPDATE OF l SKIP LOCKED))
 RETURNING j.id, j.cancel_requested
+)
+SELECT renewed.id, renewed.cancel_requested, true AS renewed
+  FROM renewed
+UNION ALL
+SELECT s.id, s.cancel_requested, false
+  FROM sluice.jobs s
+  JOIN unnest($1::uuid[], $2::integer[]) AS h(id, attempt) ON s.id = h.id
+ WHERE s.lease_owner = $3
+   AND s.lease_expires_at IS NOT NULL
+   AND s.attempt = h.attempt
+   AND s.id <> ALL (ARRAY(SELECT renewed.id FROM renewed))
 "#;
 
 /// [`JOB_HEARTBEAT`] for jobs whose handler returned and whose outcome the owner has not written yet
@@ -386,7 +409,7 @@ SELECT j.id
   FROM sluice.jobs j
  WHERE j.id = ANY (v_ending || sluice.job_cascade(v_ending))
  ORDER BY j.id
-   FOR NO KEY UPDATE
+   FOR NO KEY UPDATE SKIP LOCKED
 "#;
 
 /// Enqueues one job through the SQL API (`sluice.enqueue_job`): returns (id, created). `$11` (unique for)

@@ -131,6 +131,18 @@ pub struct Finished {
     pub finish: Finish,
 }
 
+/// A running job its owner still holds, as a heartbeat found it ([`QueueStore::heartbeat`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Held {
+    /// The job.
+    pub id: Uuid,
+    /// Whether its cancellation was requested.
+    pub cancel_requested: bool,
+    /// Whether its lease was extended now; false when another transaction held its row, which the
+    /// heartbeat skips rather than waits for (the lease is extended by a later heartbeat).
+    pub renewed: bool,
+}
+
 /// The queue store: typed access to `sluice.jobs` and `sluice.queues`.
 #[derive(Clone)]
 pub struct QueueStore {
@@ -417,10 +429,11 @@ impl QueueStore {
     /// Cancels a job: waiting → cancelled at once; running → cancellation requested (its worker stops
     /// the handler and records `cancelled`); finished → nothing.
     ///
-    /// Cancelling a job with dependents cancels them in the same statement, level by level, each level
-    /// locked in id order first ([`sql::JOB_LOCK_CHILDREN`]). A child enqueued meanwhile, or a deeper
-    /// level, can still meet another transaction in the other order: a cancel PostgreSQL aborted as a
-    /// deadlock is run once more (it is its own transaction, so the aborted attempt left nothing behind).
+    /// Cancelling a waiting job with dependents cancels them in the same statement; the job and every
+    /// job its cancel cascades to are locked first, in one statement in id order ([`sql::JOB_CANCEL`]).
+    /// A child enqueued after that statement read the cascade can still meet another transaction in the
+    /// other order: a cancel PostgreSQL aborted as a deadlock is run once more (it is its own
+    /// transaction, so the aborted attempt left nothing behind).
     pub async fn cancel(&self, id: Uuid) -> Result<CancelOutcome> {
         let pool = &self.pool;
         let row = once_more_on_deadlock(move || async move {
@@ -600,14 +613,9 @@ impl QueueStore {
             .collect()
     }
 
-    /// Extends the leases of `owner`'s running jobs by `lease`. Returns (id, cancel requested) for the
-    /// jobs still held.
-    pub async fn heartbeat(
-        &self,
-        owner: &str,
-        jobs: &[(Uuid, i32)],
-        lease: Duration,
-    ) -> Result<Vec<(Uuid, bool)>> {
+    /// Extends the leases of `owner`'s running jobs by `lease`, skipping those another transaction holds
+    /// (see [`sql::JOB_HEARTBEAT`]). Returns the jobs still held: a job missing from it was lost.
+    pub async fn heartbeat(&self, owner: &str, jobs: &[(Uuid, i32)], lease: Duration) -> Result<Vec<Held>> {
         let (ids, attempts): (Vec<Uuid>, Vec<i32>) = in_lock_order(jobs).into_iter().unzip();
         let query = sqlx::query(sql::JOB_HEARTBEAT)
             .bind(ids)
@@ -616,7 +624,13 @@ impl QueueStore {
             .bind(lease.as_millis() as i64);
         let rows = self.fetch_planned_generically(query).await?;
         rows.iter()
-            .map(|r| Ok((r.try_get("id")?, r.try_get("cancel_requested")?)))
+            .map(|r| {
+                Ok(Held {
+                    id: r.try_get("id")?,
+                    cancel_requested: r.try_get("cancel_requested")?,
+                    renewed: r.try_get("renewed")?,
+                })
+            })
             .collect()
     }
 
@@ -687,11 +701,12 @@ impl QueueStore {
     }
 
     /// Makes up to `limit` jobs of `queues` whose lease expired ready again (or dead, or cancelled).
-    /// Returns how many. One call of `sluice.rescue_expired` ([`sql::JOB_RESCUE_EXPIRED`]): a job the
-    /// rescue ends while it has dependents is locked first, waiting, with the jobs its end cascades to,
-    /// in one statement in id order; the others are taken with `SKIP LOCKED`. A job that joins a cascade
-    /// after that statement read it can still meet another transaction in the other order, and a rescue
-    /// PostgreSQL aborted as a deadlock is run once more.
+    /// Returns how many. One call of `sluice.rescue_expired` ([`sql::JOB_RESCUE_EXPIRED`]), which never
+    /// waits for a lock: a job the rescue ends while it has dependents is locked first with the jobs its
+    /// end cascades to, in one statement in id order, skipping rows another transaction holds, and is
+    /// rescued only when it and its whole cascade were locked (the others are left for a later pass);
+    /// the rest are taken with `SKIP LOCKED`. A rescue PostgreSQL aborted as a deadlock all the same is
+    /// run once more.
     pub async fn rescue_expired(&self, queues: &[String], limit: i64) -> Result<u64> {
         let pool = &self.pool;
         let rows = once_more_on_deadlock(move || async move {

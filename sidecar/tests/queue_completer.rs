@@ -324,3 +324,173 @@ async fn a_finished_job_whose_write_holds_its_row_does_not_hold_up_the_running_j
     shutdown.cancel();
     w.await.unwrap().unwrap();
 }
+
+/// The running jobs' heartbeat never waits for a row another transaction holds. An application enqueues
+/// a child under running job R1 in a transaction it keeps open (which locks R1 until it ends): the
+/// heartbeat skips R1 (still the worker's, not lost) and renews R2's lease as ever. A heartbeat waiting
+/// for R1's row would leave R2's lease, and every other of its statement, unrenewed until the
+/// application commits, for as long as it likes: other workers would rescue those jobs and run them
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_job_an_application_holds_does_not_hold_up_the_other_running_jobs_heartbeat() {
+    let (_pg, pool) = pg().await;
+    let store = QueueStore::new(pool.clone());
+    store
+        .upsert_queue(&QueueSettings {
+            // A heartbeat every second: R1, unrenewed while held, keeps two of its lease when the hold
+            // begins, which the test ends as soon as R2 has been renewed once.
+            lease_ms: 3_000,
+            ..settings("slow")
+        })
+        .await
+        .unwrap();
+    let r1 = store
+        .enqueue("slow", &NewJob::new("k", serde_json::json!({})))
+        .await
+        .unwrap()
+        .id;
+    let r2 = store
+        .enqueue("slow", &NewJob::new("k", serde_json::json!({})))
+        .await
+        .unwrap()
+        .id;
+    let runs = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let (counted, g) = (runs.clone(), gate.clone());
+    let handler = FnHandler::new(move |job, _| {
+        counted.lock().unwrap().push(job.id);
+        let (started_tx, g) = (started_tx.clone(), g.clone());
+        async move {
+            let _ = started_tx.send(job.id);
+            g.acquire().await.unwrap().forget();
+            Outcome::Succeeded
+        }
+    });
+    let shutdown = CancellationToken::new();
+    let w = tokio::spawn(Worker::new(store.clone(), handler, opts("slow", "w1")).run(shutdown.clone()));
+    for _ in 0..2 {
+        tokio::time::timeout(DEADLINE, started.recv())
+            .await
+            .unwrap()
+            .unwrap();
+    }
+
+    let mut app = pool.begin().await.unwrap();
+    sqlx::query("SELECT sluice.enqueue_job('slow', 'child', '{}', p_depends_on => ARRAY[$1]::uuid[])")
+        .bind(r1)
+        .execute(&mut *app)
+        .await
+        .unwrap();
+    // None once the job is not leased (rescued, say).
+    let lease_of = |id| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, Option<chrono::DateTime<chrono::Utc>>>(
+                "SELECT lease_expires_at FROM sluice.jobs WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let r2_before = lease_of(r2).await.expect("R2 is leased");
+    wait_for_async("R2's lease renewed while R1's row is held", DEADLINE, || {
+        let lease = lease_of(r2);
+        async move { lease.await.is_some_and(|l| l > r2_before).then_some(()) }
+    })
+    .await;
+    app.rollback().await.unwrap();
+
+    gate.add_permits(2);
+    for (name, id) in [("R1", r1), ("R2", r2)] {
+        wait_state(&store, id, "succeeded").await;
+        assert_eq!(store.get(id).await.unwrap().unwrap().attempt, 1, "{name}");
+        assert_eq!(
+            runs.lock().unwrap().iter().filter(|&&j| j == id).count(),
+            1,
+            "{name} ran once"
+        );
+    }
+    shutdown.cancel();
+    w.await.unwrap().unwrap();
+}
+
+/// A completion write that fails every time gives its jobs up one lease after its first failure: they
+/// leave the batch (their lease permits and the completer's write slot are freed), their leases lapse
+/// and a rescue runs them again. Without the cap, two such writes filled both completer slots for good,
+/// and a job finishing behind them stayed `running`, renewed by the heartbeat, never written and never
+/// rescued. Here `sluice.finish_jobs` is renamed away (every completion fails; leases, claims and rescues
+/// still work): job A's write and job B's take both slots, and C's outcome queues behind them. Each job
+/// must come back for a second attempt while writes fail, and all succeed once they work again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_write_that_always_fails_gives_its_jobs_up_and_frees_the_completer() {
+    let (_pg, pool) = pg().await;
+    let store = QueueStore::new(pool.clone());
+    store
+        .upsert_queue(&QueueSettings {
+            max_attempts: 25,
+            ..settings("broken")
+        })
+        .await
+        .unwrap();
+    sqlx::query(
+        "ALTER FUNCTION sluice.finish_jobs(uuid[], integer[], text[], bigint[], text[], text) \
+         RENAME TO finish_jobs_away",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut ids = Vec::new();
+    for name in ["A", "B", "C"] {
+        let id = store
+            .enqueue("broken", &NewJob::new("k", serde_json::json!({ "name": name })))
+            .await
+            .unwrap()
+            .id;
+        ids.push((name, id));
+    }
+    let handler = FnHandler::new(|_, _| async { Outcome::Succeeded });
+    let shutdown = CancellationToken::new();
+    let w = tokio::spawn(
+        Worker::new(
+            store.clone(),
+            handler,
+            sluice_sidecar::queue::WorkerOptions {
+                // One at a time, so that each outcome is a batch of its own: A's write, then B's, fill
+                // both slots, and C's waits.
+                concurrency: 1,
+                claim_batch: 1,
+                ..opts("broken", "w1")
+            },
+        )
+        .run(shutdown.clone()),
+    );
+    for (name, id) in &ids {
+        wait_for_async(
+            &format!("{name} given up, rescued and claimed again while writes fail"),
+            Duration::from_secs(30),
+            || {
+                let store = store.clone();
+                async move {
+                    let job = store.get(*id).await.unwrap().unwrap();
+                    (job.attempt >= 2).then_some(())
+                }
+            },
+        )
+        .await;
+    }
+    sqlx::query(
+        "ALTER FUNCTION sluice.finish_jobs_away(uuid[], integer[], text[], bigint[], text[], text) \
+         RENAME TO finish_jobs",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    for (_, id) in &ids {
+        wait_state(&store, *id, "succeeded").await;
+    }
+    shutdown.cancel();
+    w.await.unwrap().unwrap();
+}

@@ -53,7 +53,7 @@ use sluice_crds::sidecar_config::{
 use sluice_queue::{
     ClaimedJob, QueueSettings, QueueStore,
     listen::Event,
-    store::{Finish, Finished},
+    store::{Finish, Finished, Held},
 };
 
 use super::metrics::QueueMetrics;
@@ -69,6 +69,9 @@ const COMPLETER_GATHER: usize = 100;
 const COMPLETER_GATHER_MAX: Duration = Duration::from_millis(10);
 /// How long a small batch gathers before any write has been timed.
 const COMPLETER_GATHER_FIRST: Duration = Duration::from_millis(2);
+/// How long, in leases of its queue, a finished job is still renewed once the write of its outcome has
+/// started failing (see [`record`]).
+const FINISHING_RENEWAL_AFTER_FAILURE: u32 = 1;
 /// Most expired leases rescued, or finished jobs deleted, by one statement.
 const MAINTENANCE_BATCH: i64 = 1000;
 /// How often finished jobs past retention are deleted.
@@ -802,9 +805,19 @@ async fn gather<T>(
 
 /// Records one batch of finished attempts, retrying while the database is away; then frees their
 /// lease permits (dropped with the batch).
+///
+/// While the write is retried the heartbeat keeps renewing the jobs' leases, as long as it reaches the
+/// database itself, but not for ever: a write that fails every time (an error it meets on every try)
+/// would keep the jobs running, their permits taken and a completer slot busy. From the first failure
+/// on, a job is renewed for one more lease ([`FINISHING_RENEWAL_AFTER_FAILURE`]); past that it is given
+/// up: dropped from the batch (its permit freed), no longer renewed, its lease left to lapse, and any
+/// worker may rescue it and run it again (at least once). Right after each failure the jobs still kept
+/// are renewed at once, so that a write which waited longer than a lease before it failed (a row lock,
+/// say) does not leave them to a rescue until the next heartbeat.
 async fn record<H>(shared: Arc<Shared<H>>, batch: Vec<Done>, shutdown: CancellationToken) {
     let owner = &shared.opts.owner;
-    let (finish, release): (Vec<Done>, Vec<Done>) = batch.into_iter().partition(|d| d.finish.is_some());
+    let (mut finish, mut release): (Vec<Done>, Vec<Done>) =
+        batch.into_iter().partition(|d| d.finish.is_some());
     let mut wait = Duration::from_millis(50);
     // When the write first failed (it has failed every time since).
     let mut failing_since: Option<tokio::time::Instant> = None;
@@ -841,31 +854,44 @@ async fn record<H>(shared: Arc<Shared<H>>, batch: Vec<Done>, shutdown: Cancellat
                     break;
                 }
                 tracing::warn!(error = %e, attempt, "recording finished jobs failed; retrying");
-                // The heartbeat keeps renewing these leases while the write is retried, as long as it
-                // reaches the database itself, but not for ever: a write that keeps failing (an error
-                // it will meet every time) would keep the jobs running and their permits taken. Once
-                // the write has failed for longer than a job's lease, the job is no longer renewed:
-                // its lease lapses, any worker may rescue it and run it again, and this write is
-                // fenced out for it (its result discarded as a lost lease) unless it goes through
-                // first.
-                let failing = *failing_since.get_or_insert(t0);
-                let mut given_up = 0;
+                let failing = *failing_since.get_or_insert_with(tokio::time::Instant::now);
+                let past_cap = |d: &Done| {
+                    failing.elapsed() >= FINISHING_RENEWAL_AFTER_FAILURE * shared.settings(&d.queue).lease()
+                };
+                let before = finish.len() + release.len();
                 {
                     let mut inflight = shared.inflight.lock().expect("inflight lock");
-                    for d in finish.iter().chain(&release) {
-                        if failing.elapsed() >= shared.settings(&d.queue).lease()
-                            && inflight.get(&d.id).is_some_and(|f| f.attempt == d.attempt)
-                        {
-                            forget(&mut inflight, d.id, d.attempt);
-                            given_up += 1;
+                    let mut keep = |d: &Done| {
+                        let ours = inflight.get(&d.id).is_some_and(|f| f.attempt == d.attempt);
+                        if ours && !past_cap(d) {
+                            return true;
                         }
-                    }
+                        forget(&mut inflight, d.id, d.attempt);
+                        false
+                    };
+                    finish.retain(&mut keep);
+                    release.retain(&mut keep);
                 }
+                let given_up = before - finish.len() - release.len();
                 if given_up > 0 {
                     tracing::warn!(
                         jobs = given_up,
-                        "recording finished jobs has failed for longer than their lease; no longer renewing it"
+                        "recording finished jobs has failed for longer than their lease; giving them up \
+                         (their leases lapse and the jobs run again)"
                     );
+                }
+                if finish.is_empty() && release.is_empty() {
+                    return;
+                }
+                let mut by_lease: HashMap<Duration, Vec<(Uuid, i32)>> = HashMap::new();
+                for d in finish.iter().chain(&release) {
+                    by_lease
+                        .entry(shared.settings(&d.queue).lease())
+                        .or_default()
+                        .push((d.id, d.attempt));
+                }
+                for (lease, jobs) in by_lease {
+                    renew_finishing(&shared, lease, &jobs).await;
                 }
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(Duration::from_secs(2));
@@ -936,10 +962,9 @@ async fn heartbeat<H>(shared: Arc<Shared<H>>, stop: CancellationToken) {
         // too) apart from the finishing ones. Finishing jobs are renewed too: their handler has
         // returned, but until the completer has written the outcome the job is still running in the
         // database, and a lease that lapsed while the write waited (a slow database, a row lock, a
-        // write retried) would let any worker rescue the job and run it a second time. Their statement
-        // skips rows another transaction holds (their own write, which may wait for a child's lock for
-        // long), so that it never holds up the running jobs' heartbeat: one statement more per
-        // heartbeat while some job is finishing, not per job.
+        // write retried) would let any worker rescue the job and run it a second time: one statement
+        // more per heartbeat while some job is finishing, not per job. Neither statement waits for a
+        // row another transaction holds (see `sql::JOB_HEARTBEAT`), and the running jobs' goes first.
         let mut by_lease: HashMap<Duration, Vec<(Uuid, i32)>> = HashMap::new();
         let mut finishing_by_lease: HashMap<Duration, Vec<(Uuid, i32)>> = HashMap::new();
         for (id, f) in shared.inflight.lock().expect("inflight lock").iter() {
@@ -953,21 +978,10 @@ async fn heartbeat<H>(shared: Arc<Shared<H>>, stop: CancellationToken) {
                 .or_default()
                 .push((*id, f.attempt));
         }
-        for (lease, jobs) in finishing_by_lease {
-            // A job missing from the result was written meanwhile, is being written, or was lost (its
-            // write is then fenced out): nothing to do either way.
-            if let Err(e) = shared
-                .store
-                .heartbeat_finishing(&shared.opts.owner, &jobs, lease)
-                .await
-            {
-                tracing::warn!(error = %e, "heartbeat of finishing jobs failed");
-            }
-        }
         for (lease, jobs) in by_lease {
             match shared.store.heartbeat(&shared.opts.owner, &jobs, lease).await {
                 Ok(held) => {
-                    let held: HashMap<Uuid, bool> = held.into_iter().collect();
+                    let held: HashMap<Uuid, Held> = held.into_iter().map(|h| (h.id, h)).collect();
                     let inflight = shared.inflight.lock().expect("inflight lock");
                     for (id, attempt) in jobs {
                         let Some(f) = inflight.get(&id) else { continue };
@@ -975,9 +989,11 @@ async fn heartbeat<H>(shared: Arc<Shared<H>>, stop: CancellationToken) {
                         if f.attempt != attempt || f.finishing.load(Ordering::SeqCst) {
                             continue;
                         }
+                        // Held but not renewed (another transaction holds its row): still this
+                        // worker's, renewed by a later heartbeat.
                         match held.get(&id) {
-                            Some(true) => f.stop(StopReason::Cancel),
-                            Some(false) => {}
+                            Some(h) if h.cancel_requested => f.stop(StopReason::Cancel),
+                            Some(_) => {}
                             None => f.stop(StopReason::Lost),
                         }
                     }
@@ -985,6 +1001,22 @@ async fn heartbeat<H>(shared: Arc<Shared<H>>, stop: CancellationToken) {
                 Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
             }
         }
+        for (lease, jobs) in finishing_by_lease {
+            renew_finishing(&shared, lease, &jobs).await;
+        }
+    }
+}
+
+/// Extends the leases of finished jobs whose outcome is not written yet (all of one queue lease). A job
+/// missing from the result was written meanwhile, is being written (its row held), or was lost (its
+/// write is then fenced out): nothing to do either way.
+async fn renew_finishing<H>(shared: &Shared<H>, lease: Duration, jobs: &[(Uuid, i32)]) {
+    if let Err(e) = shared
+        .store
+        .heartbeat_finishing(&shared.opts.owner, jobs, lease)
+        .await
+    {
+        tracing::warn!(error = %e, "heartbeat of finishing jobs failed");
     }
 }
 
