@@ -464,10 +464,13 @@ async fn a_missing_secret_sets_ready_false_with_an_event_and_recovers() {
     })
     .await
     .unwrap();
-    assert!(
-        f.reconciles.reconcile_errors("jobqueue", "secret_not_found") >= 1,
-        "the failure is counted by reason, like every controller's"
-    );
+    // The failure is counted by reason, like every controller's: by the error policy, just after the
+    // event is published.
+    wait_for("the missing Secret counted", DEADLINE, || async {
+        (f.reconciles.reconcile_errors("jobqueue", "secret_not_found") >= 1).then_some(())
+    })
+    .await
+    .unwrap();
     // Fixing the reference recovers (the retry backs off from 1 s).
     f.apply(&job_queue_yaml(SCALING)).await;
     f.wait_condition("Ready", "True", None).await;

@@ -297,7 +297,12 @@ async fn a_missing_secret_sets_ready_false_with_an_event_and_recovers_when_creat
     })
     .await
     .unwrap();
-    assert!(f.metrics.reconcile_errors("ratelimitpolicy", "secret_not_found") >= 1);
+    // Counted by the error policy, just after the event is published.
+    wait_for("the missing Secret counted", DEADLINE, || async {
+        (f.metrics.reconcile_errors("ratelimitpolicy", "secret_not_found") >= 1).then_some(())
+    })
+    .await
+    .unwrap();
 
     f.ns.create_secret("later", "url", &f.redis.url()).await.unwrap();
     ready_reason(&f.ns, "api", "NoPods").await;
@@ -413,11 +418,15 @@ async fn an_unusable_counter_key_is_reported_without_its_value_and_replaced_once
     let message = p.ready_condition().unwrap().message.clone();
     assert!(message.contains("has 15 characters; at least 32"), "{message}");
     assert!(!message.contains("too-short-a-key"), "the key shows: {message}");
-    assert!(
-        f.metrics
+    // Counted by the error policy, just after the status is written.
+    wait_for("the unusable key counted", DEADLINE, || async {
+        (f.metrics
             .reconcile_errors("ratelimitpolicy", "counter_key_unusable")
-            >= 1
-    );
+            >= 1)
+            .then_some(())
+    })
+    .await
+    .unwrap();
 
     f.ns.api::<Secret>()
         .delete("sluice-counter-key", &DeleteParams::default())
