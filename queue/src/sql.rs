@@ -146,8 +146,9 @@ SELECT DISTINCT d.parent_id
 /// `v_parents` (the function's variable: the result of [`JOB_OPEN_PARENTS`]), and returns the jobs among
 /// `v_parents` it locked: migration 0020's statement, run when no job of the batch with waiting
 /// children ends failed (a batch of successes, or of retries that are not the last attempt). Run only
-/// when `v_parents` is not empty. One statement, so that its locks follow one id order, the order an enqueue locks the parents it names in: the batch's jobs and the children
-/// never share a row (a job with an unresolved edge is blocked or cancelled, never running). The children
+/// when `v_parents` is not empty. One statement, so that its locks follow one id order, the order an
+/// enqueue locks the parents it names in: the batch's jobs and the children never share a row (a job
+/// with an unresolved edge is blocked or cancelled, never running). The children
 /// of a batch job the owner does not hold are locked too, which the update then does not write.
 /// `MATERIALIZED` keeps the filter on `v_parents` out of the locking scan: every row is locked, not just
 /// the parents.
@@ -195,8 +196,9 @@ SELECT locked.id FROM locked WHERE locked.id = ANY (v_parents)
 /// The jobs a cascade from the jobs `p_roots` can reach when they end failed (`dead` or `cancelled`):
 /// the body of `sluice.job_cascade(uuid[]) → uuid[]` (migration 0024), which the lock statements of the
 /// paths ending jobs with dependents call ([`JOB_CANCEL`], [`JOB_LOCK_FINISHING_FAILING`],
-/// [`JOB_LOCK_RESCUING`], [`JOB_LOCK_RELEASING`]). Their waiting children, and, below each child a failed parent cancels
-/// (blocked, not `on_parent_failure = run`, with dependents), its waiting children, to the bottom: what
+/// [`JOB_LOCK_RESCUING`], [`JOB_LOCK_RELEASING`]). Their waiting children, and, below each child a
+/// failed parent cancels (blocked, not `on_parent_failure = run`, with dependents), its waiting
+/// children, to the bottom: what
 /// `sluice.release_dependents` locks level by level, so that those locks are taken already, in the
 /// same statement and id order as the ending jobs. Edges from the partial index of unresolved edges,
 /// children by primary key.
@@ -322,6 +324,22 @@ SELECT s.id, s.cancel_requested, false
    AND s.lease_expires_at IS NOT NULL
    AND s.attempt = h.attempt
    AND s.id <> ALL (ARRAY(SELECT renewed.id FROM renewed))
+"#;
+
+/// [`JOB_HEARTBEAT`] for one running job (`$1`, attempt `$2`) whose row it skipped: waits for the row (as
+/// long as the transaction's `lock_timeout` allows), then extends the lease if the owner (`$3`) still holds
+/// the job. Returns the job with its cancellation flag; no row when it is no longer the owner's (a rescue
+/// that held the row took it). A row is mostly held for a moment (an enqueue naming the job as a parent
+/// or finding it the holder of its key locks it until it commits), and a job skipped at every heartbeat
+/// would never be renewed: a stream of such enqueues would let its lease lapse.
+pub const JOB_HEARTBEAT_WAITING: &str = r#"
+UPDATE sluice.jobs j
+   SET lease_expires_at = now() + $4 * interval '1 millisecond'
+ WHERE j.id = $1
+   AND j.lease_owner = $3
+   AND j.lease_expires_at IS NOT NULL
+   AND j.attempt = $2
+RETURNING j.id, j.cancel_requested
 "#;
 
 /// [`JOB_HEARTBEAT`] for jobs whose handler returned and whose outcome the owner has not written yet

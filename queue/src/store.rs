@@ -634,6 +634,51 @@ impl QueueStore {
             .collect()
     }
 
+    /// Extends the lease of `owner`'s running job `job` (id, attempt) by `lease`, waiting up to `wait` for
+    /// its row if another transaction holds it (see [`sql::JOB_HEARTBEAT_WAITING`]): for a job
+    /// [`QueueStore::heartbeat`] skipped. `Some` with `renewed` when extended; `Some` without when the
+    /// row was still held after `wait` (the job is still the owner's as far as is known); `None` when the
+    /// job is no longer the owner's (lost).
+    pub async fn heartbeat_waiting(
+        &self,
+        owner: &str,
+        job: (Uuid, i32),
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<Option<Held>> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+            .bind(format!("{}ms", wait.as_millis().max(1)))
+            .execute(&mut *tx)
+            .await?;
+        let row = sqlx::query(sql::JOB_HEARTBEAT_WAITING)
+            .bind(job.0)
+            .bind(job.1)
+            .bind(owner)
+            .bind(lease.as_millis() as i64)
+            .fetch_optional(&mut *tx)
+            .await;
+        let row = match row {
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(LOCK_NOT_AVAILABLE) => {
+                return Ok(Some(Held {
+                    id: job.0,
+                    cancel_requested: false,
+                    renewed: false,
+                }));
+            }
+            row => row?,
+        };
+        tx.commit().await?;
+        row.map(|r| {
+            Ok(Held {
+                id: r.try_get("id")?,
+                cancel_requested: r.try_get("cancel_requested")?,
+                renewed: true,
+            })
+        })
+        .transpose()
+    }
+
     /// Extends the leases of `owner`'s finished jobs whose outcome is not written yet by `lease`,
     /// skipping those another transaction holds (the owner's own write, mostly): see
     /// [`sql::JOB_HEARTBEAT_FINISHING`]. Returns the jobs renewed.
@@ -1122,6 +1167,9 @@ where
         done => done,
     }
 }
+
+/// PostgreSQL's SQLSTATE for a lock not taken within `lock_timeout`.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
 
 /// Whether `e` is PostgreSQL's deadlock error (40P01): the transaction was aborted and can be run again.
 pub fn is_deadlock(e: &Error) -> bool {

@@ -337,9 +337,10 @@ async fn a_running_job_an_application_holds_does_not_hold_up_the_other_running_j
     let store = QueueStore::new(pool.clone());
     store
         .upsert_queue(&QueueSettings {
-            // A heartbeat every second: R1, unrenewed while held, keeps two of its lease when the hold
-            // begins, which the test ends as soon as R2 has been renewed once.
-            lease_ms: 3_000,
+            // A heartbeat every second (set below): R1, unrenewed while held, keeps at least five
+            // seconds of its lease when the hold begins, which the test ends as soon as R2 has been
+            // renewed once.
+            lease_ms: 6_000,
             ..settings("slow")
         })
         .await
@@ -368,7 +369,17 @@ async fn a_running_job_an_application_holds_does_not_hold_up_the_other_running_j
         }
     });
     let shutdown = CancellationToken::new();
-    let w = tokio::spawn(Worker::new(store.clone(), handler, opts("slow", "w1")).run(shutdown.clone()));
+    let w = tokio::spawn(
+        Worker::new(
+            store.clone(),
+            handler,
+            sluice_sidecar::queue::WorkerOptions {
+                heartbeat_interval: Some(Duration::from_secs(1)),
+                ..opts("slow", "w1")
+            },
+        )
+        .run(shutdown.clone()),
+    );
     for _ in 0..2 {
         tokio::time::timeout(DEADLINE, started.recv())
             .await
@@ -491,6 +502,102 @@ async fn a_completion_write_that_always_fails_gives_its_jobs_up_and_frees_the_co
     for (_, id) in &ids {
         wait_state(&store, *id, "succeeded").await;
     }
+    shutdown.cancel();
+    w.await.unwrap().unwrap();
+}
+
+/// A running job whose row enqueues keep locking for a moment each (the holder of a unique key they
+/// name, which each locks until it commits) is still renewed: the heartbeat waits briefly for a row it
+/// found held. Skipped at every heartbeat instead, its lease lapsed within a lease or two under such a
+/// stream, and the worker's own rescue ran it a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_job_that_enqueues_keep_locking_keeps_its_lease_and_runs_once() {
+    let (_pg, pool) = pg().await;
+    let store = QueueStore::new(pool.clone());
+    store
+        .upsert_queue(&QueueSettings {
+            lease_ms: 2_000,
+            ..settings("keyed")
+        })
+        .await
+        .unwrap();
+    let holder = NewJob::new("k", serde_json::json!({})).unique("report", sluice_queue::UniqueMode::Preserve);
+    let r = store.enqueue("keyed", &holder).await.unwrap().id;
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let gate = Arc::new(Notify::new());
+    let (counted, g) = (runs.clone(), gate.clone());
+    let handler = FnHandler::new(move |_, _| {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let (started_tx, g) = (started_tx.clone(), g.clone());
+        async move {
+            let _ = started_tx.send(());
+            g.notified().await;
+            Outcome::Succeeded
+        }
+    });
+    let shutdown = CancellationToken::new();
+    let w = tokio::spawn(Worker::new(store.clone(), handler, opts("keyed", "w1")).run(shutdown.clone()));
+    tokio::time::timeout(DEADLINE, started.recv())
+        .await
+        .unwrap()
+        .unwrap();
+
+    // Two streams of enqueues naming R's key: each finds R the holder, locks it, and returns R.
+    let stop = CancellationToken::new();
+    let streams: Vec<_> = (0..2)
+        .map(|_| {
+            let (store, stop, holder) = (store.clone(), stop.clone(), holder.clone());
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while !stop.is_cancelled() {
+                    assert_eq!(store.enqueue("keyed", &holder).await.unwrap().id, r);
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let first_expiry: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT lease_expires_at FROM sluice.jobs WHERE id = $1")
+            .bind(r)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    // Two leases past the lease R had when the streams began: renewed throughout, never rescued.
+    wait_for_async(
+        "two leases to pass with R still on its first attempt",
+        DEADLINE,
+        || {
+            let pool = pool.clone();
+            async move {
+                let (past, running): (bool, bool) = sqlx::query_as(
+                    "SELECT now() > $2 + interval '2 seconds', \
+                        state = 'running' AND attempt = 1 AND lease_expires_at > now() \
+                   FROM sluice.jobs WHERE id = $1",
+                )
+                .bind(r)
+                .bind(first_expiry)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+                assert!(
+                    running,
+                    "R's lease lapsed or R was rescued while enqueues locked it"
+                );
+                past.then_some(())
+            }
+        },
+    )
+    .await;
+    stop.cancel();
+    for s in streams {
+        assert!(s.await.unwrap() > 0, "the stream enqueued");
+    }
+    gate.notify_one();
+    wait_state(&store, r, "succeeded").await;
+    assert_eq!(store.get(r).await.unwrap().unwrap().attempt, 1);
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1, "R ran once");
     shutdown.cancel();
     w.await.unwrap().unwrap();
 }

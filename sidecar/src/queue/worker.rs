@@ -72,6 +72,9 @@ const COMPLETER_GATHER_FIRST: Duration = Duration::from_millis(2);
 /// How long, in leases of its queue, a finished job is still renewed once the write of its outcome has
 /// started failing (see [`record`]).
 const FINISHING_RENEWAL_AFTER_FAILURE: u32 = 1;
+/// Longest a heartbeat waits for the row of one running job another transaction holds (a quarter of
+/// the heartbeat interval when that is shorter).
+const HEARTBEAT_ROW_WAIT_MAX: Duration = Duration::from_millis(250);
 /// Most expired leases rescued, or finished jobs deleted, by one statement.
 const MAINTENANCE_BATCH: i64 = 1000;
 /// How often finished jobs past retention are deleted.
@@ -809,7 +812,9 @@ async fn gather<T>(
 /// While the write is retried the heartbeat keeps renewing the jobs' leases, as long as it reaches the
 /// database itself, but not for ever: a write that fails every time (an error it meets on every try)
 /// would keep the jobs running, their permits taken and a completer slot busy. From the first failure
-/// on, a job is renewed for one more lease ([`FINISHING_RENEWAL_AFTER_FAILURE`]); past that it is given
+/// the database answered on (an unreachable database only delays the write: see
+/// [`answered_by_the_database`]), a job is renewed for one more lease
+/// ([`FINISHING_RENEWAL_AFTER_FAILURE`]); past that it is given
 /// up: dropped from the batch (its permit freed), no longer renewed, its lease left to lapse, and any
 /// worker may rescue it and run it again (at least once). Right after each failure the jobs still kept
 /// are renewed at once, so that a write which waited longer than a lease before it failed (a row lock,
@@ -854,16 +859,30 @@ async fn record<H>(shared: Arc<Shared<H>>, batch: Vec<Done>, shutdown: Cancellat
                     break;
                 }
                 tracing::warn!(error = %e, attempt, "recording finished jobs failed; retrying");
+                if !answered_by_the_database(&e) {
+                    // The database is away (the heartbeat cannot renew the leases either, and they lapse
+                    // as for a crashed worker): the write is retried for as long as it takes, and its
+                    // outcomes count unless a rescue ran the jobs again meanwhile.
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(2));
+                    continue;
+                }
                 let failing = *failing_since.get_or_insert_with(tokio::time::Instant::now);
                 let past_cap = |d: &Done| {
                     failing.elapsed() >= FINISHING_RENEWAL_AFTER_FAILURE * shared.settings(&d.queue).lease()
                 };
                 let before = finish.len() + release.len();
+                let mut lost = 0;
                 {
                     let mut inflight = shared.inflight.lock().expect("inflight lock");
                     let mut keep = |d: &Done| {
-                        let ours = inflight.get(&d.id).is_some_and(|f| f.attempt == d.attempt);
-                        if ours && !past_cap(d) {
+                        if inflight.get(&d.id).is_none_or(|f| f.attempt != d.attempt) {
+                            // This worker claimed a later attempt of it: this one's lease was lost.
+                            shared.metrics.lease_lost(&d.queue);
+                            lost += 1;
+                            return false;
+                        }
+                        if !past_cap(d) {
                             return true;
                         }
                         forget(&mut inflight, d.id, d.attempt);
@@ -872,7 +891,7 @@ async fn record<H>(shared: Arc<Shared<H>>, batch: Vec<Done>, shutdown: Cancellat
                     finish.retain(&mut keep);
                     release.retain(&mut keep);
                 }
-                let given_up = before - finish.len() - release.len();
+                let given_up = before - finish.len() - release.len() - lost;
                 if given_up > 0 {
                     tracing::warn!(
                         jobs = given_up,
@@ -902,6 +921,19 @@ async fn record<H>(shared: Arc<Shared<H>>, batch: Vec<Done>, shutdown: Cancellat
     for d in finish.iter().chain(&release) {
         forget(&mut inflight, d.id, d.attempt);
     }
+}
+
+/// Whether the database answered `e` (an error of the statement itself, which a retry is likely to meet
+/// again), rather than not being reached (a connection refused or reset, a pool timeout).
+fn answered_by_the_database(e: &crate::error::Error) -> bool {
+    use crate::error::Error;
+    matches!(
+        e,
+        Error::Database(sqlx::Error::Database(_))
+            | Error::NotFound(_)
+            | Error::Conflict(_)
+            | Error::Invalid(_)
+    )
 }
 
 /// Stops tracking `attempt` of job `id`, but not a later attempt of it this worker claimed meanwhile
@@ -978,32 +1010,65 @@ async fn heartbeat<H>(shared: Arc<Shared<H>>, stop: CancellationToken) {
                 .or_default()
                 .push((*id, f.attempt));
         }
+        let mut skipped = Vec::new();
         for (lease, jobs) in by_lease {
             match shared.store.heartbeat(&shared.opts.owner, &jobs, lease).await {
                 Ok(held) => {
                     let held: HashMap<Uuid, Held> = held.into_iter().map(|h| (h.id, h)).collect();
-                    let inflight = shared.inflight.lock().expect("inflight lock");
                     for (id, attempt) in jobs {
-                        let Some(f) = inflight.get(&id) else { continue };
-                        // Its handler returned since the jobs were grouped: nothing to stop.
-                        if f.attempt != attempt || f.finishing.load(Ordering::SeqCst) {
-                            continue;
+                        let h = held.get(&id).copied();
+                        if h.is_some_and(|h| !h.renewed) {
+                            skipped.push((lease, id, attempt));
                         }
-                        // Held but not renewed (another transaction holds its row): still this
-                        // worker's, renewed by a later heartbeat.
-                        match held.get(&id) {
-                            Some(h) if h.cancel_requested => f.stop(StopReason::Cancel),
-                            Some(_) => {}
-                            None => f.stop(StopReason::Lost),
-                        }
+                        heard(&shared, id, attempt, h);
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
             }
         }
+        // The running jobs whose rows another transaction held: each waited for, briefly and one at a
+        // time, as the heartbeat's batch statement no longer does. Such a row is mostly held for a
+        // moment (an enqueue naming the job as a parent, or finding it the holder of a key, locks it
+        // until it commits), and a job that enqueues keep locking would be skipped at every heartbeat
+        // and never renewed. A row held for longer than the wait (a long application transaction) is
+        // left for the next heartbeat, and the rest of this one goes on.
+        let started = tokio::time::Instant::now();
+        let budget = heartbeat_interval(&shared) / 2;
+        let wait = (heartbeat_interval(&shared) / 4).min(HEARTBEAT_ROW_WAIT_MAX);
+        skipped.sort_by_key(|&(_, id, _)| id);
+        for (lease, id, attempt) in skipped {
+            if started.elapsed() >= budget {
+                break;
+            }
+            match shared
+                .store
+                .heartbeat_waiting(&shared.opts.owner, (id, attempt), lease, wait)
+                .await
+            {
+                Ok(h) => heard(&shared, id, attempt, h),
+                Err(e) => tracing::warn!(error = %e, %id, "heartbeat of a held job failed"),
+            }
+        }
         for (lease, jobs) in finishing_by_lease {
             renew_finishing(&shared, lease, &jobs).await;
         }
+    }
+}
+
+/// Acts on what a heartbeat found of running job `id` at `attempt`: `None`, no longer this worker's (its
+/// handler is stopped as lost); a requested cancellation is delivered; a job held but not renewed (its
+/// row another transaction's) is still this worker's. Nothing for a job whose handler has returned
+/// since it was grouped.
+fn heard<H>(shared: &Shared<H>, id: Uuid, attempt: i32, held: Option<Held>) {
+    let inflight = shared.inflight.lock().expect("inflight lock");
+    let Some(f) = inflight.get(&id) else { return };
+    if f.attempt != attempt || f.finishing.load(Ordering::SeqCst) {
+        return;
+    }
+    match held {
+        Some(h) if h.cancel_requested => f.stop(StopReason::Cancel),
+        Some(_) => {}
+        None => f.stop(StopReason::Lost),
     }
 }
 
