@@ -506,8 +506,8 @@ async fn a_completion_write_that_always_fails_gives_its_jobs_up_and_frees_the_co
     w.await.unwrap().unwrap();
 }
 
-/// A running job whose row enqueues keep locking for a moment each (the holder of a unique key they
-/// name, which each locks until it commits) is still renewed: the heartbeat waits briefly for a row it
+/// A running job whose row application transactions keep locking for a moment each (the holder of a
+/// unique key they enqueue with, which each locks until it commits) is still renewed: the heartbeat waits briefly for a row it
 /// found held. Skipped at every heartbeat instead, its lease lapsed within a lease or two under such a
 /// stream, and the worker's own rescue ran it a second time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -543,15 +543,30 @@ async fn a_running_job_that_enqueues_keep_locking_keeps_its_lease_and_runs_once(
         .unwrap()
         .unwrap();
 
-    // Two streams of enqueues naming R's key: each finds R the holder, locks it, and returns R.
+    // Three streams of application transactions, each enqueueing a job with R's key (which finds R the
+    // holder, locks it and returns R) and then working 20 ms before it commits: R's row is held
+    // nearly all the time, by one transaction after another.
     let stop = CancellationToken::new();
-    let streams: Vec<_> = (0..2)
+    let streams: Vec<_> = (0..3)
         .map(|_| {
-            let (store, stop, holder) = (store.clone(), stop.clone(), holder.clone());
+            let (pool, stop) = (pool.clone(), stop.clone());
             tokio::spawn(async move {
                 let mut n = 0u64;
                 while !stop.is_cancelled() {
-                    assert_eq!(store.enqueue("keyed", &holder).await.unwrap().id, r);
+                    let mut app = pool.begin().await.unwrap();
+                    let id: uuid::Uuid = sqlx::query_scalar(
+                        "SELECT id FROM sluice.enqueue_job('keyed', 'k', '{}', \
+                                p_unique_key => 'report', p_unique_mode => 'preserve')",
+                    )
+                    .fetch_one(&mut *app)
+                    .await
+                    .unwrap();
+                    assert_eq!(id, r);
+                    sqlx::query("SELECT pg_sleep(0.02)")
+                        .execute(&mut *app)
+                        .await
+                        .unwrap();
+                    app.commit().await.unwrap();
                     n += 1;
                 }
                 n
