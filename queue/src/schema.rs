@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
 /// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
 /// which the workspace does not enable).
-const MIGRATIONS: [(i64, &str, &str); 24] = [
+const MIGRATIONS: [(i64, &str, &str); 25] = [
     (
         1,
         "queue tables",
@@ -135,6 +135,11 @@ const MIGRATIONS: [(i64, &str, &str); 24] = [
         24,
         "cascades locked in the lock order",
         include_str!("../../migrations/0024_cascades_locked_in_the_lock_order.sql"),
+    ),
+    (
+        25,
+        "owner functions pin search path",
+        include_str!("../../migrations/0025_owner_functions_pin_search_path.sql"),
     ),
 ];
 

@@ -488,11 +488,13 @@ async fn a_replacement_created_cancelled_leaves_the_key_with_the_running_holder(
 async fn a_deadlocked_enqueue_is_retried_once() {
     let (_pg, store) = setup().await;
     // The first job insert fails as a deadlock victim would (a sequence is not rolled back with it).
+    // The trigger runs under the enqueue functions' pinned `search_path`: it names its sequence with
+    // its schema.
     sqlx::raw_sql(
         "CREATE SEQUENCE test_inserts;
          CREATE FUNCTION test_deadlock_once() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
-             IF nextval('test_inserts') = 1 THEN
+             IF nextval('public.test_inserts') = 1 THEN
                  RAISE EXCEPTION 'deadlock detected' USING ERRCODE = '40P01';
              END IF;
              RETURN NEW;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use sluice_queue::{
-    Error, NewJob, QueueSettings, QueueStore, schema,
+    Error, GraphJob, NewJob, QueueSettings, QueueStore, UniqueMode, schema,
     store::{Finish, Finished},
 };
 use sluice_testsupport::PgServer;
@@ -509,4 +509,139 @@ async fn a_registered_role_that_could_step_out_of_row_level_security_is_refused(
         .ensure_tenant("sluice_tenant_a", "a", "secret-4")
         .await
         .unwrap();
+}
+
+#[tokio::test]
+async fn a_tenant_that_may_create_in_public_runs_nothing_as_the_owner() {
+    let (_pg, owner, a) = setup().await;
+    // PostgreSQL before 15 (and a cluster pg_upgraded from one) let every role create in `public`.
+    sqlx::raw_sql("GRANT CREATE ON SCHEMA public TO PUBLIC")
+        .execute(owner.pool())
+        .await
+        .unwrap();
+    // Tenant a defines better matches than pg_catalog's for calls the schema's functions make: `format`
+    // with (unknown, text...) arguments (`ensure_tenant`, `release_dependents`), `set_bit(bytea,
+    // integer, integer)` (`uuid_v7`, every enqueue), `cardinality(uuid[])` (the enqueue paths, the
+    // cascade). Each records who ran it and, run by anyone but a, drops the policy on the jobs.
+    sqlx::raw_sql(
+        "CREATE TABLE public.ran (who text, what text); \
+         GRANT INSERT ON public.ran TO PUBLIC; \
+         CREATE FUNCTION public.ran_as(p_what text) RETURNS void LANGUAGE plpgsql AS $$ \
+         BEGIN \
+             INSERT INTO public.ran VALUES (current_user, p_what); \
+             IF current_user <> 'sluice_tenant_a' THEN \
+                 DROP POLICY IF EXISTS jobs_tenant ON sluice.jobs; \
+             END IF; \
+         END $$; \
+         CREATE FUNCTION public.format(text, text) RETURNS text LANGUAGE plpgsql AS $$ \
+         BEGIN PERFORM public.ran_as('format'); RETURN pg_catalog.format($1, $2); END $$; \
+         CREATE FUNCTION public.format(text, text, text) RETURNS text LANGUAGE plpgsql AS $$ \
+         BEGIN PERFORM public.ran_as('format'); RETURN pg_catalog.format($1, $2, $3); END $$; \
+         CREATE FUNCTION public.format(text, text, text, text) RETURNS text LANGUAGE plpgsql AS $$ \
+         BEGIN PERFORM public.ran_as('format'); RETURN pg_catalog.format($1, $2, $3, $4); END $$; \
+         CREATE FUNCTION public.format(text, name, text) RETURNS text LANGUAGE plpgsql AS $$ \
+         BEGIN PERFORM public.ran_as('format'); RETURN pg_catalog.format($1, $2, $3); END $$; \
+         CREATE FUNCTION public.format(text, uuid, text) RETURNS text LANGUAGE plpgsql AS $$ \
+         BEGIN PERFORM public.ran_as('format'); RETURN pg_catalog.format($1, $2, $3); END $$; \
+         CREATE FUNCTION public.set_bit(bytea, integer, integer) RETURNS bytea LANGUAGE plpgsql AS $$ \
+         BEGIN PERFORM public.ran_as('set_bit'); RETURN pg_catalog.set_bit($1, $2, $3); END $$; \
+         CREATE FUNCTION public.cardinality(uuid[]) RETURNS integer LANGUAGE plpgsql AS $$ \
+         BEGIN PERFORM public.ran_as('cardinality'); RETURN pg_catalog.cardinality($1); END $$;",
+    )
+    .execute(a.pool())
+    .await
+    .unwrap();
+    let own = a.enqueue("a/q", &job(1)).await.unwrap().id;
+    sqlx::raw_sql("DELETE FROM public.ran")
+        .execute(a.pool())
+        .await
+        .unwrap();
+
+    // The operator provisions another namespace and runs the owner's other paths.
+    owner
+        .ensure_tenant("sluice_tenant_c", "c", "secret-1")
+        .await
+        .unwrap();
+    owner
+        .ensure_tenant("sluice_tenant_c", "c", "secret-2")
+        .await
+        .unwrap();
+    owner
+        .upsert_queue(&QueueSettings::defaults("c/old"))
+        .await
+        .unwrap();
+    owner.enqueue("c/old", &job(2)).await.unwrap();
+    assert_eq!(owner.adopt_queue("c/old", "c/q").await.unwrap(), Some(1));
+    owner.ensure_queue("c/q").await.unwrap();
+    let parent = owner.enqueue("c/q", &job(3)).await.unwrap().id;
+    owner.enqueue("c/q", &job(4).depends_on([parent])).await.unwrap();
+    owner
+        .enqueue("c/q", &job(5).unique("k", UniqueMode::Replace))
+        .await
+        .unwrap();
+    owner
+        .enqueue_many("c/q", &[job(6), job(7).idempotency_key("i")])
+        .await
+        .unwrap();
+    owner
+        .enqueue_graph(
+            "c/q",
+            &[
+                GraphJob::new("x", job(8)),
+                GraphJob::new("y", job(9).unique("u", UniqueMode::Preserve)).depends_on(["x"]),
+            ],
+        )
+        .await
+        .unwrap();
+    owner.cancel(parent).await.unwrap();
+
+    let ran: Vec<(String, String)> =
+        sqlx::query_as("SELECT DISTINCT who, what FROM public.ran ORDER BY 1, 2")
+            .fetch_all(owner.pool())
+            .await
+            .unwrap();
+    assert_eq!(ran, [], "the tenant's functions ran");
+    let policy: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_policies WHERE schemaname = 'sluice' AND policyname = 'jobs_tenant'",
+    )
+    .fetch_one(owner.pool())
+    .await
+    .unwrap();
+    assert_eq!(policy, 1, "the policy on the jobs is still there");
+    let (memberships, privileged): (i64, bool) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM pg_auth_members m WHERE m.member = r.oid), \
+                r.rolsuper OR r.rolcreaterole OR r.rolbypassrls \
+           FROM pg_roles r WHERE r.rolname = 'sluice_tenant_a'",
+    )
+    .fetch_one(owner.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        (memberships, privileged),
+        (0, false),
+        "the tenant gained no rights"
+    );
+    let visible: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM sluice.jobs")
+        .fetch_all(a.pool())
+        .await
+        .unwrap();
+    assert_eq!(visible, [own], "the tenant still sees its own job only");
+}
+
+/// Every function in `sluice` runs with `search_path` pinned to pg_catalog (migrations 0014, 0020,
+/// 0024-0025): a new function that forgets it would resolve names through its caller's path, where a
+/// tenant may have put its own functions and operators.
+#[tokio::test]
+async fn every_function_of_the_schema_pins_its_search_path() {
+    let (_pg, owner, _a) = setup().await;
+    let unpinned: Vec<String> = sqlx::query_scalar(
+        "SELECT p.oid::regprocedure::text FROM pg_proc p \
+          WHERE p.pronamespace = 'sluice'::regnamespace \
+            AND NOT coalesce(p.proconfig @> ARRAY['search_path=pg_catalog, pg_temp'], false) \
+          ORDER BY 1",
+    )
+    .fetch_all(owner.pool())
+    .await
+    .unwrap();
+    assert_eq!(unpinned, Vec::<String>::new());
 }
