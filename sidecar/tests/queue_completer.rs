@@ -8,11 +8,47 @@ use std::{sync::Arc, time::Duration};
 use queue_support::*;
 use sluice_queue::{NewJob, QueueSettings, QueueStore};
 use sluice_sidecar::queue::{Outcome, Worker};
-use sluice_testsupport::wait_for_async;
+use sluice_testsupport::{PgServer, wait_for_async};
+use sqlx::PgPool;
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
 const DEADLINE: Duration = Duration::from_secs(10);
+
+/// A fresh PostgreSQL with the queue of `settings` made: its server (kept until dropped), pool and store.
+async fn setup(settings: QueueSettings) -> (PgServer, PgPool, QueueStore) {
+    let (pg, pool) = pg().await;
+    let store = QueueStore::new(pool.clone());
+    store.upsert_queue(&settings).await.unwrap();
+    (pg, pool, store)
+}
+
+/// Waits until a completion write (`sluice.finish_jobs`) waits for a row lock.
+async fn completion_write_waiting(pool: &PgPool, what: &str) {
+    wait_for_async(what, DEADLINE, || {
+        let pool = pool.clone();
+        async move {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                  WHERE wait_event_type = 'Lock' AND strpos(query, 'finish_jobs') > 0",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            (waiting > 0).then_some(())
+        }
+    })
+    .await;
+}
+
+/// When job `id`'s lease expires; None when it is not leased (rescued or finished, say).
+async fn lease_expiry(pool: &PgPool, id: uuid::Uuid) -> Option<chrono::DateTime<chrono::Utc>> {
+    sqlx::query_scalar("SELECT lease_expires_at FROM sluice.jobs WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_writes_a_finished_job_while_another_jobs_write_waits_on_a_row_lock() {
@@ -110,18 +146,14 @@ async fn a_worker_writes_a_finished_job_while_another_jobs_write_waits_on_a_row_
 /// rescues expired leases itself, every heartbeat interval.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finished_job_whose_write_waits_keeps_its_lease_and_runs_once() {
-    let (_pg, pool) = pg().await;
-    let store = QueueStore::new(pool.clone());
-    store
-        .upsert_queue(&QueueSettings {
-            // Long enough that a stall of the runtime or the database on busy shared cores does not
-            // let a lease lapse between two heartbeats (every third of it); the checks compare against
-            // the first expiry, whatever the length.
-            lease_ms: 2_000,
-            ..settings("slow")
-        })
-        .await
-        .unwrap();
+    let (_pg, pool, store) = setup(QueueSettings {
+        // Long enough that a stall of the runtime or the database on busy shared cores does not
+        // let a lease lapse between two heartbeats (every third of it); the checks compare against
+        // the first expiry, whatever the length.
+        lease_ms: 2_000,
+        ..settings("slow")
+    })
+    .await;
     let mut ids = [uuid::Uuid::now_v7(), uuid::Uuid::now_v7()];
     ids.sort();
     let [c, p] = ids;
@@ -153,28 +185,10 @@ async fn a_finished_job_whose_write_waits_keeps_its_lease_and_runs_once() {
     let shutdown = CancellationToken::new();
     let w = tokio::spawn(Worker::new(store.clone(), handler, opts("slow", "w1")).run(shutdown.clone()));
 
-    wait_for_async("P's outcome write to wait for C", DEADLINE, || {
-        let pool = pool.clone();
-        async move {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity \
-                  WHERE wait_event_type = 'Lock' AND strpos(query, 'finish_jobs') > 0",
-            )
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-            (waiting > 0).then_some(())
-        }
-    })
-    .await;
+    completion_write_waiting(&pool, "P's outcome write to wait for C").await;
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
     // P's lease as the write began to wait: from now on only a heartbeat of a finishing job renews it.
-    let first_expiry: chrono::DateTime<chrono::Utc> =
-        sqlx::query_scalar("SELECT lease_expires_at FROM sluice.jobs WHERE id = $1")
-            .bind(p)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let first_expiry = lease_expiry(&pool, p).await.expect("leased");
     wait_for_async(
         "P's first attempt to hold its lease past the lease it had when its write began to wait",
         DEADLINE,
@@ -210,18 +224,14 @@ async fn a_finished_job_whose_write_waits_keeps_its_lease_and_runs_once() {
 /// renewed as ever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finished_job_whose_write_holds_its_row_does_not_hold_up_the_running_jobs_heartbeat() {
-    let (_pg, pool) = pg().await;
-    let store = QueueStore::new(pool.clone());
-    store
-        .upsert_queue(&QueueSettings {
-            // Long enough that a stall of the runtime or the database on busy shared cores does not
-            // let a lease lapse between two heartbeats (every third of it); the checks compare against
-            // the first expiry, whatever the length.
-            lease_ms: 2_000,
-            ..settings("slow")
-        })
-        .await
-        .unwrap();
+    let (_pg, pool, store) = setup(QueueSettings {
+        // Long enough that a stall of the runtime or the database on busy shared cores does not
+        // let a lease lapse between two heartbeats (every third of it); the checks compare against
+        // the first expiry, whatever the length.
+        lease_ms: 2_000,
+        ..settings("slow")
+    })
+    .await;
     let mut ids = [uuid::Uuid::now_v7(), uuid::Uuid::now_v7()];
     ids.sort();
     let [p, c] = ids;
@@ -270,26 +280,8 @@ async fn a_finished_job_whose_write_holds_its_row_does_not_hold_up_the_running_j
         .unwrap()
         .unwrap();
     assert_eq!(running, r);
-    wait_for_async("P's outcome write to wait for C", DEADLINE, || {
-        let pool = pool.clone();
-        async move {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity \
-                  WHERE wait_event_type = 'Lock' AND strpos(query, 'finish_jobs') > 0",
-            )
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-            (waiting > 0).then_some(())
-        }
-    })
-    .await;
-    let first_expiry: chrono::DateTime<chrono::Utc> =
-        sqlx::query_scalar("SELECT lease_expires_at FROM sluice.jobs WHERE id = $1")
-            .bind(r)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    completion_write_waiting(&pool, "P's outcome write to wait for C").await;
+    let first_expiry = lease_expiry(&pool, r).await.expect("leased");
     wait_for_async(
         "R's first attempt to hold its lease past the lease it had while P's write waited",
         DEADLINE,
@@ -333,18 +325,14 @@ async fn a_finished_job_whose_write_holds_its_row_does_not_hold_up_the_running_j
 /// again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_job_an_application_holds_does_not_hold_up_the_other_running_jobs_heartbeat() {
-    let (_pg, pool) = pg().await;
-    let store = QueueStore::new(pool.clone());
-    store
-        .upsert_queue(&QueueSettings {
-            // A heartbeat every second (set below): R1, unrenewed while held, keeps at least five
-            // seconds of its lease when the hold begins, which the test ends as soon as R2 has been
-            // renewed once.
-            lease_ms: 6_000,
-            ..settings("slow")
-        })
-        .await
-        .unwrap();
+    let (_pg, pool, store) = setup(QueueSettings {
+        // A heartbeat every second (set below): R1, unrenewed while held, keeps at least five
+        // seconds of its lease when the hold begins, which the test ends as soon as R2 has been
+        // renewed once.
+        lease_ms: 6_000,
+        ..settings("slow")
+    })
+    .await;
     let r1 = store
         .enqueue("slow", &NewJob::new("k", serde_json::json!({})))
         .await
@@ -393,23 +381,13 @@ async fn a_running_job_an_application_holds_does_not_hold_up_the_other_running_j
         .execute(&mut *app)
         .await
         .unwrap();
-    // None once the job is not leased (rescued, say).
-    let lease_of = |id| {
+    let r2_before = lease_expiry(&pool, r2).await.expect("R2 is leased");
+    wait_for_async("R2's lease renewed while R1's row is held", DEADLINE, || {
         let pool = pool.clone();
         async move {
-            sqlx::query_scalar::<_, Option<chrono::DateTime<chrono::Utc>>>(
-                "SELECT lease_expires_at FROM sluice.jobs WHERE id = $1",
-            )
-            .bind(id)
-            .fetch_one(&pool)
-            .await
-            .unwrap()
+            let lease = lease_expiry(&pool, r2).await;
+            lease.is_some_and(|l| l > r2_before).then_some(())
         }
-    };
-    let r2_before = lease_of(r2).await.expect("R2 is leased");
-    wait_for_async("R2's lease renewed while R1's row is held", DEADLINE, || {
-        let lease = lease_of(r2);
-        async move { lease.await.is_some_and(|l| l > r2_before).then_some(()) }
     })
     .await;
     app.rollback().await.unwrap();
@@ -437,15 +415,11 @@ async fn a_running_job_an_application_holds_does_not_hold_up_the_other_running_j
 /// must come back for a second attempt while writes fail, and all succeed once they work again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completion_write_that_always_fails_gives_its_jobs_up_and_frees_the_completer() {
-    let (_pg, pool) = pg().await;
-    let store = QueueStore::new(pool.clone());
-    store
-        .upsert_queue(&QueueSettings {
-            max_attempts: 25,
-            ..settings("broken")
-        })
-        .await
-        .unwrap();
+    let (_pg, pool, store) = setup(QueueSettings {
+        max_attempts: 25,
+        ..settings("broken")
+    })
+    .await;
     sqlx::query(
         "ALTER FUNCTION sluice.finish_jobs(uuid[], integer[], text[], bigint[], text[], text) \
          RENAME TO finish_jobs_away",
@@ -507,20 +481,16 @@ async fn a_completion_write_that_always_fails_gives_its_jobs_up_and_frees_the_co
 }
 
 /// A running job whose row application transactions keep locking for a moment each (the holder of a
-/// unique key they enqueue with, which each locks until it commits) is still renewed: the heartbeat waits briefly for a row it
-/// found held. Skipped at every heartbeat instead, its lease lapsed within a lease or two under such a
+/// unique key they enqueue with, which each locks until it commits) is still renewed: the heartbeat
+/// waits briefly for a row it found held. Skipped at every heartbeat instead, its lease lapsed within a lease or two under such a
 /// stream, and the worker's own rescue ran it a second time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_job_that_enqueues_keep_locking_keeps_its_lease_and_runs_once() {
-    let (_pg, pool) = pg().await;
-    let store = QueueStore::new(pool.clone());
-    store
-        .upsert_queue(&QueueSettings {
-            lease_ms: 2_000,
-            ..settings("keyed")
-        })
-        .await
-        .unwrap();
+    let (_pg, pool, store) = setup(QueueSettings {
+        lease_ms: 2_000,
+        ..settings("keyed")
+    })
+    .await;
     let holder = NewJob::new("k", serde_json::json!({})).unique("report", sluice_queue::UniqueMode::Preserve);
     let r = store.enqueue("keyed", &holder).await.unwrap().id;
     let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -573,12 +543,7 @@ async fn a_running_job_that_enqueues_keep_locking_keeps_its_lease_and_runs_once(
             })
         })
         .collect();
-    let first_expiry: chrono::DateTime<chrono::Utc> =
-        sqlx::query_scalar("SELECT lease_expires_at FROM sluice.jobs WHERE id = $1")
-            .bind(r)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let first_expiry = lease_expiry(&pool, r).await.expect("leased");
     // Two leases past the lease R had when the streams began: renewed throughout, never rescued.
     wait_for_async(
         "two leases to pass with R still on its first attempt",
