@@ -41,6 +41,28 @@ async fn completion_write_waiting(pool: &PgPool, what: &str) {
     .await;
 }
 
+/// Waits until job `id`, still on its first attempt and running, holds a lease past the one it has now:
+/// it was renewed after that lease would have lapsed.
+async fn renewed_past_its_lease(pool: &PgPool, id: uuid::Uuid, what: &str) {
+    let first_expiry = lease_expiry(pool, id).await.expect("leased");
+    wait_for_async(what, DEADLINE, || {
+        let pool = pool.clone();
+        async move {
+            let renewed: bool = sqlx::query_scalar(
+                "SELECT now() > $2 AND state = 'running' AND attempt = 1 AND lease_expires_at > now() \
+                   FROM sluice.jobs WHERE id = $1",
+            )
+            .bind(id)
+            .bind(first_expiry)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            renewed.then_some(())
+        }
+    })
+    .await;
+}
+
 /// When job `id`'s lease expires; None when it is not leased (rescued or finished, say).
 async fn lease_expiry(pool: &PgPool, id: uuid::Uuid) -> Option<chrono::DateTime<chrono::Utc>> {
     sqlx::query_scalar("SELECT lease_expires_at FROM sluice.jobs WHERE id = $1")
@@ -188,25 +210,10 @@ async fn a_finished_job_whose_write_waits_keeps_its_lease_and_runs_once() {
     completion_write_waiting(&pool, "P's outcome write to wait for C").await;
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
     // P's lease as the write began to wait: from now on only a heartbeat of a finishing job renews it.
-    let first_expiry = lease_expiry(&pool, p).await.expect("leased");
-    wait_for_async(
+    renewed_past_its_lease(
+        &pool,
+        p,
         "P's first attempt to hold its lease past the lease it had when its write began to wait",
-        DEADLINE,
-        || {
-            let pool = pool.clone();
-            async move {
-                let renewed: bool = sqlx::query_scalar(
-                    "SELECT now() > $2 AND state = 'running' AND attempt = 1 AND lease_expires_at > now() \
-                       FROM sluice.jobs WHERE id = $1",
-                )
-                .bind(p)
-                .bind(first_expiry)
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-                renewed.then_some(())
-            }
-        },
     )
     .await;
     hold.rollback().await.unwrap();
@@ -281,25 +288,10 @@ async fn a_finished_job_whose_write_holds_its_row_does_not_hold_up_the_running_j
         .unwrap();
     assert_eq!(running, r);
     completion_write_waiting(&pool, "P's outcome write to wait for C").await;
-    let first_expiry = lease_expiry(&pool, r).await.expect("leased");
-    wait_for_async(
+    renewed_past_its_lease(
+        &pool,
+        r,
         "R's first attempt to hold its lease past the lease it had while P's write waited",
-        DEADLINE,
-        || {
-            let pool = pool.clone();
-            async move {
-                let renewed: bool = sqlx::query_scalar(
-                    "SELECT now() > $2 AND state = 'running' AND attempt = 1 AND lease_expires_at > now() \
-                       FROM sluice.jobs WHERE id = $1",
-                )
-                .bind(r)
-                .bind(first_expiry)
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-                renewed.then_some(())
-            }
-        },
     )
     .await;
 
