@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
 /// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
 /// which the workspace does not enable).
-const MIGRATIONS: [(i64, &str, &str); 25] = [
+const MIGRATIONS: [(i64, &str, &str); 26] = [
     (
         1,
         "queue tables",
@@ -140,6 +140,11 @@ const MIGRATIONS: [(i64, &str, &str); 25] = [
         25,
         "owner functions pin search path",
         include_str!("../../migrations/0025_owner_functions_pin_search_path.sql"),
+    ),
+    (
+        26,
+        "existing tenants altered by a createrole owner",
+        include_str!("../../migrations/0026_existing_tenants_altered_by_a_createrole_owner.sql"),
     ),
 ];
 

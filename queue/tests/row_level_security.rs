@@ -418,6 +418,54 @@ async fn a_tenant_role_stays_with_its_namespace() {
     assert_eq!(namespace, "a");
 }
 
+/// A schema owner that is a CREATEROLE login and no superuser (the usual owner on a managed PostgreSQL)
+/// provisions a namespace's tenant again, as the operator does with every new tenant Secret: the
+/// existing role gets the new password and keeps none of the attributes a tenant must not have. Until
+/// migration 0026 the function's ALTER named NOSUPERUSER, NOREPLICATION and NOBYPASSRLS, which only a
+/// superuser may name, and every provisioning of an existing tenant failed for such an owner.
+#[tokio::test]
+async fn a_createrole_owner_provisions_an_existing_tenant_again() {
+    let pg = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+    pg.psql(
+        "CREATE ROLE createrole_owner LOGIN CREATEROLE; ALTER DATABASE postgres OWNER TO createrole_owner",
+    );
+    let url = pg
+        .url()
+        .replace("postgres://postgres@", "postgres://createrole_owner@");
+    let owner = QueueStore::new(connect(&url).await);
+    schema::migrate(owner.pool()).await.unwrap();
+    let superuser = connect(&pg.url()).await;
+    let verifier = || {
+        let superuser = superuser.clone();
+        async move {
+            sqlx::query_scalar::<_, String>(
+                "SELECT rolpassword FROM pg_authid WHERE rolname = 'sluice_tenant_a'",
+            )
+            .fetch_one(&superuser)
+            .await
+            .unwrap()
+        }
+    };
+    owner
+        .ensure_tenant("sluice_tenant_a", "a", "secret-1")
+        .await
+        .unwrap();
+    let first = verifier().await;
+    owner
+        .ensure_tenant("sluice_tenant_a", "a", "secret-2")
+        .await
+        .expect("a CREATEROLE owner sets an existing tenant's password");
+    assert_ne!(verifier().await, first, "the password changed");
+    let attributes: (bool, bool, bool, bool, bool, bool, bool) = sqlx::query_as(
+        "SELECT rolcanlogin, rolsuper, rolcreaterole, rolcreatedb, rolbypassrls, rolreplication, rolinherit \
+           FROM pg_roles WHERE rolname = 'sluice_tenant_a'",
+    )
+    .fetch_one(&superuser)
+    .await
+    .unwrap();
+    assert_eq!(attributes, (true, false, false, false, false, false, false));
+}
+
 #[tokio::test]
 async fn a_failed_ensure_tenant_carries_no_password() {
     // An owner without CREATEROLE: the schema is its own, creating the role is refused.
