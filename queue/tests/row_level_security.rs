@@ -676,69 +676,6 @@ async fn a_tenant_that_may_create_in_public_runs_nothing_as_the_owner() {
     assert_eq!(visible, [own], "the tenant still sees its own job only");
 }
 
-/// The store's pools (`pool::connect_lazy`, the sidecar's, and `pool::connect_options`, which the
-/// operator's are made with) resolve names in pg_catalog only. A tenant's `public.unnest(uuid[])` is a
-/// better match than pg_catalog's for the `unnest($1::uuid[])` of statements the owner's login sends
-/// itself, not through a function of the schema: it runs in a session on the server's default path, and
-/// never in theirs.
-#[tokio::test]
-async fn the_stores_sessions_resolve_names_in_pg_catalog_only() {
-    let (pg, owner, a) = setup().await;
-    sqlx::raw_sql("GRANT CREATE ON SCHEMA public TO PUBLIC")
-        .execute(owner.pool())
-        .await
-        .unwrap();
-    sqlx::raw_sql(
-        "CREATE TABLE public.ran (who text); \
-         GRANT INSERT ON public.ran TO PUBLIC; \
-         CREATE FUNCTION public.unnest(uuid[]) RETURNS SETOF uuid LANGUAGE plpgsql AS $$ \
-         BEGIN INSERT INTO public.ran VALUES (current_user); RETURN QUERY SELECT pg_catalog.unnest($1); END $$;",
-    )
-    .execute(a.pool())
-    .await
-    .unwrap();
-    let ran = || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM public.ran")
-            .fetch_one(owner.pool())
-            .await
-            .unwrap()
-    };
-    let probe = "SELECT count(*) FROM unnest($1::uuid[])";
-    let ids = vec![uuid::Uuid::now_v7()];
-    // On the server's default path the tenant's function wins: the probe can tell.
-    sqlx::query_scalar::<_, i64>(probe)
-        .bind(&ids)
-        .fetch_one(owner.pool())
-        .await
-        .unwrap();
-    assert_eq!(ran().await, 1);
-
-    let operator = sqlx::postgres::PgPoolOptions::new()
-        .connect_with(sluice_queue::pool::connect_options(&pg.url()).unwrap())
-        .await
-        .unwrap();
-    let sidecar = sluice_queue::pool::connect_lazy(&pg.url(), 2).unwrap();
-    for pool in [&operator, &sidecar] {
-        let path: String = sqlx::query_scalar("SELECT current_setting('search_path')")
-            .fetch_one(pool)
-            .await
-            .unwrap();
-        assert_eq!(path, sluice_queue::pool::SEARCH_PATH);
-        sqlx::query_scalar::<_, i64>(probe)
-            .bind(&ids)
-            .fetch_one(pool)
-            .await
-            .unwrap();
-        let store = QueueStore::new(pool.clone());
-        store
-            .heartbeat("w", &[(ids[0], 1)], std::time::Duration::from_secs(30))
-            .await
-            .unwrap();
-        store.depth("a/q").await.unwrap();
-    }
-    assert_eq!(ran().await, 1, "the tenant's unnest ran in a pinned session");
-}
-
 /// Every function in `sluice` runs with `search_path` pinned to pg_catalog (migrations 0014, 0020,
 /// 0024-0025): a new function that forgets it would resolve names through its caller's path, where a
 /// tenant may have put its own functions and operators.

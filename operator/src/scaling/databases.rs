@@ -111,7 +111,7 @@ impl Databases {
         let pool = sluice_queue::pool::options(1)
             .min_connections(0)
             .idle_timeout(Some(IDLE_TIMEOUT))
-            .connect_lazy_with(sluice_queue::pool::connect_options(url)?);
+            .connect_lazy(url)?;
         pools.insert(key, pool.clone());
         Ok(pool)
     }

@@ -78,9 +78,7 @@ impl Waker {
 
 async fn listen(url: String, key: String, tx: mpsc::UnboundedSender<Wake>, stop: CancellationToken) {
     // Its own connection: LISTEN holds it for as long as the listener lives.
-    let pool = match sluice_queue::pool::connect_options(&url)
-        .map(|options| sluice_queue::pool::options(1).connect_lazy_with(options))
-    {
+    let pool = match sluice_queue::pool::options(1).connect_lazy(&url) {
         Ok(pool) => pool,
         Err(e) => {
             tracing::warn!(database = %key, error = %e, "no LISTEN for this database; polling only");
