@@ -859,58 +859,14 @@ async fn record<H>(shared: Arc<Shared<H>>, batch: Vec<Done>, shutdown: Cancellat
                     break;
                 }
                 tracing::warn!(error = %e, attempt, "recording finished jobs failed; retrying");
-                if !answered_by_the_database(&e) {
-                    // The database is away (the heartbeat cannot renew the leases either, and they lapse
-                    // as for a crashed worker): the write is retried for as long as it takes, and its
-                    // outcomes count unless a rescue ran the jobs again meanwhile.
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_secs(2));
-                    continue;
-                }
-                let failing = *failing_since.get_or_insert_with(tokio::time::Instant::now);
-                let past_cap = |d: &Done| {
-                    failing.elapsed() >= FINISHING_RENEWAL_AFTER_FAILURE * shared.settings(&d.queue).lease()
-                };
-                let before = finish.len() + release.len();
-                let mut lost = 0;
-                {
-                    let mut inflight = shared.inflight.lock().expect("inflight lock");
-                    let mut keep = |d: &Done| {
-                        if inflight.get(&d.id).is_none_or(|f| f.attempt != d.attempt) {
-                            // This worker claimed a later attempt of it: this one's lease was lost.
-                            shared.metrics.lease_lost(&d.queue);
-                            lost += 1;
-                            return false;
-                        }
-                        if !past_cap(d) {
-                            return true;
-                        }
-                        forget(&mut inflight, d.id, d.attempt);
-                        false
-                    };
-                    finish.retain(&mut keep);
-                    release.retain(&mut keep);
-                }
-                let given_up = before - finish.len() - release.len() - lost;
-                if given_up > 0 {
-                    tracing::warn!(
-                        jobs = given_up,
-                        "recording finished jobs has failed for longer than their lease; giving them up \
-                         (their leases lapse and the jobs run again)"
-                    );
-                }
-                if finish.is_empty() && release.is_empty() {
-                    return;
-                }
-                let mut by_lease: HashMap<Duration, Vec<(Uuid, i32)>> = HashMap::new();
-                for d in finish.iter().chain(&release) {
-                    by_lease
-                        .entry(shared.settings(&d.queue).lease())
-                        .or_default()
-                        .push((d.id, d.attempt));
-                }
-                for (lease, jobs) in by_lease {
-                    renew_finishing(&shared, lease, &jobs).await;
+                // A database that is away (the heartbeat cannot renew the leases either, and they
+                // lapse as for a crashed worker) only delays the write: it is retried for as long as it
+                // takes, and its outcomes count unless a rescue ran the jobs again meanwhile.
+                if answered_by_the_database(&e) {
+                    let failing = *failing_since.get_or_insert_with(tokio::time::Instant::now);
+                    if !keep_renewing(&shared, &mut finish, &mut release, failing).await {
+                        return;
+                    }
                 }
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(Duration::from_secs(2));
@@ -921,6 +877,62 @@ async fn record<H>(shared: Arc<Shared<H>>, batch: Vec<Done>, shutdown: Cancellat
     for d in finish.iter().chain(&release) {
         forget(&mut inflight, d.id, d.attempt);
     }
+}
+
+/// After a write of `finish` and `release` the database refused, first refused at `failing`: drops from
+/// the batch the jobs past [`FINISHING_RENEWAL_AFTER_FAILURE`] (no longer renewed, their permits freed)
+/// and those whose later attempt this worker claimed (a lost lease), and renews the others at once.
+/// Whether any job is left to write.
+async fn keep_renewing<H>(
+    shared: &Shared<H>,
+    finish: &mut Vec<Done>,
+    release: &mut Vec<Done>,
+    failing: tokio::time::Instant,
+) -> bool {
+    let past_cap =
+        |d: &Done| failing.elapsed() >= FINISHING_RENEWAL_AFTER_FAILURE * shared.settings(&d.queue).lease();
+    let before = finish.len() + release.len();
+    let mut lost = 0;
+    {
+        let mut inflight = shared.inflight.lock().expect("inflight lock");
+        let mut keep = |d: &Done| {
+            if inflight.get(&d.id).is_none_or(|f| f.attempt != d.attempt) {
+                // This worker claimed a later attempt of it: this one's lease was lost.
+                shared.metrics.lease_lost(&d.queue);
+                lost += 1;
+                return false;
+            }
+            if !past_cap(d) {
+                return true;
+            }
+            forget(&mut inflight, d.id, d.attempt);
+            false
+        };
+        finish.retain(&mut keep);
+        release.retain(&mut keep);
+    }
+    let given_up = before - finish.len() - release.len() - lost;
+    if given_up > 0 {
+        tracing::warn!(
+            jobs = given_up,
+            "recording finished jobs has failed for longer than their lease; giving them up \
+             (their leases lapse and the jobs run again)"
+        );
+    }
+    if finish.is_empty() && release.is_empty() {
+        return false;
+    }
+    let mut by_lease: HashMap<Duration, Vec<(Uuid, i32)>> = HashMap::new();
+    for d in finish.iter().chain(release.iter()) {
+        by_lease
+            .entry(shared.settings(&d.queue).lease())
+            .or_default()
+            .push((d.id, d.attempt));
+    }
+    for (lease, jobs) in by_lease {
+        renew_finishing(shared, lease, &jobs).await;
+    }
+    true
 }
 
 /// Whether the database answered `e` (an error of the statement itself, which a retry is likely to meet
