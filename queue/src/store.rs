@@ -7,7 +7,7 @@
 use std::{sync::Arc, time::Duration};
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgExecutor, PgPool, Row, postgres::PgRow};
+use sqlx::{Connection as _, PgConnection, PgExecutor, PgPool, Row, postgres::PgRow};
 use uuid::Uuid;
 
 use sluice_crds::clock::{SharedClock, SystemClock};
@@ -148,6 +148,8 @@ pub struct Held {
 pub struct QueueStore {
     pool: PgPool,
     clock: SharedClock,
+    /// How long a worker statement may go unanswered (see [`QueueStore::with_answer_deadline`]).
+    answer_deadline: Option<Duration>,
 }
 
 impl std::fmt::Debug for QueueStore {
@@ -164,7 +166,24 @@ impl QueueStore {
 
     /// A store reading time from `clock`.
     pub fn with_clock(pool: PgPool, clock: SharedClock) -> Self {
-        Self { pool, clock }
+        Self {
+            pool,
+            clock,
+            answer_deadline: None,
+        }
+    }
+
+    /// This store, its worker statements (claims, heartbeats, completions, releases, rescues, retention)
+    /// given up when the database has not answered within `deadline`: the connection is closed, never
+    /// returned to the pool, and the call fails as a connection error would (the next call opens a
+    /// fresh connection). Without it a statement on a connection whose server went away without a
+    /// word (a failover, a dropped NAT entry, a frozen backend) waits for ever, as sqlx has no statement
+    /// deadline and sets no TCP keepalive. A statement that was merely slow (a long row-lock wait) may
+    /// still commit on the server after it was given up; the worker's statements are fenced by lease
+    /// owner and attempt, so running one again is harmless.
+    pub fn with_answer_deadline(mut self, deadline: Duration) -> Self {
+        self.answer_deadline = Some(deadline);
+        self
     }
 
     /// The pool.
@@ -551,7 +570,9 @@ impl QueueStore {
         if !kinds.is_empty() {
             query = query.bind(kinds);
         }
-        let mut jobs = query.fetch_all(&self.pool).await?;
+        let mut jobs = self
+            .on_connection(async |c| Ok(query.fetch_all(c).await?))
+            .await?;
         // `UPDATE … RETURNING` gives rows back in no particular order; handler slots are handed out in
         // this order, so restore the claim's: highest priority first, then oldest (UUIDv7 ids sort by
         // enqueue time).
@@ -594,18 +615,19 @@ impl QueueStore {
             delays.push(delay);
             errors.push(without_nul(err));
         }
-        let (pool, ids, attempts, outcomes, delays, errors) =
-            (&self.pool, &ids, &attempts, &outcomes, &delays, &errors);
-        let rows = once_more_on_deadlock(move || async move {
-            Ok(sqlx::query(sql::JOB_FINISH)
-                .bind(ids)
-                .bind(attempts)
-                .bind(outcomes)
-                .bind(delays)
-                .bind(errors)
-                .bind(owner)
-                .fetch_all(pool)
-                .await?)
+        let (ids, attempts, outcomes, delays, errors) = (&ids, &attempts, &outcomes, &delays, &errors);
+        let rows = once_more_on_deadlock(|| {
+            self.on_connection(async |c| {
+                Ok(sqlx::query(sql::JOB_FINISH)
+                    .bind(ids)
+                    .bind(attempts)
+                    .bind(outcomes)
+                    .bind(delays)
+                    .bind(errors)
+                    .bind(owner)
+                    .fetch_all(c)
+                    .await?)
+            })
         })
         .await?;
         rows.iter()
@@ -646,37 +668,40 @@ impl QueueStore {
         lease: Duration,
         wait: Duration,
     ) -> Result<Option<Held>> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("SELECT set_config('lock_timeout', $1, true)")
-            .bind(format!("{}ms", wait.as_millis().max(1)))
-            .execute(&mut *tx)
-            .await?;
-        let row = sqlx::query(sql::JOB_HEARTBEAT_WAITING)
-            .bind(job.0)
-            .bind(job.1)
-            .bind(owner)
-            .bind(lease.as_millis() as i64)
-            .fetch_optional(&mut *tx)
-            .await;
-        let row = match row {
-            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(LOCK_NOT_AVAILABLE) => {
-                return Ok(Some(Held {
-                    id: job.0,
-                    cancel_requested: false,
-                    renewed: false,
-                }));
-            }
-            row => row?,
-        };
-        tx.commit().await?;
-        row.map(|r| {
-            Ok(Held {
-                id: r.try_get("id")?,
-                cancel_requested: r.try_get("cancel_requested")?,
-                renewed: true,
+        self.on_connection(async |c| {
+            let mut tx = c.begin().await?;
+            sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+                .bind(format!("{}ms", wait.as_millis().max(1)))
+                .execute(&mut *tx)
+                .await?;
+            let row = sqlx::query(sql::JOB_HEARTBEAT_WAITING)
+                .bind(job.0)
+                .bind(job.1)
+                .bind(owner)
+                .bind(lease.as_millis() as i64)
+                .fetch_optional(&mut *tx)
+                .await;
+            let row = match row {
+                Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(LOCK_NOT_AVAILABLE) => {
+                    return Ok(Some(Held {
+                        id: job.0,
+                        cancel_requested: false,
+                        renewed: false,
+                    }));
+                }
+                row => row?,
+            };
+            tx.commit().await?;
+            row.map(|r| {
+                Ok(Held {
+                    id: r.try_get("id")?,
+                    cancel_requested: r.try_get("cancel_requested")?,
+                    renewed: true,
+                })
             })
+            .transpose()
         })
-        .transpose()
+        .await
     }
 
     /// Extends the leases of `owner`'s finished jobs whose outcome is not written yet by `lease`,
@@ -708,26 +733,54 @@ impl QueueStore {
     /// aborts one side as a deadlock, and the release is run once more.
     pub async fn release(&self, owner: &str, jobs: &[(Uuid, i32)]) -> Result<Vec<Uuid>> {
         let (ids, attempts): (Vec<Uuid>, Vec<i32>) = in_lock_order(jobs).into_iter().unzip();
-        let (pool, ids, attempts) = (&self.pool, &ids, &attempts);
-        let rows = once_more_on_deadlock(move || async move {
-            let mut tx = pool.begin().await?;
-            sqlx::query(sql::PLAN_GENERIC).execute(&mut *tx).await?;
-            sqlx::query(sql::JOB_LOCK_RELEASING)
-                .bind(ids)
-                .bind(owner)
-                .execute(&mut *tx)
-                .await?;
-            let rows = sqlx::query(sql::JOB_RELEASE_FENCED)
-                .bind(ids)
-                .bind(attempts)
-                .bind(owner)
-                .fetch_all(&mut *tx)
-                .await?;
-            tx.commit().await?;
-            Ok(rows)
+        let (ids, attempts) = (&ids, &attempts);
+        let rows = once_more_on_deadlock(|| {
+            self.on_connection(async |c| {
+                let mut tx = c.begin().await?;
+                sqlx::query(sql::PLAN_GENERIC).execute(&mut *tx).await?;
+                sqlx::query(sql::JOB_LOCK_RELEASING)
+                    .bind(ids)
+                    .bind(owner)
+                    .execute(&mut *tx)
+                    .await?;
+                let rows = sqlx::query(sql::JOB_RELEASE_FENCED)
+                    .bind(ids)
+                    .bind(attempts)
+                    .bind(owner)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(rows)
+            })
         })
         .await?;
         rows.iter().map(|r| Ok(r.try_get("id")?)).collect()
+    }
+
+    /// Runs `statements` on a connection of the pool, within the [answer deadline](Self::with_answer_deadline)
+    /// when there is one. Past it the statements are dropped unfinished and their connection closed
+    /// (detached from the pool, which opens another in its place), whatever state it was in.
+    async fn on_connection<T>(
+        &self,
+        statements: impl AsyncFnOnce(&mut PgConnection) -> Result<T>,
+    ) -> Result<T> {
+        let mut conn = self.pool.acquire().await?;
+        let Some(deadline) = self.answer_deadline else {
+            return statements(&mut conn).await;
+        };
+        match tokio::time::timeout(deadline, statements(&mut conn)).await {
+            Ok(done) => done,
+            Err(_) => {
+                drop(conn.detach());
+                Err(Error::Database(sqlx::Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "the database did not answer within {} ms; its connection was closed",
+                        deadline.as_millis()
+                    ),
+                ))))
+            }
+        }
     }
 
     /// Runs one of the by-id batch statements (the heartbeats) with its generic plan, in a transaction of its
@@ -738,11 +791,14 @@ impl QueueStore {
         &self,
         query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
     ) -> Result<Vec<PgRow>> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(sql::PLAN_GENERIC).execute(&mut *tx).await?;
-        let rows = query.fetch_all(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(rows)
+        self.on_connection(async |c| {
+            let mut tx = c.begin().await?;
+            sqlx::query(sql::PLAN_GENERIC).execute(&mut *tx).await?;
+            let rows = query.fetch_all(&mut *tx).await?;
+            tx.commit().await?;
+            Ok(rows)
+        })
+        .await
     }
 
     /// Makes up to `limit` jobs of `queues` whose lease expired ready again (or dead, or cancelled).
@@ -753,13 +809,14 @@ impl QueueStore {
     /// the rest are taken with `SKIP LOCKED`. A rescue PostgreSQL aborted as a deadlock all the same is
     /// run once more.
     pub async fn rescue_expired(&self, queues: &[String], limit: i64) -> Result<u64> {
-        let pool = &self.pool;
-        let rows = once_more_on_deadlock(move || async move {
-            Ok(sqlx::query(sql::JOB_RESCUE_EXPIRED)
-                .bind(queues)
-                .bind(limit)
-                .fetch_all(pool)
-                .await?)
+        let rows = once_more_on_deadlock(|| {
+            self.on_connection(async |c| {
+                Ok(sqlx::query(sql::JOB_RESCUE_EXPIRED)
+                    .bind(queues)
+                    .bind(limit)
+                    .fetch_all(c)
+                    .await?)
+            })
         })
         .await?;
         Ok(rows.len() as u64)
@@ -782,10 +839,14 @@ impl QueueStore {
 
     /// Deletes up to `limit` finished jobs of `queue` past their retention. Returns how many.
     pub async fn delete_expired(&self, queue: &str, limit: i64) -> Result<u64> {
-        let done = sqlx::query(sql::JOB_DELETE_EXPIRED)
-            .bind(queue)
-            .bind(limit)
-            .execute(&self.pool)
+        let done = self
+            .on_connection(async |c| {
+                Ok(sqlx::query(sql::JOB_DELETE_EXPIRED)
+                    .bind(queue)
+                    .bind(limit)
+                    .execute(c)
+                    .await?)
+            })
             .await?;
         Ok(done.rows_affected())
     }

@@ -8,7 +8,7 @@ use std::{sync::Arc, time::Duration};
 use queue_support::*;
 use sluice_queue::{NewJob, QueueSettings, QueueStore};
 use sluice_sidecar::queue::{Outcome, Worker};
-use sluice_testsupport::{PgServer, wait_for_async};
+use sluice_testsupport::{PgServer, Signal, wait_for_async};
 use sqlx::PgPool;
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -570,6 +570,121 @@ async fn a_running_job_that_enqueues_keep_locking_keeps_its_lease_and_runs_once(
     wait_state(&store, r, "succeeded").await;
     assert_eq!(store.get(r).await.unwrap().unwrap().attempt, 1);
     assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1, "R ran once");
+    shutdown.cancel();
+    w.await.unwrap().unwrap();
+}
+
+/// Backends of a test's server frozen (SIGSTOP) until dropped, so a failing test still thaws them.
+struct Frozen<'a> {
+    pg: &'a PgServer,
+    pids: Vec<u32>,
+}
+
+impl<'a> Frozen<'a> {
+    fn new(pg: &'a PgServer, pids: Vec<u32>) -> Self {
+        for &pid in &pids {
+            pg.signal_backend(pid, Signal::Stop);
+        }
+        Self { pg, pids }
+    }
+}
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        for &pid in &self.pids {
+            self.pg.signal_backend(pid, Signal::Cont);
+        }
+    }
+}
+
+/// A database that stops answering on a worker's connections (their backends frozen: the sockets stay
+/// open and nothing answers, as a failover or a dropped NAT entry leaves them) holds up no outcome for
+/// ever: each statement is given up after the worker's answer deadline, its connection closed, and the
+/// completion written on a fresh connection. The worker's pool does not check a connection before
+/// handing it out, so the statements themselves meet the silent backends (with the check, a silent
+/// idle connection is caught within the acquire deadline, but not one that goes silent mid-statement,
+/// which no test can time); it keeps eight connections open, more than the worker uses at once, so
+/// that the completion write takes a frozen one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_write_the_database_stops_answering_is_written_on_another_connection() {
+    const APP: &str = "sluice-silent-test";
+    let (pg, pool, store) = setup(QueueSettings {
+        lease_ms: 60_000,
+        ..settings("silent")
+    })
+    .await;
+    let worker_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(20)
+        .min_connections(8)
+        .test_before_acquire(false)
+        .acquire_timeout(Duration::from_secs(3))
+        .connect_with(
+            pg.url()
+                .parse::<sqlx::postgres::PgConnectOptions>()
+                .unwrap()
+                .application_name(APP),
+        )
+        .await
+        .unwrap();
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let gate = Arc::new(Notify::new());
+    let g = gate.clone();
+    let handler = FnHandler::new(move |job, _| {
+        let (started_tx, g) = (started_tx.clone(), g.clone());
+        async move {
+            let _ = started_tx.send(job.id);
+            g.notified().await;
+            Outcome::Succeeded
+        }
+    });
+    let shutdown = CancellationToken::new();
+    let w = tokio::spawn(
+        Worker::new(
+            QueueStore::new(worker_pool),
+            handler,
+            sluice_sidecar::queue::WorkerOptions {
+                concurrency: 1,
+                listen: false,
+                answer_deadline: Duration::from_millis(500),
+                ..opts("silent", "w1")
+            },
+        )
+        .run(shutdown.clone()),
+    );
+    let id = store
+        .enqueue("silent", &NewJob::new("k", serde_json::json!({})))
+        .await
+        .unwrap()
+        .id;
+    let running = tokio::time::timeout(DEADLINE, started.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(running, id);
+    let pids: Vec<i32> = wait_for_async("the worker's pool to hold eight connections", DEADLINE, || {
+        let pool = pool.clone();
+        async move {
+            let pids: Vec<i32> =
+                sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE application_name = $1")
+                    .bind(APP)
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap();
+            (pids.len() >= 8).then_some(pids)
+        }
+    })
+    .await;
+    let frozen = Frozen::new(&pg, pids.into_iter().map(|p| p as u32).collect());
+
+    gate.notify_one();
+    wait_state(&store, id, "succeeded").await;
+    let attempt: i32 = sqlx::query_scalar("SELECT attempt FROM sluice.jobs WHERE id = $1")
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(attempt, 1, "the job ran once");
+    drop(frozen);
     shutdown.cancel();
     w.await.unwrap().unwrap();
 }

@@ -83,6 +83,23 @@ impl PgServer {
         send_signal(self.pid().expect("postgres is running"), Signal::Cont);
     }
 
+    /// Sends `sig` to one of its backends, `pid` as `pg_stat_activity` names it. [`Signal::Stop`] freezes
+    /// that one session: its socket stays open and nothing answers on it (a server gone silent under a
+    /// client, as a failover or a dropped NAT entry leaves it), while the other sessions and new
+    /// connections carry on. Thaw it ([`Signal::Cont`]) before the server is dropped: a frozen backend
+    /// never notices its postmaster's end. Panics when `pid` is not a child of this server's postmaster.
+    pub fn signal_backend(&self, pid: u32, sig: Signal) {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read the backend's /proc stat");
+        // After the command's name in parentheses (which may hold spaces): state, then the parent's pid.
+        let parent = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        assert_eq!(parent, self.pid(), "pid {pid} is not a backend of this server");
+        send_signal(pid, sig);
+    }
+
     /// Crashes the server: SIGKILL to the postmaster; its backends exit when they notice. Data that was
     /// committed survives (crash recovery runs on the next start).
     pub fn kill(&mut self) {

@@ -134,7 +134,16 @@ pub struct WorkerOptions {
     pub owner: String,
     /// Claim only jobs of these kinds (empty: every kind).
     pub kinds: Vec<String>,
+    /// How long one of the worker's statements may go unanswered before its connection is closed and
+    /// the statement retried on another (see [`QueueStore::with_answer_deadline`]). Keep it below the
+    /// heartbeat interval, so that a heartbeat stuck on a dead connection is retried before the leases
+    /// it renews run out.
+    pub answer_deadline: Duration,
 }
+
+/// The default [`WorkerOptions::answer_deadline`]: a third of the default 30 s lease, the default
+/// heartbeat interval.
+pub const ANSWER_DEADLINE_DEFAULT: Duration = Duration::from_secs(10);
 
 /// Claim loops a worker runs at once: two keep claims flowing while one waits for its query.
 pub const CLAIMERS_DEFAULT: usize = 2;
@@ -155,6 +164,7 @@ impl WorkerOptions {
             heartbeat_interval: None,
             owner: default_owner(),
             kinds: Vec::new(),
+            answer_deadline: ANSWER_DEADLINE_DEFAULT,
         }
     }
 }
@@ -367,7 +377,7 @@ impl<H: Handler> Worker<H> {
     /// A worker serving `opts.queues` with `handler`.
     pub fn new(store: QueueStore, handler: H, opts: WorkerOptions) -> Self {
         Self {
-            store,
+            store: store.with_answer_deadline(opts.answer_deadline),
             handler,
             opts,
             metrics: Arc::new(QueueMetrics::new()),
