@@ -31,5 +31,28 @@ impl Error {
     }
 }
 
+/// What a statement the database did not answer within the store's answer deadline fails with (see
+/// [`crate::QueueStore::with_answer_deadline`]): a connection error, [`std::io::ErrorKind::TimedOut`],
+/// since the connection was closed and nothing is known of what the server did; [`Unanswered::is`]
+/// tells it from other connection errors.
+#[derive(Debug, thiserror::Error)]
+#[error("the database did not answer within {} ms; its connection was closed", .0.as_millis())]
+pub struct Unanswered(pub std::time::Duration);
+
+impl Unanswered {
+    /// This as the crate's error.
+    pub(crate) fn into_error(self) -> Error {
+        Error::Database(sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            self,
+        )))
+    }
+
+    /// Whether `e` is the error of a statement given up unanswered.
+    pub fn is(e: &sqlx::Error) -> bool {
+        matches!(e, sqlx::Error::Io(io) if io.get_ref().is_some_and(|inner| inner.is::<Unanswered>()))
+    }
+}
+
 /// The queue's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     Error, Result,
+    error::Unanswered,
     events::JobStatus,
     job::{
         CancelOutcome, ClaimedJob, Depth, Enqueued, GraphJob, Job, JobState, MAX_PAYLOAD_BYTES, NewJob,
@@ -150,11 +151,16 @@ pub struct QueueStore {
     clock: SharedClock,
     /// How long a worker statement may go unanswered (see [`QueueStore::with_answer_deadline`]).
     answer_deadline: Option<Duration>,
+    /// How long a completion or release may wait for a row lock (see [`QueueStore::with_lock_wait`]).
+    lock_wait: Option<Duration>,
 }
 
 impl std::fmt::Debug for QueueStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("QueueStore").finish_non_exhaustive()
+        f.debug_struct("QueueStore")
+            .field("answer_deadline", &self.answer_deadline)
+            .field("lock_wait", &self.lock_wait)
+            .finish_non_exhaustive()
     }
 }
 
@@ -170,11 +176,24 @@ impl QueueStore {
             pool,
             clock,
             answer_deadline: None,
+            lock_wait: None,
         }
     }
 
-    /// This store, its worker statements (claims, heartbeats, completions, releases, rescues, retention)
-    /// given up when the database has not answered within `deadline`: the connection is closed, never
+    /// This store, its completions and releases ([`QueueStore::finish_batch`], [`QueueStore::release`])
+    /// waiting at most `wait` for a row lock (`lock_timeout`, for their transaction only): past it
+    /// the database answers with an error instead of waiting on. For a write retried after its first try
+    /// went unanswered: a try given up while it waited for a lock still waits on the server (which
+    /// notices the closed connection only when it next answers), and a retry that waited just as long
+    /// would leave one more such backend behind each time. Costs a completion three more round trips
+    /// (its transaction and the setting), a release one.
+    pub fn with_lock_wait(mut self, wait: Duration) -> Self {
+        self.lock_wait = Some(wait);
+        self
+    }
+
+    /// This store, its worker statements (claims, heartbeats, completions, releases, rescues, retention,
+    /// and the reads of a queue's settings and depth a worker makes) given up when the database has not answered within `deadline`: the connection is closed, never
     /// returned to the pool, and the call fails as a connection error would (the next call opens a
     /// fresh connection). Without it a statement on a connection whose server went away without a
     /// word (a failover, a dropped NAT entry, a frozen backend) waits for ever, as sqlx has no statement
@@ -219,20 +238,26 @@ impl QueueStore {
     /// Creates queue `name` with default settings unless it exists.
     pub async fn ensure_queue(&self, name: &str) -> Result<()> {
         check_queue_name(name)?;
-        sqlx::query(sql::QUEUE_ENSURE)
-            .bind(name)
-            .execute(&self.pool)
-            .await
-            .map_err(map_db_error)?;
+        self.on_connection(async |c| {
+            sqlx::query(sql::QUEUE_ENSURE)
+                .bind(name)
+                .execute(c)
+                .await
+                .map_err(map_db_error)
+        })
+        .await?;
         Ok(())
     }
 
     /// A queue's settings, if it exists.
     pub async fn queue(&self, name: &str) -> Result<Option<QueueSettings>> {
-        Ok(sqlx::query_as::<_, QueueSettings>(sql::QUEUE_GET)
-            .bind(name)
-            .fetch_optional(&self.pool)
-            .await?)
+        self.on_connection(async |c| {
+            Ok(sqlx::query_as::<_, QueueSettings>(sql::QUEUE_GET)
+                .bind(name)
+                .fetch_optional(c)
+                .await?)
+        })
+        .await
     }
 
     /// Moves queue `from` with its settings, jobs and schedules to the name `to` (`sluice.adopt_queue`):
@@ -281,10 +306,13 @@ impl QueueStore {
 
     /// Depth of one queue; None when it does not exist.
     pub async fn depth(&self, queue: &str) -> Result<Option<Depth>> {
-        Ok(sqlx::query_as::<_, Depth>(sql::QUEUE_DEPTH)
-            .bind(Some(queue))
-            .fetch_optional(&self.pool)
-            .await?)
+        self.on_connection(async |c| {
+            Ok(sqlx::query_as::<_, Depth>(sql::QUEUE_DEPTH)
+                .bind(Some(queue))
+                .fetch_optional(c)
+                .await?)
+        })
+        .await
     }
 
     /// Depth of every queue, in name order.
@@ -618,15 +646,21 @@ impl QueueStore {
         let (ids, attempts, outcomes, delays, errors) = (&ids, &attempts, &outcomes, &delays, &errors);
         let rows = once_more_on_deadlock(|| {
             self.on_connection(async |c| {
-                Ok(sqlx::query(sql::JOB_FINISH)
+                let finish = sqlx::query(sql::JOB_FINISH)
                     .bind(ids)
                     .bind(attempts)
                     .bind(outcomes)
                     .bind(delays)
                     .bind(errors)
-                    .bind(owner)
-                    .fetch_all(c)
-                    .await?)
+                    .bind(owner);
+                let Some(wait) = self.lock_wait else {
+                    return Ok(finish.fetch_all(c).await?);
+                };
+                let mut tx = c.begin().await?;
+                set_lock_timeout(&mut tx, wait).await?;
+                let rows = finish.fetch_all(&mut *tx).await?;
+                tx.commit().await?;
+                Ok(rows)
             })
         })
         .await?;
@@ -670,10 +704,7 @@ impl QueueStore {
     ) -> Result<Option<Held>> {
         self.on_connection(async |c| {
             let mut tx = c.begin().await?;
-            sqlx::query("SELECT set_config('lock_timeout', $1, true)")
-                .bind(format!("{}ms", wait.as_millis().max(1)))
-                .execute(&mut *tx)
-                .await?;
+            set_lock_timeout(&mut tx, wait).await?;
             let row = sqlx::query(sql::JOB_HEARTBEAT_WAITING)
                 .bind(job.0)
                 .bind(job.1)
@@ -738,6 +769,9 @@ impl QueueStore {
             self.on_connection(async |c| {
                 let mut tx = c.begin().await?;
                 sqlx::query(sql::PLAN_GENERIC).execute(&mut *tx).await?;
+                if let Some(wait) = self.lock_wait {
+                    set_lock_timeout(&mut tx, wait).await?;
+                }
                 sqlx::query(sql::JOB_LOCK_RELEASING)
                     .bind(ids)
                     .bind(owner)
@@ -772,13 +806,7 @@ impl QueueStore {
             Ok(done) => done,
             Err(_) => {
                 drop(conn.detach());
-                Err(Error::Database(sqlx::Error::Io(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!(
-                        "the database did not answer within {} ms; its connection was closed",
-                        deadline.as_millis()
-                    ),
-                ))))
+                Err(Unanswered(deadline).into_error())
             }
         }
     }
@@ -1227,6 +1255,15 @@ where
         }
         done => done,
     }
+}
+
+/// Sets `lock_timeout` to `wait` for the rest of transaction `tx`.
+async fn set_lock_timeout(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>, wait: Duration) -> Result<()> {
+    sqlx::query("SELECT pg_catalog.set_config('lock_timeout', $1, true)")
+        .bind(format!("{}ms", wait.as_millis().max(1)))
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
 }
 
 /// PostgreSQL's SQLSTATE for a lock not taken within `lock_timeout`.

@@ -581,11 +581,14 @@ struct Frozen<'a> {
 }
 
 impl<'a> Frozen<'a> {
-    fn new(pg: &'a PgServer, pids: Vec<u32>) -> Self {
-        for &pid in &pids {
+    /// Freezes `pids`, each put in the guard before it is frozen.
+    fn new(pg: &'a PgServer, pids: impl IntoIterator<Item = u32>) -> Self {
+        let mut frozen = Self { pg, pids: Vec::new() };
+        for pid in pids {
+            frozen.pids.push(pid);
             pg.signal_backend(pid, Signal::Stop);
         }
-        Self { pg, pids }
+        frozen
     }
 }
 
@@ -603,10 +606,11 @@ impl Drop for Frozen<'_> {
 /// completion written on a fresh connection. The worker's pool does not check a connection before
 /// handing it out, so the statements themselves meet the silent backends (with the check, a silent
 /// idle connection is caught within the acquire deadline, but not one that goes silent mid-statement,
-/// which no test can time); it keeps eight connections open, more than the worker uses at once, so
-/// that the completion write takes a frozen one.
+/// which no test can time); it holds eight connections, more than the worker uses at once, all
+/// frozen, so the completion write takes a frozen one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completion_write_the_database_stops_answering_is_written_on_another_connection() {
+    const CONNECTIONS: usize = 8;
     const APP: &str = "sluice-silent-test";
     let (pg, pool, store) = setup(QueueSettings {
         lease_ms: 60_000,
@@ -614,8 +618,8 @@ async fn a_completion_write_the_database_stops_answering_is_written_on_another_c
     })
     .await;
     let worker_pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(20)
-        .min_connections(8)
+        .max_connections(CONNECTIONS as u32)
+        .min_connections(CONNECTIONS as u32)
         .test_before_acquire(false)
         .acquire_timeout(Duration::from_secs(3))
         .connect_with(
@@ -661,7 +665,7 @@ async fn a_completion_write_the_database_stops_answering_is_written_on_another_c
         .unwrap()
         .unwrap();
     assert_eq!(running, id);
-    let pids: Vec<i32> = wait_for_async("the worker's pool to hold eight connections", DEADLINE, || {
+    let pids: Vec<i32> = wait_for_async("the worker's pool to hold its connections", DEADLINE, || {
         let pool = pool.clone();
         async move {
             let pids: Vec<i32> =
@@ -670,13 +674,110 @@ async fn a_completion_write_the_database_stops_answering_is_written_on_another_c
                     .fetch_all(&pool)
                     .await
                     .unwrap();
-            (pids.len() >= 8).then_some(pids)
+            (pids.len() == CONNECTIONS).then_some(pids)
         }
     })
     .await;
-    let frozen = Frozen::new(&pg, pids.into_iter().map(|p| p as u32).collect());
+    let frozen = Frozen::new(&pg, pids.into_iter().map(|p| p as u32));
 
     gate.notify_one();
+    // Each frozen connection the write meets costs it the answer deadline and a backoff (50 ms,
+    // doubling); the claim loops and the heartbeat meet some of them meanwhile.
+    wait_for_async("the job's outcome to be written", Duration::from_secs(40), || {
+        let store = store.clone();
+        async move { (state(&store, id).await == "succeeded").then_some(()) }
+    })
+    .await;
+    let attempt: i32 = sqlx::query_scalar("SELECT attempt FROM sluice.jobs WHERE id = $1")
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        attempt, 1,
+        "the job ran once, its outcome written on its first attempt"
+    );
+    drop(frozen);
+    shutdown.cancel();
+    w.await.unwrap().unwrap();
+}
+
+/// A completion given up unanswered while it waits for a row lock still waits on the server (a
+/// backend notices its closed connection only when it next answers); its retries wait for the lock
+/// half the answer deadline at most, so the database answers them with an error and each leaves
+/// nothing behind: besides the retry, one backend waits for the lock however long it is held, where
+/// each retry left one more. Once the lock is let go the job's outcome is written, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_given_up_on_a_row_lock_leaves_one_waiting_backend_behind() {
+    let (_pg, pool, store) = setup(QueueSettings {
+        lease_ms: 60_000,
+        ..settings("locked")
+    })
+    .await;
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let gate = Arc::new(Notify::new());
+    let g = gate.clone();
+    let handler = FnHandler::new(move |job, _| {
+        let (started_tx, g) = (started_tx.clone(), g.clone());
+        async move {
+            let _ = started_tx.send(job.id);
+            g.notified().await;
+            Outcome::Succeeded
+        }
+    });
+    let shutdown = CancellationToken::new();
+    let w = tokio::spawn(
+        Worker::new(
+            store.clone(),
+            handler,
+            sluice_sidecar::queue::WorkerOptions {
+                concurrency: 1,
+                answer_deadline: Duration::from_secs(1),
+                ..opts("locked", "w1")
+            },
+        )
+        .run(shutdown.clone()),
+    );
+    let id = store
+        .enqueue("locked", &NewJob::new("k", serde_json::json!({})))
+        .await
+        .unwrap()
+        .id;
+    let running = tokio::time::timeout(DEADLINE, started.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(running, id);
+    let mut lock = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM sluice.jobs WHERE id = $1 FOR UPDATE")
+        .bind(id)
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let before = pg_stat_rolled_back(&pool).await;
+    gate.notify_one();
+
+    // Three retries refused by the lock's timeout (each a rolled-back transaction), and meanwhile
+    // never more than two completions waiting for the lock: the try given up and the retry.
+    wait_for_async(
+        "three retries of the write to end on the lock's timeout",
+        Duration::from_secs(30),
+        || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+              WHERE wait_event_type = 'Lock' AND strpos(query, 'finish_jobs') > 0",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            assert!(waiting <= 2, "{waiting} completions wait for the lock");
+            (pg_stat_rolled_back(&pool).await - before >= 3).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(state(&store, id).await, "running");
+
+    lock.rollback().await.unwrap();
     wait_state(&store, id, "succeeded").await;
     let attempt: i32 = sqlx::query_scalar("SELECT attempt FROM sluice.jobs WHERE id = $1")
         .bind(id)
@@ -684,7 +785,14 @@ async fn a_completion_write_the_database_stops_answering_is_written_on_another_c
         .await
         .unwrap();
     assert_eq!(attempt, 1, "the job ran once");
-    drop(frozen);
     shutdown.cancel();
     w.await.unwrap().unwrap();
+}
+
+/// Transactions of the current database rolled back so far (the statistics lag by up to half a second).
+async fn pg_stat_rolled_back(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT xact_rollback FROM pg_stat_database WHERE datname = current_database()")
+        .fetch_one(pool)
+        .await
+        .unwrap()
 }

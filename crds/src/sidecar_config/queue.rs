@@ -26,6 +26,10 @@ pub const POLL_INTERVAL_DEFAULT: Duration = Duration::from_millis(50);
 pub const MAX_POLL_INTERVAL_DEFAULT: Duration = Duration::from_secs(2);
 /// Default time in-flight jobs get to finish after SIGTERM before they are handed back.
 pub const SHUTDOWN_GRACE_DEFAULT: Duration = Duration::from_secs(25);
+/// Default time one of the worker's statements may go unanswered before its connection is closed and
+/// the statement retried on another: below the default heartbeat interval (a third of the default 30 s
+/// lease).
+pub const ANSWER_DEADLINE_DEFAULT: Duration = Duration::from_secs(5);
 /// Default address of the worker's `/metrics` and `/healthz`.
 pub const METRICS_LISTEN_DEFAULT: &str = "0.0.0.0:9902";
 /// Default largest number of jobs in one batch enqueue request.
@@ -155,6 +159,10 @@ pub struct WorkerConfig {
     /// Heartbeat interval. Absent: a third of the shortest lease of the served queues.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heartbeat_interval: Option<Duration>,
+    /// How long one of the worker's statements may go unanswered before its connection is closed and
+    /// the statement retried on another (a server gone silent). Keep it below the heartbeat interval.
+    #[serde(default = "default_answer_deadline")]
+    pub answer_deadline: Duration,
     /// Address of the worker's `/metrics` and `/healthz`.
     #[serde(default = "default_metrics_listen")]
     pub metrics_listen: SocketAddr,
@@ -170,6 +178,7 @@ impl Default for WorkerConfig {
             listen: true,
             shutdown_grace: SHUTDOWN_GRACE_DEFAULT,
             heartbeat_interval: None,
+            answer_deadline: ANSWER_DEADLINE_DEFAULT,
             metrics_listen: default_metrics_listen(),
         }
     }
@@ -434,6 +443,9 @@ fn default_max_poll_interval() -> Duration {
 }
 fn default_shutdown_grace() -> Duration {
     SHUTDOWN_GRACE_DEFAULT
+}
+fn default_answer_deadline() -> Duration {
+    ANSWER_DEADLINE_DEFAULT
 }
 fn default_metrics_listen() -> SocketAddr {
     METRICS_LISTEN_DEFAULT.parse().expect("valid default")

@@ -186,6 +186,9 @@ pub fn check_queue(q: &QueueConfig, errs: &mut ConfigErrors) {
     if q.worker.claim_batch == 0 {
         errs.push("queue.worker.claimBatch", "must be at least 1");
     }
+    if q.worker.answer_deadline.get().is_zero() {
+        errs.push("queue.worker.answerDeadline", "must be longer than 0");
+    }
     if q.api.max_batch == 0 {
         errs.push("queue.api.maxBatch", "must be at least 1");
     }

@@ -21,7 +21,7 @@ use super::{
     dispatch::HttpHandler,
     grpc,
     metrics::QueueMetrics,
-    worker::{ANSWER_DEADLINE_DEFAULT, CLAIMERS_DEFAULT, Worker, WorkerOptions, default_owner},
+    worker::{CLAIMERS_DEFAULT, Worker, WorkerOptions, default_owner},
 };
 use crate::{
     Error, Result,
@@ -186,7 +186,7 @@ pub async fn run_worker(cfg: QueueConfig, shutdown: CancellationToken) -> Result
         heartbeat_interval: cfg.worker.heartbeat_interval.map(|d| d.get()),
         owner: default_owner(),
         kinds: Vec::new(),
-        answer_deadline: ANSWER_DEADLINE_DEFAULT,
+        answer_deadline: cfg.worker.answer_deadline.get(),
     };
     if let Some(addr) = cfg.grpc.listen {
         // gRPC workers connect and take jobs; nothing is POSTed to the handler URL.

@@ -47,11 +47,12 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use sluice_crds::sidecar_config::{
-    CLAIM_BATCH_DEFAULT, JOB_TIMEOUT_DEFAULT, MAX_POLL_INTERVAL_DEFAULT, POLL_INTERVAL_DEFAULT,
-    SHUTDOWN_GRACE_DEFAULT, WORKER_CONCURRENCY_DEFAULT,
+    ANSWER_DEADLINE_DEFAULT, CLAIM_BATCH_DEFAULT, JOB_TIMEOUT_DEFAULT, MAX_POLL_INTERVAL_DEFAULT,
+    POLL_INTERVAL_DEFAULT, SHUTDOWN_GRACE_DEFAULT, WORKER_CONCURRENCY_DEFAULT,
 };
 use sluice_queue::{
     ClaimedJob, QueueSettings, QueueStore,
+    error::Unanswered,
     listen::Event,
     store::{Finish, Finished, Held},
 };
@@ -141,10 +142,6 @@ pub struct WorkerOptions {
     pub answer_deadline: Duration,
 }
 
-/// The default [`WorkerOptions::answer_deadline`]: a third of the default 30 s lease, the default
-/// heartbeat interval.
-pub const ANSWER_DEADLINE_DEFAULT: Duration = Duration::from_secs(10);
-
 /// Claim loops a worker runs at once: two keep claims flowing while one waits for its query.
 pub const CLAIMERS_DEFAULT: usize = 2;
 
@@ -164,7 +161,7 @@ impl WorkerOptions {
             heartbeat_interval: None,
             owner: default_owner(),
             kinds: Vec::new(),
-            answer_deadline: ANSWER_DEADLINE_DEFAULT,
+            answer_deadline: ANSWER_DEADLINE_DEFAULT.get(),
         }
     }
 }
@@ -836,9 +833,16 @@ async fn record<H>(shared: Arc<Shared<H>>, batch: Vec<Done>, shutdown: Cancellat
     let mut wait = Duration::from_millis(50);
     // When the write first failed (it has failed every time since).
     let mut failing_since: Option<tokio::time::Instant> = None;
+    // Once a try went unanswered, later tries wait for row locks for half the answer deadline at most
+    // (see `QueueStore::with_lock_wait`).
+    let mut store = &shared.store;
+    let bounded = shared
+        .store
+        .clone()
+        .with_lock_wait(shared.opts.answer_deadline / 2);
     for attempt in 0.. {
         let t0 = tokio::time::Instant::now();
-        match write_batch(&shared.store, owner, &finish, &release).await {
+        match write_batch(store, owner, &finish, &release).await {
             Ok(written) => {
                 let secs = t0.elapsed().as_secs_f64();
                 let mut write_secs = shared.write_secs.lock().expect("write_secs lock");
@@ -861,9 +865,14 @@ async fn record<H>(shared: Arc<Shared<H>>, batch: Vec<Done>, shutdown: Cancellat
                 break;
             }
             Err(e) => {
-                if shutdown.is_cancelled() && attempt >= 5 {
-                    // Exiting with the database away: the leases expire and other workers rescue the
-                    // jobs (at-least-once), rather than this process hanging on.
+                let unanswered = matches!(&e, crate::error::Error::Database(db) if Unanswered::is(db));
+                if unanswered {
+                    store = &bounded;
+                }
+                if shutdown.is_cancelled() && (attempt >= 5 || unanswered) {
+                    // Exiting with the database away (or silent: each try would take the answer
+                    // deadline): the leases expire and other workers rescue the jobs (at-least-once),
+                    // rather than this process hanging on.
                     let jobs = finish.len() + release.len();
                     tracing::error!(error = %e, jobs, "giving up recording finished jobs");
                     break;
@@ -1137,7 +1146,7 @@ async fn maintenance<H>(shared: Arc<Shared<H>>, stop: CancellationToken) {
                 tracing::info!(rescued = n, "jobs with expired leases made ready again");
                 shared.wake.notify_one();
             }
-            Err(e) => tracing::debug!(error = %e, "lease rescue failed"),
+            Err(e) => tracing::warn!(error = %e, "lease rescue failed"),
         }
         if last_refresh.elapsed() >= REFRESH_INTERVAL {
             last_refresh = Instant::now();
@@ -1157,7 +1166,7 @@ async fn maintenance<H>(shared: Arc<Shared<H>>, stop: CancellationToken) {
                         Ok(n) if n as i64 == MAINTENANCE_BATCH => continue,
                         Ok(_) => break,
                         Err(e) => {
-                            tracing::debug!(error = %e, "retention failed");
+                            tracing::warn!(error = %e, "retention failed");
                             break;
                         }
                     }

@@ -623,7 +623,7 @@ impl GrpcWorker {
                 Status::internal(format!("database pool: {e}")),
             )
         })?;
-        let store = QueueStore::new(pool);
+        let store = QueueStore::new(pool).with_answer_deadline(opts.engine.answer_deadline);
         let mut leases = HashMap::new();
         for q in &queues {
             let lease = match store.queue(q).await {
