@@ -574,6 +574,70 @@ async fn a_running_job_that_enqueues_keep_locking_keeps_its_lease_and_runs_once(
     w.await.unwrap().unwrap();
 }
 
+/// One job of the worker's queue running: its handler waits for `gate`, then succeeds.
+struct GatedJob {
+    id: uuid::Uuid,
+    gate: Arc<Notify>,
+    shutdown: CancellationToken,
+    worker: tokio::task::JoinHandle<sluice_sidecar::Result<()>>,
+}
+
+impl GatedJob {
+    /// Starts a worker on `worker_store` with `opts` (its first queue the job's), enqueues the job
+    /// through `store`, and returns once its handler runs.
+    async fn start(
+        worker_store: QueueStore,
+        store: &QueueStore,
+        opts: sluice_sidecar::queue::WorkerOptions,
+    ) -> Self {
+        let queue = opts.queues[0].clone();
+        let (started_tx, mut started) = mpsc::unbounded_channel();
+        let gate = Arc::new(Notify::new());
+        let g = gate.clone();
+        let handler = FnHandler::new(move |job, _| {
+            let (started_tx, g) = (started_tx.clone(), g.clone());
+            async move {
+                let _ = started_tx.send(job.id);
+                g.notified().await;
+                Outcome::Succeeded
+            }
+        });
+        let shutdown = CancellationToken::new();
+        let worker = tokio::spawn(Worker::new(worker_store, handler, opts).run(shutdown.clone()));
+        let id = store
+            .enqueue(&queue, &NewJob::new("k", serde_json::json!({})))
+            .await
+            .unwrap()
+            .id;
+        let running = tokio::time::timeout(DEADLINE, started.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(running, id);
+        Self {
+            id,
+            gate,
+            shutdown,
+            worker,
+        }
+    }
+
+    /// Stops the worker.
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.worker.await.unwrap().unwrap();
+    }
+}
+
+/// Job `id`'s attempt.
+async fn attempt(pool: &PgPool, id: uuid::Uuid) -> i32 {
+    sqlx::query_scalar("SELECT attempt FROM sluice.jobs WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
 /// Backends of a test's server frozen (SIGSTOP) until dropped, so a failing test still thaws them.
 struct Frozen<'a> {
     pg: &'a PgServer,
@@ -630,41 +694,17 @@ async fn a_completion_write_the_database_stops_answering_is_written_on_another_c
         )
         .await
         .unwrap();
-    let (started_tx, mut started) = mpsc::unbounded_channel();
-    let gate = Arc::new(Notify::new());
-    let g = gate.clone();
-    let handler = FnHandler::new(move |job, _| {
-        let (started_tx, g) = (started_tx.clone(), g.clone());
-        async move {
-            let _ = started_tx.send(job.id);
-            g.notified().await;
-            Outcome::Succeeded
-        }
-    });
-    let shutdown = CancellationToken::new();
-    let w = tokio::spawn(
-        Worker::new(
-            QueueStore::new(worker_pool),
-            handler,
-            sluice_sidecar::queue::WorkerOptions {
-                concurrency: 1,
-                listen: false,
-                answer_deadline: Duration::from_millis(500),
-                ..opts("silent", "w1")
-            },
-        )
-        .run(shutdown.clone()),
-    );
-    let id = store
-        .enqueue("silent", &NewJob::new("k", serde_json::json!({})))
-        .await
-        .unwrap()
-        .id;
-    let running = tokio::time::timeout(DEADLINE, started.recv())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(running, id);
+    let job = GatedJob::start(
+        QueueStore::new(worker_pool),
+        &store,
+        sluice_sidecar::queue::WorkerOptions {
+            concurrency: 1,
+            listen: false,
+            answer_deadline: Duration::from_millis(500),
+            ..opts("silent", "w1")
+        },
+    )
+    .await;
     let pids: Vec<i32> = wait_for_async("the worker's pool to hold its connections", DEADLINE, || {
         let pool = pool.clone();
         async move {
@@ -680,26 +720,21 @@ async fn a_completion_write_the_database_stops_answering_is_written_on_another_c
     .await;
     let frozen = Frozen::new(&pg, pids.into_iter().map(|p| p as u32));
 
-    gate.notify_one();
+    job.gate.notify_one();
     // Each frozen connection the write meets costs it the answer deadline and a backoff (50 ms,
     // doubling); the claim loops and the heartbeat meet some of them meanwhile.
     wait_for_async("the job's outcome to be written", Duration::from_secs(40), || {
         let store = store.clone();
-        async move { (state(&store, id).await == "succeeded").then_some(()) }
+        async move { (state(&store, job.id).await == "succeeded").then_some(()) }
     })
     .await;
-    let attempt: i32 = sqlx::query_scalar("SELECT attempt FROM sluice.jobs WHERE id = $1")
-        .bind(id)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
     assert_eq!(
-        attempt, 1,
+        attempt(&pool, job.id).await,
+        1,
         "the job ran once, its outcome written on its first attempt"
     );
     drop(frozen);
-    shutdown.cancel();
-    w.await.unwrap().unwrap();
+    job.stop().await;
 }
 
 /// A completion given up unanswered while it waits for a row lock still waits on the server (a
@@ -714,48 +749,24 @@ async fn a_completion_given_up_on_a_row_lock_leaves_one_waiting_backend_behind()
         ..settings("locked")
     })
     .await;
-    let (started_tx, mut started) = mpsc::unbounded_channel();
-    let gate = Arc::new(Notify::new());
-    let g = gate.clone();
-    let handler = FnHandler::new(move |job, _| {
-        let (started_tx, g) = (started_tx.clone(), g.clone());
-        async move {
-            let _ = started_tx.send(job.id);
-            g.notified().await;
-            Outcome::Succeeded
-        }
-    });
-    let shutdown = CancellationToken::new();
-    let w = tokio::spawn(
-        Worker::new(
-            store.clone(),
-            handler,
-            sluice_sidecar::queue::WorkerOptions {
-                concurrency: 1,
-                answer_deadline: Duration::from_secs(1),
-                ..opts("locked", "w1")
-            },
-        )
-        .run(shutdown.clone()),
-    );
-    let id = store
-        .enqueue("locked", &NewJob::new("k", serde_json::json!({})))
-        .await
-        .unwrap()
-        .id;
-    let running = tokio::time::timeout(DEADLINE, started.recv())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(running, id);
+    let job = GatedJob::start(
+        store.clone(),
+        &store,
+        sluice_sidecar::queue::WorkerOptions {
+            concurrency: 1,
+            answer_deadline: Duration::from_secs(1),
+            ..opts("locked", "w1")
+        },
+    )
+    .await;
     let mut lock = pool.begin().await.unwrap();
     sqlx::query("SELECT 1 FROM sluice.jobs WHERE id = $1 FOR UPDATE")
-        .bind(id)
+        .bind(job.id)
         .execute(&mut *lock)
         .await
         .unwrap();
     let before = pg_stat_rolled_back(&pool).await;
-    gate.notify_one();
+    job.gate.notify_one();
 
     // Three retries refused by the lock's timeout (each a rolled-back transaction), and meanwhile
     // never more than two completions waiting for the lock: the try given up and the retry.
@@ -775,18 +786,12 @@ async fn a_completion_given_up_on_a_row_lock_leaves_one_waiting_backend_behind()
         },
     )
     .await;
-    assert_eq!(state(&store, id).await, "running");
+    assert_eq!(state(&store, job.id).await, "running");
 
     lock.rollback().await.unwrap();
-    wait_state(&store, id, "succeeded").await;
-    let attempt: i32 = sqlx::query_scalar("SELECT attempt FROM sluice.jobs WHERE id = $1")
-        .bind(id)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(attempt, 1, "the job ran once");
-    shutdown.cancel();
-    w.await.unwrap().unwrap();
+    wait_state(&store, job.id, "succeeded").await;
+    assert_eq!(attempt(&pool, job.id).await, 1, "the job ran once");
+    job.stop().await;
 }
 
 /// Transactions of the current database rolled back so far (the statistics lag by up to half a second).
