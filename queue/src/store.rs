@@ -151,15 +151,15 @@ pub struct QueueStore {
     clock: SharedClock,
     /// How long a worker statement may go unanswered (see [`QueueStore::with_answer_deadline`]).
     answer_deadline: Option<Duration>,
-    /// How long a completion or release may wait for a row lock (see [`QueueStore::with_lock_wait`]).
-    lock_wait: Option<Duration>,
+    /// The server-side deadline of completions and releases (see [`QueueStore::with_server_deadline`]).
+    server_deadline: Option<Duration>,
 }
 
 impl std::fmt::Debug for QueueStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("QueueStore")
             .field("answer_deadline", &self.answer_deadline)
-            .field("lock_wait", &self.lock_wait)
+            .field("server_deadline", &self.server_deadline)
             .finish_non_exhaustive()
     }
 }
@@ -176,19 +176,23 @@ impl QueueStore {
             pool,
             clock,
             answer_deadline: None,
-            lock_wait: None,
+            server_deadline: None,
         }
     }
 
     /// This store, its completions and releases ([`QueueStore::finish_batch`], [`QueueStore::release`])
-    /// waiting at most `wait` for a row lock (`lock_timeout`, for their transaction only): past it
-    /// the database answers with an error instead of waiting on. For a write retried after its first try
-    /// went unanswered: a try given up while it waited for a lock still waits on the server (which
-    /// notices the closed connection only when it next answers), and a retry that waited just as long
-    /// would leave one more such backend behind each time. Costs a completion three more round trips
-    /// (its transaction and the setting), a release one.
-    pub fn with_lock_wait(mut self, wait: Duration) -> Self {
-        self.lock_wait = Some(wait);
+    /// ended by the server itself within `deadline`, for their transaction only: a lock wait after half
+    /// of it (`lock_timeout`), the statement after four fifths (`statement_timeout`), the transaction
+    /// when idle for all of it (`idle_in_transaction_session_timeout`); the database then answers with
+    /// an error (or ends the session) instead of waiting on. For a write retried after a try went
+    /// unanswered: a try given up while it waited (for a lock, or on a slow server) still waits on the
+    /// server, which notices the closed connection only when it next answers, and a retry that waited
+    /// just as long would leave one more such backend behind each time; and a transaction whose
+    /// connection went silent before its COMMIT would otherwise hold its row locks until the server's
+    /// TCP keepalive gives up on it (hours by default). Costs a completion three more round trips
+    /// (its transaction and the settings), a release one.
+    pub fn with_server_deadline(mut self, deadline: Duration) -> Self {
+        self.server_deadline = Some(deadline);
         self
     }
 
@@ -653,11 +657,11 @@ impl QueueStore {
                     .bind(delays)
                     .bind(errors)
                     .bind(owner);
-                let Some(wait) = self.lock_wait else {
+                let Some(deadline) = self.server_deadline else {
                     return Ok(finish.fetch_all(c).await?);
                 };
                 let mut tx = c.begin().await?;
-                set_lock_timeout(&mut tx, wait).await?;
+                set_server_deadline(&mut tx, deadline).await?;
                 let rows = finish.fetch_all(&mut *tx).await?;
                 tx.commit().await?;
                 Ok(rows)
@@ -769,8 +773,8 @@ impl QueueStore {
             self.on_connection(async |c| {
                 let mut tx = c.begin().await?;
                 sqlx::query(sql::PLAN_GENERIC).execute(&mut *tx).await?;
-                if let Some(wait) = self.lock_wait {
-                    set_lock_timeout(&mut tx, wait).await?;
+                if let Some(deadline) = self.server_deadline {
+                    set_server_deadline(&mut tx, deadline).await?;
                 }
                 sqlx::query(sql::JOB_LOCK_RELEASING)
                     .bind(ids)
@@ -1263,6 +1267,25 @@ async fn set_lock_timeout(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>, wait: 
         .bind(format!("{}ms", wait.as_millis().max(1)))
         .execute(&mut **tx)
         .await?;
+    Ok(())
+}
+
+/// Has the server end transaction `tx` within `deadline` (see [`QueueStore::with_server_deadline`]).
+async fn set_server_deadline(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    deadline: Duration,
+) -> Result<()> {
+    let ms = |d: Duration| format!("{}ms", d.as_millis().max(1));
+    sqlx::query(
+        "SELECT pg_catalog.set_config('lock_timeout', $1, true), \
+                pg_catalog.set_config('statement_timeout', $2, true), \
+                pg_catalog.set_config('idle_in_transaction_session_timeout', $3, true)",
+    )
+    .bind(ms(deadline / 2))
+    .bind(ms(deadline * 4 / 5))
+    .bind(ms(deadline))
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }
 

@@ -645,12 +645,12 @@ struct Frozen<'a> {
 }
 
 impl<'a> Frozen<'a> {
-    /// Freezes `pids`, each put in the guard before it is frozen.
+    /// Freezes `pids`, each put in the guard once frozen.
     fn new(pg: &'a PgServer, pids: impl IntoIterator<Item = u32>) -> Self {
         let mut frozen = Self { pg, pids: Vec::new() };
         for pid in pids {
-            frozen.pids.push(pid);
             pg.signal_backend(pid, Signal::Stop);
+            frozen.pids.push(pid);
         }
         frozen
     }
@@ -754,7 +754,7 @@ async fn a_completion_given_up_on_a_row_lock_leaves_one_waiting_backend_behind()
         &store,
         sluice_sidecar::queue::WorkerOptions {
             concurrency: 1,
-            answer_deadline: Duration::from_secs(1),
+            answer_deadline: Duration::from_secs(2),
             ..opts("locked", "w1")
         },
     )

@@ -189,6 +189,17 @@ pub fn check_queue(q: &QueueConfig, errs: &mut ConfigErrors) {
     if q.worker.answer_deadline.get().is_zero() {
         errs.push("queue.worker.answerDeadline", "must be longer than 0");
     }
+    if let Some(heartbeat) = q.worker.heartbeat_interval
+        && q.worker.answer_deadline.get() >= heartbeat.get()
+    {
+        errs.push(
+            "queue.worker.answerDeadline",
+            format!(
+                "must be shorter than queue.worker.heartbeatInterval ({} ms), or a heartbeat stuck on a silent connection lets the leases lapse",
+                heartbeat.as_millis()
+            ),
+        );
+    }
     if q.api.max_batch == 0 {
         errs.push("queue.api.maxBatch", "must be at least 1");
     }
@@ -624,6 +635,26 @@ mod tests {
 
     fn paths(r: Result<(), ConfigErrors>) -> Vec<String> {
         r.unwrap_err().0.into_iter().map(|e| e.path).collect()
+    }
+
+    #[test]
+    fn an_answer_deadline_not_shorter_than_the_heartbeat_interval_is_refused() {
+        let refused = |answer: u64, heartbeat: Option<u64>| {
+            let mut q = QueueConfig::default();
+            q.worker.answer_deadline = Duration::from_millis(answer);
+            q.worker.heartbeat_interval = heartbeat.map(Duration::from_millis);
+            let mut errs = ConfigErrors::default();
+            check_queue(&q, &mut errs);
+            errs.0.iter().any(|e| e.path == "queue.worker.answerDeadline")
+        };
+        assert!(refused(0, None));
+        assert!(refused(5_000, Some(5_000)));
+        assert!(refused(6_000, Some(5_000)));
+        assert!(!refused(4_999, Some(5_000)));
+        assert!(
+            !refused(60_000, None),
+            "the leases it must stay below are the queues' own"
+        );
     }
 
     #[test]

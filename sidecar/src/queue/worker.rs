@@ -833,17 +833,21 @@ async fn record<H>(shared: Arc<Shared<H>>, batch: Vec<Done>, shutdown: Cancellat
     let mut wait = Duration::from_millis(50);
     // When the write first failed (it has failed every time since).
     let mut failing_since: Option<tokio::time::Instant> = None;
-    // Once a try went unanswered, later tries wait for row locks for half the answer deadline at most
-    // (see `QueueStore::with_lock_wait`).
+    // Once a try went unanswered, the server ends later tries within the answer deadline itself (see
+    // `QueueStore::with_server_deadline`).
     let mut store = &shared.store;
     let bounded = shared
         .store
         .clone()
-        .with_lock_wait(shared.opts.answer_deadline / 2);
+        .with_server_deadline(shared.opts.answer_deadline);
+    // What the tries so far wrote: a completion written by one try is not sent again when the release
+    // after it failed (it would match no row, and its jobs would count as lost).
+    let mut written = HashMap::new();
+    let mut finish_written = false;
     for attempt in 0.. {
         let t0 = tokio::time::Instant::now();
-        match write_batch(store, owner, &finish, &release).await {
-            Ok(written) => {
+        match write_batch(store, owner, &finish, &release, &mut finish_written, &mut written).await {
+            Ok(()) => {
                 let secs = t0.elapsed().as_secs_f64();
                 let mut write_secs = shared.write_secs.lock().expect("write_secs lock");
                 *write_secs = Some(write_secs.map_or(secs, |w| ewma(w, secs)));
@@ -869,10 +873,9 @@ async fn record<H>(shared: Arc<Shared<H>>, batch: Vec<Done>, shutdown: Cancellat
                 if unanswered {
                     store = &bounded;
                 }
-                if shutdown.is_cancelled() && (attempt >= 5 || unanswered) {
-                    // Exiting with the database away (or silent: each try would take the answer
-                    // deadline): the leases expire and other workers rescue the jobs (at-least-once),
-                    // rather than this process hanging on.
+                if shutdown.is_cancelled() && attempt >= 5 {
+                    // Exiting with the database away: the leases expire and other workers rescue the
+                    // jobs (at-least-once), rather than this process hanging on.
                     let jobs = finish.len() + release.len();
                     tracing::error!(error = %e, jobs, "giving up recording finished jobs");
                     break;
@@ -975,14 +978,17 @@ fn forget(inflight: &mut HashMap<Uuid, InFlight>, id: Uuid, attempt: i32) {
     }
 }
 
+/// Writes `finish` (unless `finish_written`: an earlier try wrote it) and then `release`, adding to
+/// `written` the state each job was written in.
 async fn write_batch(
     store: &QueueStore,
     owner: &str,
     finish: &[Done],
     release: &[Done],
-) -> Result<HashMap<Uuid, String>> {
-    let mut written = HashMap::new();
-    if !finish.is_empty() {
+    finish_written: &mut bool,
+    written: &mut HashMap<Uuid, String>,
+) -> Result<()> {
+    if !finish.is_empty() && !*finish_written {
         let rows: Vec<Finished> = finish
             .iter()
             .map(|d| Finished {
@@ -992,6 +998,7 @@ async fn write_batch(
             })
             .collect();
         written.extend(store.finish_batch(owner, &rows).await?);
+        *finish_written = true;
     }
     if !release.is_empty() {
         let jobs: Vec<(Uuid, i32)> = release.iter().map(|d| (d.id, d.attempt)).collect();
@@ -999,7 +1006,7 @@ async fn write_batch(
             written.insert(id, "released".to_owned());
         }
     }
-    Ok(written)
+    Ok(())
 }
 
 fn heartbeat_interval<H>(shared: &Shared<H>) -> Duration {
