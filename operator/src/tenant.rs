@@ -298,18 +298,10 @@ const LOCK_NAMESPACE: &str = "INSERT INTO sluice.tenant_locks (namespace) VALUES
 /// superuser, a `BYPASSRLS` role, or one that is (or is a member of) the owner of a table of the
 /// schema, such as the schema's owner registered by hand. `None` for logins that are no tenant.
 pub async fn login_tenant(pool: &PgPool) -> Result<Option<(String, String, bool)>> {
-    sqlx::query_as(
-        "SELECT t.role_name, t.namespace, \
-                r.rolsuper OR r.rolbypassrls OR EXISTS ( \
-                    SELECT 1 FROM pg_catalog.pg_class c \
-                    WHERE c.relnamespace = 'sluice'::regnamespace \
-                      AND pg_catalog.pg_has_role(current_user, c.relowner, 'MEMBER')) \
-         FROM sluice.tenants t JOIN pg_catalog.pg_roles r ON r.rolname = t.role_name \
-         WHERE t.role_name = current_user",
-    )
-    .fetch_optional(pool)
-    .await
-    .map_err(database)
+    sqlx::query_as(sluice_queue::sql::TENANT_OF_LOGIN)
+        .fetch_optional(pool)
+        .await
+        .map_err(database)
 }
 
 /// Makes sure `jq`'s namespace has a tenant login for its workers, and says which Secret holds it.

@@ -184,7 +184,8 @@ pub async fn migrate(pool: &PgPool) -> Result<()> {
 /// be made counts as no).
 async fn is_current(pool: &PgPool) -> bool {
     let applied: std::result::Result<(Vec<i64>, bool), _> = sqlx::query_as(
-        "SELECT coalesce(array_agg(version ORDER BY version), '{}'), coalesce(bool_and(success), false) \
+        "SELECT coalesce(pg_catalog.array_agg(version ORDER BY version), '{}'), \
+                coalesce(pg_catalog.bool_and(success), false) \
            FROM sluice._sqlx_migrations",
     )
     .fetch_one(pool)

@@ -20,6 +20,28 @@
 //! saying no job has an owner — filters that scan into a nested loop against the id list: 0.4 s per batch
 //! instead of 10 ms, measured. sqlx prepares each statement per connection and PostgreSQL plans the first
 //! five executions custom, so every new pool connection paid that five times.
+//!
+//! Names. The statements Sluice sends itself resolve names through the session's `search_path`, which
+//! Sluice does not set (a pinned path does not survive PgBouncer in transaction mode). PostgreSQL
+//! searches pg_catalog first, but a function or operator elsewhere on the path whose argument types
+//! match exactly beats a built-in that needs a cast or is polymorphic: a tenant that may create in
+//! `public` could define `public.unnest(uuid[])` or `public.* (bigint, interval)`, and it would run as
+//! whichever login sent the statement (another namespace's worker, the operator's owner login). So
+//! these statements call every function as `pg_catalog.f(...)`, and write every operator that
+//! pg_catalog does not have for its exact operand types as `OPERATOR(pg_catalog.op)` (`bigint *
+//! interval`, `numeric * integer`, `uuid[] || uuid[]`; parenthesised, as `OPERATOR(...)` binds like any
+//! other operator, tighter than `<` but looser than `+`). An `unnest` of two arrays is written as what
+//! PostgreSQL turns it into, `ROWS FROM (pg_catalog.unnest(a), pg_catalog.unnest(b))`. Left as they
+//! are: operators whose operands pg_catalog matches exactly (`uuid = uuid`, `text = text`,
+//! `timestamptz + interval`) and built-in type names, which pg_catalog, searched first, always
+//! supplies; a `search_path` that names pg_catalog after a schema others may create in would hand
+//! those over too, and is not supported. `tests/row_level_security.rs` plants the overloads that would
+//! win and checks that none runs.
+//!
+//! The statements that are bodies of `sluice` functions ([`JOB_FINISH_FENCED`], [`JOB_OPEN_PARENTS`],
+//! [`JOB_CASCADE`] and the `JOB_LOCK_*` statements the functions run) are not qualified: they run under
+//! the functions' pinned `search_path = pg_catalog, pg_temp` (migration 0025), where nothing outside
+//! pg_catalog resolves, and `tests/plans.rs` compares them word for word with those bodies.
 
 /// Makes the rest of the transaction use generic plans (`SET LOCAL`: it ends with the transaction, so a
 /// pooled connection goes back unchanged). For heartbeat and release; see the module docs.
@@ -39,7 +61,7 @@ WITH picked AS (
       FROM sluice.jobs j
      WHERE j.queue = $1
        AND j.state IN ('pending', 'retrying')
-       AND j.run_at <= now()
+       AND j.run_at <= pg_catalog.now()
        AND NOT EXISTS (SELECT 1 FROM sluice.queues q WHERE q.name = $1 AND q.paused)
      ORDER BY j.priority DESC, j.run_at
      LIMIT $3
@@ -49,8 +71,8 @@ UPDATE sluice.jobs j
    SET state = 'running',
        attempt = j.attempt + 1,
        lease_owner = $2,
-       lease_expires_at = now() + $4 * interval '1 millisecond',
-       started_at = now()
+       lease_expires_at = pg_catalog.now() + ($4 OPERATOR(pg_catalog.*) interval '1 millisecond'),
+       started_at = pg_catalog.now()
  WHERE j.id = ANY (ARRAY(SELECT picked.id FROM picked))
 RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts, j.lease_expires_at,
           j.created_at
@@ -66,7 +88,7 @@ WITH picked AS (
       FROM sluice.jobs j
      WHERE j.queue = $1
        AND j.state IN ('pending', 'retrying')
-       AND j.run_at <= now()
+       AND j.run_at <= pg_catalog.now()
        AND j.kind = ANY ($5::text[])
        AND NOT EXISTS (SELECT 1 FROM sluice.queues q WHERE q.name = $1 AND q.paused)
      ORDER BY j.priority DESC, j.run_at
@@ -77,8 +99,8 @@ UPDATE sluice.jobs j
    SET state = 'running',
        attempt = j.attempt + 1,
        lease_owner = $2,
-       lease_expires_at = now() + $4 * interval '1 millisecond',
-       started_at = now()
+       lease_expires_at = pg_catalog.now() + ($4 OPERATOR(pg_catalog.*) interval '1 millisecond'),
+       started_at = pg_catalog.now()
  WHERE j.id = ANY (ARRAY(SELECT picked.id FROM picked))
 RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.attempt, j.max_attempts, j.lease_expires_at,
           j.created_at
@@ -302,11 +324,12 @@ SELECT h.id
 pub const JOB_HEARTBEAT: &str = r#"
 WITH renewed AS (
 UPDATE sluice.jobs j
-   SET lease_expires_at = now() + $4 * interval '1 millisecond'
+   SET lease_expires_at = pg_catalog.now() + ($4 OPERATOR(pg_catalog.*) interval '1 millisecond')
  WHERE j.id = ANY (ARRAY(
            SELECT l.id
              FROM sluice.jobs l
-             JOIN unnest($1::uuid[], $2::integer[]) AS h(id, attempt) ON l.id = h.id
+             JOIN ROWS FROM (pg_catalog.unnest($1::uuid[]), pg_catalog.unnest($2::integer[]))
+                  AS h(id, attempt) ON l.id = h.id
             WHERE l.lease_owner = $3
               AND l.lease_expires_at IS NOT NULL
               AND l.attempt = h.attempt
@@ -319,7 +342,8 @@ SELECT renewed.id, renewed.cancel_requested, true AS renewed
 UNION ALL
 SELECT s.id, s.cancel_requested, false
   FROM sluice.jobs s
-  JOIN unnest($1::uuid[], $2::integer[]) AS h(id, attempt) ON s.id = h.id
+  JOIN ROWS FROM (pg_catalog.unnest($1::uuid[]), pg_catalog.unnest($2::integer[]))
+       AS h(id, attempt) ON s.id = h.id
  WHERE s.lease_owner = $3
    AND s.lease_expires_at IS NOT NULL
    AND s.attempt = h.attempt
@@ -334,7 +358,7 @@ SELECT s.id, s.cancel_requested, false
 /// would never be renewed: a stream of such enqueues would let its lease lapse.
 pub const JOB_HEARTBEAT_WAITING: &str = r#"
 UPDATE sluice.jobs j
-   SET lease_expires_at = now() + $4 * interval '1 millisecond'
+   SET lease_expires_at = pg_catalog.now() + ($4 OPERATOR(pg_catalog.*) interval '1 millisecond')
  WHERE j.id = $1
    AND j.lease_owner = $3
    AND j.lease_expires_at IS NOT NULL
@@ -351,11 +375,12 @@ RETURNING j.id, j.cancel_requested
 /// renewed on the next heartbeat if it still needs it. Locks in id order, waits for nobody.
 pub const JOB_HEARTBEAT_FINISHING: &str = r#"
 UPDATE sluice.jobs j
-   SET lease_expires_at = now() + $4 * interval '1 millisecond'
+   SET lease_expires_at = pg_catalog.now() + ($4 OPERATOR(pg_catalog.*) interval '1 millisecond')
  WHERE j.id = ANY (ARRAY(
            SELECT l.id
              FROM sluice.jobs l
-             JOIN unnest($1::uuid[], $2::integer[]) AS h(id, attempt) ON l.id = h.id
+             JOIN ROWS FROM (pg_catalog.unnest($1::uuid[]), pg_catalog.unnest($2::integer[]))
+                  AS h(id, attempt) ON l.id = h.id
             WHERE l.lease_owner = $3
               AND l.lease_expires_at IS NOT NULL
               AND l.attempt = h.attempt
@@ -375,7 +400,7 @@ RETURNING j.id
 pub const JOB_LOCK_RELEASING: &str = r#"
 SELECT j.id
   FROM sluice.jobs j
- WHERE j.id = ANY ($1 || sluice.job_cascade(ARRAY(
+ WHERE j.id = ANY ($1 OPERATOR(pg_catalog.||) sluice.job_cascade(ARRAY(
            SELECT r.id
              FROM sluice.jobs r
             WHERE r.id = ANY ($1) AND r.lease_owner = $2 AND r.lease_expires_at IS NOT NULL
@@ -393,11 +418,11 @@ UPDATE sluice.jobs j
    SET state = CASE WHEN j.cancel_requested THEN 'cancelled'
                     WHEN j.attempt = 1 THEN 'pending' ELSE 'retrying' END,
        attempt = CASE WHEN j.cancel_requested THEN j.attempt ELSE j.attempt - 1 END,
-       finished_at = CASE WHEN j.cancel_requested THEN now() END,
-       run_at = now(),
+       finished_at = CASE WHEN j.cancel_requested THEN pg_catalog.now() END,
+       run_at = pg_catalog.now(),
        lease_owner = NULL,
        lease_expires_at = NULL
-  FROM unnest($1::uuid[], $2::integer[]) AS r(id, attempt)
+  FROM ROWS FROM (pg_catalog.unnest($1::uuid[]), pg_catalog.unnest($2::integer[])) AS r(id, attempt)
  WHERE j.id = r.id
    AND j.lease_owner = $3
    AND j.lease_expires_at IS NOT NULL
@@ -436,7 +461,8 @@ SELECT j.id
 pub const JOB_ENQUEUE: &str = r#"
 SELECT id, created
   FROM sluice.enqueue_job($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
-                          $11 * interval '1 millisecond', $12 * interval '1 millisecond', $13, $14)
+                          $11 OPERATOR(pg_catalog.*) interval '1 millisecond',
+                          $12 OPERATOR(pg_catalog.*) interval '1 millisecond', $13, $14)
 "#;
 
 /// Enqueues a graph of jobs through the SQL API (`sluice.enqueue_graph`, `$2` a JSON array of jobs with
@@ -460,10 +486,10 @@ SELECT d.parent_id AS id, p.state
 pub const JOB_ENQUEUE_MANY: &str = r#"
 SELECT id
   FROM sluice.enqueue_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
-         (SELECT array_agg(u.ms * interval '1 millisecond' ORDER BY u.n)
-            FROM unnest($11::bigint[]) WITH ORDINALITY AS u(ms, n)),
-         (SELECT array_agg(u.ms * interval '1 millisecond' ORDER BY u.n)
-            FROM unnest($12::bigint[]) WITH ORDINALITY AS u(ms, n))) AS id
+         (SELECT pg_catalog.array_agg(u.ms OPERATOR(pg_catalog.*) interval '1 millisecond' ORDER BY u.n)
+            FROM pg_catalog.unnest($11::bigint[]) WITH ORDINALITY AS u(ms, n)),
+         (SELECT pg_catalog.array_agg(u.ms OPERATOR(pg_catalog.*) interval '1 millisecond' ORDER BY u.n)
+            FROM pg_catalog.unnest($12::bigint[]) WITH ORDINALITY AS u(ms, n))) AS id
 "#;
 
 /// The queues of the jobs `$1` (ids that are no job are left out).
@@ -499,7 +525,7 @@ WITH locked AS MATERIALIZED (
     SELECT j.id, j.state
       FROM sluice.jobs j
      WHERE j.id = ANY (ARRAY[$1::uuid]
-                       || CASE WHEN EXISTS (SELECT 1 FROM sluice.jobs w
+                       OPERATOR(pg_catalog.||) CASE WHEN EXISTS (SELECT 1 FROM sluice.jobs w
                                              WHERE w.id = $1 AND w.state IN ('blocked', 'pending', 'retrying'))
                                THEN sluice.job_cascade(ARRAY[$1::uuid]) END)
      ORDER BY j.id
@@ -509,7 +535,7 @@ WITH locked AS MATERIALIZED (
 ), changed AS (
     UPDATE sluice.jobs j
        SET state = CASE WHEN b.state IN ('blocked', 'pending', 'retrying') THEN 'cancelled' ELSE j.state END,
-           finished_at = CASE WHEN b.state IN ('blocked', 'pending', 'retrying') THEN now()
+           finished_at = CASE WHEN b.state IN ('blocked', 'pending', 'retrying') THEN pg_catalog.now()
                               ELSE j.finished_at END,
            blocked_by = 0,
            cancel_requested = CASE WHEN b.state = 'running' THEN true ELSE j.cancel_requested END
@@ -527,7 +553,7 @@ pub const JOB_RETRY_DEAD: &str = r#"
 UPDATE sluice.jobs
    SET state = 'retrying',
        max_attempts = greatest(max_attempts, attempt + 1),
-       run_at = now(),
+       run_at = pg_catalog.now(),
        finished_at = NULL,
        cancel_requested = false
  WHERE id = $1 AND state = 'dead'
@@ -544,8 +570,9 @@ WITH q AS (
       FROM sluice.jobs j, q
      WHERE j.queue = $1
        AND j.state IN ('succeeded', 'cancelled', 'dead')
-       AND j.finished_at < now() - CASE WHEN j.state = 'dead' THEN q.retention_dead_ms
-                                        ELSE q.retention_succeeded_ms END * interval '1 millisecond'
+       AND j.finished_at < pg_catalog.now() - (CASE WHEN j.state = 'dead' THEN q.retention_dead_ms
+                                                    ELSE q.retention_succeeded_ms END
+                                               OPERATOR(pg_catalog.*) interval '1 millisecond')
      ORDER BY j.finished_at
      LIMIT $2
        FOR UPDATE SKIP LOCKED
@@ -558,7 +585,7 @@ DELETE FROM sluice.jobs j
 
 /// Running jobs of queue `$1` per lease owner: which worker process holds how many leases.
 pub const JOB_COUNT_RUNNING_BY_OWNER: &str = r#"
-SELECT lease_owner, count(*) AS running
+SELECT lease_owner, pg_catalog.count(*) AS running
   FROM sluice.jobs
  WHERE queue = $1 AND state = 'running'
  GROUP BY lease_owner
@@ -570,17 +597,17 @@ SELECT lease_owner, count(*) AS running
 pub const QUEUE_DEPTH: &str = r#"
 SELECT q.name AS queue,
        w.ready, w.scheduled, w.retrying,
-       (SELECT count(*) FROM sluice.jobs b WHERE b.queue = q.name AND b.state = 'blocked') AS blocked,
-       (SELECT count(*) FROM sluice.jobs r WHERE r.queue = q.name AND r.state = 'running') AS running,
-       (SELECT count(*) FROM sluice.jobs d WHERE d.queue = q.name AND d.state = 'dead') AS dead,
-       coalesce((extract(epoch FROM now() - w.oldest_ready) * 1000)::bigint, 0) AS oldest_ready_age_ms,
+       (SELECT pg_catalog.count(*) FROM sluice.jobs b WHERE b.queue = q.name AND b.state = 'blocked') AS blocked,
+       (SELECT pg_catalog.count(*) FROM sluice.jobs r WHERE r.queue = q.name AND r.state = 'running') AS running,
+       (SELECT pg_catalog.count(*) FROM sluice.jobs d WHERE d.queue = q.name AND d.state = 'dead') AS dead,
+       coalesce((extract(epoch FROM pg_catalog.now() - w.oldest_ready) OPERATOR(pg_catalog.*) 1000)::bigint, 0) AS oldest_ready_age_ms,
        q.paused
   FROM sluice.queues q
  CROSS JOIN LATERAL (
-    SELECT count(*) FILTER (WHERE j.run_at <= now()) AS ready,
-           count(*) FILTER (WHERE j.run_at > now() AND j.state = 'pending') AS scheduled,
-           count(*) FILTER (WHERE j.run_at > now() AND j.state = 'retrying') AS retrying,
-           min(j.run_at) FILTER (WHERE j.run_at <= now()) AS oldest_ready
+    SELECT pg_catalog.count(*) FILTER (WHERE j.run_at <= pg_catalog.now()) AS ready,
+           pg_catalog.count(*) FILTER (WHERE j.run_at > pg_catalog.now() AND j.state = 'pending') AS scheduled,
+           pg_catalog.count(*) FILTER (WHERE j.run_at > pg_catalog.now() AND j.state = 'retrying') AS retrying,
+           pg_catalog.min(j.run_at) FILTER (WHERE j.run_at <= pg_catalog.now()) AS oldest_ready
       FROM sluice.jobs j
      WHERE j.queue = q.name AND j.state IN ('pending', 'retrying')
  ) w
@@ -605,7 +632,7 @@ ON CONFLICT (name) DO UPDATE
        retention_succeeded_ms = EXCLUDED.retention_succeeded_ms,
        retention_dead_ms = EXCLUDED.retention_dead_ms,
        idempotency_window_ms = EXCLUDED.idempotency_window_ms,
-       updated_at = now()
+       updated_at = pg_catalog.now()
 RETURNING (xmax = 0) AS created
 "#;
 
@@ -614,7 +641,7 @@ pub const QUEUE_GET: &str = "SELECT * FROM sluice.queues WHERE name = $1";
 
 /// Pauses or resumes a queue. No row when it does not exist.
 pub const QUEUE_SET_PAUSED: &str =
-    "UPDATE sluice.queues SET paused = $2, updated_at = now() WHERE name = $1 RETURNING name";
+    "UPDATE sluice.queues SET paused = $2, updated_at = pg_catalog.now() WHERE name = $1 RETURNING name";
 
 /// Ready + running jobs of `queue` (what autoscaling reads, [`crate::Depth::demand`]) as one
 /// self-contained statement, for KEDA's `postgresql` trigger, which runs a query without parameters. Queue
@@ -623,7 +650,7 @@ pub const QUEUE_SET_PAUSED: &str =
 pub fn queue_demand_statement(queue: &str) -> String {
     let q = queue.replace('\'', "''");
     format!(
-        "SELECT count(*) FROM sluice.jobs WHERE queue = '{q}' AND (state = 'running' OR (state IN ('pending', 'retrying') AND run_at <= now()))"
+        "SELECT pg_catalog.count(*) FROM sluice.jobs WHERE queue = '{q}' AND (state = 'running' OR (state IN ('pending', 'retrying') AND run_at <= pg_catalog.now()))"
     )
 }
 
@@ -640,17 +667,32 @@ pub const TENANT_ENSURE: &str = "SELECT sluice.ensure_tenant($1, $2, $3)";
 pub const TENANT_ROLE_AND_NAMING_KEY: &str = "SELECT (SELECT role_name FROM sluice.tenants WHERE namespace = $1), \
                                                    (SELECT key::text FROM sluice.tenant_naming)";
 
+/// The tenant role and namespace of the login running it (its own row of `sluice.tenants`, the only
+/// one a tenant can see; no row for a login that is no tenant), and whether row-level security fails to
+/// limit it: a superuser, a `BYPASSRLS` role, or a member of the owner of a table of the schema. The
+/// operator's check of a connection it is given for a namespace. `relnamespace` (an oid) against a
+/// `regnamespace` has no exact pg_catalog operator, hence `OPERATOR(pg_catalog.=)`.
+pub const TENANT_OF_LOGIN: &str = r#"
+SELECT t.role_name, t.namespace,
+       r.rolsuper OR r.rolbypassrls OR EXISTS (
+           SELECT 1 FROM pg_catalog.pg_class c
+            WHERE c.relnamespace OPERATOR(pg_catalog.=) 'sluice'::pg_catalog.regnamespace
+              AND pg_catalog.pg_has_role(current_user, c.relowner, 'MEMBER'))
+  FROM sluice.tenants t JOIN pg_catalog.pg_roles r ON r.rolname = t.role_name
+ WHERE t.role_name = current_user
+"#;
+
 /// Creates the row of schedule (`$1` queue, `$2` name) unless it exists: a new schedule has handled every
 /// fire time up to its creation.
 pub const SCHEDULE_ENSURE: &str = r#"
-INSERT INTO sluice.schedules (queue, name, handled_until) VALUES ($1, $2, now())
+INSERT INTO sluice.schedules (queue, name, handled_until) VALUES ($1, $2, pg_catalog.now())
 ON CONFLICT (queue, name) DO NOTHING
 "#;
 
 /// Locks a schedule's row for one scheduler pass and reads its watermark and the database's now (the
 /// clock every worker shares). No row when another worker holds it (it is firing the schedule now).
 pub const SCHEDULE_LOCK: &str = r#"
-SELECT handled_until, now() AS now
+SELECT handled_until, pg_catalog.now() AS now
   FROM sluice.schedules
  WHERE queue = $1 AND name = $2
    FOR UPDATE SKIP LOCKED
@@ -665,7 +707,7 @@ UPDATE sluice.schedules
        last_fire_at = coalesce($4, last_fire_at),
        last_job_id = coalesce($5, last_job_id),
        next_fire_at = $6,
-       updated_at = now()
+       updated_at = pg_catalog.now()
  WHERE queue = $1 AND name = $2
 "#;
 
@@ -681,7 +723,7 @@ SELECT queue, name, handled_until, last_fire_at, last_job_id, next_fire_at
 /// from now: while a queue has a live row, its jobs' state changes are notified (migration 0011).
 pub const EVENT_SUBSCRIBE: &str = r#"
 INSERT INTO sluice.event_subscriptions (queue, subscriber, expires_at)
-SELECT q, $2, now() + $3 * interval '1 millisecond' FROM unnest($1::text[]) AS q
+SELECT q, $2, pg_catalog.now() + ($3 OPERATOR(pg_catalog.*) interval '1 millisecond') FROM pg_catalog.unnest($1::text[]) AS q
 ON CONFLICT (queue, subscriber) DO UPDATE SET expires_at = EXCLUDED.expires_at
 "#;
 
@@ -690,11 +732,11 @@ ON CONFLICT (queue, subscriber) DO UPDATE SET expires_at = EXCLUDED.expires_at
 pub const EVENT_UNSUBSCRIBE_OTHERS: &str = r#"
 DELETE FROM sluice.event_subscriptions
  WHERE (subscriber = $2 AND NOT (queue = ANY ($1::text[])))
-    OR expires_at < now() - interval '1 minute'
+    OR expires_at < pg_catalog.now() - interval '1 minute'
 "#;
 
 /// A job's queue, state and attempt, with the snapshot of the read (`pg_current_snapshot()`, which in
 /// an autocommit statement is the statement's own).
 pub const JOB_STATUS: &str = r#"
-SELECT queue, state, attempt, pg_current_snapshot()::text AS snapshot FROM sluice.jobs WHERE id = $1
+SELECT queue, state, attempt, pg_catalog.pg_current_snapshot()::text AS snapshot FROM sluice.jobs WHERE id = $1
 "#;

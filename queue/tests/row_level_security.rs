@@ -7,11 +7,14 @@ use std::time::Duration;
 
 use serde_json::json;
 use sluice_queue::{
-    Error, GraphJob, NewJob, QueueSettings, QueueStore, UniqueMode, schema,
-    store::{Finish, Finished},
+    Error, GraphJob, NewJob, QueueSettings, QueueStore, UniqueMode,
+    schedule::MissedRuns,
+    schema,
+    store::{Finish, Finished, Schedule},
 };
 use sluice_testsupport::PgServer;
-use sqlx::PgPool;
+use sqlx::{AssertSqlSafe, PgPool};
+use uuid::Uuid;
 
 async fn connect(url: &str) -> PgPool {
     sluice_queue::pool::options(4)
@@ -692,4 +695,275 @@ async fn every_function_of_the_schema_pins_its_search_path() {
     .await
     .unwrap();
     assert_eq!(unpinned, Vec::<String>::new());
+}
+
+/// What tenant `a` plants in `public` for the statements Sluice sends itself, each recording who ran
+/// it: overloads whose argument types are exactly those Sluice passes, where pg_catalog's function or
+/// operator is polymorphic (`unnest(anyarray)`, `array_agg(anynonarray)`, `anycompatiblearray ||
+/// anycompatiblearray`) or needs a cast (`float8 * interval`, `numeric * numeric`, `oid = oid`). On
+/// a statement that does not qualify the name, each of them wins over the built-in although
+/// pg_catalog is searched first ([`UNQUALIFIED`] shows it). Built-ins with an exact match in
+/// pg_catalog (`now()`, `count(*)`, `uuid = uuid`) cannot be taken over that way and are not planted.
+const OVERLOADS: &str = "\
+    CREATE TABLE public.ran (who text, what text); \
+    GRANT SELECT, INSERT, DELETE ON public.ran TO PUBLIC; \
+    CREATE FUNCTION public.ran_as(p_what text) RETURNS void LANGUAGE plpgsql AS $$ \
+    BEGIN INSERT INTO public.ran VALUES (current_user, p_what); END $$; \
+    CREATE FUNCTION public.unnest(a uuid[]) RETURNS SETOF uuid LANGUAGE plpgsql AS $$ \
+    BEGIN PERFORM public.ran_as('unnest(uuid[])'); RETURN QUERY SELECT pg_catalog.unnest(a); END $$; \
+    CREATE FUNCTION public.unnest(a integer[]) RETURNS SETOF integer LANGUAGE plpgsql AS $$ \
+    BEGIN PERFORM public.ran_as('unnest(integer[])'); RETURN QUERY SELECT pg_catalog.unnest(a); END $$; \
+    CREATE FUNCTION public.unnest(a text[]) RETURNS SETOF text LANGUAGE plpgsql AS $$ \
+    BEGIN PERFORM public.ran_as('unnest(text[])'); RETURN QUERY SELECT pg_catalog.unnest(a); END $$; \
+    CREATE FUNCTION public.unnest(a bigint[]) RETURNS SETOF bigint LANGUAGE plpgsql AS $$ \
+    BEGIN PERFORM public.ran_as('unnest(bigint[])'); RETURN QUERY SELECT pg_catalog.unnest(a); END $$; \
+    CREATE FUNCTION public.append(s interval[], v interval) RETURNS interval[] LANGUAGE plpgsql AS $$ \
+    BEGIN PERFORM public.ran_as('array_agg(interval)'); RETURN pg_catalog.array_append(s, v); END $$; \
+    CREATE AGGREGATE public.array_agg(interval) (SFUNC = public.append, STYPE = interval[]); \
+    CREATE FUNCTION public.append(s bigint[], v bigint) RETURNS bigint[] LANGUAGE plpgsql AS $$ \
+    BEGIN PERFORM public.ran_as('array_agg(bigint)'); RETURN pg_catalog.array_append(s, v); END $$; \
+    CREATE AGGREGATE public.array_agg(bigint) (SFUNC = public.append, STYPE = bigint[]); \
+    CREATE FUNCTION public.times(a bigint, b interval) RETURNS interval LANGUAGE plpgsql AS $$ \
+    BEGIN PERFORM public.ran_as('* (bigint, interval)'); \
+          RETURN a::double precision OPERATOR(pg_catalog.*) b; END $$; \
+    CREATE OPERATOR public.* (LEFTARG = bigint, RIGHTARG = interval, FUNCTION = public.times); \
+    CREATE FUNCTION public.times(a numeric, b integer) RETURNS numeric LANGUAGE plpgsql AS $$ \
+    BEGIN PERFORM public.ran_as('* (numeric, integer)'); \
+          RETURN a OPERATOR(pg_catalog.*) b::numeric; END $$; \
+    CREATE OPERATOR public.* (LEFTARG = numeric, RIGHTARG = integer, FUNCTION = public.times); \
+    CREATE FUNCTION public.cat(a uuid[], b uuid[]) RETURNS uuid[] LANGUAGE plpgsql AS $$ \
+    BEGIN PERFORM public.ran_as('|| (uuid[], uuid[])'); RETURN pg_catalog.array_cat(a, b); END $$; \
+    CREATE OPERATOR public.|| (LEFTARG = uuid[], RIGHTARG = uuid[], FUNCTION = public.cat); \
+    CREATE FUNCTION public.eq(a oid, b regnamespace) RETURNS boolean LANGUAGE plpgsql AS $$ \
+    BEGIN PERFORM public.ran_as('= (oid, regnamespace)'); RETURN a OPERATOR(pg_catalog.=) b::oid; END $$; \
+    CREATE OPERATOR public.= (LEFTARG = oid, RIGHTARG = regnamespace, FUNCTION = public.eq);";
+
+/// The positive control: for each overload of [`OVERLOADS`] (what it records), a statement that calls
+/// the name unqualified with the types Sluice passes, as Sluice's statements did, and so runs it.
+const UNQUALIFIED: [(&str, &str); 9] = [
+    (
+        "unnest(uuid[])",
+        "SELECT * FROM unnest('{0190f3e4-0000-7000-8000-000000000001}'::uuid[])",
+    ),
+    ("unnest(integer[])", "SELECT * FROM unnest('{1}'::integer[])"),
+    ("unnest(text[])", "SELECT * FROM unnest('{q}'::text[])"),
+    (
+        "unnest(bigint[])",
+        "SELECT * FROM unnest('{1}'::bigint[]) WITH ORDINALITY AS u(ms, n)",
+    ),
+    (
+        "array_agg(interval)",
+        "SELECT array_agg(interval '1 millisecond')",
+    ),
+    (
+        "array_agg(bigint)",
+        "SELECT array_agg(version ORDER BY version) FROM sluice._sqlx_migrations",
+    ),
+    (
+        "* (bigint, interval)",
+        "SELECT now() + 30000::bigint * interval '1 millisecond'",
+    ),
+    (
+        "* (numeric, integer)",
+        "SELECT (extract(epoch FROM now() - now()) * 1000)::bigint",
+    ),
+    (
+        "|| (uuid[], uuid[])",
+        "SELECT ARRAY['0190f3e4-0000-7000-8000-000000000001'::uuid] || ARRAY[pg_catalog.gen_random_uuid()]",
+    ),
+];
+
+/// The positive control's last overload: `=` between an oid and a `regnamespace`, as the operator's
+/// check of a tenant login wrote it.
+const UNQUALIFIED_OID_EQ: (&str, &str) = (
+    "= (oid, regnamespace)",
+    "SELECT count(*) FROM pg_catalog.pg_class c WHERE c.relnamespace = 'sluice'::regnamespace",
+);
+
+/// Runs every statement the store sends on `queue` (one of `store`'s login's namespace): the enqueue
+/// paths with keys and periods, claims, the three heartbeats, a cancel of a running and of a waiting
+/// job, completion as success, retry and permanent failure, a release with a cascade, rescue,
+/// retention, depth, reads, schedules, event subscriptions and the tenant check of the login.
+async fn every_statement_of_the_store(store: &QueueStore, queue: &str) {
+    let owner = "worker-1";
+    let lease = Duration::from_secs(30);
+    let parent = store.enqueue(queue, &job(1)).await.unwrap().id;
+    let child = store
+        .enqueue(
+            queue,
+            &job(2)
+                .depends_on([parent])
+                .unique("k", UniqueMode::Replace)
+                .unique_for(Duration::from_secs(60)),
+        )
+        .await
+        .unwrap()
+        .id;
+    store
+        .enqueue(queue, &job(9).debounce("d", Duration::from_secs(60)))
+        .await
+        .unwrap();
+    store
+        .enqueue_many(
+            queue,
+            &[
+                job(3),
+                job(4)
+                    .idempotency_key("i")
+                    .unique("m", UniqueMode::Preserve)
+                    .unique_for(Duration::from_secs(60)),
+            ],
+        )
+        .await
+        .unwrap();
+    store
+        .enqueue_graph(
+            queue,
+            &[
+                GraphJob::new("x", job(5)),
+                GraphJob::new("y", job(6)).depends_on(["x"]),
+            ],
+        )
+        .await
+        .unwrap();
+    let claimed = store.claim_batch(queue, owner, 100, lease).await.unwrap();
+    store
+        .claim_batch_of_kinds(queue, &["work".to_string()], owner, 1, lease)
+        .await
+        .unwrap();
+    let by_n = |n: i64| {
+        let c = claimed
+            .iter()
+            .find(|c| c.payload["n"] == n)
+            .unwrap_or_else(|| panic!("job {n} claimed: {claimed:?}"));
+        (c.id, c.attempt)
+    };
+    let held: Vec<(Uuid, i32)> = [1, 3, 4, 5].into_iter().map(by_n).collect();
+    assert_eq!(store.heartbeat(owner, &held, lease).await.unwrap().len(), 4);
+    store
+        .heartbeat_waiting(owner, held[0], lease, Duration::from_secs(5))
+        .await
+        .unwrap();
+    store.heartbeat_finishing(owner, &held, lease).await.unwrap();
+    store.cancel(by_n(5).0).await.unwrap();
+    let done = [
+        (by_n(1), Finish::Succeeded),
+        (
+            by_n(3),
+            Finish::Retry {
+                delay: Duration::from_millis(1),
+                error: "again".into(),
+            },
+        ),
+        (by_n(4), Finish::Permanent { error: "no".into() }),
+    ]
+    .map(|((id, attempt), finish)| Finished { id, attempt, finish });
+    assert_eq!(store.finish_batch(owner, &done).await.unwrap().len(), 3);
+    assert_eq!(store.release(owner, &[by_n(5)]).await.unwrap().len(), 1);
+    store.cancel(child).await.unwrap();
+    store.retry_dead(by_n(4).0).await.unwrap();
+    store.rescue_expired(&[queue.to_string()], 10).await.unwrap();
+    store.delete_expired(queue, 10).await.unwrap();
+    store.running_by_owner(queue).await.unwrap();
+    store.depth(queue).await.unwrap().expect("the queue's depth");
+    store.depth_all().await.unwrap();
+    store.get(parent).await.unwrap().expect("the parent");
+    store.list(queue, None, None, 10).await.unwrap();
+    store.parents(child).await.unwrap();
+    store.queues_of(&[parent, child]).await.unwrap();
+    store.job_status(parent).await.unwrap().expect("its status");
+    store.queue(queue).await.unwrap().expect("the queue");
+    store.set_paused(queue, true).await.unwrap();
+    store.set_paused(queue, false).await.unwrap();
+    store
+        .subscribe_events("sub-1", &[queue.to_string()], Duration::from_secs(60))
+        .await
+        .unwrap();
+    let schedule = Schedule::new("tick", "* * * * *", None, job(7), MissedRuns::Skip).unwrap();
+    store.fire_schedule(queue, &schedule).await.unwrap();
+    store.schedules(queue).await.unwrap();
+    sqlx::query(sluice_queue::sql::TENANT_OF_LOGIN)
+        .fetch_optional(store.pool())
+        .await
+        .unwrap();
+}
+
+/// The statements Sluice sends itself name pg_catalog's functions and operators (queue/src/sql.rs,
+/// "Names"), so a tenant that may create in `public` and plants overloads that beat the built-ins on
+/// an unqualified statement (shown first, on the same server) runs nothing: not as another tenant's
+/// worker, on its own default-path pool (a transaction-mode PgBouncer allows no other), and not as the
+/// schema's owner running the operator's statements.
+#[tokio::test]
+async fn statements_sluice_sends_run_nothing_a_tenant_planted_in_public() {
+    let (pg, owner, a) = setup().await;
+    sqlx::raw_sql("GRANT CREATE ON SCHEMA public TO PUBLIC")
+        .execute(owner.pool())
+        .await
+        .unwrap();
+    sqlx::raw_sql(OVERLOADS).execute(a.pool()).await.unwrap();
+    let ran = || async {
+        sqlx::query_as::<_, (String, String)>("SELECT DISTINCT who, what FROM public.ran ORDER BY 1, 2")
+            .fetch_all(owner.pool())
+            .await
+            .unwrap()
+    };
+
+    let b_url = pg
+        .url()
+        .replace("postgres://postgres@", "postgres://sluice_tenant_b:secret-2@");
+    let b = QueueStore::new(connect(&b_url).await);
+    for (what, statement) in UNQUALIFIED.into_iter().chain([UNQUALIFIED_OID_EQ]) {
+        sqlx::raw_sql(statement).execute(b.pool()).await.unwrap();
+        assert_eq!(
+            ran().await,
+            [("sluice_tenant_b".to_string(), what.to_string())],
+            "{statement}"
+        );
+        sqlx::raw_sql("DELETE FROM public.ran")
+            .execute(owner.pool())
+            .await
+            .unwrap();
+    }
+
+    every_statement_of_the_store(&b, "b/q").await;
+    // The operator's statements, as the schema's owner: migrations checked, a tenant provisioned, a
+    // queue made, adopted and measured, and KEDA's demand query.
+    schema::migrate(owner.pool()).await.unwrap();
+    owner
+        .ensure_tenant("sluice_tenant_c", "c", "secret-1")
+        .await
+        .unwrap();
+    sqlx::query(sluice_queue::sql::TENANT_ROLE_AND_NAMING_KEY)
+        .bind("c")
+        .fetch_one(owner.pool())
+        .await
+        .unwrap();
+    owner
+        .upsert_queue(&QueueSettings::defaults("c/old"))
+        .await
+        .unwrap();
+    owner.enqueue("c/old", &job(8)).await.unwrap();
+    assert_eq!(owner.adopt_queue("c/old", "c/q").await.unwrap(), Some(1));
+    owner.ensure_queue("c/q").await.unwrap();
+    sqlx::query(AssertSqlSafe(sluice_queue::sql::queue_demand_statement("c/q")))
+        .fetch_one(owner.pool())
+        .await
+        .unwrap();
+    every_statement_of_the_store(&owner, "c/q").await;
+    // The operator's check of a login compares namespaces only for relations the login is a member of
+    // the owner of (the cheaper test runs first): a login owning a table of the schema, what the check
+    // is there to find.
+    sqlx::raw_sql(
+        "CREATE TABLE sluice.owned_by_b (x int); ALTER TABLE sluice.owned_by_b OWNER TO sluice_tenant_b",
+    )
+    .execute(owner.pool())
+    .await
+    .unwrap();
+    let (_, _, unlimited): (String, String, bool) = sqlx::query_as(sluice_queue::sql::TENANT_OF_LOGIN)
+        .fetch_one(b.pool())
+        .await
+        .unwrap();
+    assert!(unlimited, "b owns a table of the schema");
+
+    assert_eq!(ran().await, [], "a planted overload ran");
 }
