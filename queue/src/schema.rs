@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
 /// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
 /// which the workspace does not enable).
-const MIGRATIONS: [(i64, &str, &str); 26] = [
+const MIGRATIONS: [(i64, &str, &str); 27] = [
     (
         1,
         "queue tables",
@@ -145,6 +145,11 @@ const MIGRATIONS: [(i64, &str, &str); 26] = [
         26,
         "existing tenants altered by a createrole owner",
         include_str!("../../migrations/0026_existing_tenants_altered_by_a_createrole_owner.sql"),
+    ),
+    (
+        27,
+        "tenant attributes checked after the alter",
+        include_str!("../../migrations/0027_tenant_attributes_checked_after_the_alter.sql"),
     ),
 ];
 

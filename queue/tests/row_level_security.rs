@@ -454,10 +454,33 @@ async fn a_createrole_owner_provisions_an_existing_tenant_again() {
         .await
         .unwrap();
     let first = verifier().await;
-    owner
-        .ensure_tenant("sluice_tenant_a", "a", "secret-2")
+    // Attributes the owner's ALTER names again: INHERIT (any CREATEROLE login may take it away) and
+    // CREATEDB (on PostgreSQL 16 only a login with CREATEDB may: this owner refuses the role, SL409).
+    sqlx::query("ALTER ROLE sluice_tenant_a INHERIT CREATEDB")
+        .execute(&superuser)
         .await
-        .expect("a CREATEROLE owner sets an existing tenant's password");
+        .unwrap();
+    let version: i32 = sqlx::query_scalar("SELECT current_setting('server_version_num')::integer")
+        .fetch_one(&superuser)
+        .await
+        .unwrap();
+    let again = owner.ensure_tenant("sluice_tenant_a", "a", "secret-2").await;
+    if version >= 160000 {
+        assert!(
+            matches!(&again, Err(Error::Conflict(m)) if m.contains("CREATEDB")),
+            "{again:?}"
+        );
+        sqlx::query("ALTER ROLE sluice_tenant_a NOCREATEDB")
+            .execute(&superuser)
+            .await
+            .unwrap();
+        owner
+            .ensure_tenant("sluice_tenant_a", "a", "secret-2")
+            .await
+            .expect("a CREATEROLE owner sets an existing tenant's password");
+    } else {
+        again.expect("a CREATEROLE owner sets an existing tenant's password");
+    }
     assert_ne!(verifier().await, first, "the password changed");
     let attributes: (bool, bool, bool, bool, bool, bool, bool) = sqlx::query_as(
         "SELECT rolcanlogin, rolsuper, rolcreaterole, rolcreatedb, rolbypassrls, rolreplication, rolinherit \
@@ -467,6 +490,25 @@ async fn a_createrole_owner_provisions_an_existing_tenant_again() {
     .await
     .unwrap();
     assert_eq!(attributes, (true, false, false, false, false, false, false));
+
+    // Attributes no CREATEROLE login may take away: the role is refused, and its password kept.
+    for attribute in ["BYPASSRLS", "CREATEROLE"] {
+        let before = verifier().await;
+        sqlx::query(AssertSqlSafe(format!("ALTER ROLE sluice_tenant_a {attribute}")))
+            .execute(&superuser)
+            .await
+            .unwrap();
+        let refused = owner.ensure_tenant("sluice_tenant_a", "a", "secret-3").await;
+        assert!(
+            matches!(&refused, Err(Error::Conflict(m)) if m.contains(attribute)),
+            "{attribute}: {refused:?}"
+        );
+        assert_eq!(verifier().await, before, "{attribute}: the password is kept");
+        sqlx::query(AssertSqlSafe(format!("ALTER ROLE sluice_tenant_a NO{attribute}")))
+            .execute(&superuser)
+            .await
+            .unwrap();
+    }
 }
 
 #[tokio::test]
@@ -681,7 +723,9 @@ async fn a_tenant_that_may_create_in_public_runs_nothing_as_the_owner() {
 
 /// Every function in `sluice` runs with `search_path` pinned to pg_catalog (migrations 0014, 0020,
 /// 0024-0025): a new function that forgets it would resolve names through its caller's path, where a
-/// tenant may have put its own functions and operators.
+/// tenant may have put its own functions and operators. And none is SECURITY DEFINER: each runs with
+/// its caller's rights, so a caller gains nothing by calling it (a tenant's calls stay under row-level
+/// security).
 #[tokio::test]
 async fn every_function_of_the_schema_pins_its_search_path() {
     let (_pg, owner, _a) = setup().await;
@@ -695,6 +739,14 @@ async fn every_function_of_the_schema_pins_its_search_path() {
     .await
     .unwrap();
     assert_eq!(unpinned, Vec::<String>::new());
+    let definers: Vec<String> = sqlx::query_scalar(
+        "SELECT p.oid::regprocedure::text FROM pg_proc p \
+          WHERE p.pronamespace = 'sluice'::regnamespace AND p.prosecdef ORDER BY 1",
+    )
+    .fetch_all(owner.pool())
+    .await
+    .unwrap();
+    assert_eq!(definers, Vec::<String>::new(), "SECURITY DEFINER functions");
 }
 
 /// What tenant `a` plants in `public` for the statements Sluice sends itself, each recording who ran
@@ -966,4 +1018,104 @@ async fn statements_sluice_sends_run_nothing_a_tenant_planted_in_public() {
     assert!(unlimited, "b owns a table of the schema");
 
     assert_eq!(ran().await, [], "a planted overload ran");
+}
+
+/// A role given a forbidden attribute while `sluice.ensure_tenant` provisions it, after the checks and
+/// before the ALTER (migration 0027): a CREATEROLE owner, which may not take BYPASSRLS away, refuses
+/// it (SL409) instead of registering it again; CREATEDB, which it may take away on PostgreSQL 15, is
+/// taken away; a superuser owner takes every one of them away in its ALTER. The provisioning is held
+/// between the two by a lock on pg_authid that another session holds while it alters the role.
+#[tokio::test]
+async fn a_role_given_a_forbidden_attribute_during_its_provisioning_keeps_none() {
+    let pg = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+    pg.psql(
+        "CREATE ROLE createrole_owner LOGIN CREATEROLE; ALTER DATABASE postgres OWNER TO createrole_owner",
+    );
+    let url = pg
+        .url()
+        .replace("postgres://postgres@", "postgres://createrole_owner@");
+    let createrole_owner = QueueStore::new(connect(&url).await);
+    schema::migrate(createrole_owner.pool()).await.unwrap();
+    let superuser = connect(&pg.url()).await;
+    let superuser_owner = QueueStore::new(superuser.clone());
+    createrole_owner
+        .ensure_tenant("sluice_tenant_a", "a", "secret-1")
+        .await
+        .unwrap();
+    let version: i32 = sqlx::query_scalar("SELECT current_setting('server_version_num')::integer")
+        .fetch_one(&superuser)
+        .await
+        .unwrap();
+
+    for (who, store, attribute, refused) in [
+        ("createrole owner", &createrole_owner, "BYPASSRLS", true),
+        (
+            "createrole owner",
+            &createrole_owner,
+            "CREATEDB",
+            version >= 160000,
+        ),
+        ("superuser owner", &superuser_owner, "BYPASSRLS", false),
+        ("superuser owner", &superuser_owner, "CREATEROLE", false),
+    ] {
+        let mut holder = superuser.begin().await.unwrap();
+        sqlx::query("LOCK TABLE pg_catalog.pg_authid IN SHARE MODE")
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+        let provisioning = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .ensure_tenant("sluice_tenant_a", "a", "do-not-show-this-password")
+                    .await
+            })
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                  WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid() \
+                    AND query LIKE '%ensure_tenant%'",
+            )
+            .fetch_one(&superuser)
+            .await
+            .unwrap();
+            if waiting == 1 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{who}: the provisioning never waited for pg_authid"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        sqlx::query(AssertSqlSafe(format!("ALTER ROLE sluice_tenant_a {attribute}")))
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+        holder.commit().await.unwrap();
+        let result = provisioning.await.unwrap();
+        let kept: bool = sqlx::query_scalar(
+            "SELECT rolsuper OR rolcreaterole OR rolbypassrls OR rolreplication OR rolcreatedb \
+               FROM pg_roles WHERE rolname = 'sluice_tenant_a'",
+        )
+        .fetch_one(&superuser)
+        .await
+        .unwrap();
+        if refused {
+            let Err(Error::Conflict(message)) = &result else {
+                panic!("{who}, {attribute}: refused, not {result:?}");
+            };
+            assert!(message.contains(attribute), "{who}: {message}");
+            assert!(!message.contains("do-not-show-this"), "{who}: {message}");
+            sqlx::query(AssertSqlSafe(format!("ALTER ROLE sluice_tenant_a NO{attribute}")))
+                .execute(&superuser)
+                .await
+                .unwrap();
+        } else {
+            result.unwrap_or_else(|e| panic!("{who}, {attribute}: {e}"));
+            assert!(!kept, "{who}: the role kept {attribute}");
+        }
+    }
 }
