@@ -740,3 +740,104 @@ DELETE FROM sluice.event_subscriptions
 pub const JOB_STATUS: &str = r#"
 SELECT queue, state, attempt, pg_catalog.pg_current_snapshot()::text AS snapshot FROM sluice.jobs WHERE id = $1
 "#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The statements Sluice sends itself (not the bodies of `sluice` functions).
+    fn sent() -> Vec<(&'static str, String)> {
+        let consts = [
+            ("PLAN_GENERIC", PLAN_GENERIC),
+            ("JOB_CLAIM_BATCH", JOB_CLAIM_BATCH),
+            ("JOB_CLAIM_BATCH_OF_KINDS", JOB_CLAIM_BATCH_OF_KINDS),
+            ("JOB_FINISH", JOB_FINISH),
+            ("JOB_HEARTBEAT", JOB_HEARTBEAT),
+            ("JOB_HEARTBEAT_WAITING", JOB_HEARTBEAT_WAITING),
+            ("JOB_HEARTBEAT_FINISHING", JOB_HEARTBEAT_FINISHING),
+            ("JOB_LOCK_RELEASING", JOB_LOCK_RELEASING),
+            ("JOB_RELEASE_FENCED", JOB_RELEASE_FENCED),
+            ("JOB_RESCUE_EXPIRED", JOB_RESCUE_EXPIRED),
+            ("JOB_ENQUEUE", JOB_ENQUEUE),
+            ("JOB_ENQUEUE_GRAPH", JOB_ENQUEUE_GRAPH),
+            ("JOB_PARENTS", JOB_PARENTS),
+            ("JOB_ENQUEUE_MANY", JOB_ENQUEUE_MANY),
+            ("JOB_QUEUES", JOB_QUEUES),
+            ("JOB_GET", JOB_GET),
+            ("JOB_LIST", JOB_LIST),
+            ("JOB_CANCEL", JOB_CANCEL),
+            ("JOB_RETRY_DEAD", JOB_RETRY_DEAD),
+            ("JOB_DELETE_EXPIRED", JOB_DELETE_EXPIRED),
+            ("JOB_COUNT_RUNNING_BY_OWNER", JOB_COUNT_RUNNING_BY_OWNER),
+            ("QUEUE_DEPTH", QUEUE_DEPTH),
+            ("QUEUE_ENSURE", QUEUE_ENSURE),
+            ("QUEUE_UPSERT", QUEUE_UPSERT),
+            ("QUEUE_GET", QUEUE_GET),
+            ("QUEUE_SET_PAUSED", QUEUE_SET_PAUSED),
+            ("QUEUE_ADOPT", QUEUE_ADOPT),
+            ("TENANT_ENSURE", TENANT_ENSURE),
+            ("TENANT_ROLE_AND_NAMING_KEY", TENANT_ROLE_AND_NAMING_KEY),
+            ("TENANT_OF_LOGIN", TENANT_OF_LOGIN),
+            ("SCHEDULE_ENSURE", SCHEDULE_ENSURE),
+            ("SCHEDULE_LOCK", SCHEDULE_LOCK),
+            ("SCHEDULE_ADVANCE", SCHEDULE_ADVANCE),
+            ("SCHEDULE_LIST", SCHEDULE_LIST),
+            ("EVENT_SUBSCRIBE", EVENT_SUBSCRIBE),
+            ("EVENT_UNSUBSCRIBE_OTHERS", EVENT_UNSUBSCRIBE_OTHERS),
+            ("JOB_STATUS", JOB_STATUS),
+        ];
+        let mut all: Vec<_> = consts.into_iter().map(|(n, s)| (n, s.to_string())).collect();
+        all.push(("queue_demand_statement", queue_demand_statement("q")));
+        all
+    }
+
+    /// The calls of `statement` that name no schema: a word directly followed by `(` that is not
+    /// `schema.`-qualified, not SQL syntax that looks like a call (`coalesce`, `greatest`, `extract`,
+    /// `ARRAY(...)`), and not a column list after `AS` (`AS h(id, attempt)`).
+    fn unqualified_calls(statement: &str) -> Vec<String> {
+        let syntax = ["coalesce", "greatest", "extract", "ARRAY", "OPERATOR"];
+        let bytes = statement.as_bytes();
+        let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+        let mut found = Vec::new();
+        for (at, _) in statement.match_indices('(') {
+            let start = (0..at).rev().take_while(|&i| word(bytes[i])).last();
+            let Some(start) = start else { continue };
+            let name = &statement[start..at];
+            let before = statement[..start].trim_end();
+            if (start > 0 && bytes[start - 1] == b'.') || syntax.contains(&name) || before.ends_with(" AS") {
+                continue;
+            }
+            found.push(name.to_string());
+        }
+        found
+    }
+
+    /// Every function the statements Sluice sends call is named with its schema, and the operators
+    /// pg_catalog has no exact match for are written `OPERATOR(pg_catalog.…)` (module docs, "Names").
+    /// `tests/row_level_security.rs` shows on a server what an unqualified one lets a tenant do; this
+    /// keeps a new statement from bringing one back unnoticed.
+    #[test]
+    fn the_statements_sluice_sends_name_pg_catalogs_functions_and_operators() {
+        for (name, statement) in sent() {
+            assert_eq!(
+                unqualified_calls(&statement),
+                Vec::<String>::new(),
+                "{name} calls functions without their schema"
+            );
+            let bare = statement
+                .replace("OPERATOR(pg_catalog.*)", "")
+                .replace("OPERATOR(pg_catalog.||)", "")
+                .replace("(*)", "")
+                .replace("SELECT *", "");
+            assert!(
+                !bare.contains('*') && !bare.contains("||"),
+                "{name}: `*` and `||` resolve through the session's path; write OPERATOR(pg_catalog.…)"
+            );
+        }
+        assert_eq!(
+            unqualified_calls("SELECT now(), h(x) AS h(id), pg_catalog.count(*)"),
+            ["now", "h"],
+            "the check finds what it looks for"
+        );
+    }
+}
