@@ -14,7 +14,9 @@
 -- CREATEDB (it has CREATEDB, or the server is older than 16, where CREATEROLE is enough). After the
 -- ALTER the function reads the role's attributes again and raises SL409, naming them and what to do,
 -- when any a tenant must not have is set. The ALTER has written and locked the role's row of pg_authid,
--- so a change committed after that read waits for this transaction: nothing slips in between any more.
+-- so a change of its attributes committed after that read waits for this transaction: none slips in
+-- between any more. Its ownership and memberships are checked after the ALTER too (they are not in that
+-- row: a GRANT committed between this check and the commit still goes through).
 -- The password stays out of every error, as in migrations 0015, 0018 and 0026.
 --
 -- Physical design: the function is replaced with the same signature and body as in migration 0026 but
@@ -62,39 +64,6 @@ BEGIN
             RAISE EXCEPTION 'role "%" is a superuser or has CREATEROLE, BYPASSRLS or REPLICATION; a tenant has none of them: register a role of its own for the namespace', p_role
                 USING ERRCODE = 'SL409';
         END IF;
-        IF EXISTS (SELECT 1 FROM pg_shdepend d
-                   WHERE d.refclassid = 'pg_authid'::regclass AND d.refobjid = v_oid AND d.deptype = 'o'
-                     AND d.dbid IN (0, (SELECT oid FROM pg_database WHERE datname = current_database())))
-           OR EXISTS (SELECT 1 FROM pg_class c WHERE c.relowner = v_oid)
-           OR EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspowner = v_oid)
-           OR EXISTS (SELECT 1 FROM pg_proc p WHERE p.proowner = v_oid) THEN
-            RAISE EXCEPTION 'role "%" owns objects (see \dp, \dn and \df, or pg_shdepend); the owner of a table is not limited by row-level security: register a role of its own for the namespace', p_role
-                USING ERRCODE = 'SL409';
-        END IF;
-        -- PostgreSQL 16 records whether a member may SET ROLE to the role and inherits its rights; in
-        -- older releases every member may SET ROLE (the columns are absent: NULL, counted as may).
-        SELECT string_agg(quote_ident(r.rolname), ', ' ORDER BY r.rolname) INTO v_members
-        FROM pg_auth_members m
-        JOIN pg_roles r ON r.oid = m.member
-        WHERE m.roleid = v_oid
-          AND r.rolname <> current_user
-          AND ((to_jsonb(m) ->> 'set_option')::boolean IS NOT FALSE
-               OR (to_jsonb(m) ->> 'inherit_option')::boolean IS NOT FALSE);
-        IF v_members IS NOT NULL THEN
-            RAISE EXCEPTION 'role "%" has members (%) that could act as the tenant: revoke the membership first (REVOKE % FROM %)',
-                            p_role, v_members, quote_ident(p_role), v_members
-                USING ERRCODE = 'SL409';
-        END IF;
-    END IF;
-    SELECT string_agg(quote_ident(g.rolname), ', ' ORDER BY g.rolname) INTO v_memberships
-    FROM pg_auth_members m
-    JOIN pg_roles r ON r.oid = m.member
-    JOIN pg_roles g ON g.oid = m.roleid
-    WHERE r.rolname = p_role;
-    IF v_memberships IS NOT NULL THEN
-        RAISE EXCEPTION 'role "%" is a member of %; a tenant could SET ROLE out of row-level security: revoke the membership first (REVOKE % FROM %)',
-                        p_role, v_memberships, v_memberships, quote_ident(p_role)
-            USING ERRCODE = 'SL409';
     END IF;
     BEGIN
         -- An existing role is altered naming the attributes the login running this may change: a
@@ -140,9 +109,49 @@ BEGIN
                      CASE WHEN r.rolcreatedb THEN 'CREATEDB' END)
       INTO v_kept
       FROM pg_roles r WHERE r.rolname = p_role;
-    IF v_kept <> '' THEN
+    IF v_kept IS DISTINCT FROM '' THEN
         RAISE EXCEPTION 'role "%" has %, which a tenant must not have and this login cannot take away: have a superuser run ALTER ROLE % NOSUPERUSER NOCREATEROLE NOBYPASSRLS NOREPLICATION NOCREATEDB, then provision it again',
                         p_role, v_kept, quote_ident(p_role)
+            USING ERRCODE = 'SL409';
+    END IF;
+    -- Ownership and memberships are checked here, after the ALTER, not before it: a GRANT or an
+    -- ownership change does not touch the role's row of pg_authid, so the ALTER's lock does not hold it
+    -- back, and one committed between an earlier check and the ALTER went through. Checked now, only
+    -- one committed between this read and the commit can (a narrower window, open to the same trusted
+    -- logins only: a superuser, a CREATEROLE login, the owner).
+    IF v_oid IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM pg_shdepend d
+                   WHERE d.refclassid = 'pg_authid'::regclass AND d.refobjid = v_oid AND d.deptype = 'o'
+                     AND d.dbid IN (0, (SELECT oid FROM pg_database WHERE datname = current_database())))
+           OR EXISTS (SELECT 1 FROM pg_class c WHERE c.relowner = v_oid)
+           OR EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspowner = v_oid)
+           OR EXISTS (SELECT 1 FROM pg_proc p WHERE p.proowner = v_oid) THEN
+            RAISE EXCEPTION 'role "%" owns objects (see \dp, \dn and \df, or pg_shdepend); the owner of a table is not limited by row-level security: register a role of its own for the namespace', p_role
+                USING ERRCODE = 'SL409';
+        END IF;
+        -- PostgreSQL 16 records whether a member may SET ROLE to the role and inherits its rights; in
+        -- older releases every member may SET ROLE (the columns are absent: NULL, counted as may).
+        SELECT string_agg(quote_ident(r.rolname), ', ' ORDER BY r.rolname) INTO v_members
+        FROM pg_auth_members m
+        JOIN pg_roles r ON r.oid = m.member
+        WHERE m.roleid = v_oid
+          AND r.rolname <> current_user
+          AND ((to_jsonb(m) ->> 'set_option')::boolean IS NOT FALSE
+               OR (to_jsonb(m) ->> 'inherit_option')::boolean IS NOT FALSE);
+        IF v_members IS NOT NULL THEN
+            RAISE EXCEPTION 'role "%" has members (%) that could act as the tenant: revoke the membership first (REVOKE % FROM %)',
+                            p_role, v_members, quote_ident(p_role), v_members
+                USING ERRCODE = 'SL409';
+        END IF;
+    END IF;
+    SELECT string_agg(quote_ident(g.rolname), ', ' ORDER BY g.rolname) INTO v_memberships
+    FROM pg_auth_members m
+    JOIN pg_roles r ON r.oid = m.member
+    JOIN pg_roles g ON g.oid = m.roleid
+    WHERE r.rolname = p_role;
+    IF v_memberships IS NOT NULL THEN
+        RAISE EXCEPTION 'role "%" is a member of %; a tenant could SET ROLE out of row-level security: revoke the membership first (REVOKE % FROM %)',
+                        p_role, v_memberships, v_memberships, quote_ident(p_role)
             USING ERRCODE = 'SL409';
     END IF;
     INSERT INTO sluice.tenants (role_name, namespace) VALUES (p_role, p_namespace)
@@ -156,3 +165,13 @@ END;
 $$;
 
 REVOKE EXECUTE ON FUNCTION sluice.ensure_tenant(text, text, text) FROM PUBLIC;
+
+-- Migration 0001's CHECK on `sluice.queues.backoff_multiplier` compares a double precision with an
+-- integer, for which pg_catalog has no operator of exactly those types: a `public.>=(double precision,
+-- integer)` that a role able to create in `public` planted before the first migration was bound into
+-- the constraint for good, and ran as every writer of `sluice.queues` (the operator's login among them).
+-- The constraint is made again comparing two doubles with pg_catalog's operator, named.
+ALTER TABLE sluice.queues
+    DROP CONSTRAINT queues_backoff_multiplier_check,
+    ADD CONSTRAINT queues_backoff_multiplier_check
+        CHECK (backoff_multiplier OPERATOR(pg_catalog.>=) 1::double precision);

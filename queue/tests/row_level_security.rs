@@ -726,6 +726,55 @@ async fn a_tenant_that_may_create_in_public_runs_nothing_as_the_owner() {
 /// tenant may have put its own functions and operators. And none is SECURITY DEFINER: each runs with
 /// its caller's rights, so a caller gains nothing by calling it (a tenant's calls stay under row-level
 /// security).
+/// What `sluice` is made of (constraints, defaults, policies, indexes, triggers) binds its operators
+/// and functions when it is created, on the migrating login's search path: an operator of exactly the
+/// types compared, planted in `public` by a role that could create there before Sluice was installed,
+/// would be bound for good and run as every writer. Migration 0001's CHECK on `backoff_multiplier`
+/// (a double precision against an integer, for which pg_catalog has no exact operator) was one;
+/// migration 0027 makes it again with pg_catalog's operator.
+#[tokio::test]
+async fn nothing_the_schema_is_made_of_uses_what_a_role_planted_in_public_before_it() {
+    let pg = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+    let owner = connect(&pg.url()).await;
+    sqlx::raw_sql(
+        "GRANT CREATE ON SCHEMA public TO PUBLIC; \
+         CREATE ROLE early; \
+         SET ROLE early; \
+         CREATE FUNCTION public.ge(double precision, integer) RETURNS boolean LANGUAGE sql \
+             AS 'SELECT $1 OPERATOR(pg_catalog.>=) $2::double precision'; \
+         CREATE OPERATOR public.>= (LEFTARG = double precision, RIGHTARG = integer, FUNCTION = public.ge); \
+         RESET ROLE;",
+    )
+    .execute(&owner)
+    .await
+    .unwrap();
+    let planted_in = |what: &'static str| {
+        format!(
+            "SELECT pg_catalog.pg_describe_object(d.classid, d.objid, d.objsubid) FROM pg_catalog.pg_depend d \
+              JOIN pg_catalog.pg_operator o ON d.refclassid = 'pg_catalog.pg_operator'::regclass AND o.oid = d.refobjid \
+             WHERE o.oprnamespace = 'public'::regnamespace AND d.classid <> 'pg_catalog.pg_operator'::regclass \
+               AND pg_catalog.pg_describe_object(d.classid, d.objid, d.objsubid) LIKE '%{what}%' ORDER BY 1"
+        )
+    };
+    // The planted operator wins on an unqualified comparison of those types.
+    sqlx::raw_sql("CREATE TABLE public.probe (x double precision CHECK (x >= 1))")
+        .execute(&owner)
+        .await
+        .unwrap();
+    let probe: Vec<String> = sqlx::query_scalar(AssertSqlSafe(planted_in("probe")))
+        .fetch_all(&owner)
+        .await
+        .unwrap();
+    assert_eq!(probe.len(), 1, "the planted operator is bound: {probe:?}");
+
+    schema::migrate(&owner).await.unwrap();
+    let bound: Vec<String> = sqlx::query_scalar(AssertSqlSafe(planted_in("sluice.")))
+        .fetch_all(&owner)
+        .await
+        .unwrap();
+    assert_eq!(bound, Vec::<String>::new());
+}
+
 #[tokio::test]
 async fn every_function_of_the_schema_pins_its_search_path() {
     let (_pg, owner, _a) = setup().await;
