@@ -197,9 +197,9 @@ impl QueueStore {
     }
 
     /// This store, its worker statements (claims, heartbeats, completions, releases, rescues, retention,
-    /// and the reads of a queue's settings and depth a worker makes) given up when the database has not answered within `deadline`: the connection is closed, never
-    /// returned to the pool, and the call fails as a connection error would (the next call opens a
-    /// fresh connection). Without it a statement on a connection whose server went away without a
+    /// and the reads of a queue's settings and depth a worker makes) given up when the database has not
+    /// answered within `deadline`: the connection is closed, never returned to the pool, and the call
+    /// fails as a connection error would (the next call opens a fresh connection). Without it a statement on a connection whose server went away without a
     /// word (a failover, a dropped NAT entry, a frozen backend) waits for ever, as sqlx has no statement
     /// deadline and sets no TCP keepalive. A statement that was merely slow (a long row-lock wait) may
     /// still commit on the server after it was given up; the worker's statements are fenced by lease
