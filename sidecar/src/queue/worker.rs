@@ -835,17 +835,14 @@ async fn record<H>(shared: Arc<Shared<H>>, batch: Vec<Done>, shutdown: Cancellat
     let mut failing_since: Option<tokio::time::Instant> = None;
     // Once a try went unanswered, the server ends later tries within the answer deadline itself (see
     // `QueueStore::with_server_deadline`).
-    let mut store = &shared.store;
-    let bounded = shared
-        .store
-        .clone()
-        .with_server_deadline(shared.opts.answer_deadline);
+    let mut bounded: Option<QueueStore> = None;
     // What the tries so far wrote: a completion written by one try is not sent again when the release
     // after it failed (it would match no row, and its jobs would count as lost).
     let mut written = HashMap::new();
     let mut finish_written = false;
     for attempt in 0.. {
         let t0 = tokio::time::Instant::now();
+        let store = bounded.as_ref().unwrap_or(&shared.store);
         match write_batch(store, owner, &finish, &release, &mut finish_written, &mut written).await {
             Ok(()) => {
                 let secs = t0.elapsed().as_secs_f64();
@@ -869,9 +866,13 @@ async fn record<H>(shared: Arc<Shared<H>>, batch: Vec<Done>, shutdown: Cancellat
                 break;
             }
             Err(e) => {
-                let unanswered = matches!(&e, crate::error::Error::Database(db) if Unanswered::is(db));
-                if unanswered {
-                    store = &bounded;
+                if matches!(&e, crate::error::Error::Database(db) if Unanswered::is(db)) {
+                    bounded.get_or_insert_with(|| {
+                        shared
+                            .store
+                            .clone()
+                            .with_server_deadline(shared.opts.answer_deadline)
+                    });
                 }
                 if shutdown.is_cancelled() && attempt >= 5 {
                     // Exiting with the database away: the leases expire and other workers rescue the
