@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
 /// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
 /// which the workspace does not enable).
-const MIGRATIONS: [(i64, &str, &str); 27] = [
+const MIGRATIONS: [(i64, &str, &str); 28] = [
     (
         1,
         "queue tables",
@@ -150,6 +150,11 @@ const MIGRATIONS: [(i64, &str, &str); 27] = [
         27,
         "tenant attributes checked after the alter",
         include_str!("../../migrations/0027_tenant_attributes_checked_after_the_alter.sql"),
+    ),
+    (
+        28,
+        "tenants revoked from the registry",
+        include_str!("../../migrations/0028_tenants_revoked_from_the_registry.sql"),
     ),
 ];
 

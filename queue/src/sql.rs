@@ -741,6 +741,42 @@ pub const JOB_STATUS: &str = r#"
 SELECT queue, state, attempt, pg_catalog.pg_current_snapshot()::text AS snapshot FROM sluice.jobs WHERE id = $1
 "#;
 
+// Revoking tenants (migration 0028). Built-ins are schema-qualified: these run as the schema's owner.
+
+/// Every registered tenant (role, namespace) and whether QueueDatabase `$1` admitted its namespace
+/// (a row of `sluice.tenant_admissions`), by namespace.
+pub const TENANT_REGISTRY: &str = r#"
+SELECT t.role_name, t.namespace,
+       EXISTS (SELECT 1 FROM sluice.tenant_admissions a
+                WHERE a.namespace OPERATOR(pg_catalog.=) t.namespace
+                  AND a.queue_database OPERATOR(pg_catalog.=) $1) AS admitted_by
+  FROM sluice.tenants t
+ ORDER BY t.namespace
+"#;
+
+/// Records that QueueDatabase `$2` admitted each namespace of `$1`.
+pub const TENANT_ADMISSIONS_RECORD: &str = r#"
+INSERT INTO sluice.tenant_admissions (namespace, queue_database)
+SELECT n, $2 FROM pg_catalog.unnest($1::text[]) AS n
+ON CONFLICT (namespace, queue_database) DO NOTHING
+"#;
+
+/// Forgets that QueueDatabase `$2` admitted namespace `$1` (its revocation is complete).
+pub const TENANT_ADMISSION_FORGET: &str = r#"
+DELETE FROM sluice.tenant_admissions
+ WHERE namespace OPERATOR(pg_catalog.=) $1 AND queue_database OPERATOR(pg_catalog.=) $2
+"#;
+
+/// Takes LOGIN from role `$1`, namespace `$2`'s registered tenant; whether the role exists.
+pub const TENANT_REVOKE_LOGIN: &str = "SELECT sluice.revoke_tenant_login($1, $2)";
+
+/// Terminates the sessions of role `$1`, namespace `$2`'s registered tenant; how many.
+pub const TENANT_END_SESSIONS: &str = "SELECT sluice.end_tenant_sessions($1, $2)";
+
+/// Whether role `$1` may log in (NULL when there is no such role).
+pub const TENANT_CAN_LOG_IN: &str =
+    "SELECT r.rolcanlogin FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) $1";
+
 #[cfg(test)]
 mod tests {
     use super::*;

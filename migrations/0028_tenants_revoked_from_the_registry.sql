@@ -1,0 +1,126 @@
+-- Why: when a QueueDatabase stops admitting a namespace (its selector or the namespace's labels
+-- change, or the QueueDatabase is deleted), the namespace's tenant role kept LOGIN and its sessions. The
+-- operator now revokes it from this database's own records, never from objects the namespace controls
+-- (its JobQueues, its Secrets), which the namespace could delete, relabel or point elsewhere first.
+--
+-- What:
+-- - `sluice.tenant_admissions`: which QueueDatabase admitted which namespace of this database. The
+--   operator writes a row when it provisions a namespace's tenant for a QueueDatabase (in the
+--   provisioning transaction) and for every registered namespace the QueueDatabase admits; it revokes
+--   only namespaces a QueueDatabase admitted once, so a namespace that uses the database with a Secret
+--   of its own (or a tenant an admin registered by hand) is never revoked by a QueueDatabase that never
+--   served it. The row goes once the revocation is complete. The owner's alone: no tenant reads it.
+-- - `sluice.revoke_tenant_login(role, namespace)`: NOLOGIN for the namespace's registered tenant, in
+--   its own transaction, so it is committed whatever happens to the sessions. It refuses only what
+--   could hurt someone else: a role not registered for that namespace, the calling login, a superuser.
+--   A role owning objects (a large object, a temporary table) is revoked all the same: revoking only
+--   removes rights. Returns whether the role exists.
+-- - `sluice.end_tenant_sessions(role, namespace)`: terminates the role's sessions and returns how many.
+--   Signalling a backend needs the rights of its role, which the owner has only as a member: it is
+--   made a member for the call (when it is not one that may SET ROLE already), acts as the tenant with
+--   SET ROLE (allowed to a NOINHERIT member too, which inherits no rights) and the membership it made
+--   is revoked before returning; an error rolls the membership back with the rest. Called after the
+--   NOLOGIN committed, so its failure leaves the role unable to log in.
+--
+-- Physical design: both functions pin `search_path`, are not SECURITY DEFINER (they need the owner's
+-- CREATEROLE, which the caller has), and are the owner's to execute.
+
+CREATE TABLE sluice.tenant_admissions (
+    namespace text NOT NULL,
+    queue_database text NOT NULL,
+    admitted_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (namespace, queue_database)
+);
+
+REVOKE ALL ON sluice.tenant_admissions FROM PUBLIC;
+
+CREATE FUNCTION sluice.revoke_tenant_login(p_role text, p_namespace text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_oid oid;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM sluice.tenants t
+                   WHERE t.role_name OPERATOR(pg_catalog.=) p_role
+                     AND t.namespace OPERATOR(pg_catalog.=) p_namespace) THEN
+        RAISE EXCEPTION 'role "%" is not the registered tenant of namespace "%"; not revoking it', p_role, p_namespace
+            USING ERRCODE = 'SL409';
+    END IF;
+    IF p_role OPERATOR(pg_catalog.=) current_user OR p_role OPERATOR(pg_catalog.=) session_user THEN
+        RAISE EXCEPTION 'role "%" is the login revoking tenants; not revoking itself', p_role
+            USING ERRCODE = 'SL409';
+    END IF;
+    SELECT r.oid INTO v_oid FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) p_role;
+    IF v_oid IS NULL THEN
+        RETURN false;
+    END IF;
+    IF (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid OPERATOR(pg_catalog.=) v_oid) THEN
+        RAISE EXCEPTION 'role "%" is a superuser; a tenant is none and only a superuser may alter it', p_role
+            USING ERRCODE = 'SL409';
+    END IF;
+    EXECUTE pg_catalog.format('ALTER ROLE %I WITH NOLOGIN', p_role);
+    RETURN true;
+END;
+$$;
+
+REVOKE EXECUTE ON FUNCTION sluice.revoke_tenant_login(text, text) FROM PUBLIC;
+
+CREATE FUNCTION sluice.end_tenant_sessions(p_role text, p_namespace text) RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_oid oid;
+    v_pids integer[];
+    v_pid integer;
+    v_member boolean;
+    v_ended integer := 0;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM sluice.tenants t
+                   WHERE t.role_name OPERATOR(pg_catalog.=) p_role
+                     AND t.namespace OPERATOR(pg_catalog.=) p_namespace) THEN
+        RAISE EXCEPTION 'role "%" is not the registered tenant of namespace "%"; not ending its sessions', p_role, p_namespace
+            USING ERRCODE = 'SL409';
+    END IF;
+    IF p_role OPERATOR(pg_catalog.=) current_user OR p_role OPERATOR(pg_catalog.=) session_user THEN
+        RAISE EXCEPTION 'role "%" is the login revoking tenants; not ending its own sessions', p_role
+            USING ERRCODE = 'SL409';
+    END IF;
+    SELECT r.oid INTO v_oid FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) p_role;
+    IF v_oid IS NULL THEN
+        RETURN 0;
+    END IF;
+    SELECT pg_catalog.array_agg(a.pid) INTO v_pids
+      FROM pg_catalog.pg_stat_activity a
+     WHERE a.usesysid OPERATOR(pg_catalog.=) v_oid
+       AND a.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid();
+    IF v_pids IS NULL THEN
+        RETURN 0;
+    END IF;
+    -- PostgreSQL 16 records whether a member may SET ROLE; older releases let every member (the column
+    -- is absent: NULL, counted as may).
+    SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_auth_members m
+                   WHERE m.roleid OPERATOR(pg_catalog.=) v_oid
+                     AND m.member OPERATOR(pg_catalog.=) (SELECT r.oid FROM pg_catalog.pg_roles r
+                                                          WHERE r.rolname OPERATOR(pg_catalog.=) current_user)
+                     AND ((pg_catalog.to_jsonb(m) OPERATOR(pg_catalog.->>) 'set_option')::boolean IS NOT FALSE))
+      INTO v_member;
+    IF NOT v_member THEN
+        EXECUTE pg_catalog.format('GRANT %I TO %I', p_role, current_user);
+    END IF;
+    EXECUTE pg_catalog.format('SET LOCAL ROLE %I', p_role);
+    FOREACH v_pid IN ARRAY v_pids LOOP
+        IF pg_catalog.pg_terminate_backend(v_pid) THEN
+            v_ended := v_ended OPERATOR(pg_catalog.+) 1;
+        END IF;
+    END LOOP;
+    RESET ROLE;
+    IF NOT v_member THEN
+        EXECUTE pg_catalog.format('REVOKE %I FROM %I', p_role, current_user);
+    END IF;
+    RETURN v_ended;
+END;
+$$;
+
+REVOKE EXECUTE ON FUNCTION sluice.end_tenant_sessions(text, text) FROM PUBLIC;
