@@ -69,6 +69,12 @@ pub mod reason {
     /// a role of that name exists and is no tenant...). The message names what is missing and the fix;
     /// workers are not given the owner's credentials instead.
     pub const TENANT_NOT_PROVISIONED: &str = "TenantNotProvisioned";
+    /// `QueueDatabase` `Ready=False`, and a Warning Event: revoking a namespace it no longer admits
+    /// failed in part (its LOGIN, its sessions or its tenant Secrets); the message names the namespaces
+    /// and what failed. The operator retries.
+    pub const REVOCATION_FAILED: &str = "RevocationFailed";
+    /// `QueueDatabase` Normal Event: namespaces it no longer admits were revoked (named in the note).
+    pub const TENANTS_REVOKED: &str = "TenantsRevoked";
     /// `JobQueue` `Ready=False`: `spec.database.queueDatabaseRef` names a QueueDatabase that does not
     /// exist; the JobQueue is reconciled again once it is created.
     pub const QUEUE_DATABASE_NOT_FOUND: &str = "QueueDatabaseNotFound";

@@ -7,7 +7,7 @@
 //! the namespace's tenant role with the owner's login, and the namespace gets only the tenant's URL: who
 //! can read Secrets or run pods there never holds the owner's rights over other namespaces' jobs.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{
     CustomResource,
     core::{Selector, SelectorExt as _},
@@ -33,9 +33,11 @@ pub use crate::secret_ref::SecretKeyRef;
     singular = "queuedatabase",
     shortname = "qdb",
     category = "sluice",
+    status = "QueueDatabaseStatus",
     derive = "PartialEq",
     doc = "A PostgreSQL database registered by an admin for JobQueues: the owner's URL stays in a Secret in the operator's namespace, and the namespaces the selector admits get tenant logins only.",
     printcolumn = r#"{"name":"Secret","type":"string","jsonPath":".spec.secretRef.name","description":"The Secret, in the operator's namespace, holding the owner's URL"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -49,9 +51,37 @@ pub struct QueueDatabaseSpec {
     /// Which namespaces' JobQueues may use this database, by the namespaces' labels
     /// (`kubernetes.io/metadata.name` names one). Absent: no namespace may (state it to admit any);
     /// `{}`: every namespace. A JobQueue in a namespace it does not admit is `Ready=False`, reason
-    /// `NamespaceNotAllowed`, and nothing is provisioned for it.
+    /// `NamespaceNotAllowed`, its workers scaled to zero, and nothing is provisioned for it. A namespace
+    /// it stops admitting (and every namespace, when the QueueDatabase is deleted) loses its tenant
+    /// login: the operator takes LOGIN from the tenant role it registered in the database, ends the
+    /// role's sessions and deletes the namespace's tenant Secrets for the database, and says so in the
+    /// QueueDatabase's `Ready` condition and Events. An invalid selector revokes nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace_selector: Option<LabelSelector>,
+}
+
+/// What the operator last did for a [`QueueDatabase`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueDatabaseStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// `Ready`: `True` when every namespace of the database the selector no longer admits has been
+    /// revoked (the message names those revoked by the last reconcile); `False` with the reason
+    /// (`RevocationFailed`, `SecretNotFound`, `InvalidSpec`, `DatabaseUnreachable`) and the namespaces
+    /// whose revocation is incomplete.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+impl QueueDatabase {
+    /// The condition of type `type_`, if the status has one.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.status.as_ref()?.conditions.iter().find(|c| c.type_ == type_)
+    }
 }
 
 /// A JobQueue's reference to a [`QueueDatabase`] (`spec.database.queueDatabaseRef`).
