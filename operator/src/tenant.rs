@@ -287,10 +287,10 @@ pub const SECRET_WRITE_ATTEMPTS: u32 = 5;
 /// How long provisioning waits for the namespace's lock, in seconds.
 pub const LOCK_TIMEOUT_SECS: u32 = 5;
 /// Bounds the wait for locks in provisioning's transaction (the namespace's row lock included).
-const SET_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '5s'";
+pub(crate) const SET_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '5s'";
 /// Locks the namespace's row of `sluice.tenant_locks` (made the first time) until the transaction
 /// ends. The table is the schema owner's alone (migration 0019): a tenant may not lock its rows.
-const LOCK_NAMESPACE: &str = "INSERT INTO sluice.tenant_locks (namespace) VALUES ($1) \
+pub(crate) const LOCK_NAMESPACE: &str = "INSERT INTO sluice.tenant_locks (namespace) VALUES ($1) \
                               ON CONFLICT (namespace) DO UPDATE SET namespace = EXCLUDED.namespace";
 
 /// The role and namespace of `pool`'s login when it is a registered tenant (its own row of
@@ -453,7 +453,9 @@ async fn provision_as_owner(
         )
     };
 
-    // A Secret this process wrote (that very version) names the role it ensured.
+    // A Secret this process wrote (that very version) names the role it ensured, if the role may still
+    // log in: a revocation (of a namespace a QueueDatabase stopped admitting, perhaps admitted again
+    // since) takes LOGIN without this process seeing it, and only `ensure_tenant` gives it back.
     let current = secrets.get_opt(&name).await?;
     if let Some(current) = &current
         && let Some((role, password)) = tenant_in(current, &db)
@@ -461,6 +463,7 @@ async fn provision_as_owner(
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .contains(&memo(current))
+        && can_log_in(pool, &role).await?
     {
         if let Some(patched) = add_owner(&secrets, current, &owner).await?
             && patched.data == current.data
@@ -570,6 +573,16 @@ async fn provision_as_owner(
             Some(d) => not_provisioned(Some(&role), explain(d, &ns, Some(&role), queue_database)),
             None => database(e),
         })?;
+    // The QueueDatabase admitting the namespace, recorded where its revocation will look for it
+    // (migration 0028), in the transaction that gives the role its login.
+    if let Some(qdb) = queue_database {
+        sqlx::query(sluice_queue::sql::TENANT_ADMISSIONS_RECORD)
+            .bind(vec![ns.clone()])
+            .bind(qdb)
+            .execute(&mut *tx)
+            .await
+            .map_err(database)?;
+    }
     let url = tenant_url(owner_url, &role, &password)
         .ok_or_else(|| not_provisioned(Some(&role), "the tenant's URL cannot be built".into()))?;
     let data = BTreeMap::from([
@@ -617,6 +630,16 @@ async fn provision_as_owner(
         .insert(memo(&written));
     tracing::info!(namespace = %ns, role = %role, secret = %name, "tenant role ensured");
     Ok((role, hash))
+}
+
+/// Whether `role` exists and may log in (one catalog read).
+async fn can_log_in(pool: &PgPool, role: &str) -> Result<bool> {
+    let login: Option<Option<bool>> = sqlx::query_scalar(sluice_queue::sql::TENANT_CAN_LOG_IN)
+        .bind(role)
+        .fetch_optional(pool)
+        .await
+        .map_err(database)?;
+    Ok(login.flatten() == Some(true))
 }
 
 /// The role and password of a tenant Secret that is for database `db`, if it is one and its password
