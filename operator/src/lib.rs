@@ -40,6 +40,7 @@ pub mod metrics;
 pub mod probe;
 pub mod propagation;
 pub mod render;
+pub mod revocation;
 pub mod run;
 pub mod scaling;
 pub mod secret;

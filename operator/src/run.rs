@@ -27,7 +27,7 @@ use crate::{
     certs,
     clock::system_clock,
     config::{NativeSidecar, RunArgs},
-    controller::{Context, Namespaces, job_queue, rate_limit_policy, reviewer_binding},
+    controller::{Context, Namespaces, job_queue, queue_database, rate_limit_policy, reviewer_binding},
     external_metrics, leader,
     metrics::Metrics,
     propagation::Publisher,
@@ -518,6 +518,18 @@ pub async fn supervise_controllers(
             wakes,
             term.clone().cancelled_owned(),
         ));
+        let queue_databases = tokio::spawn(queue_database::run(
+            context(
+                &client,
+                &metrics,
+                &identity,
+                concurrency,
+                queue_database::State {
+                    namespace: job_queues.namespace.clone(),
+                },
+            ),
+            term.clone().cancelled_owned(),
+        ));
         let reviewers = reviewer_binding.clone().map(|name| {
             tokio::spawn(reviewer_binding::run(
                 client.clone(),
@@ -534,6 +546,7 @@ pub async fn supervise_controllers(
         term.cancel();
         let _ = rlp.await;
         let _ = jobs.await;
+        let _ = queue_databases.await;
         if let Some(reviewers) = reviewers {
             let _ = reviewers.await;
         }

@@ -25,6 +25,7 @@
 
 pub mod conditions;
 pub mod job_queue;
+pub mod queue_database;
 pub mod rate_limit_policy;
 pub mod reviewer_binding;
 

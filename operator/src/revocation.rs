@@ -1,0 +1,394 @@
+//! Revoking the tenants of namespaces a `QueueDatabase` no longer admits, from the database's own
+//! registry.
+//!
+//! What is revoked comes from the database (`sluice.tenants`, and `sluice.tenant_admissions`, which
+//! records the QueueDatabases that admitted each namespace; migration 0028), read as the schema's
+//! owner, and from the QueueDatabase's selector: never from objects the namespace controls (its
+//! JobQueues, its Secrets and their labels), which it could delete, relabel or point elsewhere first.
+//!
+//! For each namespace the QueueDatabase admitted once and admits no more ([`plan`]):
+//!
+//! 1. NOLOGIN for its registered role, committed on its own, under the namespace's provisioning lock
+//!    (so a provisioning in progress finishes first, and one that follows sees the role revoked);
+//! 2. its sessions ended, in a separate call whose failure is reported and leaves the NOLOGIN;
+//! 3. the namespace's tenant Secrets for the database deleted (found by label: a Secret the namespace
+//!    relabelled stays, holding a password for a role that cannot log in);
+//! 4. once all of it succeeded, the admission row forgotten; until then every reconcile tries again.
+//!
+//! A namespace another QueueDatabase on the same database still admits keeps its role (it is the
+//! namespace's one role in that database): only this QueueDatabase's Secret goes. What the report says
+//! was done is what these calls returned.
+
+use std::fmt;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, ListParams, Preconditions},
+};
+use sluice_crds::{
+    contract::label::{MANAGED_BY, MANAGED_BY_VALUE},
+    job_queue::DatabaseSource,
+};
+use sluice_queue::sql;
+use sqlx::PgPool;
+
+use crate::tenant::{DATABASE_LABEL, secret_name};
+use crate::{Error, Result};
+
+/// A row of the database's registry, as a QueueDatabase sees it.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct Registered {
+    /// The tenant role.
+    pub role_name: String,
+    /// Its namespace.
+    pub namespace: String,
+    /// Whether this QueueDatabase admitted the namespace (a row of `sluice.tenant_admissions`).
+    pub admitted_by: bool,
+}
+
+/// What a QueueDatabase does about one registered namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// It admits the namespace: the admission is recorded.
+    Admit {
+        /// The namespace.
+        namespace: String,
+    },
+    /// It admitted the namespace and admits it no more, and no other QueueDatabase on the database
+    /// does: the role is revoked.
+    Revoke {
+        /// The namespace.
+        namespace: String,
+        /// Its registered role.
+        role: String,
+    },
+    /// It admitted the namespace and admits it no more, but another QueueDatabase on the database
+    /// does: only this QueueDatabase's tenant Secret goes.
+    Release {
+        /// The namespace.
+        namespace: String,
+    },
+}
+
+/// The steps for `registered`: `admits` is this QueueDatabase's verdict on a namespace (a namespace
+/// that no longer exists is admitted by none), `elsewhere` whether another QueueDatabase on the same
+/// database admits it. Namespaces this QueueDatabase never admitted (a Secret of their own, a tenant
+/// registered by hand) are left alone.
+pub fn plan(
+    registered: &[Registered],
+    admits: impl Fn(&str) -> bool,
+    elsewhere: impl Fn(&str) -> bool,
+) -> Vec<Step> {
+    registered
+        .iter()
+        .filter_map(|r| {
+            let namespace = r.namespace.clone();
+            if admits(&r.namespace) {
+                Some(Step::Admit { namespace })
+            } else if !r.admitted_by {
+                None
+            } else if elsewhere(&r.namespace) {
+                Some(Step::Release { namespace })
+            } else {
+                Some(Step::Revoke {
+                    namespace,
+                    role: r.role_name.clone(),
+                })
+            }
+        })
+        .collect()
+}
+
+/// What revoking one namespace did, each part as the database or the API server answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Revocation {
+    /// The namespace.
+    pub namespace: String,
+    /// Its role.
+    pub role: String,
+    /// NOLOGIN committed (`Ok(false)`: the role no longer exists), or why not.
+    pub login: Result<bool, String>,
+    /// Sessions ended, or why not.
+    pub sessions: Result<i32, String>,
+    /// Tenant Secrets deleted, or why not.
+    pub secrets: Result<usize, String>,
+}
+
+impl Revocation {
+    /// Whether every part succeeded.
+    pub fn complete(&self) -> bool {
+        self.login.is_ok() && self.sessions.is_ok() && self.secrets.is_ok()
+    }
+}
+
+impl fmt::Display for Revocation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (role {:?}: ", self.namespace, self.role)?;
+        match &self.login {
+            Ok(true) => write!(f, "may no longer log in")?,
+            Ok(false) => write!(f, "no longer exists")?,
+            Err(e) => write!(f, "LOGIN NOT taken: {e}")?,
+        }
+        match &self.sessions {
+            Ok(n) => write!(f, "; {n} session(s) ended")?,
+            Err(e) => write!(f, "; sessions NOT ended: {e}")?,
+        }
+        match &self.secrets {
+            Ok(n) => write!(f, "; {n} tenant Secret(s) deleted)"),
+            Err(e) => write!(f, "; tenant Secrets NOT deleted: {e})"),
+        }
+    }
+}
+
+/// What one sweep did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Namespaces the QueueDatabase admits that have a tenant.
+    pub admitted: Vec<String>,
+    /// Namespaces revoked, in part or whole.
+    pub revoked: Vec<Revocation>,
+    /// Namespaces left to another QueueDatabase on the same database: its Secret deleted, or why not.
+    pub released: Vec<(String, Result<usize, String>)>,
+}
+
+impl Report {
+    /// Whether every revocation and release is complete.
+    pub fn complete(&self) -> bool {
+        self.revoked.iter().all(Revocation::complete) && self.released.iter().all(|(_, r)| r.is_ok())
+    }
+}
+
+/// Runs [`plan`]'s steps for QueueDatabase `queue_database` on the database `pool` logs into as the
+/// schema's owner, whose [`crate::tenant::database_id`] is `database`.
+pub async fn sweep(
+    client: &Client,
+    pool: &PgPool,
+    queue_database: &str,
+    database: &str,
+    admits: impl Fn(&str) -> bool,
+    elsewhere: impl Fn(&str) -> bool,
+) -> Result<Report> {
+    let registered: Vec<Registered> = sqlx::query_as(sql::TENANT_REGISTRY)
+        .bind(queue_database)
+        .fetch_all(pool)
+        .await
+        .map_err(db)?;
+    let mut report = Report::default();
+    for step in plan(&registered, admits, elsewhere) {
+        match step {
+            Step::Admit { namespace } => report.admitted.push(namespace),
+            Step::Revoke { namespace, role } => {
+                let done = revoke(client, pool, database, &namespace, &role).await;
+                if done.complete() {
+                    forget(pool, &namespace, queue_database).await?;
+                }
+                report.revoked.push(done);
+            }
+            Step::Release { namespace } => {
+                let name = secret_name(DatabaseSource::QueueDatabase(queue_database));
+                let deleted = delete_secrets(client, &namespace, database, Some(&name)).await;
+                if deleted.is_ok() {
+                    forget(pool, &namespace, queue_database).await?;
+                }
+                report.released.push((namespace, deleted));
+            }
+        }
+    }
+    if !report.admitted.is_empty() {
+        sqlx::query(sql::TENANT_ADMISSIONS_RECORD)
+            .bind(&report.admitted)
+            .bind(queue_database)
+            .execute(pool)
+            .await
+            .map_err(db)?;
+    }
+    Ok(report)
+}
+
+/// Revokes `role`, `namespace`'s tenant: NOLOGIN committed first, then its sessions, then its Secrets.
+async fn revoke(client: &Client, pool: &PgPool, database: &str, namespace: &str, role: &str) -> Revocation {
+    let login = take_login(pool, namespace, role).await;
+    // Sessions are ended even when the NOLOGIN failed: a tenant's sessions never outlive a revocation
+    // attempt. Twice when the first call ended some: a backend that passed the login check before the
+    // NOLOGIN committed may not have been listed yet.
+    let sessions = match end_sessions(pool, namespace, role).await {
+        Ok(n) if n > 0 => end_sessions(pool, namespace, role).await.map(|m| n + m),
+        other => other,
+    };
+    let secrets = delete_secrets(client, namespace, database, None).await;
+    let done = Revocation {
+        namespace: namespace.into(),
+        role: role.into(),
+        login,
+        sessions,
+        secrets,
+    };
+    tracing::info!(namespace, role, outcome = %done, "tenant revoked");
+    done
+}
+
+/// NOLOGIN for `role` in a transaction of its own, under the namespace's provisioning lock.
+async fn take_login(pool: &PgPool, namespace: &str, role: &str) -> Result<bool, String> {
+    let mut tx = pool.begin().await.map_err(why)?;
+    sqlx::query(crate::tenant::SET_LOCK_TIMEOUT)
+        .execute(&mut *tx)
+        .await
+        .map_err(why)?;
+    sqlx::query(crate::tenant::LOCK_NAMESPACE)
+        .bind(namespace)
+        .execute(&mut *tx)
+        .await
+        .map_err(why)?;
+    let exists: bool = sqlx::query_scalar(sql::TENANT_REVOKE_LOGIN)
+        .bind(role)
+        .bind(namespace)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(why)?;
+    tx.commit().await.map_err(why)?;
+    Ok(exists)
+}
+
+async fn end_sessions(pool: &PgPool, namespace: &str, role: &str) -> Result<i32, String> {
+    sqlx::query_scalar(sql::TENANT_END_SESSIONS)
+        .bind(role)
+        .bind(namespace)
+        .fetch_one(pool)
+        .await
+        .map_err(why)
+}
+
+/// Deletes the tenant Secrets of `namespace` for `database` (labels `managed-by=sluice` and
+/// `sluice.dev/tenant-database=<database>`), or only the one named `only`; each with its uid as a
+/// precondition. A namespace or Secret already gone counts as done.
+async fn delete_secrets(
+    client: &Client,
+    namespace: &str,
+    database: &str,
+    only: Option<&str>,
+) -> Result<usize, String> {
+    let secrets = Api::<Secret>::namespaced(client.clone(), namespace);
+    let labels = format!("{MANAGED_BY}={MANAGED_BY_VALUE},{DATABASE_LABEL}={database}");
+    let found = secrets
+        .list(&ListParams::default().labels(&labels))
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut deleted = 0;
+    for s in found
+        .items
+        .iter()
+        .filter(|s| only.is_none_or(|name| s.name_any() == name))
+    {
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: s.uid(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match secrets.delete(&s.name_any(), &params).await {
+            Ok(_) => deleted += 1,
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(format!("Secret {}: {e}", s.name_any())),
+        }
+    }
+    Ok(deleted)
+}
+
+async fn forget(pool: &PgPool, namespace: &str, queue_database: &str) -> Result<()> {
+    sqlx::query(sql::TENANT_ADMISSION_FORGET)
+        .bind(namespace)
+        .bind(queue_database)
+        .execute(pool)
+        .await
+        .map_err(db)?;
+    Ok(())
+}
+
+/// A database error for a report: its code and message (no statement, which carries nothing secret
+/// here, but keeps reports short), or the transport error.
+fn why(e: sqlx::Error) -> String {
+    match e.as_database_error() {
+        Some(d) => format!("{}: {}", d.code().unwrap_or_default(), d.message()),
+        None => e.to_string(),
+    }
+}
+
+fn db(e: sqlx::Error) -> Error {
+    Error::Database(sluice_queue::store::map_db_error(e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registered(namespace: &str, admitted_by: bool) -> Registered {
+        Registered {
+            role_name: format!("sluice_0123456789_{namespace}"),
+            namespace: namespace.into(),
+            admitted_by,
+        }
+    }
+
+    #[test]
+    fn only_namespaces_this_queue_database_admitted_and_admits_no_more_are_revoked() {
+        let rows = [
+            registered("shop", true),
+            registered("blog", true),
+            registered("own-secret", false),
+            registered("shared", true),
+            registered("new", false),
+        ];
+        let steps = plan(&rows, |ns| ns == "shop" || ns == "new", |ns| ns == "shared");
+        assert_eq!(
+            steps,
+            [
+                Step::Admit {
+                    namespace: "shop".into()
+                },
+                Step::Revoke {
+                    namespace: "blog".into(),
+                    role: "sluice_0123456789_blog".into()
+                },
+                Step::Release {
+                    namespace: "shared".into()
+                },
+                Step::Admit {
+                    namespace: "new".into()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_report_is_complete_only_when_every_part_succeeded() {
+        let full = Revocation {
+            namespace: "blog".into(),
+            role: "r".into(),
+            login: Ok(true),
+            sessions: Ok(2),
+            secrets: Ok(1),
+        };
+        assert!(full.complete());
+        assert_eq!(
+            full.to_string(),
+            "blog (role \"r\": may no longer log in; 2 session(s) ended; 1 tenant Secret(s) deleted)"
+        );
+        let sessions_failed = Revocation {
+            sessions: Err("42501: must be a member".into()),
+            ..full.clone()
+        };
+        assert!(!sessions_failed.complete());
+        assert!(
+            sessions_failed
+                .to_string()
+                .contains("may no longer log in; sessions NOT ended")
+        );
+        let report = Report {
+            revoked: vec![full, sessions_failed],
+            ..Report::default()
+        };
+        assert!(!report.complete());
+    }
+}
