@@ -264,6 +264,13 @@ pub async fn reconcile(jq: Arc<JobQueue>, ctx: Arc<Context<State>>) -> Result<Ac
         match steps(&jq, &ctx).await {
             Ok(action) => Ok(action),
             Err(e) => {
+                if matches!(
+                    e,
+                    Error::NamespaceNotAllowed { .. } | Error::QueueDatabaseNotFound { .. }
+                ) && let Err(stop) = stop_workers(&jq, &ctx).await
+                {
+                    tracing::warn!(jobqueue = %super::key(&*jq), error = %stop, "stopping the workers failed");
+                }
                 report_failure(&jq, &ctx, &e).await;
                 Err(e)
             }
@@ -282,9 +289,20 @@ async fn steps(jq: &JobQueue, ctx: &Context<State>) -> Result<Action> {
     // One "now" for the whole reconcile, read before the depth: a queue seen busy is busy as of this
     // moment, never of a later one (which would stretch its cooldown).
     let now = ctx.now_ms();
-    // Render first: a spec that cannot run needs no database round trip to be reported.
+    // A QueueDatabase's admission first: a namespace it does not admit is refused (and its workers
+    // stopped) whatever its spec holds, so nothing the namespace writes keeps it past that check.
+    let admitted_url = match jq.spec.database.source() {
+        Some(DatabaseSource::QueueDatabase(_)) => {
+            Some(secret::database_url(&ctx.client, &ctx.state.settings.namespace, jq).await?)
+        }
+        _ => None,
+    };
+    // Render next: a spec that cannot run needs no database round trip to be reported.
     render_worker_deployment(jq, &ctx.state.settings.sidecar, None)?;
-    let url = secret::database_url(&ctx.client, &ctx.state.settings.namespace, jq).await?;
+    let url = match admitted_url {
+        Some(url) => url,
+        None => secret::database_url(&ctx.client, &ctx.state.settings.namespace, jq).await?,
+    };
     admit_database(jq, ctx, &url)?;
     prepare_database(jq, ctx, &url).await?;
     let (tenant_login, password_hash, tenant_note) = provision_tenant(jq, ctx, &url).await?;
@@ -1102,6 +1120,23 @@ fn schedule_status(s: &JobQueueSchedule, rows: &[ScheduleState], now_ms: i64) ->
 
 fn time(ms: i64) -> Time {
     Time(Timestamp::from_millisecond(ms).unwrap_or(Timestamp::UNIX_EPOCH))
+}
+
+/// Scales the JobQueue's worker Deployment to zero and deletes its HorizontalPodAutoscaler (which would
+/// scale it up again), when they are the JobQueue's: its QueueDatabase no longer serves its namespace.
+/// A later admission applies both again.
+async fn stop_workers(jq: &JobQueue, ctx: &Context<State>) -> Result<()> {
+    let ns = jq.namespace().unwrap_or_default();
+    let name = worker_name(jq);
+    let hpas = Api::<HorizontalPodAutoscaler>::namespaced(ctx.client.clone(), &ns);
+    if super::owned_by(&hpas, "HorizontalPodAutoscaler", &name, jq).await? {
+        delete_if_present(&hpas, &name).await?;
+    }
+    let deployments = Api::<Deployment>::namespaced(ctx.client.clone(), &ns);
+    if super::owned_by(&deployments, "Deployment", &name, jq).await? {
+        apply_replicas(&deployments, &name, 0, None).await?;
+    }
+    Ok(())
 }
 
 async fn delete_if_present<K>(api: &Api<K>, name: &str) -> Result<()>
