@@ -278,21 +278,25 @@ class ChartTest(unittest.TestCase):
                 for rule in doc["rules"]:
                     self.assertNotIn("secrets", rule.get("resources", []), f"{doc['metadata']['name']} reads Secrets")
 
-    def test_secret_access_is_per_listed_namespace_without_delete_or_watch(self):
+    def test_secret_access_is_per_listed_namespace_without_watch(self):
         docs, _ = render(OPTIONS["secrets in listed namespaces"])
         roles = {d["metadata"]["namespace"]: d for _, d in docs
                  if d["kind"] == "Role" and d["metadata"]["name"] == "sluice-secrets"}
         self.assertEqual(sorted(roles), ["billing", "shop"])
         for role in roles.values():
+            # delete: tenant Secrets of a namespace a QueueDatabase no longer admits.
             self.assertEqual([(r["resources"], r["verbs"]) for r in role["rules"]],
-                             [(["secrets"], ["get", "list", "create", "update", "patch"])])
+                             [(["secrets"], ["get", "list", "create", "update", "patch", "delete"])])
 
-    def test_queue_databases_and_their_secrets_are_read_only_and_in_the_release_namespace(self):
+    def test_queue_databases_are_patched_only_for_their_finalizer_and_status(self):
         docs, _ = render()
         cluster = next(d for _, d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "sluice")
-        for resource in ("queuedatabases", "namespaces"):
-            verbs = [r["verbs"] for r in cluster["rules"] if resource in r.get("resources", [])]
-            self.assertEqual(verbs, [["get", "list", "watch"]], resource)
+        verbs = {r["resources"][0]: r["verbs"] for r in cluster["rules"]
+                 if r.get("apiGroups") in (["sluice.dev"], [""]) and r["resources"][0] in
+                 ("queuedatabases", "queuedatabases/status", "namespaces")}
+        self.assertEqual(verbs, {"queuedatabases": ["get", "list", "watch", "patch"],
+                                 "queuedatabases/status": ["get", "patch"],
+                                 "namespaces": ["get", "list", "watch"]})
         release = next(d for _, d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "sluice")
         unnamed = [r["verbs"] for r in release["rules"]
                    if r.get("resources") == ["secrets"] and "resourceNames" not in r]

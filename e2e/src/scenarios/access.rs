@@ -385,9 +385,11 @@ pub async fn watch_namespaces(system: &SluiceSystem) {
         ("patch", "deployments.apps", None, "no"),
         ("create", "horizontalpodautoscalers.autoscaling", None, "no"),
         ("get", "secrets", None, "no"),
-        // QueueDatabases: read cluster-wide, their owners' Secrets by name in the release namespace only.
+        // QueueDatabases: read cluster-wide (patched for their finalizer and status only), their
+        // owners' Secrets by name in the release namespace only.
         ("watch", "queuedatabases.sluice.dev", None, "yes"),
         ("create", "queuedatabases.sluice.dev", None, "no"),
+        ("delete", "queuedatabases.sluice.dev", None, "no"),
         ("watch", "namespaces", None, "yes"),
         ("patch", "namespaces", None, "no"),
         ("get", "secrets", Some(RELEASE_NAMESPACE), "yes"),
