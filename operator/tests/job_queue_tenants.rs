@@ -20,11 +20,12 @@ use k8s_openapi::{
         core::v1::{Secret, SecretKeySelector},
     },
 };
+use kube::ResourceExt as _;
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
-use sluice_crds::job_queue::JobQueue;
+use sluice_crds::{job_queue::JobQueue, queue_database::QueueDatabase};
 use sluice_e2e::{Env, TestNamespace, wait_for};
 use sluice_operator::{
-    controller::{Context, job_queue},
+    controller::{Context, job_queue, queue_database},
     metrics::Metrics,
     render::sidecar_container::SidecarSettings,
     scaling::{Databases, JobQueueMetrics},
@@ -32,6 +33,7 @@ use sluice_operator::{
 };
 use sluice_queue::{NewJob, QueueSettings, QueueStore};
 use sluice_testsupport::PgServer;
+use sqlx::Connection as _;
 use tokio_util::sync::CancellationToken;
 
 /// How long any awaited condition may take. Generous: waiting ends as soon as the condition holds, and
@@ -85,6 +87,19 @@ async fn fixture() -> Fixture {
         state,
     ));
     tokio::spawn(job_queue::run(ctx, wakes, stop.clone().cancelled_owned()));
+    let queue_databases = Arc::new(Context::new(
+        env.client(),
+        Arc::new(Metrics::default()),
+        Some("test".into()),
+        sluice_operator::clock::system_clock(),
+        queue_database::State {
+            namespace: "sluice-system".into(),
+        },
+    ));
+    tokio::spawn(queue_database::run(
+        queue_databases,
+        stop.clone().cancelled_owned(),
+    ));
     Fixture { env, pg, stop }
 }
 
@@ -1137,4 +1152,238 @@ async fn a_registered_tenant_that_could_step_out_of_row_level_security_is_refuse
         "{}",
         tenant_role(&jq)
     );
+}
+
+// Revocation: a namespace QueueDatabase `shared` stops admitting loses its tenant's login, whatever the
+// namespace did to its own objects first. Each test below does one thing a namespace controls before
+// the admin removes its label; the role is revoked all the same, because the operator reads the
+// database's registry, not the namespace's JobQueues or Secrets.
+
+/// Namespace shop, admitted by QueueDatabase `shared`, with JobQueue `emails` Ready on it. Returns the
+/// namespace, its tenant role and the tenant's URL.
+async fn admitted_shop(f: &Fixture) -> (TestNamespace, String, String) {
+    shared_queue_database(f, "shop").await;
+    let shop = f.env.namespace("shop").await.unwrap();
+    label_namespace(f, &shop, "team", "shop").await;
+    shop.apply_yaml(&job_queue_on_queue_database_yaml("emails", "shared"))
+        .await
+        .unwrap();
+    let jq = wait_condition(&shop, "emails", "Ready", "True", "AsExpected").await;
+    let role = tenant_role(&jq);
+    let name = tenant::secret_name(sluice_crds::job_queue::DatabaseSource::QueueDatabase("shared"));
+    let url = secret_value(&shop, &name, "url").await;
+    (shop, role, url)
+}
+
+/// `rolcanlogin` of `role`, as the superuser reads it.
+fn can_log_in(f: &Fixture, role: &str) -> String {
+    f.pg.psql(&format!(
+        "SELECT rolcanlogin FROM pg_roles WHERE rolname = '{role}'"
+    ))
+}
+
+/// Removes the label QueueDatabase `shared` admits `ns` by, then waits until its Ready condition says
+/// it revoked `ns` (from what the database answered) and checks that the role may not log in.
+async fn deadmit_and_await_revocation(f: &Fixture, ns: &TestNamespace, role: &str, url: &str) {
+    label_namespace(f, ns, "team", "elsewhere").await;
+    let api: kube::Api<QueueDatabase> = kube::Api::all(f.env.client());
+    let needle = format!("{} (role \"{role}\": may no longer log in", ns.name());
+    wait_for("QueueDatabase shared reports the revocation", DEADLINE, || {
+        let (api, needle) = (api.clone(), needle.clone());
+        async move {
+            let qdb = api.get("shared").await.ok()?;
+            let c = qdb.condition("Ready")?;
+            (c.status == "True" && c.message.contains(&needle)).then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(can_log_in(f, role), "f");
+    // Refused (with the password the namespace holds, if it still holds the first one).
+    let refused = sluice_queue::pool::options(1).connect(url).await.unwrap_err();
+    assert!(
+        ["not permitted to log in", "password authentication failed"]
+            .iter()
+            .any(|m| refused.to_string().contains(m)),
+        "{refused}"
+    );
+    // The owner kept no membership in the tenant.
+    assert_eq!(
+        f.pg.psql(&format!(
+            "SELECT count(*) FROM pg_auth_members WHERE roleid = '{role}'::regrole"
+        )),
+        "0"
+    );
+}
+
+#[tokio::test]
+async fn a_namespace_that_deleted_its_job_queues_is_revoked_all_the_same() {
+    let f = fixture().await;
+    let (shop, role, url) = admitted_shop(&f).await;
+    shop.api::<JobQueue>()
+        .delete("emails", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("emails is gone", DEADLINE, || {
+        let api = shop.api::<JobQueue>();
+        async move { api.get_opt("emails").await.unwrap().is_none().then_some(()) }
+    })
+    .await
+    .unwrap();
+    deadmit_and_await_revocation(&f, &shop, &role, &url).await;
+}
+
+#[tokio::test]
+async fn a_namespace_that_switched_to_a_secret_of_its_own_is_revoked_all_the_same() {
+    let f = fixture().await;
+    let (shop, role, url) = admitted_shop(&f).await;
+    // The tenant's URL copied into a Secret of the namespace's own, the JobQueue pointed at it: it no
+    // longer names the QueueDatabase, and its login is the namespace's registered tenant.
+    shop.create_secret("copied", "url", &url).await.unwrap();
+    shop.api::<JobQueue>()
+        .patch(
+            "emails",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&serde_json::json!({"spec": {"database": {
+                "queueDatabaseRef": null,
+                "secretRef": {"name": "copied"},
+            }}})),
+        )
+        .await
+        .unwrap();
+    wait_for("emails uses its own Secret", DEADLINE, || {
+        let api = shop.api::<JobQueue>();
+        async move {
+            let jq = api.get("emails").await.ok()?;
+            (jq.status?.tenant_login == Some(sluice_crds::job_queue::TenantLogin::SecretRef)).then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    deadmit_and_await_revocation(&f, &shop, &role, &url).await;
+}
+
+#[tokio::test]
+async fn a_namespace_that_relabelled_its_tenant_secret_is_revoked_all_the_same() {
+    let f = fixture().await;
+    let (shop, role, url) = admitted_shop(&f).await;
+    let name = tenant::secret_name(sluice_crds::job_queue::DatabaseSource::QueueDatabase("shared"));
+    shop.api::<Secret>()
+        .patch(
+            &name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&serde_json::json!({"metadata": {"labels": {
+                "app.kubernetes.io/managed-by": null,
+                tenant::DATABASE_LABEL: "another",
+            }}})),
+        )
+        .await
+        .unwrap();
+    // The JobQueue goes too, so nothing writes the labels back.
+    shop.api::<JobQueue>()
+        .delete("emails", &DeleteParams::default())
+        .await
+        .unwrap();
+    deadmit_and_await_revocation(&f, &shop, &role, &url).await;
+}
+
+#[tokio::test]
+async fn a_tenant_owning_a_large_object_and_holding_a_temporary_table_is_revoked() {
+    let f = fixture().await;
+    let (shop, role, url) = admitted_shop(&f).await;
+    let mut held = sqlx::postgres::PgConnection::connect(&url).await.unwrap();
+    sqlx::query("SELECT lo_create(0)")
+        .execute(&mut held)
+        .await
+        .unwrap();
+    sqlx::query("CREATE TEMP TABLE hold ()")
+        .execute(&mut held)
+        .await
+        .unwrap();
+    deadmit_and_await_revocation(&f, &shop, &role, &url).await;
+    // The session holding the temporary table was ended.
+    assert!(sqlx::query("SELECT 1").execute(&mut held).await.is_err());
+}
+
+#[tokio::test]
+async fn with_a_noinherit_owner_the_tenant_s_open_sessions_are_ended() {
+    let f = fixture().await;
+    let (shop, role, url) = admitted_shop(&f).await;
+    f.pg.psql("ALTER ROLE owner NOINHERIT");
+    let mut open = sqlx::postgres::PgConnection::connect(&url).await.unwrap();
+    sqlx::query("SELECT 1").execute(&mut open).await.unwrap();
+    deadmit_and_await_revocation(&f, &shop, &role, &url).await;
+    assert!(sqlx::query("SELECT 1").execute(&mut open).await.is_err());
+    assert_eq!(
+        f.pg.psql(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE usename = '{role}'"
+        )),
+        "0"
+    );
+}
+
+#[tokio::test]
+async fn a_login_taken_behind_the_operator_s_back_is_given_back_while_the_namespace_is_admitted() {
+    let f = fixture().await;
+    let (shop, role, url) = admitted_shop(&f).await;
+    // A revocation that committed NOLOGIN and stopped there (the operator restarted before deleting
+    // the tenant Secret), then the namespace admitted again: the Secret is the very version this
+    // process provisioned, and the JobQueue's next reconcile must not take it as done.
+    f.pg.psql(&format!("ALTER ROLE \"{role}\" NOLOGIN"));
+    wait_for("the tenant may log in again", DEADLINE, || {
+        let ok = can_log_in(&f, &role) == "t";
+        async move { ok.then_some(()) }
+    })
+    .await
+    .unwrap();
+    connect(&url).await;
+    wait_condition(&shop, "emails", "Ready", "True", "AsExpected").await;
+
+    // Revoked for real, then admitted again: LOGIN comes back with a new Secret.
+    deadmit_and_await_revocation(&f, &shop, &role, &url).await;
+    label_namespace(&f, &shop, "team", "shop").await;
+    wait_for("the tenant may log in again", DEADLINE, || {
+        let ok = can_log_in(&f, &role) == "t";
+        async move { ok.then_some(()) }
+    })
+    .await
+    .unwrap();
+    let name = tenant::secret_name(sluice_crds::job_queue::DatabaseSource::QueueDatabase("shared"));
+    wait_for("a new tenant Secret", DEADLINE, || {
+        let api = shop.api::<Secret>();
+        let name = name.clone();
+        async move { api.get_opt(&name).await.ok()?.map(|_| ()) }
+    })
+    .await
+    .unwrap();
+    connect(&secret_value(&shop, &name, "url").await).await;
+}
+
+#[tokio::test]
+async fn deleting_the_queue_database_revokes_every_namespace_it_admitted() {
+    let f = fixture().await;
+    let (shop, role, url) = admitted_shop(&f).await;
+    let api: kube::Api<QueueDatabase> = kube::Api::all(f.env.client());
+    wait_for("the finalizer is set", DEADLINE, || {
+        let api = api.clone();
+        async move {
+            let qdb = api.get("shared").await.ok()?;
+            qdb.finalizers()
+                .iter()
+                .any(|x| x == queue_database::FINALIZER)
+                .then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    api.delete("shared", &DeleteParams::default()).await.unwrap();
+    wait_for("QueueDatabase shared is gone", DEADLINE, || {
+        let api = api.clone();
+        async move { api.get_opt("shared").await.unwrap().is_none().then_some(()) }
+    })
+    .await
+    .unwrap();
+    assert_eq!(can_log_in(&f, &role), "f");
+    assert!(sluice_queue::pool::options(1).connect(&url).await.is_err());
+    wait_condition(&shop, "emails", "Ready", "False", "QueueDatabaseNotFound").await;
 }
