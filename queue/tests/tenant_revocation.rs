@@ -1,0 +1,110 @@
+//! `sluice.revoke_tenant_login` and `sluice.end_tenant_sessions` (migration 0028) against a real
+//! PostgreSQL: they act on a namespace's registered tenant only, never on the calling login or a
+//! superuser; they are idempotent; a role owning objects is revoked all the same.
+
+use sluice_queue::{QueueStore, schema, sql};
+use sluice_testsupport::PgServer;
+use sqlx::PgPool;
+
+async fn connect(url: &str) -> PgPool {
+    sluice_queue::pool::options(2)
+        .connect(url)
+        .await
+        .expect("connect")
+}
+
+/// The server and the owner's pool, with tenant `sluice_tenant_a` registered for namespace `a`.
+async fn setup() -> (PgServer, PgPool) {
+    let pg = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+    let owner = QueueStore::new(connect(&pg.url()).await);
+    schema::migrate(owner.pool()).await.unwrap();
+    owner
+        .ensure_tenant("sluice_tenant_a", "a", "secret-1")
+        .await
+        .unwrap();
+    (pg, owner.pool().clone())
+}
+
+async fn revoke(pool: &PgPool, role: &str, ns: &str) -> Result<bool, String> {
+    sqlx::query_scalar(sql::TENANT_REVOKE_LOGIN)
+        .bind(role)
+        .bind(ns)
+        .fetch_one(pool)
+        .await
+        .map_err(|e| {
+            let d = e.as_database_error().expect("a database error");
+            format!("{}: {}", d.code().unwrap_or_default(), d.message())
+        })
+}
+
+#[tokio::test]
+async fn only_the_namespace_s_registered_tenant_is_revoked_and_twice_is_once() {
+    let (pg, owner) = setup().await;
+    let a = pg
+        .url()
+        .replace("postgres://postgres@", "postgres://sluice_tenant_a:secret-1@");
+    // A tenant owning a large object and a temporary table, in a session kept open.
+    let tenant = connect(&a).await;
+    let mut held = tenant.acquire().await.unwrap();
+    sqlx::query("SELECT lo_create(0)")
+        .execute(&mut *held)
+        .await
+        .unwrap();
+    sqlx::query("CREATE TEMP TABLE hold ()")
+        .execute(&mut *held)
+        .await
+        .unwrap();
+
+    for (role, ns) in [("sluice_tenant_a", "b"), ("nobody", "a")] {
+        let e = revoke(&owner, role, ns).await.unwrap_err();
+        assert!(
+            e.starts_with("SL409") && e.contains("not the registered tenant"),
+            "{e}"
+        );
+    }
+    assert_eq!(revoke(&owner, "sluice_tenant_a", "a").await, Ok(true));
+    assert_eq!(revoke(&owner, "sluice_tenant_a", "a").await, Ok(true));
+    assert_eq!(
+        pg.psql("SELECT rolcanlogin FROM pg_roles WHERE rolname = 'sluice_tenant_a'"),
+        "f"
+    );
+    let ended: i32 = sqlx::query_scalar(sql::TENANT_END_SESSIONS)
+        .bind("sluice_tenant_a")
+        .bind("a")
+        .fetch_one(&owner)
+        .await
+        .unwrap();
+    assert!(ended >= 1, "{ended}");
+    assert!(sqlx::query("SELECT 1").execute(&mut *held).await.is_err());
+    let again: i32 = sqlx::query_scalar(sql::TENANT_END_SESSIONS)
+        .bind("sluice_tenant_a")
+        .bind("a")
+        .fetch_one(&owner)
+        .await
+        .unwrap();
+    assert_eq!(again, 0);
+
+    // A registered role that no longer exists: nothing to do.
+    drop(held);
+    tenant.close().await;
+    pg.psql("DROP OWNED BY sluice_tenant_a; DROP ROLE sluice_tenant_a");
+    assert_eq!(revoke(&owner, "sluice_tenant_a", "a").await, Ok(false));
+}
+
+#[tokio::test]
+async fn the_calling_login_and_a_superuser_are_never_revoked() {
+    let (pg, owner) = setup().await;
+    pg.psql("CREATE ROLE admin SUPERUSER LOGIN");
+    pg.psql("INSERT INTO sluice.tenants (role_name, namespace) VALUES ('postgres', 'p'), ('admin', 's')");
+    let e = revoke(&owner, "postgres", "p").await.unwrap_err();
+    assert!(
+        e.starts_with("SL409") && e.contains("login revoking tenants"),
+        "{e}"
+    );
+    let e = revoke(&owner, "admin", "s").await.unwrap_err();
+    assert!(e.starts_with("SL409") && e.contains("superuser"), "{e}");
+    assert_eq!(
+        pg.psql("SELECT rolcanlogin FROM pg_roles WHERE rolname = 'admin'"),
+        "t"
+    );
+}
