@@ -1291,6 +1291,26 @@ async fn a_namespace_that_relabelled_its_tenant_secret_is_revoked_all_the_same()
 async fn a_tenant_owning_a_large_object_and_holding_a_temporary_table_is_revoked() {
     let f = fixture().await;
     let (shop, role, url) = admitted_shop(&f).await;
+    // A job waiting, so the operator runs a worker.
+    connect(&url)
+        .await
+        .enqueue(
+            &format!("{}/emails", shop.name()),
+            &NewJob::new("send", serde_json::json!({})),
+        )
+        .await
+        .unwrap();
+    let replicas = |n: i32| {
+        let api = shop.api::<Deployment>();
+        move || {
+            let api = api.clone();
+            async move {
+                let d = api.get("emails-worker").await.ok()?;
+                (d.spec?.replicas == Some(n)).then_some(())
+            }
+        }
+    };
+    wait_for("one worker", DEADLINE, replicas(1)).await.unwrap();
     let mut held = sqlx::postgres::PgConnection::connect(&url).await.unwrap();
     sqlx::query("SELECT lo_create(0)")
         .execute(&mut held)
@@ -1301,8 +1321,10 @@ async fn a_tenant_owning_a_large_object_and_holding_a_temporary_table_is_revoked
         .await
         .unwrap();
     deadmit_and_await_revocation(&f, &shop, &role, &url).await;
-    // The session holding the temporary table was ended.
+    // The session holding the temporary table was ended, and the workers scaled to zero.
     assert!(sqlx::query("SELECT 1").execute(&mut held).await.is_err());
+    wait_condition(&shop, "emails", "Ready", "False", "NamespaceNotAllowed").await;
+    wait_for("no worker", DEADLINE, replicas(0)).await.unwrap();
 }
 
 #[tokio::test]
