@@ -56,9 +56,11 @@ pub async fn database_url(client: &Client, operator_namespace: &str, jq: &JobQue
     match jq.spec.database.source() {
         Some(DatabaseSource::SecretRef(r)) => read_url(client, ns, r, DATABASE_SECRET_FIELD).await,
         Some(DatabaseSource::QueueDatabase(name)) => {
+            // One being deleted serves nobody: its finalizer is revoking its namespaces.
             let qdb = Api::<QueueDatabase>::all(client.clone())
                 .get_opt(name)
                 .await?
+                .filter(|q| q.metadata.deletion_timestamp.is_none())
                 .ok_or_else(|| Error::QueueDatabaseNotFound { name: name.into() })?;
             let labels = Api::<Namespace>::all(client.clone())
                 .get_opt(ns)

@@ -105,8 +105,14 @@ pub async fn reconcile(qdb: Arc<QueueDatabase>, ctx: Arc<Context<State>>) -> Res
                 report_sweep(&qdb, &ctx, &report).await;
                 if report.complete() {
                     if deleting {
-                        set_finalizer(&qdb, &ctx, false).await?;
-                        return Ok(Action::await_change());
+                        // Released only after a pass that found nothing left: a JobQueue reconcile
+                        // that read the QueueDatabase before its deletion may have provisioned again
+                        // after the pass that revoked.
+                        if report.revoked.is_empty() && report.released.is_empty() {
+                            set_finalizer(&qdb, &ctx, false).await?;
+                            return Ok(Action::await_change());
+                        }
+                        return Ok(Action::requeue(Duration::from_secs(1)));
                     }
                     Ok(Action::requeue(RECHECK))
                 } else {
