@@ -1409,3 +1409,64 @@ async fn deleting_the_queue_database_revokes_every_namespace_it_admitted() {
     assert!(sluice_queue::pool::options(1).connect(&url).await.is_err());
     wait_condition(&shop, "emails", "Ready", "False", "QueueDatabaseNotFound").await;
 }
+
+#[tokio::test]
+async fn a_namespace_another_queue_database_on_the_database_admits_keeps_its_login() {
+    let f = fixture().await;
+    let (shop, role, url) = admitted_shop(&f).await;
+    // QueueDatabase `other`, on the same database (the same owner Secret), admits namespaces labelled
+    // `also: yes`.
+    f.env
+        .apply_yaml(
+            &queue_database_yaml("other", "unused").replace("{team: unused}", "{also: 'yes'}"),
+            None,
+        )
+        .await
+        .unwrap();
+    label_namespace(&f, &shop, "also", "yes").await;
+    label_namespace(&f, &shop, "team", "elsewhere").await;
+    let api: kube::Api<QueueDatabase> = kube::Api::all(f.env.client());
+    let needle = format!(
+        "{} (another QueueDatabase admits it: 1 tenant Secret(s) deleted)",
+        shop.name()
+    );
+    wait_for("shared reports the release", DEADLINE, || {
+        let (api, needle) = (api.clone(), needle.clone());
+        async move {
+            let c = api.get("shared").await.ok()?.condition("Ready")?.clone();
+            (c.status == "True" && c.message.contains(&needle)).then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(can_log_in(&f, &role), "t");
+    connect(&url).await;
+}
+
+#[tokio::test]
+async fn an_invalid_selector_revokes_nothing() {
+    let f = fixture().await;
+    let (_shop, role, url) = admitted_shop(&f).await;
+    f.env
+        .apply_yaml(
+            &queue_database_yaml("shared", "shop").replace(
+                "{matchLabels: {team: shop}}",
+                "{matchExpressions: [{key: team, operator: In}]}",
+            ),
+            None,
+        )
+        .await
+        .unwrap();
+    let api: kube::Api<QueueDatabase> = kube::Api::all(f.env.client());
+    wait_for("shared reports its invalid selector", DEADLINE, || {
+        let api = api.clone();
+        async move {
+            let c = api.get("shared").await.ok()?.condition("Ready")?.clone();
+            (c.status == "False" && c.reason == "NamespaceNotAllowed").then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(can_log_in(&f, &role), "t");
+    connect(&url).await;
+}
