@@ -10,6 +10,9 @@
 //! in the operator's namespace and the JobQueue's gets the tenant's only; a namespace its selector does
 //! not admit, or a QueueDatabase that does not exist, is refused with the reason, and admitted once
 //! that is fixed; a queue an earlier release named without a namespace is never adopted by a tenant.
+//! A namespace the QueueDatabase stops admitting (or every namespace, when it is deleted) loses its
+//! tenant's login and sessions whatever it did to its own objects first, and gets them back when
+//! admitted again.
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 

@@ -1,4 +1,5 @@
-//! The two controllers, `RateLimitPolicy` and `JobQueue`, and what they share. Both have one shape:
+//! The controllers, `RateLimitPolicy`, `JobQueue` and `QueueDatabase`, and what they share. All have
+//! one shape:
 //!
 //! - one [`Context`]: the client, the Event recorder, the metrics, per-object backoff, the clock, the
 //!   bound on reconciles at once ([`Context::controller_config`]), and the controller's own `state`;
