@@ -48,6 +48,10 @@ pub const FINALIZER: &str = "sluice.dev/revoke-tenants";
 /// How often each QueueDatabase is reconciled when nothing triggers it.
 pub const RECHECK: Duration = Duration::from_secs(60);
 
+/// How soon a sweep that left a revocation incomplete runs again (a fixed delay: the reconcile itself
+/// succeeded, which resets the error backoff).
+pub const RETRY_INCOMPLETE: Duration = Duration::from_secs(10);
+
 /// What only this controller keeps.
 pub struct State {
     /// The operator's namespace, holding the owners' Secrets.
@@ -116,7 +120,7 @@ pub async fn reconcile(qdb: Arc<QueueDatabase>, ctx: Arc<Context<State>>) -> Res
                     }
                     Ok(Action::requeue(RECHECK))
                 } else {
-                    Ok(Action::requeue(ctx.backoff.next(&super::key(&*qdb))))
+                    Ok(Action::requeue(RETRY_INCOMPLETE))
                 }
             }
             Err(e) => {
