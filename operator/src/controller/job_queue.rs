@@ -1122,8 +1122,8 @@ fn time(ms: i64) -> Time {
     Time(Timestamp::from_millisecond(ms).unwrap_or(Timestamp::UNIX_EPOCH))
 }
 
-/// Scales the JobQueue's worker Deployment to zero and deletes its HorizontalPodAutoscaler (which would
-/// scale it up again), when they are the JobQueue's: its QueueDatabase no longer serves its namespace.
+/// Scales the JobQueue's worker Deployment to zero and deletes its HorizontalPodAutoscaler or
+/// ScaledObject (which would scale it up again), when they are the JobQueue's: its QueueDatabase no longer serves its namespace.
 /// A later admission applies both again.
 async fn stop_workers(jq: &JobQueue, ctx: &Context<State>) -> Result<()> {
     let ns = jq.namespace().unwrap_or_default();
@@ -1131,6 +1131,11 @@ async fn stop_workers(jq: &JobQueue, ctx: &Context<State>) -> Result<()> {
     let hpas = Api::<HorizontalPodAutoscaler>::namespaced(ctx.client.clone(), &ns);
     if super::owned_by(&hpas, "HorizontalPodAutoscaler", &name, jq).await? {
         delete_if_present(&hpas, &name).await?;
+    }
+    // KEDA's ScaledObject likewise (absent, or KEDA not installed: nothing to do).
+    let scaled: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &scaled_object_resource());
+    if let Ok(true) = super::owned_by(&scaled, "ScaledObject", &name, jq).await {
+        delete_if_present(&scaled, &name).await?;
     }
     let deployments = Api::<Deployment>::namespaced(ctx.client.clone(), &ns);
     if super::owned_by(&deployments, "Deployment", &name, jq).await? {
