@@ -6,10 +6,11 @@
 -- What:
 -- - `sluice.tenant_admissions`: which QueueDatabase admitted which namespace of this database. The
 --   operator writes a row when it provisions a namespace's tenant for a QueueDatabase (in the
---   provisioning transaction) and for every registered namespace the QueueDatabase admits; it revokes
---   only namespaces a QueueDatabase admitted once, so a namespace that uses the database with a Secret
---   of its own (or a tenant an admin registered by hand) is never revoked by a QueueDatabase that never
---   served it. The row goes once the revocation is complete. The owner's alone: no tenant reads it.
+--   provisioning transaction) and for every registered namespace the QueueDatabase admits (also one
+--   with a Secret of its own or a tenant an admin registered by hand); it revokes only namespaces a
+--   QueueDatabase admitted once, never one it never admitted. The row goes once the revocation is
+--   complete, under the namespace's provisioning lock and only while the role cannot log in (a
+--   provisioning under way may give LOGIN back). The owner's alone: no tenant reads it.
 -- - `sluice.revoke_tenant_login(role, namespace)`: NOLOGIN for the namespace's registered tenant, in
 --   its own transaction, so it is committed whatever happens to the sessions. It refuses only what
 --   could hurt someone else: a role not registered for that namespace, the calling login, a superuser.
@@ -18,8 +19,9 @@
 -- - `sluice.end_tenant_sessions(role, namespace)`: terminates the role's sessions and returns how many.
 --   Signalling a backend needs the rights of its role, which the owner has only as a member: it is
 --   made a member for the call (when it is not one that may SET ROLE already), acts as the tenant with
---   SET ROLE (allowed to a NOINHERIT member too, which inherits no rights) and the membership it made
---   is revoked before returning; an error rolls the membership back with the rest. Called after the
+--   SET ROLE (allowed to a NOINHERIT member too, which inherits no rights), then acts as the caller's
+--   current role again (the role a caller SET ROLE to, not its login) and the membership it made is
+--   revoked from that role before returning; an error rolls the membership back with the rest. Called after the
 --   NOLOGIN committed, so its failure leaves the role unable to log in.
 --
 -- Physical design: both functions pin `search_path`, are not SECURITY DEFINER (they need the owner's
@@ -76,6 +78,9 @@ DECLARE
     v_pid integer;
     v_member boolean;
     v_ended integer := 0;
+    -- The role the caller acts as (its login, or a role it SET ROLE to): made the member, and acted as
+    -- again afterwards. RESET ROLE would switch to the login instead, and revoke from the wrong role.
+    v_caller text := current_user;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM sluice.tenants t
                    WHERE t.role_name OPERATOR(pg_catalog.=) p_role
@@ -103,11 +108,11 @@ BEGIN
     SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_auth_members m
                    WHERE m.roleid OPERATOR(pg_catalog.=) v_oid
                      AND m.member OPERATOR(pg_catalog.=) (SELECT r.oid FROM pg_catalog.pg_roles r
-                                                          WHERE r.rolname OPERATOR(pg_catalog.=) current_user)
+                                                          WHERE r.rolname OPERATOR(pg_catalog.=) v_caller)
                      AND ((pg_catalog.to_jsonb(m) OPERATOR(pg_catalog.->>) 'set_option')::boolean IS NOT FALSE))
       INTO v_member;
     IF NOT v_member THEN
-        EXECUTE pg_catalog.format('GRANT %I TO %I', p_role, current_user);
+        EXECUTE pg_catalog.format('GRANT %I TO %I', p_role, v_caller);
     END IF;
     EXECUTE pg_catalog.format('SET LOCAL ROLE %I', p_role);
     FOREACH v_pid IN ARRAY v_pids LOOP
@@ -115,9 +120,9 @@ BEGIN
             v_ended := v_ended OPERATOR(pg_catalog.+) 1;
         END IF;
     END LOOP;
-    RESET ROLE;
+    EXECUTE pg_catalog.format('SET LOCAL ROLE %I', v_caller);
     IF NOT v_member THEN
-        EXECUTE pg_catalog.format('REVOKE %I FROM %I', p_role, current_user);
+        EXECUTE pg_catalog.format('REVOKE %I FROM %I', p_role, v_caller);
     END IF;
     RETURN v_ended;
 END;

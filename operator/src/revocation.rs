@@ -13,7 +13,9 @@
 //! 2. its sessions ended, in a separate call whose failure is reported and leaves the NOLOGIN;
 //! 3. the namespace's tenant Secrets for the database deleted (found by label: a Secret the namespace
 //!    relabelled stays, holding a password for a role that cannot log in);
-//! 4. once all of it succeeded, the admission row forgotten; until then every reconcile tries again.
+//! 4. once all of it succeeded, the admission row forgotten, under the namespace's provisioning lock
+//!    and only if the role still cannot log in ([`forget_revoked`]); until then every reconcile tries
+//!    again.
 //!
 //! A namespace another QueueDatabase on the same database still admits keeps its role (it is the
 //! namespace's one role in that database): only this QueueDatabase's Secret goes. What the report says
@@ -73,8 +75,9 @@ pub enum Step {
 
 /// The steps for `registered`: `admits` is this QueueDatabase's verdict on a namespace (a namespace
 /// that no longer exists is admitted by none), `elsewhere` whether another QueueDatabase on the same
-/// database admits it. Namespaces this QueueDatabase never admitted (a Secret of their own, a tenant
-/// registered by hand) are left alone.
+/// database admits it. Namespaces this QueueDatabase never admitted are left alone; one it admitted
+/// while it had a registered tenant is recorded ([`sweep`]), whether the operator provisioned it or the
+/// namespace uses a Secret of its own or an admin registered its tenant by hand.
 pub fn plan(
     registered: &[Registered],
     admits: impl Fn(&str) -> bool,
@@ -179,9 +182,9 @@ pub async fn sweep(
         match step {
             Step::Admit { namespace } => report.admitted.push(namespace),
             Step::Revoke { namespace, role } => {
-                let done = revoke(client, pool, database, &namespace, &role).await;
-                if done.complete() {
-                    forget(pool, &namespace, queue_database).await?;
+                let mut done = revoke(client, pool, database, &namespace, &role).await;
+                if done.complete() && !forget_revoked(pool, &namespace, queue_database, &role).await? {
+                    done.login = Err(REGRANTED.into());
                 }
                 report.revoked.push(done);
             }
@@ -294,6 +297,47 @@ async fn delete_secrets(
         }
     }
     Ok(deleted)
+}
+
+/// Why a revocation is not complete when a provisioning gave the role its login back.
+const REGRANTED: &str = "a provisioning that was under way gave it back; revoked again on the next pass";
+
+/// Forgets that `queue_database` admitted `namespace` once `role` is revoked, under the namespace's
+/// provisioning lock and only while the role cannot log in; whether it did. A provisioning that checked
+/// the admission before the revocation began (a JobQueue reconcile held up, even by the tenant's own
+/// row locks) gives LOGIN back once it gets the lock: before this, the record stays (`false`) and the
+/// next pass revokes again; after this, it records the admission anew under the same lock.
+pub async fn forget_revoked(
+    pool: &PgPool,
+    namespace: &str,
+    queue_database: &str,
+    role: &str,
+) -> Result<bool> {
+    let mut tx = pool.begin().await.map_err(db)?;
+    sqlx::query(crate::tenant::SET_LOCK_TIMEOUT)
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?;
+    sqlx::query(crate::tenant::LOCK_NAMESPACE)
+        .bind(namespace)
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?;
+    sqlx::query(sql::TENANT_ADMISSION_FORGET_REVOKED)
+        .bind(namespace)
+        .bind(queue_database)
+        .bind(role)
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?;
+    let can_log_in: Option<bool> = sqlx::query_scalar(sql::TENANT_CAN_LOG_IN)
+        .bind(role)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db)?
+        .flatten();
+    tx.commit().await.map_err(db)?;
+    Ok(can_log_in != Some(true))
 }
 
 async fn forget(pool: &PgPool, namespace: &str, queue_database: &str) -> Result<()> {

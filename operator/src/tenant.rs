@@ -290,7 +290,7 @@ pub const LOCK_TIMEOUT_SECS: u32 = 5;
 pub(crate) const SET_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '5s'";
 /// Locks the namespace's row of `sluice.tenant_locks` (made the first time) until the transaction
 /// ends. The table is the schema owner's alone (migration 0019): a tenant may not lock its rows.
-pub(crate) const LOCK_NAMESPACE: &str = "INSERT INTO sluice.tenant_locks (namespace) VALUES ($1) \
+pub const LOCK_NAMESPACE: &str = "INSERT INTO sluice.tenant_locks (namespace) VALUES ($1) \
                               ON CONFLICT (namespace) DO UPDATE SET namespace = EXCLUDED.namespace";
 
 /// The role and namespace of `pool`'s login when it is a registered tenant (its own row of

@@ -1473,3 +1473,107 @@ async fn an_invalid_selector_revokes_nothing() {
     assert_eq!(can_log_in(&f, &role), "t");
     connect(&url).await;
 }
+
+/// Whether QueueDatabase `shared` still holds its record of admitting namespace `shop`.
+fn admission_recorded(pg: &PgServer) -> String {
+    pg.psql(
+        "SELECT count(*) FROM sluice.tenant_admissions \
+         WHERE namespace = 'shop' AND queue_database = 'shared'",
+    )
+}
+
+// A JobQueue reconcile that checked the admission before the namespace was de-admitted (held up, even
+// by the tenant's own lock on its queue row) provisions once it gets the namespace's lock: after the
+// revocation's NOLOGIN, before or after its record is forgotten. Either way a record stays for the next
+// pass to revoke the role again.
+#[tokio::test]
+async fn a_provisioning_under_way_during_a_revocation_leaves_the_record_that_revokes_it_again() {
+    let pg = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+    migrate(&pg.url()).await;
+    let owner = connect(&pg.url()).await;
+    owner.ensure_tenant("sluice_t_shop", "shop", "pw").await.unwrap();
+    sqlx::query(sluice_queue::sql::TENANT_ADMISSIONS_RECORD)
+        .bind(vec!["shop".to_owned()])
+        .bind("shared")
+        .execute(owner.pool())
+        .await
+        .unwrap();
+    // The revocation's NOLOGIN.
+    sqlx::query_scalar::<_, bool>(sluice_queue::sql::TENANT_REVOKE_LOGIN)
+        .bind("sluice_t_shop")
+        .bind("shop")
+        .fetch_one(owner.pool())
+        .await
+        .unwrap();
+
+    // A provisioning under way holds the namespace's lock and gives LOGIN back; forgetting waits for it,
+    // then keeps the record.
+    let mut provisioning = owner.pool().begin().await.unwrap();
+    sqlx::query(tenant::LOCK_NAMESPACE)
+        .bind("shop")
+        .execute(&mut *provisioning)
+        .await
+        .unwrap();
+    sqlx::query("ALTER ROLE sluice_t_shop LOGIN")
+        .execute(&mut *provisioning)
+        .await
+        .unwrap();
+    let pool = sluice_queue::pool::options(1).connect(&pg.url()).await.unwrap();
+    let forget = tokio::spawn(async move {
+        sluice_operator::revocation::forget_revoked(&pool, "shop", "shared", "sluice_t_shop").await
+    });
+    let probe = sluice_queue::pool::options(1).connect(&pg.url()).await.unwrap();
+    wait_for("forgetting waits for the namespace's lock", DEADLINE, || {
+        let probe = probe.clone();
+        async move {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE wait_event_type = 'Lock' AND query LIKE '%tenant_locks%'",
+            )
+            .fetch_one(&probe)
+            .await
+            .ok()?;
+            (waiting == 1).then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    provisioning.commit().await.unwrap();
+    assert!(!forget.await.unwrap().unwrap(), "the record is kept");
+    assert_eq!(admission_recorded(&pg), "1");
+
+    // The next pass revokes again and forgets the record.
+    sqlx::query_scalar::<_, bool>(sluice_queue::sql::TENANT_REVOKE_LOGIN)
+        .bind("sluice_t_shop")
+        .bind("shop")
+        .fetch_one(owner.pool())
+        .await
+        .unwrap();
+    assert!(
+        sluice_operator::revocation::forget_revoked(owner.pool(), "shop", "shared", "sluice_t_shop")
+            .await
+            .unwrap()
+    );
+    assert_eq!(admission_recorded(&pg), "0");
+
+    // A provisioning that gets the lock after the record is gone records the admission anew, in the
+    // transaction that gives LOGIN back: the next pass finds it.
+    let mut late = owner.pool().begin().await.unwrap();
+    sqlx::query(tenant::LOCK_NAMESPACE)
+        .bind("shop")
+        .execute(&mut *late)
+        .await
+        .unwrap();
+    sqlx::query("ALTER ROLE sluice_t_shop LOGIN")
+        .execute(&mut *late)
+        .await
+        .unwrap();
+    sqlx::query(sluice_queue::sql::TENANT_ADMISSIONS_RECORD)
+        .bind(vec!["shop".to_owned()])
+        .bind("shared")
+        .execute(&mut *late)
+        .await
+        .unwrap();
+    late.commit().await.unwrap();
+    assert_eq!(admission_recorded(&pg), "1");
+}

@@ -761,10 +761,22 @@ SELECT n, $2 FROM pg_catalog.unnest($1::text[]) AS n
 ON CONFLICT (namespace, queue_database) DO NOTHING
 "#;
 
-/// Forgets that QueueDatabase `$2` admitted namespace `$1` (its revocation is complete).
+/// Forgets that QueueDatabase `$2` admitted namespace `$1` (its Secret released: another
+/// QueueDatabase on the database admits the namespace, whose role keeps its login).
 pub const TENANT_ADMISSION_FORGET: &str = r#"
 DELETE FROM sluice.tenant_admissions
  WHERE namespace OPERATOR(pg_catalog.=) $1 AND queue_database OPERATOR(pg_catalog.=) $2
+"#;
+
+/// Forgets that QueueDatabase `$2` admitted namespace `$1`, whose role `$3` was revoked, only while
+/// that role cannot log in: a provisioning that was under way when the revocation began may have given
+/// LOGIN back, and the record is what makes the next sweep revoke it again. Run under the namespace's
+/// provisioning lock, which provisioning holds while it grants LOGIN and records the admission.
+pub const TENANT_ADMISSION_FORGET_REVOKED: &str = r#"
+DELETE FROM sluice.tenant_admissions
+ WHERE namespace OPERATOR(pg_catalog.=) $1 AND queue_database OPERATOR(pg_catalog.=) $2
+   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r
+                    WHERE r.rolname OPERATOR(pg_catalog.=) $3 AND r.rolcanlogin)
 "#;
 
 /// Takes LOGIN from role `$1`, namespace `$2`'s registered tenant; whether the role exists.

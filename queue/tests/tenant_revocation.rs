@@ -108,3 +108,63 @@ async fn the_calling_login_and_a_superuser_are_never_revoked() {
         "t"
     );
 }
+
+// A caller acting as another role than its login (SET ROLE, as an admin by hand or a login whose group
+// owns the schema) ends the sessions as that role: the membership is made for it and revoked from it,
+// and it acts as that role again afterwards, not as its login.
+#[tokio::test]
+async fn ending_sessions_under_set_role_leaves_no_membership_and_keeps_the_role() {
+    let (pg, owner) = setup().await;
+    pg.psql("CREATE ROLE grp SUPERUSER NOLOGIN");
+    let a = pg
+        .url()
+        .replace("postgres://postgres@", "postgres://sluice_tenant_a:secret-1@");
+    let tenant = connect(&a).await;
+    let mut held = tenant.acquire().await.unwrap();
+    sqlx::query("SELECT 1").execute(&mut *held).await.unwrap();
+
+    let mut caller = owner.acquire().await.unwrap();
+    sqlx::query("SET ROLE grp").execute(&mut *caller).await.unwrap();
+    let ended: i32 = sqlx::query_scalar(sql::TENANT_END_SESSIONS)
+        .bind("sluice_tenant_a")
+        .bind("a")
+        .fetch_one(&mut *caller)
+        .await
+        .unwrap();
+    assert!(ended >= 1, "{ended}");
+    assert!(sqlx::query("SELECT 1").execute(&mut *held).await.is_err());
+    let acting: String = sqlx::query_scalar("SELECT current_user::text")
+        .fetch_one(&mut *caller)
+        .await
+        .unwrap();
+    assert_eq!(acting, "grp");
+    assert_eq!(
+        pg.psql("SELECT count(*) FROM pg_auth_members WHERE roleid = 'sluice_tenant_a'::regrole"),
+        "0"
+    );
+    sqlx::query("RESET ROLE").execute(&mut *caller).await.unwrap();
+}
+
+// The record of an admission is forgotten only once the role cannot log in: a provisioning that gave
+// LOGIN back during the revocation leaves it for the next pass.
+#[tokio::test]
+async fn an_admission_is_forgotten_only_once_the_role_cannot_log_in() {
+    let (pg, owner) = setup().await;
+    sqlx::query(sql::TENANT_ADMISSIONS_RECORD)
+        .bind(vec!["a".to_owned()])
+        .bind("shared")
+        .execute(&owner)
+        .await
+        .unwrap();
+    let forget = || {
+        sqlx::query(sql::TENANT_ADMISSION_FORGET_REVOKED)
+            .bind("a")
+            .bind("shared")
+            .bind("sluice_tenant_a")
+            .execute(&owner)
+    };
+    assert_eq!(forget().await.unwrap().rows_affected(), 0);
+    assert_eq!(revoke(&owner, "sluice_tenant_a", "a").await, Ok(true));
+    assert_eq!(forget().await.unwrap().rows_affected(), 1);
+    assert_eq!(pg.psql("SELECT count(*) FROM sluice.tenant_admissions"), "0");
+}
