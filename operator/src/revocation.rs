@@ -153,12 +153,17 @@ pub struct Report {
     pub revoked: Vec<Revocation>,
     /// Namespaces left to another QueueDatabase on the same database: its Secret deleted, or why not.
     pub released: Vec<(String, Result<usize, String>)>,
+    /// Why the sweep stopped before the end (the database refused to forget or record an admission):
+    /// what it did before that is listed above all the same.
+    pub stopped: Option<String>,
 }
 
 impl Report {
     /// Whether every revocation and release is complete.
     pub fn complete(&self) -> bool {
-        self.revoked.iter().all(Revocation::complete) && self.released.iter().all(|(_, r)| r.is_ok())
+        self.stopped.is_none()
+            && self.revoked.iter().all(Revocation::complete)
+            && self.released.iter().all(|(_, r)| r.is_ok())
     }
 }
 
@@ -183,28 +188,42 @@ pub async fn sweep(
             Step::Admit { namespace } => report.admitted.push(namespace),
             Step::Revoke { namespace, role } => {
                 let mut done = revoke(client, pool, database, &namespace, &role).await;
-                if done.complete() && !forget_revoked(pool, &namespace, queue_database, &role).await? {
-                    done.login = Err(REGRANTED.into());
+                let forgotten = if done.complete() {
+                    forget_revoked(pool, &namespace, queue_database, &role).await
+                } else {
+                    Ok(true)
+                };
+                match forgotten {
+                    Ok(true) => {}
+                    Ok(false) => done.login = Err(REGRANTED.into()),
+                    Err(e) => report.stopped = Some(e.to_string()),
                 }
                 report.revoked.push(done);
             }
             Step::Release { namespace } => {
                 let name = secret_name(DatabaseSource::QueueDatabase(queue_database));
                 let deleted = delete_secrets(client, &namespace, database, Some(&name)).await;
-                if deleted.is_ok() {
-                    forget(pool, &namespace, queue_database).await?;
+                if deleted.is_ok()
+                    && let Err(e) = forget(pool, &namespace, queue_database).await
+                {
+                    report.stopped = Some(e.to_string());
                 }
                 report.released.push((namespace, deleted));
             }
         }
+        // What was done so far is reported with the error, not lost in it.
+        if report.stopped.is_some() {
+            return Ok(report);
+        }
     }
-    if !report.admitted.is_empty() {
-        sqlx::query(sql::TENANT_ADMISSIONS_RECORD)
+    if !report.admitted.is_empty()
+        && let Err(e) = sqlx::query(sql::TENANT_ADMISSIONS_RECORD)
             .bind(&report.admitted)
             .bind(queue_database)
             .execute(pool)
             .await
-            .map_err(db)?;
+    {
+        report.stopped = Some(db(e).to_string());
     }
     Ok(report)
 }

@@ -1577,3 +1577,65 @@ async fn a_provisioning_under_way_during_a_revocation_leaves_the_record_that_rev
     late.commit().await.unwrap();
     assert_eq!(admission_recorded(&pg), "1");
 }
+
+// A sweep the database stops part way (here it refuses to record an admission, after the revocation)
+// reports what it revoked before it stopped, in a TenantsRevoked Event (and the status, until the next
+// pass), and the status says why it stopped.
+#[tokio::test]
+async fn a_sweep_stopped_part_way_reports_what_it_revoked() {
+    let f = fixture().await;
+    let (shop, role, _url) = admitted_shop(&f).await;
+    // Another namespace the selector admits, with a tenant registered by hand: the sweep records its
+    // admission after revoking shop, and the database refuses that.
+    let superuser = sluice_queue::pool::options(1)
+        .connect(&f.pg.url_for("queues"))
+        .await
+        .unwrap();
+    let blog = f.env.namespace("blog").await.unwrap();
+    sqlx::query("INSERT INTO sluice.tenants (role_name, namespace) VALUES ('blog_by_hand', $1)")
+        .bind(blog.name())
+        .execute(&superuser)
+        .await
+        .unwrap();
+    for statement in [
+        "CREATE FUNCTION public.refuse() RETURNS trigger LANGUAGE plpgsql AS \
+         $$BEGIN RAISE EXCEPTION 'admissions refused'; END$$",
+        "CREATE TRIGGER refuse BEFORE INSERT ON sluice.tenant_admissions \
+         FOR EACH STATEMENT EXECUTE FUNCTION public.refuse()",
+    ] {
+        sqlx::query(statement).execute(&superuser).await.unwrap();
+    }
+    label_namespace(&f, &blog, "team", "shop").await;
+    label_namespace(&f, &shop, "team", "elsewhere").await;
+
+    // The pass that revoked shop is the one to report it: the next finds it forgotten. Its Events
+    // stay; the status says why the passes stop.
+    let revoked = format!("revoked: {} (role \"{role}\": may no longer log in", shop.name());
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> = kube::Api::all(f.env.client());
+    wait_for("a TenantsRevoked Event names shop", DEADLINE, || {
+        let (events, revoked) = (events.clone(), revoked.clone());
+        async move {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some("TenantsRevoked")
+                        && e.note.as_deref().is_some_and(|n| n.contains(&revoked))
+                })
+                .then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    let api: kube::Api<QueueDatabase> = kube::Api::all(f.env.client());
+    let qdb = api.get("shared").await.unwrap();
+    let c = qdb.condition("Ready").unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "RevocationFailed"),
+        "{}",
+        c.message
+    );
+    assert!(c.message.contains("stopped before the end"), "{}", c.message);
+    assert_eq!(can_log_in(&f, &role), "f");
+}

@@ -243,20 +243,31 @@ async fn set_finalizer(qdb: &QueueDatabase, ctx: &Context<State>, hold: bool) ->
 
 /// The status and Events of a sweep: what it did, as the database and the API server answered.
 async fn report_sweep(qdb: &QueueDatabase, ctx: &Context<State>, report: &revocation::Report) {
-    let revoked: Vec<String> = report.revoked.iter().map(ToString::to_string).collect();
-    let released: Vec<String> = report
-        .released
-        .iter()
-        .map(|(ns, r)| match r {
-            Ok(n) => format!("{ns} (another QueueDatabase admits it: {n} tenant Secret(s) deleted)"),
-            Err(e) => format!("{ns} (another QueueDatabase admits it: its tenant Secret NOT deleted: {e})"),
-        })
-        .collect();
-    let done = [revoked.as_slice(), released.as_slice()].concat();
+    let (revoked, unfinished): (Vec<_>, Vec<_>) = report.revoked.iter().partition(|r| r.complete());
+    let (released, unreleased): (Vec<_>, Vec<_>) = report.released.iter().partition(|(_, r)| r.is_ok());
+    let release = |(ns, r): &&(String, Result<usize, String>)| match r {
+        Ok(n) => format!("{ns} (another QueueDatabase admits it: {n} tenant Secret(s) deleted)"),
+        Err(e) => format!("{ns} (another QueueDatabase admits it: its tenant Secret NOT deleted: {e})"),
+    };
+    // What succeeded, then what did not (and why the sweep stopped, if it did).
+    let mut done = Vec::new();
+    if !revoked.is_empty() {
+        let list: Vec<String> = revoked.iter().map(ToString::to_string).collect();
+        done.push(format!("revoked: {}", list.join("; ")));
+    }
+    if !released.is_empty() {
+        let list: Vec<String> = released.iter().map(release).collect();
+        done.push(format!("released: {}", list.join("; ")));
+    }
+    let mut failed: Vec<String> = unfinished.iter().map(ToString::to_string).collect();
+    failed.extend(unreleased.iter().map(release));
+    if let Some(why) = &report.stopped {
+        failed.push(format!("stopped before the end: {why}"));
+    }
     let desired = if report.complete() {
         let mut message = format!("{} admitted namespace(s) with a tenant", report.admitted.len());
-        if !done.is_empty() {
-            message.push_str(&format!("; revoked: {}", done.join("; ")));
+        for part in &done {
+            message.push_str(&format!("; {part}"));
         }
         Desired {
             type_: READY,
@@ -265,23 +276,33 @@ async fn report_sweep(qdb: &QueueDatabase, ctx: &Context<State>, report: &revoca
             message,
         }
     } else {
+        let mut message = format!(
+            "revoking namespaces it no longer admits is incomplete (the operator retries): {}",
+            failed.join("; ")
+        );
+        for part in &done {
+            message.push_str(&format!("; {part}"));
+        }
         Desired {
             type_: READY,
             status: false,
             reason: reason::REVOCATION_FAILED,
-            message: format!(
-                "revoking namespaces it no longer admits is incomplete (the operator retries): {}",
-                done.join("; ")
-            ),
+            message,
         }
     };
+    // A Normal Event for what was done, whatever else failed; a Warning for what was not.
     if !done.is_empty() {
-        let (type_, why) = if report.complete() {
-            (EventType::Normal, reason::TENANTS_REVOKED)
-        } else {
-            (EventType::Warning, reason::REVOCATION_FAILED)
-        };
-        ctx.event(qdb, type_, why, &done.join("; ")).await;
+        ctx.event(qdb, EventType::Normal, reason::TENANTS_REVOKED, &done.join("; "))
+            .await;
+    }
+    if !failed.is_empty() {
+        ctx.event(
+            qdb,
+            EventType::Warning,
+            reason::REVOCATION_FAILED,
+            &failed.join("; "),
+        )
+        .await;
     }
     write_status(qdb, ctx, desired).await;
 }
