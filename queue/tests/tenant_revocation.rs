@@ -3,7 +3,9 @@
 //! superuser; they are idempotent; a role owning objects is revoked all the same.
 
 use sluice_queue::{QueueStore, schema, sql};
-use sluice_testsupport::PgServer;
+use std::time::Duration;
+
+use sluice_testsupport::{PgServer, wait_for_async};
 use sqlx::PgPool;
 
 async fn connect(url: &str) -> PgPool {
@@ -76,6 +78,20 @@ async fn only_the_namespace_s_registered_tenant_is_revoked_and_twice_is_once() {
         .unwrap();
     assert!(ended >= 1, "{ended}");
     assert!(sqlx::query("SELECT 1").execute(&mut *held).await.is_err());
+    // `pg_terminate_backend` returns once the signal is sent: the backend is listed until it exits.
+    wait_for_async(
+        "the tenant's sessions to end",
+        Duration::from_secs(10),
+        || async {
+            let left: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE usename = 'sluice_tenant_a'")
+                    .fetch_one(&owner)
+                    .await
+                    .unwrap();
+            (left == 0).then_some(())
+        },
+    )
+    .await;
     let again: i32 = sqlx::query_scalar(sql::TENANT_END_SESSIONS)
         .bind("sluice_tenant_a")
         .bind("a")
