@@ -11,6 +11,13 @@
 --   QueueDatabase admitted once, never one it never admitted. The row goes once the revocation is
 --   complete, under the namespace's provisioning lock and only while the role cannot log in (a
 --   provisioning under way may give LOGIN back). The owner's alone: no tenant reads it.
+-- - `sluice.retired_queue_databases`: QueueDatabases being deleted (by name). The operator adds the
+--   name before the deletion's last revocation and provisioning refuses a namespace through a retired
+--   QueueDatabase: provisioning holds this table in SHARE mode from its check until it commits, and the
+--   INSERT that retires a name waits for every provisioning under way to commit first, so no admission
+--   is recorded after the revocation that is to sweep it (the object is gone after that, and nothing
+--   would). A QueueDatabase made again under the name takes it back (the operator deletes the row).
+--   The owner's alone.
 -- - `sluice.revoke_tenant_login(role, namespace)`: NOLOGIN for the namespace's registered tenant, in
 --   its own transaction, so it is committed whatever happens to the sessions. It refuses only what
 --   could hurt someone else: a role not registered for that namespace, the calling login, a superuser.
@@ -35,6 +42,13 @@ CREATE TABLE sluice.tenant_admissions (
 );
 
 REVOKE ALL ON sluice.tenant_admissions FROM PUBLIC;
+
+CREATE TABLE sluice.retired_queue_databases (
+    queue_database text PRIMARY KEY,
+    retired_at timestamptz NOT NULL DEFAULT now()
+);
+
+REVOKE ALL ON sluice.retired_queue_databases FROM PUBLIC;
 
 CREATE FUNCTION sluice.revoke_tenant_login(p_role text, p_namespace text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE

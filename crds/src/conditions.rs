@@ -78,6 +78,9 @@ pub mod reason {
     /// `JobQueue` `Ready=False`: `spec.database.queueDatabaseRef` names a QueueDatabase that does not
     /// exist; the JobQueue is reconciled again once it is created.
     pub const QUEUE_DATABASE_NOT_FOUND: &str = "QueueDatabaseNotFound";
+    /// `JobQueue` `Ready=False`: the QueueDatabase exists but the operator has not taken it over yet
+    /// (added its finalizer); nothing is provisioned through it until then.
+    pub const QUEUE_DATABASE_PENDING: &str = "QueueDatabasePending";
     /// `JobQueue` `Ready=False`: the QueueDatabase's `namespaceSelector` does not admit the JobQueue's
     /// namespace (an absent selector admits none); nothing is provisioned for it.
     pub const NAMESPACE_NOT_ALLOWED: &str = "NamespaceNotAllowed";

@@ -77,7 +77,23 @@ pub struct QueueDatabaseStatus {
     pub conditions: Vec<Condition>,
 }
 
+/// The operator's finalizer on a QueueDatabase: it holds a deleted QueueDatabase until every namespace
+/// it admitted is revoked.
+pub const REVOKE_FINALIZER: &str = "sluice.dev/revoke-tenants";
+
 impl QueueDatabase {
+    /// Whether the operator has taken it over (it carries [`REVOKE_FINALIZER`]) and it is not being
+    /// deleted: only then may a namespace be provisioned through it, since only then would deleting it
+    /// revoke what was provisioned.
+    pub fn serves(&self) -> bool {
+        self.metadata.deletion_timestamp.is_none()
+            && self
+                .metadata
+                .finalizers
+                .as_ref()
+                .is_some_and(|f| f.iter().any(|f| f == REVOKE_FINALIZER))
+    }
+
     /// The condition of type `type_`, if the status has one.
     pub fn condition(&self, type_: &str) -> Option<&Condition> {
         self.status.as_ref()?.conditions.iter().find(|c| c.type_ == type_)

@@ -100,6 +100,18 @@ pub enum Error {
         /// The QueueDatabase's name.
         name: String,
     },
+    /// The QueueDatabase exists but the operator has not taken it over yet (its finalizer, which makes
+    /// deleting it revoke what it admitted, is not there yet).
+    #[error(
+        "QueueDatabase {name:?} is not in use yet: the operator has not yet added its finalizer \
+         sluice.dev/revoke-tenants, without which deleting it would not revoke the namespaces it admits; \
+         the JobQueue is reconciled again when it is added (is the operator's QueueDatabase controller \
+         running?)"
+    )]
+    QueueDatabasePending {
+        /// The QueueDatabase's name.
+        name: String,
+    },
     /// The QueueDatabase's `namespaceSelector` does not admit the JobQueue's namespace.
     #[error(
         "QueueDatabase {name:?} does not admit namespace {namespace}: its spec.namespaceSelector must \
@@ -214,6 +226,7 @@ impl Error {
             Error::SecretKeyMissing { .. } => "secret_key_missing",
             Error::NotOwned { .. } => "not_owned",
             Error::QueueDatabaseNotFound { .. } => "queue_database_not_found",
+            Error::QueueDatabasePending { .. } => "queue_database_pending",
             Error::NamespaceNotAllowed { .. } | Error::QueueDatabaseSelectorInvalid { .. } => {
                 "namespace_not_allowed"
             }
@@ -238,6 +251,7 @@ impl Error {
             Error::SecretKeyMissing { .. } => reason::SECRET_KEY_MISSING,
             Error::NotOwned { .. } => reason::OBJECT_NOT_OWNED,
             Error::QueueDatabaseNotFound { .. } => reason::QUEUE_DATABASE_NOT_FOUND,
+            Error::QueueDatabasePending { .. } => reason::QUEUE_DATABASE_PENDING,
             Error::NamespaceNotAllowed { .. } | Error::QueueDatabaseSelectorInvalid { .. } => {
                 reason::NAMESPACE_NOT_ALLOWED
             }

@@ -18,7 +18,8 @@
 //!    again.
 //!
 //! A namespace another QueueDatabase on the same database still admits keeps its role (it is the
-//! namespace's one role in that database): only this QueueDatabase's Secret goes. What the report says
+//! namespace's one role in that database): only this QueueDatabase's Secret goes, and the admission
+//! is recorded for the others first. What the report says
 //! was done is what these calls returned.
 
 use std::fmt;
@@ -65,23 +66,25 @@ pub enum Step {
         /// Its registered role.
         role: String,
     },
-    /// It admitted the namespace and admits it no more, but another QueueDatabase on the database
-    /// does: only this QueueDatabase's tenant Secret goes.
+    /// It admitted the namespace and admits it no more, but other QueueDatabases on the database
+    /// do: the admission passes to them and only this QueueDatabase's tenant Secret goes.
     Release {
         /// The namespace.
         namespace: String,
+        /// The other QueueDatabases that admit it.
+        to: Vec<String>,
     },
 }
 
 /// The steps for `registered`: `admits` is this QueueDatabase's verdict on a namespace (a namespace
-/// that no longer exists is admitted by none), `elsewhere` whether another QueueDatabase on the same
-/// database admits it. Namespaces this QueueDatabase never admitted are left alone; one it admitted
+/// that no longer exists is admitted by none), `elsewhere` the other QueueDatabases on the same
+/// database that admit it. Namespaces this QueueDatabase never admitted are left alone; one it admitted
 /// while it had a registered tenant is recorded ([`sweep`]), whether the operator provisioned it or the
 /// namespace uses a Secret of its own or an admin registered its tenant by hand.
 pub fn plan(
     registered: &[Registered],
     admits: impl Fn(&str) -> bool,
-    elsewhere: impl Fn(&str) -> bool,
+    elsewhere: impl Fn(&str) -> Vec<String>,
 ) -> Vec<Step> {
     registered
         .iter()
@@ -91,13 +94,16 @@ pub fn plan(
                 Some(Step::Admit { namespace })
             } else if !r.admitted_by {
                 None
-            } else if elsewhere(&r.namespace) {
-                Some(Step::Release { namespace })
             } else {
-                Some(Step::Revoke {
-                    namespace,
-                    role: r.role_name.clone(),
-                })
+                let to = elsewhere(&r.namespace);
+                if to.is_empty() {
+                    Some(Step::Revoke {
+                        namespace,
+                        role: r.role_name.clone(),
+                    })
+                } else {
+                    Some(Step::Release { namespace, to })
+                }
             }
         })
         .collect()
@@ -175,7 +181,7 @@ pub async fn sweep(
     queue_database: &str,
     database: &str,
     admits: impl Fn(&str) -> bool,
-    elsewhere: impl Fn(&str) -> bool,
+    elsewhere: impl Fn(&str) -> Vec<String>,
 ) -> Result<Report> {
     let registered: Vec<Registered> = sqlx::query_as(sql::TENANT_REGISTRY)
         .bind(queue_database)
@@ -200,7 +206,13 @@ pub async fn sweep(
                 }
                 report.revoked.push(done);
             }
-            Step::Release { namespace } => {
+            Step::Release { namespace, to } => {
+                // The admission passes to the others before this one's is forgotten: the namespace is
+                // always recorded as admitted by someone who will revoke it.
+                if let Err(e) = record(pool, &namespace, &to).await {
+                    report.stopped = Some(e.to_string());
+                    return Ok(report);
+                }
                 let name = secret_name(DatabaseSource::QueueDatabase(queue_database));
                 let deleted = delete_secrets(client, &namespace, database, Some(&name)).await;
                 if deleted.is_ok()
@@ -272,13 +284,21 @@ async fn take_login(pool: &PgPool, namespace: &str, role: &str) -> Result<bool, 
     Ok(exists)
 }
 
+/// Ends `role`'s sessions; how many. Its lock waits (the membership it grants itself) are bounded.
 async fn end_sessions(pool: &PgPool, namespace: &str, role: &str) -> Result<i32, String> {
-    sqlx::query_scalar(sql::TENANT_END_SESSIONS)
+    let mut tx = pool.begin().await.map_err(why)?;
+    sqlx::query(crate::tenant::SET_LOCK_TIMEOUT)
+        .execute(&mut *tx)
+        .await
+        .map_err(why)?;
+    let ended = sqlx::query_scalar(sql::TENANT_END_SESSIONS)
         .bind(role)
         .bind(namespace)
-        .fetch_one(pool)
+        .fetch_one(&mut *tx)
         .await
-        .map_err(why)
+        .map_err(why)?;
+    tx.commit().await.map_err(why)?;
+    Ok(ended)
 }
 
 /// Deletes the tenant Secrets of `namespace` for `database` (labels `managed-by=sluice` and
@@ -359,6 +379,49 @@ pub async fn forget_revoked(
     Ok(can_log_in != Some(true))
 }
 
+/// Records that each of `queue_databases` admits `namespace`.
+async fn record(pool: &PgPool, namespace: &str, queue_databases: &[String]) -> Result<()> {
+    for qdb in queue_databases {
+        sqlx::query(sql::TENANT_ADMISSIONS_RECORD)
+            .bind(vec![namespace.to_owned()])
+            .bind(qdb)
+            .execute(pool)
+            .await
+            .map_err(db)?;
+    }
+    Ok(())
+}
+
+/// Retires `queue_database` (`retired`: it is being deleted), or takes its name back for a
+/// QueueDatabase made again under it, in `sluice.retired_queue_databases` (migration 0028). Retiring
+/// waits, within the lock timeout, for the provisionings through it under way to commit: after it, no
+/// new admission of it is recorded, so the revocation that follows sees every one.
+pub async fn set_retired(pool: &PgPool, queue_database: &str, retired: bool) -> Result<()> {
+    let is: bool = sqlx::query_scalar(sql::QUEUE_DATABASE_RETIRED)
+        .bind(queue_database)
+        .fetch_one(pool)
+        .await
+        .map_err(db)?;
+    if is == retired {
+        return Ok(());
+    }
+    let mut tx = pool.begin().await.map_err(db)?;
+    sqlx::query(crate::tenant::SET_LOCK_TIMEOUT)
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?;
+    sqlx::query(if retired {
+        sql::QUEUE_DATABASE_RETIRE
+    } else {
+        sql::QUEUE_DATABASE_REINSTATE
+    })
+    .bind(queue_database)
+    .execute(&mut *tx)
+    .await
+    .map_err(db)?;
+    tx.commit().await.map_err(db)
+}
+
 async fn forget(pool: &PgPool, namespace: &str, queue_database: &str) -> Result<()> {
     sqlx::query(sql::TENANT_ADMISSION_FORGET)
         .bind(namespace)
@@ -403,7 +466,17 @@ mod tests {
             registered("shared", true),
             registered("new", false),
         ];
-        let steps = plan(&rows, |ns| ns == "shop" || ns == "new", |ns| ns == "shared");
+        let steps = plan(
+            &rows,
+            |ns| ns == "shop" || ns == "new",
+            |ns| {
+                if ns == "shared" {
+                    vec!["other".to_owned()]
+                } else {
+                    vec![]
+                }
+            },
+        );
         assert_eq!(
             steps,
             [
@@ -415,7 +488,8 @@ mod tests {
                     role: "sluice_0123456789_blog".into()
                 },
                 Step::Release {
-                    namespace: "shared".into()
+                    namespace: "shared".into(),
+                    to: vec!["other".into()]
                 },
                 Step::Admit {
                     namespace: "new".into()

@@ -48,20 +48,24 @@ pub async fn read_url(
 /// The URL the operator connects to `jq`'s database with: `spec.database.secretRef`'s in the JobQueue's
 /// namespace, or for `spec.database.queueDatabaseRef` the QueueDatabase's (its Secret in
 /// `operator_namespace`), once the QueueDatabase is found and admits the JobQueue's namespace
-/// ([`Error::QueueDatabaseNotFound`], [`Error::NamespaceNotAllowed`],
-/// [`Error::QueueDatabaseSelectorInvalid`]). A spec naming no single source
+/// and taken over by the operator ([`Error::QueueDatabaseNotFound`], [`Error::QueueDatabasePending`],
+/// [`Error::NamespaceNotAllowed`], [`Error::QueueDatabaseSelectorInvalid`]). A spec naming no single source
 /// is the render's to refuse; here it reads as a missing Secret.
 pub async fn database_url(client: &Client, operator_namespace: &str, jq: &JobQueue) -> Result<String> {
     let ns = jq.namespace_or_default();
     match jq.spec.database.source() {
         Some(DatabaseSource::SecretRef(r)) => read_url(client, ns, r, DATABASE_SECRET_FIELD).await,
         Some(DatabaseSource::QueueDatabase(name)) => {
-            // One being deleted serves nobody: its finalizer is revoking its namespaces.
+            // One being deleted serves nobody: its finalizer is revoking its namespaces. Nor does one
+            // the operator has not taken over yet: deleting it would revoke nothing.
             let qdb = Api::<QueueDatabase>::all(client.clone())
                 .get_opt(name)
                 .await?
                 .filter(|q| q.metadata.deletion_timestamp.is_none())
                 .ok_or_else(|| Error::QueueDatabaseNotFound { name: name.into() })?;
+            if !qdb.serves() {
+                return Err(Error::QueueDatabasePending { name: name.into() });
+            }
             let labels = Api::<Namespace>::all(client.clone())
                 .get_opt(ns)
                 .await?

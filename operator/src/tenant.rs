@@ -511,6 +511,23 @@ async fn provision_as_owner(
                 _ => database(e),
             },
         )?;
+    // A QueueDatabase being deleted admits nobody, whatever this reconcile read of it before: the table
+    // of retired QueueDatabases is held until the commit, so the retirement waits for this provisioning
+    // to commit (and the deletion's revocation then sees its admission) or this one sees it retired.
+    if let Some(qdb) = queue_database {
+        sqlx::query(sluice_queue::sql::QUEUE_DATABASE_RETIREMENTS_HOLD)
+            .execute(&mut *tx)
+            .await
+            .map_err(database)?;
+        let retired: bool = sqlx::query_scalar(sluice_queue::sql::QUEUE_DATABASE_RETIRED)
+            .bind(qdb)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(database)?;
+        if retired {
+            return Err(Error::QueueDatabaseNotFound { name: qdb.into() });
+        }
+    }
     // The namespace's registered tenant keeps its role, whatever its name; a new one is named with the
     // database's key. Under the lock, so two reconciles agree.
     let (registered, key): (Option<String>, Option<String>) =

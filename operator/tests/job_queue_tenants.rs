@@ -56,8 +56,14 @@ impl Drop for Fixture {
     }
 }
 
-/// An API server with the CRDs, a PostgreSQL asking for passwords, and the JobQueue controller.
+/// An API server with the CRDs, a PostgreSQL asking for passwords, and the JobQueue and QueueDatabase
+/// controllers.
 async fn fixture() -> Fixture {
+    fixture_with(true).await
+}
+
+/// [`fixture`], with the QueueDatabase controller only if `queue_databases`.
+async fn fixture_with(queue_databases: bool) -> Fixture {
     let env = Env::start().await.unwrap();
     for (_, yaml) in sluice_operator::crdgen::crds() {
         env.apply_yaml(&yaml, None).await.unwrap();
@@ -90,6 +96,9 @@ async fn fixture() -> Fixture {
         state,
     ));
     tokio::spawn(job_queue::run(ctx, wakes, stop.clone().cancelled_owned()));
+    if !queue_databases {
+        return Fixture { env, pg, stop };
+    }
     let queue_databases = Arc::new(Context::new(
         env.client(),
         Arc::new(Metrics::default()),
@@ -1637,5 +1646,182 @@ async fn a_sweep_stopped_part_way_reports_what_it_revoked() {
         c.message
     );
     assert!(c.message.contains("stopped before the end"), "{}", c.message);
+    assert_eq!(can_log_in(&f, &role), "f");
+}
+
+// A QueueDatabase the operator has not taken over (no finalizer yet: created while the QueueDatabase
+// controller is not running) provisions nobody, since deleting it would revoke nothing; once the
+// finalizer is there, it does.
+#[tokio::test]
+async fn a_queue_database_without_its_finalizer_provisions_nobody() {
+    let f = fixture_with(false).await;
+    shared_queue_database(&f, "shop").await;
+    let shop = f.env.namespace("shop").await.unwrap();
+    label_namespace(&f, &shop, "team", "shop").await;
+    shop.apply_yaml(&job_queue_on_queue_database_yaml("emails", "shared"))
+        .await
+        .unwrap();
+    let jq = wait_condition(&shop, "emails", "Ready", "False", "QueueDatabasePending").await;
+    let c = jq.condition("Ready").unwrap();
+    assert!(c.message.contains("sluice.dev/revoke-tenants"), "{}", c.message);
+    assert_no_tenant_secret(&shop).await;
+    assert_eq!(
+        f.pg.psql("SELECT count(*) FROM pg_roles WHERE rolname LIKE 'sluice\\_%'"),
+        "0"
+    );
+    let api: kube::Api<QueueDatabase> = kube::Api::all(f.env.client());
+    let patch = serde_json::json!({"metadata": {"finalizers": [queue_database::FINALIZER]}});
+    api.patch(
+        "shared",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .unwrap();
+    wait_condition(&shop, "emails", "Ready", "True", "AsExpected").await;
+}
+
+// Deleting a QueueDatabase retires it in the database before revoking: the retirement waits for a
+// provisioning through it that is under way (so the revocation sees its admission), and a provisioning
+// that comes later is refused in the database, whatever its reconcile read of the QueueDatabase
+// before: no admission is recorded after the revocation, when nothing would sweep it.
+#[tokio::test]
+async fn retiring_a_queue_database_waits_for_provisionings_under_way_and_refuses_later_ones() {
+    let pg = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+    migrate(&pg.url()).await;
+    let owner = connect(&pg.url()).await;
+    async fn retired(tx: &mut sqlx::PgConnection) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar(sluice_queue::sql::QUEUE_DATABASE_RETIRED)
+            .bind("shared")
+            .fetch_one(tx)
+            .await
+    }
+    // A provisioning under way through `shared`: it holds the retirements and records the admission.
+    let mut provisioning = owner.pool().begin().await.unwrap();
+    sqlx::query(sluice_queue::sql::QUEUE_DATABASE_RETIREMENTS_HOLD)
+        .execute(&mut *provisioning)
+        .await
+        .unwrap();
+    assert!(!retired(&mut provisioning).await.unwrap());
+    sqlx::query(sluice_queue::sql::TENANT_ADMISSIONS_RECORD)
+        .bind(vec!["shop".to_owned()])
+        .bind("shared")
+        .execute(&mut *provisioning)
+        .await
+        .unwrap();
+    let pool = sluice_queue::pool::options(1).connect(&pg.url()).await.unwrap();
+    let retire =
+        tokio::spawn(async move { sluice_operator::revocation::set_retired(&pool, "shared", true).await });
+    let probe = sluice_queue::pool::options(1).connect(&pg.url()).await.unwrap();
+    wait_for("the retirement waits for the provisioning", DEADLINE, || {
+        let probe = probe.clone();
+        async move {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO sluice.retired_queue_databases%'",
+            )
+            .fetch_one(&probe)
+            .await
+            .ok()?;
+            (waiting == 1).then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    assert!(!retire.is_finished());
+    provisioning.commit().await.unwrap();
+    retire.await.unwrap().unwrap();
+    // The revocation after it sees the admission.
+    assert_eq!(admission_recorded(&pg), "1");
+
+    // A provisioning after it finds `shared` retired.
+    let mut late = owner.pool().begin().await.unwrap();
+    sqlx::query(sluice_queue::sql::QUEUE_DATABASE_RETIREMENTS_HOLD)
+        .execute(&mut *late)
+        .await
+        .unwrap();
+    assert!(retired(&mut late).await.unwrap());
+    late.rollback().await.unwrap();
+
+    // A QueueDatabase made again under the name takes it back.
+    sluice_operator::revocation::set_retired(owner.pool(), "shared", false)
+        .await
+        .unwrap();
+    assert_eq!(
+        pg.psql("SELECT count(*) FROM sluice.retired_queue_databases"),
+        "0"
+    );
+}
+
+// The end-to-end form of the race above: the tenant parks a JobQueue reconcile on its own queue row
+// (`SELECT … FOR UPDATE`) after the reconcile checked the admission, then is de-admitted; ending its
+// sessions releases the row and the parked reconcile provisions, giving LOGIN back. The record is
+// kept and a later pass revokes again: the role ends unable to log in, and the record gone.
+#[tokio::test]
+async fn a_reconcile_the_tenant_parks_cannot_keep_its_login_past_the_revocation() {
+    let f = fixture().await;
+    let (shop, role, url) = admitted_shop(&f).await;
+    let tenant = sluice_queue::pool::options(1).connect(&url).await.unwrap();
+    let mut held = tenant.begin().await.unwrap();
+    let queue = format!("{}/emails", shop.name());
+    sqlx::query("SELECT 1 FROM sluice.queues WHERE name = $1 FOR UPDATE")
+        .bind(&queue)
+        .fetch_one(&mut *held)
+        .await
+        .unwrap();
+    // A change to the JobQueue: its reconcile passes the admission check and waits on the row.
+    let patch = serde_json::json!({"metadata": {"annotations": {"touched": "1"}}});
+    shop.api::<JobQueue>()
+        .patch(
+            "emails",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+    let probe = sluice_queue::pool::options(1)
+        .connect(&f.pg.url_for("queues"))
+        .await
+        .unwrap();
+    wait_for("the reconcile waits on the tenant's row", DEADLINE, || {
+        let probe = probe.clone();
+        async move {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE wait_event_type = 'Lock' AND query LIKE '%sluice.queues%'",
+            )
+            .fetch_one(&probe)
+            .await
+            .ok()?;
+            (waiting >= 1).then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    label_namespace(&f, &shop, "team", "elsewhere").await;
+    // Whether the parked reconcile provisioned before or after the first pass forgot the record, the
+    // passes end with the role revoked and nothing left to revoke.
+    let api: kube::Api<QueueDatabase> = kube::Api::all(f.env.client());
+    wait_for("the revocation holds, with nothing left", DEADLINE, || {
+        let (api, probe, role, ns) = (api.clone(), probe.clone(), role.clone(), shop.name().to_owned());
+        async move {
+            let qdb = api.get("shared").await.ok()?;
+            let c = qdb.condition("Ready")?;
+            let (recorded, login): (i64, bool) = sqlx::query_as(
+                "SELECT (SELECT count(*) FROM sluice.tenant_admissions WHERE namespace = $1), \
+                        (SELECT rolcanlogin FROM pg_roles WHERE rolname = $2)",
+            )
+            .bind(ns)
+            .bind(role)
+            .fetch_one(&probe)
+            .await
+            .ok()?;
+            (c.status == "True" && recorded == 0 && !login).then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    drop(held);
+    wait_condition(&shop, "emails", "Ready", "False", "NamespaceNotAllowed").await;
     assert_eq!(can_log_in(&f, &role), "f");
 }

@@ -779,6 +779,28 @@ DELETE FROM sluice.tenant_admissions
                     WHERE r.rolname OPERATOR(pg_catalog.=) $3 AND r.rolcanlogin)
 "#;
 
+/// Holds `sluice.retired_queue_databases` until the transaction ends: provisioning through a
+/// QueueDatabase takes it before [`QUEUE_DATABASE_RETIRED`], so a retirement ([`QUEUE_DATABASE_RETIRE`])
+/// waits for the provisionings under way to commit, and those after it see it.
+pub const QUEUE_DATABASE_RETIREMENTS_HOLD: &str = "LOCK TABLE sluice.retired_queue_databases IN SHARE MODE";
+
+/// Whether QueueDatabase `$1` is retired (being deleted: it admits nobody any more).
+pub const QUEUE_DATABASE_RETIRED: &str = r#"
+SELECT EXISTS (SELECT 1 FROM sluice.retired_queue_databases
+                WHERE queue_database OPERATOR(pg_catalog.=) $1)
+"#;
+
+/// Retires QueueDatabase `$1` (it is being deleted); waits for the provisionings under way.
+pub const QUEUE_DATABASE_RETIRE: &str = r#"
+INSERT INTO sluice.retired_queue_databases (queue_database) VALUES ($1)
+ON CONFLICT (queue_database) DO NOTHING
+"#;
+
+/// Takes the name `$1` back for a QueueDatabase made again under it.
+pub const QUEUE_DATABASE_REINSTATE: &str = r#"
+DELETE FROM sluice.retired_queue_databases WHERE queue_database OPERATOR(pg_catalog.=) $1
+"#;
+
 /// Takes LOGIN from role `$1`, namespace `$2`'s registered tenant; whether the role exists.
 pub const TENANT_REVOKE_LOGIN: &str = "SELECT sluice.revoke_tenant_login($1, $2)";
 
@@ -826,6 +848,17 @@ mod tests {
             ("TENANT_ENSURE", TENANT_ENSURE),
             ("TENANT_ROLE_AND_NAMING_KEY", TENANT_ROLE_AND_NAMING_KEY),
             ("TENANT_OF_LOGIN", TENANT_OF_LOGIN),
+            ("TENANT_REGISTRY", TENANT_REGISTRY),
+            ("TENANT_ADMISSIONS_RECORD", TENANT_ADMISSIONS_RECORD),
+            ("TENANT_ADMISSION_FORGET", TENANT_ADMISSION_FORGET),
+            ("TENANT_ADMISSION_FORGET_REVOKED", TENANT_ADMISSION_FORGET_REVOKED),
+            ("TENANT_REVOKE_LOGIN", TENANT_REVOKE_LOGIN),
+            ("TENANT_END_SESSIONS", TENANT_END_SESSIONS),
+            ("TENANT_CAN_LOG_IN", TENANT_CAN_LOG_IN),
+            ("QUEUE_DATABASE_RETIREMENTS_HOLD", QUEUE_DATABASE_RETIREMENTS_HOLD),
+            ("QUEUE_DATABASE_RETIRED", QUEUE_DATABASE_RETIRED),
+            ("QUEUE_DATABASE_RETIRE", QUEUE_DATABASE_RETIRE),
+            ("QUEUE_DATABASE_REINSTATE", QUEUE_DATABASE_REINSTATE),
             ("SCHEDULE_ENSURE", SCHEDULE_ENSURE),
             ("SCHEDULE_LOCK", SCHEDULE_LOCK),
             ("SCHEDULE_ADVANCE", SCHEDULE_ADVANCE),

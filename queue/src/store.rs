@@ -151,7 +151,8 @@ pub struct QueueStore {
     clock: SharedClock,
     /// How long a worker statement may go unanswered (see [`QueueStore::with_answer_deadline`]).
     answer_deadline: Option<Duration>,
-    /// The server-side deadline of completions and releases (see [`QueueStore::with_server_deadline`]).
+    /// The server-side deadline of completions, releases and queue writes (see
+    /// [`QueueStore::with_server_deadline`]).
     server_deadline: Option<Duration>,
 }
 
@@ -181,7 +182,8 @@ impl QueueStore {
     }
 
     /// This store, its completions and releases ([`QueueStore::finish_batch`], [`QueueStore::release`])
-    /// ended by the server itself within `deadline`, for their transaction only: a lock wait after half
+    /// and its writes of a queue's settings and paused flag ([`QueueStore::upsert_queue`],
+    /// [`QueueStore::set_paused`]) ended by the server itself within `deadline`, for their transaction only: a lock wait after half
     /// of it (`lock_timeout`), the statement after four fifths (`statement_timeout`), the transaction
     /// when idle for all of it (`idle_in_transaction_session_timeout`); the database then answers with
     /// an error (or ends the session) instead of waiting on. For a write retried after a try went
@@ -232,10 +234,17 @@ impl QueueStore {
             .bind(s.lease_ms)
             .bind(s.retention_succeeded_ms)
             .bind(s.retention_dead_ms)
-            .bind(s.idempotency_window_ms)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(map_db_error)?;
+            .bind(s.idempotency_window_ms);
+        let row = match self.server_deadline {
+            None => row.fetch_one(&self.pool).await.map_err(map_db_error)?,
+            Some(deadline) => {
+                let mut tx = self.pool.begin().await?;
+                set_server_deadline(&mut tx, deadline).await?;
+                let row = row.fetch_one(&mut *tx).await.map_err(map_db_error)?;
+                tx.commit().await?;
+                row
+            }
+        };
         Ok(row.try_get("created")?)
     }
 
@@ -299,12 +308,18 @@ impl QueueStore {
 
     /// Pauses (no claims) or resumes a queue.
     pub async fn set_paused(&self, name: &str, paused: bool) -> Result<()> {
-        sqlx::query(sql::QUEUE_SET_PAUSED)
-            .bind(name)
-            .bind(paused)
-            .fetch_optional(&self.pool)
-            .await?
-            .map(|_| ())
+        let set = sqlx::query(sql::QUEUE_SET_PAUSED).bind(name).bind(paused);
+        let row = match self.server_deadline {
+            None => set.fetch_optional(&self.pool).await?,
+            Some(deadline) => {
+                let mut tx = self.pool.begin().await?;
+                set_server_deadline(&mut tx, deadline).await?;
+                let row = set.fetch_optional(&mut *tx).await?;
+                tx.commit().await?;
+                row
+            }
+        };
+        row.map(|_| ())
             .ok_or_else(|| Error::NotFound(format!("queue {name:?}")))
     }
 

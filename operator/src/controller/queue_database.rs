@@ -9,6 +9,11 @@
 //!
 //! Deleting a QueueDatabase revokes every namespace it admitted: the finalizer [`FINALIZER`] holds the
 //! object until that is done, so that removing the object is never a way to leave tenants logged in.
+//! Each pass over a deleted QueueDatabase first retires its name in the database
+//! ([`revocation::set_retired`]): provisioning through it is refused from then on, in the database, so a
+//! JobQueue reconcile that read the QueueDatabase before its deletion cannot record an admission after
+//! the revocation. A JobQueue is provisioned through a QueueDatabase only once it carries the finalizer
+//! ([`sluice_crds::queue_database::QueueDatabase::serves`]).
 //! An admin who deletes and re-creates it cuts its namespaces off until their JobQueues are provisioned
 //! again (new passwords, workers rolled). While the owner's Secret cannot be read the finalizer stays:
 //! remove it by hand to delete the object without revoking.
@@ -44,7 +49,7 @@ use crate::{Error, FIELD_MANAGER, Result, revocation, secret, tenant};
 /// The controller's name in metrics and logs.
 pub const CONTROLLER: &str = "queuedatabase";
 /// Holds a deleted QueueDatabase until its namespaces are revoked.
-pub const FINALIZER: &str = "sluice.dev/revoke-tenants";
+pub const FINALIZER: &str = sluice_crds::queue_database::REVOKE_FINALIZER;
 /// How often each QueueDatabase is reconciled when nothing triggers it.
 pub const RECHECK: Duration = Duration::from_secs(60);
 
@@ -109,9 +114,11 @@ pub async fn reconcile(qdb: Arc<QueueDatabase>, ctx: Arc<Context<State>>) -> Res
                 report_sweep(&qdb, &ctx, &report).await;
                 if report.complete() {
                     if deleting {
-                        // Released only after a pass that found nothing left: a JobQueue reconcile
-                        // that read the QueueDatabase before its deletion may have provisioned again
-                        // after the pass that revoked.
+                        // Released after a pass that found nothing left to revoke. Each pass retires
+                        // the QueueDatabase in the database first, which waits for provisionings
+                        // through it under way and refuses later ones, so nothing is admitted after
+                        // the pass that revoked; a revocation a provisioning undid before it is
+                        // incomplete, and retried.
                         if report.revoked.is_empty() && report.released.is_empty() {
                             set_finalizer(&qdb, &ctx, false).await?;
                             return Ok(Action::await_change());
@@ -173,9 +180,14 @@ async fn sweep(qdb: &QueueDatabase, ctx: &Context<State>, deleting: bool) -> Res
         if other.name_any() == name || other.meta().deletion_timestamp.is_some() {
             continue;
         }
-        if let Ok(u) = owner_url(&other, ctx).await
-            && tenant::database_id(&u).as_deref() == Some(database.as_str())
-        {
+        // One whose Secret is missing serves nobody; any other failure to read it fails the sweep
+        // rather than revoke a namespace it may serve.
+        let u = match owner_url(&other, ctx).await {
+            Ok(u) => u,
+            Err(Error::SecretNotFound { .. } | Error::SecretKeyMissing { .. }) => continue,
+            Err(e) => return Err(e),
+        };
+        if tenant::database_id(&u).as_deref() == Some(database.as_str()) {
             others.push(other);
         }
     }
@@ -197,13 +209,20 @@ async fn sweep(qdb: &QueueDatabase, ctx: &Context<State>, deleting: bool) -> Res
             return Ok(revocation::Report::default());
         }
         sluice_queue::schema::migrate(&pool).await?;
+        revocation::set_retired(&pool, &name, deleting).await?;
         revocation::sweep(
             &ctx.client,
             &pool,
             &name,
             &database,
             |ns| !deleting && judged(qdb, ns),
-            |ns| others.iter().any(|o| judged(o, ns)),
+            |ns| {
+                others
+                    .iter()
+                    .filter(|o| judged(o, ns))
+                    .map(|o| o.name_any())
+                    .collect()
+            },
         )
         .await
     }

@@ -25,6 +25,9 @@ use crate::budget::{Budget, Exceeded, endpoint_key};
 pub const DEPTH_CACHE_TTL_DEFAULT: Duration = Duration::from_millis(500);
 /// How long an unused connection to a database stays open.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long the server gives the operator's write of a queue's settings or paused flag (a row lock
+/// waited for half of it): see [`QueueStore::with_server_deadline`].
+pub const QUEUE_WRITE_DEADLINE: Duration = Duration::from_secs(10);
 
 /// A stable, non-secret key for a database URL.
 pub fn database_key(url: &str) -> String {
@@ -133,7 +136,9 @@ impl Databases {
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(key);
         }
-        let store = QueueStore::new(pool);
+        // Bounded by the server: a tenant holding its queue's row (`SELECT … FOR UPDATE`) must not park
+        // the reconcile.
+        let store = QueueStore::new(pool).with_server_deadline(QUEUE_WRITE_DEADLINE);
         store.upsert_queue(settings).await?;
         store.set_paused(&settings.name, paused).await?;
         Ok(())
