@@ -8,9 +8,13 @@
 --   operator writes a row when it provisions a namespace's tenant for a QueueDatabase (in the
 --   provisioning transaction) and for every registered namespace the QueueDatabase admits (also one
 --   with a Secret of its own or a tenant an admin registered by hand); it revokes only namespaces a
---   QueueDatabase admitted once, never one it never admitted. The row goes once the revocation is
---   complete, under the namespace's provisioning lock and only while the role cannot log in (a
---   provisioning under way may give LOGIN back). The owner's alone: no tenant reads it.
+--   QueueDatabase admitted once, never one it never admitted. A revocation marks the row
+--   (`revoked_at`) in the transaction that takes LOGIN, under the namespace's provisioning lock, and
+--   provisioning through that QueueDatabase refuses the namespace while the mark is there: a JobQueue
+--   reconcile that read the namespace as admitted before the revocation cannot give LOGIN back after
+--   it. Only the QueueDatabase's own pass that finds the namespace admitted again clears the mark.
+--   `revocation_complete` says the sessions and Secrets went too (until then every pass tries again).
+--   The owner's alone: no tenant reads it.
 -- - `sluice.retired_queue_databases`: QueueDatabases being deleted (by name). The operator adds the
 --   name before the deletion's last revocation and provisioning refuses a namespace through a retired
 --   QueueDatabase: provisioning holds this table in SHARE mode from its check until it commits, and the
@@ -38,6 +42,8 @@ CREATE TABLE sluice.tenant_admissions (
     namespace text NOT NULL,
     queue_database text NOT NULL,
     admitted_at timestamptz NOT NULL DEFAULT now(),
+    revoked_at timestamptz,
+    revocation_complete boolean NOT NULL DEFAULT false,
     PRIMARY KEY (namespace, queue_database)
 );
 

@@ -8,14 +8,17 @@
 //!
 //! For each namespace the QueueDatabase admitted once and admits no more ([`plan`]):
 //!
-//! 1. NOLOGIN for its registered role, committed on its own, under the namespace's provisioning lock
-//!    (so a provisioning in progress finishes first, and one that follows sees the role revoked);
+//! 1. NOLOGIN for its registered role and the admission marked revoked, committed together on their
+//!    own under the namespace's provisioning lock ([`take_login`]): a provisioning in progress finishes
+//!    first, and one that follows, through this QueueDatabase, finds the mark and refuses the namespace,
+//!    whatever its reconcile read of the namespace's labels before;
 //! 2. its sessions ended, in a separate call whose failure is reported and leaves the NOLOGIN;
 //! 3. the namespace's tenant Secrets for the database deleted (found by label: a Secret the namespace
 //!    relabelled stays, holding a password for a role that cannot log in);
-//! 4. once all of it succeeded, the admission row forgotten, under the namespace's provisioning lock
-//!    and only if the role still cannot log in ([`forget_revoked`]); until then every reconcile tries
-//!    again.
+//! 4. once all of it succeeded, the revocation recorded as complete; until then every pass tries again.
+//!
+//! Only this QueueDatabase's own pass that finds the namespace admitted again clears the mark (and the
+//! namespace's JobQueues are then provisioned anew).
 //!
 //! A namespace another QueueDatabase on the same database still admits keeps its role (it is the
 //! namespace's one role in that database): only this QueueDatabase's Secret goes, and the admission
@@ -48,6 +51,8 @@ pub struct Registered {
     pub namespace: String,
     /// Whether this QueueDatabase admitted the namespace (a row of `sluice.tenant_admissions`).
     pub admitted_by: bool,
+    /// Whether it revoked the namespace completely since it last found it admitted.
+    pub revoked: bool,
 }
 
 /// What a QueueDatabase does about one registered namespace.
@@ -78,7 +83,8 @@ pub enum Step {
 
 /// The steps for `registered`: `admits` is this QueueDatabase's verdict on a namespace (a namespace
 /// that no longer exists is admitted by none), `elsewhere` the other QueueDatabases on the same
-/// database that admit it. Namespaces this QueueDatabase never admitted are left alone; one it admitted
+/// database that admit it. Namespaces this QueueDatabase never admitted, or revoked completely, are
+/// left alone; one it admitted
 /// while it had a registered tenant is recorded ([`sweep`]), whether the operator provisioned it or the
 /// namespace uses a Secret of its own or an admin registered its tenant by hand.
 pub fn plan(
@@ -92,7 +98,7 @@ pub fn plan(
             let namespace = r.namespace.clone();
             if admits(&r.namespace) {
                 Some(Step::Admit { namespace })
-            } else if !r.admitted_by {
+            } else if !r.admitted_by || r.revoked {
                 None
             } else {
                 let to = elsewhere(&r.namespace);
@@ -193,16 +199,15 @@ pub async fn sweep(
         match step {
             Step::Admit { namespace } => report.admitted.push(namespace),
             Step::Revoke { namespace, role } => {
-                let mut done = revoke(client, pool, database, &namespace, &role).await;
-                let forgotten = if done.complete() {
-                    forget_revoked(pool, &namespace, queue_database, &role).await
-                } else {
-                    Ok(true)
-                };
-                match forgotten {
-                    Ok(true) => {}
-                    Ok(false) => done.login = Err(REGRANTED.into()),
-                    Err(e) => report.stopped = Some(e.to_string()),
+                let done = revoke(client, pool, queue_database, database, &namespace, &role).await;
+                if done.complete()
+                    && let Err(e) = sqlx::query(sql::TENANT_ADMISSION_REVOCATION_COMPLETE)
+                        .bind(&namespace)
+                        .bind(queue_database)
+                        .execute(pool)
+                        .await
+                {
+                    report.stopped = Some(db(e).to_string());
                 }
                 report.revoked.push(done);
             }
@@ -241,8 +246,15 @@ pub async fn sweep(
 }
 
 /// Revokes `role`, `namespace`'s tenant: NOLOGIN committed first, then its sessions, then its Secrets.
-async fn revoke(client: &Client, pool: &PgPool, database: &str, namespace: &str, role: &str) -> Revocation {
-    let login = take_login(pool, namespace, role).await;
+async fn revoke(
+    client: &Client,
+    pool: &PgPool,
+    queue_database: &str,
+    database: &str,
+    namespace: &str,
+    role: &str,
+) -> Revocation {
+    let login = take_login(pool, queue_database, namespace, role).await;
     // Sessions are ended even when the NOLOGIN failed: a tenant's sessions never outlive a revocation
     // attempt. Twice when the first call ended some: a backend that passed the login check before the
     // NOLOGIN committed may not have been listed yet.
@@ -262,8 +274,15 @@ async fn revoke(client: &Client, pool: &PgPool, database: &str, namespace: &str,
     done
 }
 
-/// NOLOGIN for `role` in a transaction of its own, under the namespace's provisioning lock.
-async fn take_login(pool: &PgPool, namespace: &str, role: &str) -> Result<bool, String> {
+/// NOLOGIN for `role`, `namespace`'s tenant, and `queue_database`'s admission of the namespace marked
+/// revoked, in a transaction of their own under the namespace's provisioning lock; whether the role
+/// exists. From its commit on, provisioning through `queue_database` refuses the namespace.
+pub async fn take_login(
+    pool: &PgPool,
+    queue_database: &str,
+    namespace: &str,
+    role: &str,
+) -> Result<bool, String> {
     let mut tx = pool.begin().await.map_err(why)?;
     sqlx::query(crate::tenant::SET_LOCK_TIMEOUT)
         .execute(&mut *tx)
@@ -278,6 +297,12 @@ async fn take_login(pool: &PgPool, namespace: &str, role: &str) -> Result<bool, 
         .bind(role)
         .bind(namespace)
         .fetch_one(&mut *tx)
+        .await
+        .map_err(why)?;
+    sqlx::query(sql::TENANT_ADMISSION_MARK_REVOKED)
+        .bind(namespace)
+        .bind(queue_database)
+        .execute(&mut *tx)
         .await
         .map_err(why)?;
     tx.commit().await.map_err(why)?;
@@ -336,47 +361,6 @@ async fn delete_secrets(
         }
     }
     Ok(deleted)
-}
-
-/// Why a revocation is not complete when a provisioning gave the role its login back.
-const REGRANTED: &str = "a provisioning that was under way gave it back; revoked again on the next pass";
-
-/// Forgets that `queue_database` admitted `namespace` once `role` is revoked, under the namespace's
-/// provisioning lock and only while the role cannot log in; whether it did. A provisioning that checked
-/// the admission before the revocation began (a JobQueue reconcile held up, even by the tenant's own
-/// row locks) gives LOGIN back once it gets the lock: before this, the record stays (`false`) and the
-/// next pass revokes again; after this, it records the admission anew under the same lock.
-pub async fn forget_revoked(
-    pool: &PgPool,
-    namespace: &str,
-    queue_database: &str,
-    role: &str,
-) -> Result<bool> {
-    let mut tx = pool.begin().await.map_err(db)?;
-    sqlx::query(crate::tenant::SET_LOCK_TIMEOUT)
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
-    sqlx::query(crate::tenant::LOCK_NAMESPACE)
-        .bind(namespace)
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
-    sqlx::query(sql::TENANT_ADMISSION_FORGET_REVOKED)
-        .bind(namespace)
-        .bind(queue_database)
-        .bind(role)
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
-    let can_log_in: Option<bool> = sqlx::query_scalar(sql::TENANT_CAN_LOG_IN)
-        .bind(role)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(db)?
-        .flatten();
-    tx.commit().await.map_err(db)?;
-    Ok(can_log_in != Some(true))
 }
 
 /// Records that each of `queue_databases` admits `namespace`.
@@ -454,21 +438,30 @@ mod tests {
             role_name: format!("sluice_0123456789_{namespace}"),
             namespace: namespace.into(),
             admitted_by,
+            revoked: false,
         }
     }
 
     #[test]
-    fn only_namespaces_this_queue_database_admitted_and_admits_no_more_are_revoked() {
+    fn only_namespaces_this_queue_database_admitted_and_admits_no_more_are_revoked_once() {
         let rows = [
             registered("shop", true),
             registered("blog", true),
             registered("own-secret", false),
             registered("shared", true),
             registered("new", false),
+            Registered {
+                revoked: true,
+                ..registered("gone", true)
+            },
+            Registered {
+                revoked: true,
+                ..registered("back", true)
+            },
         ];
         let steps = plan(
             &rows,
-            |ns| ns == "shop" || ns == "new",
+            |ns| ns == "shop" || ns == "new" || ns == "back",
             |ns| {
                 if ns == "shared" {
                     vec!["other".to_owned()]
@@ -493,6 +486,9 @@ mod tests {
                 },
                 Step::Admit {
                     namespace: "new".into()
+                },
+                Step::Admit {
+                    namespace: "back".into()
                 },
             ]
         );

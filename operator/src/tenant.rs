@@ -527,6 +527,20 @@ async fn provision_as_owner(
         if retired {
             return Err(Error::QueueDatabaseNotFound { name: qdb.into() });
         }
+        // Nor does one that revoked the namespace, until its own pass finds the namespace admitted
+        // again: this reconcile may have read the namespace's labels before the revocation.
+        let revoked: bool = sqlx::query_scalar(sluice_queue::sql::TENANT_ADMISSION_REVOKED)
+            .bind(&ns)
+            .bind(qdb)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(database)?;
+        if revoked {
+            return Err(Error::NamespaceNotAllowed {
+                name: qdb.into(),
+                namespace: ns.clone(),
+            });
+        }
     }
     // The namespace's registered tenant keeps its role, whatever its name; a new one is named with the
     // database's key. Under the lock, so two reconciles agree.
@@ -593,8 +607,8 @@ async fn provision_as_owner(
     // The QueueDatabase admitting the namespace, recorded where its revocation will look for it
     // (migration 0028), in the transaction that gives the role its login.
     if let Some(qdb) = queue_database {
-        sqlx::query(sluice_queue::sql::TENANT_ADMISSIONS_RECORD)
-            .bind(vec![ns.clone()])
+        sqlx::query(sluice_queue::sql::TENANT_ADMISSION_PROVISIONED)
+            .bind(&ns)
             .bind(qdb)
             .execute(&mut *tx)
             .await

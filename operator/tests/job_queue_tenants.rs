@@ -1484,39 +1484,52 @@ async fn an_invalid_selector_revokes_nothing() {
 }
 
 /// Whether QueueDatabase `shared` still holds its record of admitting namespace `shop`.
-fn admission_recorded(pg: &PgServer) -> String {
+/// Whether QueueDatabase `shared` admitted namespace `shop` and, if so, revoked it since.
+fn admission(pg: &PgServer) -> String {
     pg.psql(
-        "SELECT count(*) FROM sluice.tenant_admissions \
-         WHERE namespace = 'shop' AND queue_database = 'shared'",
+        "SELECT coalesce((SELECT revoked_at IS NOT NULL FROM sluice.tenant_admissions \
+         WHERE namespace = 'shop' AND queue_database = 'shared')::text, 'none')",
     )
 }
 
+/// Whether provisioning through QueueDatabase `shared` refuses namespace `shop`, read as provisioning
+/// reads it: under the namespace's provisioning lock.
+async fn provisioning_refused(owner: &QueueStore) -> bool {
+    let mut tx = owner.pool().begin().await.unwrap();
+    sqlx::query(tenant::LOCK_NAMESPACE)
+        .bind("shop")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query_scalar(sluice_queue::sql::TENANT_ADMISSION_REVOKED)
+        .bind("shop")
+        .bind("shared")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap()
+}
+
 // A JobQueue reconcile that checked the admission before the namespace was de-admitted (held up, even
-// by the tenant's own lock on its queue row) provisions once it gets the namespace's lock: after the
-// revocation's NOLOGIN, before or after its record is forgotten. Either way a record stays for the next
-// pass to revoke the role again.
+// by the tenant's own lock on its queue row) and provisions once it gets the namespace's lock: if it
+// holds the lock first, taking LOGIN waits for it and revokes after; if it comes after, it finds the
+// admission marked revoked and refuses. Only the QueueDatabase's pass that finds the namespace
+// admitted again clears the mark.
 #[tokio::test]
-async fn a_provisioning_under_way_during_a_revocation_leaves_the_record_that_revokes_it_again() {
+async fn a_provisioning_under_way_during_a_revocation_cannot_give_the_login_back() {
     let pg = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
     migrate(&pg.url()).await;
     let owner = connect(&pg.url()).await;
     owner.ensure_tenant("sluice_t_shop", "shop", "pw").await.unwrap();
-    sqlx::query(sluice_queue::sql::TENANT_ADMISSIONS_RECORD)
-        .bind(vec!["shop".to_owned()])
+    sqlx::query(sluice_queue::sql::TENANT_ADMISSION_PROVISIONED)
+        .bind("shop")
         .bind("shared")
         .execute(owner.pool())
         .await
         .unwrap();
-    // The revocation's NOLOGIN.
-    sqlx::query_scalar::<_, bool>(sluice_queue::sql::TENANT_REVOKE_LOGIN)
-        .bind("sluice_t_shop")
-        .bind("shop")
-        .fetch_one(owner.pool())
-        .await
-        .unwrap();
+    assert_eq!(admission(&pg), "false");
+    assert!(!provisioning_refused(&owner).await);
 
-    // A provisioning under way holds the namespace's lock and gives LOGIN back; forgetting waits for it,
-    // then keeps the record.
+    // A provisioning under way holds the namespace's lock and gives LOGIN; taking it waits.
     let mut provisioning = owner.pool().begin().await.unwrap();
     sqlx::query(tenant::LOCK_NAMESPACE)
         .bind("shop")
@@ -1528,11 +1541,11 @@ async fn a_provisioning_under_way_during_a_revocation_leaves_the_record_that_rev
         .await
         .unwrap();
     let pool = sluice_queue::pool::options(1).connect(&pg.url()).await.unwrap();
-    let forget = tokio::spawn(async move {
-        sluice_operator::revocation::forget_revoked(&pool, "shop", "shared", "sluice_t_shop").await
+    let take = tokio::spawn(async move {
+        sluice_operator::revocation::take_login(&pool, "shared", "shop", "sluice_t_shop").await
     });
     let probe = sluice_queue::pool::options(1).connect(&pg.url()).await.unwrap();
-    wait_for("forgetting waits for the namespace's lock", DEADLINE, || {
+    wait_for("taking LOGIN waits for the namespace's lock", DEADLINE, || {
         let probe = probe.clone();
         async move {
             let waiting: i64 = sqlx::query_scalar(
@@ -1548,43 +1561,32 @@ async fn a_provisioning_under_way_during_a_revocation_leaves_the_record_that_rev
     .await
     .unwrap();
     provisioning.commit().await.unwrap();
-    assert!(!forget.await.unwrap().unwrap(), "the record is kept");
-    assert_eq!(admission_recorded(&pg), "1");
-
-    // The next pass revokes again and forgets the record.
-    sqlx::query_scalar::<_, bool>(sluice_queue::sql::TENANT_REVOKE_LOGIN)
-        .bind("sluice_t_shop")
-        .bind("shop")
-        .fetch_one(owner.pool())
-        .await
-        .unwrap();
-    assert!(
-        sluice_operator::revocation::forget_revoked(owner.pool(), "shop", "shared", "sluice_t_shop")
-            .await
-            .unwrap()
+    assert_eq!(take.await.unwrap(), Ok(true));
+    assert_eq!(
+        pg.psql("SELECT rolcanlogin FROM pg_roles WHERE rolname = 'sluice_t_shop'"),
+        "f"
     );
-    assert_eq!(admission_recorded(&pg), "0");
+    assert_eq!(admission(&pg), "true");
 
-    // A provisioning that gets the lock after the record is gone records the admission anew, in the
-    // transaction that gives LOGIN back: the next pass finds it.
-    let mut late = owner.pool().begin().await.unwrap();
-    sqlx::query(tenant::LOCK_NAMESPACE)
+    // A provisioning after it is refused, and its record would not clear the mark.
+    assert!(provisioning_refused(&owner).await);
+    sqlx::query(sluice_queue::sql::TENANT_ADMISSION_PROVISIONED)
         .bind("shop")
-        .execute(&mut *late)
+        .bind("shared")
+        .execute(owner.pool())
         .await
         .unwrap();
-    sqlx::query("ALTER ROLE sluice_t_shop LOGIN")
-        .execute(&mut *late)
-        .await
-        .unwrap();
+    assert_eq!(admission(&pg), "true");
+
+    // The QueueDatabase's pass that finds the namespace admitted again clears it.
     sqlx::query(sluice_queue::sql::TENANT_ADMISSIONS_RECORD)
         .bind(vec!["shop".to_owned()])
         .bind("shared")
-        .execute(&mut *late)
+        .execute(owner.pool())
         .await
         .unwrap();
-    late.commit().await.unwrap();
-    assert_eq!(admission_recorded(&pg), "1");
+    assert_eq!(admission(&pg), "false");
+    assert!(!provisioning_refused(&owner).await);
 }
 
 // A sweep the database stops part way (here it refuses to record an admission, after the revocation)
@@ -1732,7 +1734,7 @@ async fn retiring_a_queue_database_waits_for_provisionings_under_way_and_refuses
     provisioning.commit().await.unwrap();
     retire.await.unwrap().unwrap();
     // The revocation after it sees the admission.
-    assert_eq!(admission_recorded(&pg), "1");
+    assert_eq!(admission(&pg), "false");
 
     // A provisioning after it finds `shared` retired.
     let mut late = owner.pool().begin().await.unwrap();
@@ -1755,8 +1757,8 @@ async fn retiring_a_queue_database_waits_for_provisionings_under_way_and_refuses
 
 // The end-to-end form of the race above: the tenant parks a JobQueue reconcile on its own queue row
 // (`SELECT … FOR UPDATE`) after the reconcile checked the admission, then is de-admitted; ending its
-// sessions releases the row and the parked reconcile provisions, giving LOGIN back. The record is
-// kept and a later pass revokes again: the role ends unable to log in, and the record gone.
+// sessions releases the row and the parked reconcile goes on to provision, after LOGIN was taken: it
+// is refused, and the role stays unable to log in.
 #[tokio::test]
 async fn a_reconcile_the_tenant_parks_cannot_keep_its_login_past_the_revocation() {
     let f = fixture().await;
@@ -1799,16 +1801,15 @@ async fn a_reconcile_the_tenant_parks_cannot_keep_its_login_past_the_revocation(
     .await
     .unwrap();
     label_namespace(&f, &shop, "team", "elsewhere").await;
-    // Whether the parked reconcile provisioned before or after the first pass forgot the record, the
-    // passes end with the role revoked and nothing left to revoke.
     let api: kube::Api<QueueDatabase> = kube::Api::all(f.env.client());
-    wait_for("the revocation holds, with nothing left", DEADLINE, || {
+    wait_for("the revocation is complete", DEADLINE, || {
         let (api, probe, role, ns) = (api.clone(), probe.clone(), role.clone(), shop.name().to_owned());
         async move {
             let qdb = api.get("shared").await.ok()?;
             let c = qdb.condition("Ready")?;
-            let (recorded, login): (i64, bool) = sqlx::query_as(
-                "SELECT (SELECT count(*) FROM sluice.tenant_admissions WHERE namespace = $1), \
+            let (complete, login): (bool, bool) = sqlx::query_as(
+                "SELECT (SELECT revocation_complete FROM sluice.tenant_admissions \
+                          WHERE namespace = $1 AND queue_database = 'shared'), \
                         (SELECT rolcanlogin FROM pg_roles WHERE rolname = $2)",
             )
             .bind(ns)
@@ -1816,7 +1817,7 @@ async fn a_reconcile_the_tenant_parks_cannot_keep_its_login_past_the_revocation(
             .fetch_one(&probe)
             .await
             .ok()?;
-            (c.status == "True" && recorded == 0 && !login).then_some(())
+            (c.status == "True" && complete && !login).then_some(())
         }
     })
     .await

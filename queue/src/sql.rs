@@ -743,22 +743,58 @@ SELECT queue, state, attempt, pg_catalog.pg_current_snapshot()::text AS snapshot
 
 // Revoking tenants (migration 0028). Built-ins are schema-qualified: these run as the schema's owner.
 
-/// Every registered tenant (role, namespace) and whether QueueDatabase `$1` admitted its namespace
-/// (a row of `sluice.tenant_admissions`), by namespace.
+/// Every registered tenant (role, namespace), whether QueueDatabase `$1` admitted its namespace (a row
+/// of `sluice.tenant_admissions`) and whether it revoked it completely since, by namespace.
 pub const TENANT_REGISTRY: &str = r#"
 SELECT t.role_name, t.namespace,
-       EXISTS (SELECT 1 FROM sluice.tenant_admissions a
-                WHERE a.namespace OPERATOR(pg_catalog.=) t.namespace
-                  AND a.queue_database OPERATOR(pg_catalog.=) $1) AS admitted_by
+       a.namespace IS NOT NULL AS admitted_by,
+       coalesce(a.revocation_complete, false) AS revoked
   FROM sluice.tenants t
+  LEFT JOIN sluice.tenant_admissions a
+         ON a.namespace OPERATOR(pg_catalog.=) t.namespace
+        AND a.queue_database OPERATOR(pg_catalog.=) $1
  ORDER BY t.namespace
 "#;
 
-/// Records that QueueDatabase `$2` admitted each namespace of `$1`.
+/// Records that QueueDatabase `$2` admits each namespace of `$1`, as its own pass finds (or another
+/// QueueDatabase's pass passing a namespace on): a revocation's mark is cleared.
 pub const TENANT_ADMISSIONS_RECORD: &str = r#"
 INSERT INTO sluice.tenant_admissions (namespace, queue_database)
 SELECT n, $2 FROM pg_catalog.unnest($1::text[]) AS n
+ON CONFLICT (namespace, queue_database) DO UPDATE
+   SET revoked_at = NULL, revocation_complete = false
+ WHERE sluice.tenant_admissions.revoked_at IS NOT NULL
+"#;
+
+/// Records that QueueDatabase `$2` admitted namespace `$1`, in the provisioning transaction, after
+/// [`TENANT_ADMISSION_REVOKED`] found no mark: an existing row is left as it is.
+pub const TENANT_ADMISSION_PROVISIONED: &str = r#"
+INSERT INTO sluice.tenant_admissions (namespace, queue_database) VALUES ($1, $2)
 ON CONFLICT (namespace, queue_database) DO NOTHING
+"#;
+
+/// Whether QueueDatabase `$2` revoked namespace `$1` and has not found it admitted since: provisioning
+/// through it refuses the namespace (read under the namespace's provisioning lock).
+pub const TENANT_ADMISSION_REVOKED: &str = r#"
+SELECT EXISTS (SELECT 1 FROM sluice.tenant_admissions
+                WHERE namespace OPERATOR(pg_catalog.=) $1 AND queue_database OPERATOR(pg_catalog.=) $2
+                  AND revoked_at IS NOT NULL)
+"#;
+
+/// Marks QueueDatabase `$2`'s admission of namespace `$1` revoked (in the transaction taking LOGIN,
+/// under the namespace's provisioning lock); its revocation is not complete yet.
+pub const TENANT_ADMISSION_MARK_REVOKED: &str = r#"
+UPDATE sluice.tenant_admissions
+   SET revoked_at = coalesce(revoked_at, pg_catalog.now()), revocation_complete = false
+ WHERE namespace OPERATOR(pg_catalog.=) $1 AND queue_database OPERATOR(pg_catalog.=) $2
+"#;
+
+/// Records that the revocation of QueueDatabase `$2`'s admission of namespace `$1` is complete (its
+/// sessions ended and Secrets deleted after the LOGIN), unless a pass cleared the mark since.
+pub const TENANT_ADMISSION_REVOCATION_COMPLETE: &str = r#"
+UPDATE sluice.tenant_admissions SET revocation_complete = true
+ WHERE namespace OPERATOR(pg_catalog.=) $1 AND queue_database OPERATOR(pg_catalog.=) $2
+   AND revoked_at IS NOT NULL
 "#;
 
 /// Forgets that QueueDatabase `$2` admitted namespace `$1` (its Secret released: another
@@ -766,17 +802,6 @@ ON CONFLICT (namespace, queue_database) DO NOTHING
 pub const TENANT_ADMISSION_FORGET: &str = r#"
 DELETE FROM sluice.tenant_admissions
  WHERE namespace OPERATOR(pg_catalog.=) $1 AND queue_database OPERATOR(pg_catalog.=) $2
-"#;
-
-/// Forgets that QueueDatabase `$2` admitted namespace `$1`, whose role `$3` was revoked, only while
-/// that role cannot log in: a provisioning that was under way when the revocation began may have given
-/// LOGIN back, and the record is what makes the next sweep revoke it again. Run under the namespace's
-/// provisioning lock, which provisioning holds while it grants LOGIN and records the admission.
-pub const TENANT_ADMISSION_FORGET_REVOKED: &str = r#"
-DELETE FROM sluice.tenant_admissions
- WHERE namespace OPERATOR(pg_catalog.=) $1 AND queue_database OPERATOR(pg_catalog.=) $2
-   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r
-                    WHERE r.rolname OPERATOR(pg_catalog.=) $3 AND r.rolcanlogin)
 "#;
 
 /// Holds `sluice.retired_queue_databases` until the transaction ends: provisioning through a
@@ -851,7 +876,13 @@ mod tests {
             ("TENANT_REGISTRY", TENANT_REGISTRY),
             ("TENANT_ADMISSIONS_RECORD", TENANT_ADMISSIONS_RECORD),
             ("TENANT_ADMISSION_FORGET", TENANT_ADMISSION_FORGET),
-            ("TENANT_ADMISSION_FORGET_REVOKED", TENANT_ADMISSION_FORGET_REVOKED),
+            ("TENANT_ADMISSION_PROVISIONED", TENANT_ADMISSION_PROVISIONED),
+            ("TENANT_ADMISSION_REVOKED", TENANT_ADMISSION_REVOKED),
+            ("TENANT_ADMISSION_MARK_REVOKED", TENANT_ADMISSION_MARK_REVOKED),
+            (
+                "TENANT_ADMISSION_REVOCATION_COMPLETE",
+                TENANT_ADMISSION_REVOCATION_COMPLETE,
+            ),
             ("TENANT_REVOKE_LOGIN", TENANT_REVOKE_LOGIN),
             ("TENANT_END_SESSIONS", TENANT_END_SESSIONS),
             ("TENANT_CAN_LOG_IN", TENANT_CAN_LOG_IN),

@@ -161,26 +161,52 @@ async fn ending_sessions_under_set_role_leaves_no_membership_and_keeps_the_role(
     sqlx::query("RESET ROLE").execute(&mut *caller).await.unwrap();
 }
 
-// The record of an admission is forgotten only once the role cannot log in: a provisioning that gave
-// LOGIN back during the revocation leaves it for the next pass.
+// A revocation marks the admission; provisioning's record leaves the mark, and only the
+// QueueDatabase's own pass finding the namespace admitted again clears it (and its completion).
 #[tokio::test]
-async fn an_admission_is_forgotten_only_once_the_role_cannot_log_in() {
+async fn a_revoked_admission_stays_marked_until_the_namespace_is_admitted_again() {
     let (pg, owner) = setup().await;
+    let state = || {
+        pg.psql(
+            "SELECT revoked_at IS NOT NULL, revocation_complete FROM sluice.tenant_admissions \
+             WHERE namespace = 'a' AND queue_database = 'shared'",
+        )
+    };
+    let run = |statement: &'static str| sqlx::query(statement).bind("a").bind("shared").execute(&owner);
+    let refused = || {
+        sqlx::query_scalar::<_, bool>(sql::TENANT_ADMISSION_REVOKED)
+            .bind("a")
+            .bind("shared")
+            .fetch_one(&owner)
+    };
+    run(sql::TENANT_ADMISSION_PROVISIONED).await.unwrap();
+    assert_eq!(state(), "f|f");
+    assert!(!refused().await.unwrap());
+    // Completion needs a mark.
+    run(sql::TENANT_ADMISSION_REVOCATION_COMPLETE).await.unwrap();
+    assert_eq!(state(), "f|f");
+    run(sql::TENANT_ADMISSION_MARK_REVOKED).await.unwrap();
+    assert_eq!(state(), "t|f");
+    assert!(refused().await.unwrap());
+    run(sql::TENANT_ADMISSION_REVOCATION_COMPLETE).await.unwrap();
+    assert_eq!(state(), "t|t");
+    run(sql::TENANT_ADMISSION_PROVISIONED).await.unwrap();
+    assert_eq!(state(), "t|t", "provisioning's record leaves the mark");
     sqlx::query(sql::TENANT_ADMISSIONS_RECORD)
         .bind(vec!["a".to_owned()])
         .bind("shared")
         .execute(&owner)
         .await
         .unwrap();
-    let forget = || {
-        sqlx::query(sql::TENANT_ADMISSION_FORGET_REVOKED)
+    assert_eq!(state(), "f|f");
+    assert!(!refused().await.unwrap());
+    // Another QueueDatabase's admission of the namespace is its own.
+    assert!(
+        !sqlx::query_scalar::<_, bool>(sql::TENANT_ADMISSION_REVOKED)
             .bind("a")
-            .bind("shared")
-            .bind("sluice_tenant_a")
-            .execute(&owner)
-    };
-    assert_eq!(forget().await.unwrap().rows_affected(), 0);
-    assert_eq!(revoke(&owner, "sluice_tenant_a", "a").await, Ok(true));
-    assert_eq!(forget().await.unwrap().rows_affected(), 1);
-    assert_eq!(pg.psql("SELECT count(*) FROM sluice.tenant_admissions"), "0");
+            .bind("other")
+            .fetch_one(&owner)
+            .await
+            .unwrap()
+    );
 }
