@@ -1755,16 +1755,20 @@ async fn retiring_a_queue_database_waits_for_provisionings_under_way_and_refuses
     );
 }
 
-// The end-to-end form of the race above: the tenant parks a JobQueue reconcile on its own queue row
-// (`SELECT … FOR UPDATE`) after the reconcile checked the admission, then is de-admitted; ending its
-// sessions releases the row and the parked reconcile goes on to provision, after LOGIN was taken: it
-// is refused, and the role stays unable to log in.
+// The end-to-end form of the race above: a JobQueue reconcile that checked the admission is held up
+// (here on its queue's row, which another session holds with `SELECT … FOR UPDATE`: the tenant can do
+// that to its own queue, though ending its sessions would release it) until after the namespace was
+// de-admitted and its revocation completed. When it goes on to provision, it finds the admission
+// marked revoked and is refused: the role stays unable to log in.
 #[tokio::test]
-async fn a_reconcile_the_tenant_parks_cannot_keep_its_login_past_the_revocation() {
+async fn a_reconcile_held_up_past_the_revocation_cannot_give_the_login_back() {
     let f = fixture().await;
-    let (shop, role, url) = admitted_shop(&f).await;
-    let tenant = sluice_queue::pool::options(1).connect(&url).await.unwrap();
-    let mut held = tenant.begin().await.unwrap();
+    let (shop, role, _url) = admitted_shop(&f).await;
+    let superuser = sluice_queue::pool::options(2)
+        .connect(&f.pg.url_for("queues"))
+        .await
+        .unwrap();
+    let mut held = superuser.begin().await.unwrap();
     let queue = format!("{}/emails", shop.name());
     sqlx::query("SELECT 1 FROM sluice.queues WHERE name = $1 FOR UPDATE")
         .bind(&queue)
@@ -1781,11 +1785,8 @@ async fn a_reconcile_the_tenant_parks_cannot_keep_its_login_past_the_revocation(
         )
         .await
         .unwrap();
-    let probe = sluice_queue::pool::options(1)
-        .connect(&f.pg.url_for("queues"))
-        .await
-        .unwrap();
-    wait_for("the reconcile waits on the tenant's row", DEADLINE, || {
+    let probe = superuser.clone();
+    wait_for("the reconcile waits on the queue's row", DEADLINE, || {
         let probe = probe.clone();
         async move {
             let waiting: i64 = sqlx::query_scalar(
@@ -1822,7 +1823,8 @@ async fn a_reconcile_the_tenant_parks_cannot_keep_its_login_past_the_revocation(
     })
     .await
     .unwrap();
-    drop(held);
+    // The held-up reconcile goes on, and the next one after it reports the namespace refused.
+    held.rollback().await.unwrap();
     wait_condition(&shop, "emails", "Ready", "False", "NamespaceNotAllowed").await;
     assert_eq!(can_log_in(&f, &role), "f");
 }
