@@ -15,13 +15,14 @@
 --   it. Only the QueueDatabase's own pass that finds the namespace admitted again clears the mark.
 --   `revocation_complete` says the sessions and Secrets went too (until then every pass tries again).
 --   The owner's alone: no tenant reads it.
--- - `sluice.retired_queue_databases`: QueueDatabases being deleted (by name). The operator adds the
---   name before the deletion's last revocation and provisioning refuses a namespace through a retired
---   QueueDatabase: provisioning holds this table in SHARE mode from its check until it commits, and the
---   INSERT that retires a name waits for every provisioning under way to commit first, so no admission
---   is recorded after the revocation that is to sweep it (the object is gone after that, and nothing
---   would). A QueueDatabase made again under the name takes it back (the operator deletes the row).
---   The owner's alone.
+-- - `sluice.queue_databases`: the QueueDatabases provisioning went through, by uid (a QueueDatabase
+--   deleted and made again under its name is another one), and when each was retired (it is being
+--   deleted). Provisioning through a QueueDatabase holds its row (`FOR SHARE`, made the first time)
+--   from its check until it commits, and refuses a retired one; retiring it updates the row, which
+--   waits for the provisionings under way to commit, so no admission is recorded after the
+--   revocation that is to sweep it (the object is gone after that, and nothing would). Only
+--   provisionings through that QueueDatabase can delay its retirement. A row per QueueDatabase ever
+--   used; the owner's alone.
 -- - `sluice.revoke_tenant_login(role, namespace)`: NOLOGIN for the namespace's registered tenant, in
 --   its own transaction, so it is committed whatever happens to the sessions. It refuses only what
 --   could hurt someone else: a role not registered for that namespace, the calling login, a superuser.
@@ -49,12 +50,13 @@ CREATE TABLE sluice.tenant_admissions (
 
 REVOKE ALL ON sluice.tenant_admissions FROM PUBLIC;
 
-CREATE TABLE sluice.retired_queue_databases (
-    queue_database text PRIMARY KEY,
-    retired_at timestamptz NOT NULL DEFAULT now()
+CREATE TABLE sluice.queue_databases (
+    uid text PRIMARY KEY,
+    name text NOT NULL,
+    retired_at timestamptz
 );
 
-REVOKE ALL ON sluice.retired_queue_databases FROM PUBLIC;
+REVOKE ALL ON sluice.queue_databases FROM PUBLIC;
 
 CREATE FUNCTION sluice.revoke_tenant_login(p_role text, p_namespace text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE

@@ -81,6 +81,9 @@ pub mod reason {
     /// `JobQueue` `Ready=False`: the QueueDatabase exists but the operator has not taken it over yet
     /// (added its finalizer); nothing is provisioned through it until then.
     pub const QUEUE_DATABASE_PENDING: &str = "QueueDatabasePending";
+    /// `JobQueue` `Ready=False`: the QueueDatabase is being deleted (its namespaces lose their tenant
+    /// logins); nothing is provisioned through it.
+    pub const QUEUE_DATABASE_DELETED: &str = "QueueDatabaseDeleted";
     /// `JobQueue` `Ready=False`: the QueueDatabase's `namespaceSelector` does not admit the JobQueue's
     /// namespace (an absent selector admits none); nothing is provisioned for it.
     pub const NAMESPACE_NOT_ALLOWED: &str = "NamespaceNotAllowed";

@@ -112,6 +112,17 @@ pub enum Error {
         /// The QueueDatabase's name.
         name: String,
     },
+    /// The QueueDatabase is being deleted (or was deleted, and one made again under its name since this
+    /// reconcile read it): nothing is provisioned through it.
+    #[error(
+        "QueueDatabase {name:?} is being deleted (its namespaces lose their tenant logins) or was made \
+         again since: nothing is provisioned through the one being deleted; the JobQueue is reconciled \
+         again when the QueueDatabase changes"
+    )]
+    QueueDatabaseDeleted {
+        /// The QueueDatabase's name.
+        name: String,
+    },
     /// The QueueDatabase's `namespaceSelector` does not admit the JobQueue's namespace.
     #[error(
         "QueueDatabase {name:?} does not admit namespace {namespace}: its spec.namespaceSelector must \
@@ -227,6 +238,7 @@ impl Error {
             Error::NotOwned { .. } => "not_owned",
             Error::QueueDatabaseNotFound { .. } => "queue_database_not_found",
             Error::QueueDatabasePending { .. } => "queue_database_pending",
+            Error::QueueDatabaseDeleted { .. } => "queue_database_deleted",
             Error::NamespaceNotAllowed { .. } | Error::QueueDatabaseSelectorInvalid { .. } => {
                 "namespace_not_allowed"
             }
@@ -252,6 +264,7 @@ impl Error {
             Error::NotOwned { .. } => reason::OBJECT_NOT_OWNED,
             Error::QueueDatabaseNotFound { .. } => reason::QUEUE_DATABASE_NOT_FOUND,
             Error::QueueDatabasePending { .. } => reason::QUEUE_DATABASE_PENDING,
+            Error::QueueDatabaseDeleted { .. } => reason::QUEUE_DATABASE_DELETED,
             Error::NamespaceNotAllowed { .. } | Error::QueueDatabaseSelectorInvalid { .. } => {
                 reason::NAMESPACE_NOT_ALLOWED
             }

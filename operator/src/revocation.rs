@@ -53,6 +53,8 @@ pub struct Registered {
     pub admitted_by: bool,
     /// Whether it revoked the namespace completely since it last found it admitted.
     pub revoked: bool,
+    /// Whether the role, unable to log in, still has sessions.
+    pub sessions_left: bool,
 }
 
 /// What a QueueDatabase does about one registered namespace.
@@ -66,6 +68,14 @@ pub enum Step {
     /// It admitted the namespace and admits it no more, and no other QueueDatabase on the database
     /// does: the role is revoked.
     Revoke {
+        /// The namespace.
+        namespace: String,
+        /// Its registered role.
+        role: String,
+    },
+    /// It revoked the namespace, whose role still has sessions (one that passed the login check as
+    /// LOGIN was taken, not listed yet when its sessions were ended): they are ended.
+    EndSessions {
         /// The namespace.
         namespace: String,
         /// Its registered role.
@@ -98,8 +108,13 @@ pub fn plan(
             let namespace = r.namespace.clone();
             if admits(&r.namespace) {
                 Some(Step::Admit { namespace })
-            } else if !r.admitted_by || r.revoked {
+            } else if !r.admitted_by {
                 None
+            } else if r.revoked {
+                r.sessions_left.then(|| Step::EndSessions {
+                    namespace,
+                    role: r.role_name.clone(),
+                })
             } else {
                 let to = elsewhere(&r.namespace);
                 if to.is_empty() {
@@ -165,17 +180,24 @@ pub struct Report {
     pub revoked: Vec<Revocation>,
     /// Namespaces left to another QueueDatabase on the same database: its Secret deleted, or why not.
     pub released: Vec<(String, Result<usize, String>)>,
+    /// Namespaces revoked before whose role still had sessions: how many were ended, or why not.
+    pub lingering: Vec<(String, Result<i32, String>)>,
     /// Why the sweep stopped before the end (the database refused to forget or record an admission):
     /// what it did before that is listed above all the same.
     pub stopped: Option<String>,
+    /// Why a QueueDatabase being deleted could not be retired in the database ([`retire`]) before the
+    /// sweep.
+    pub unretired: Option<String>,
 }
 
 impl Report {
     /// Whether every revocation and release is complete.
     pub fn complete(&self) -> bool {
         self.stopped.is_none()
+            && self.unretired.is_none()
             && self.revoked.iter().all(Revocation::complete)
             && self.released.iter().all(|(_, r)| r.is_ok())
+            && self.lingering.iter().all(|(_, r)| r.is_ok())
     }
 }
 
@@ -210,6 +232,11 @@ pub async fn sweep(
                     report.stopped = Some(db(e).to_string());
                 }
                 report.revoked.push(done);
+            }
+            Step::EndSessions { namespace, role } => {
+                let ended = end_sessions(pool, &namespace, &role).await;
+                tracing::info!(namespace, role, ?ended, "sessions of a revoked tenant ended");
+                report.lingering.push((namespace, ended));
             }
             Step::Release { namespace, to } => {
                 // The admission passes to the others before this one's is forgotten: the namespace is
@@ -337,10 +364,19 @@ async fn delete_secrets(
 ) -> Result<usize, String> {
     let secrets = Api::<Secret>::namespaced(client.clone(), namespace);
     let labels = format!("{MANAGED_BY}={MANAGED_BY_VALUE},{DATABASE_LABEL}={database}");
-    let found = secrets
-        .list(&ListParams::default().labels(&labels))
-        .await
-        .map_err(|e| e.to_string())?;
+    let found = match secrets.list(&ListParams::default().labels(&labels)).await {
+        Ok(found) => found,
+        // Where the operator may not list Secrets it may not have written one either (its RBAC,
+        // `rbac.secretNamespaces`): a tenant registered by hand for such a namespace.
+        Err(kube::Error::Api(e)) if e.code == 403 => {
+            tracing::info!(
+                namespace,
+                "the operator may not list Secrets here; it wrote no tenant Secret"
+            );
+            return Ok(0);
+        }
+        Err(e) => return Err(e.to_string()),
+    };
     let mut deleted = 0;
     for s in found
         .items
@@ -376,17 +412,17 @@ async fn record(pool: &PgPool, namespace: &str, queue_databases: &[String]) -> R
     Ok(())
 }
 
-/// Retires `queue_database` (`retired`: it is being deleted), or takes its name back for a
-/// QueueDatabase made again under it, in `sluice.retired_queue_databases` (migration 0028). Retiring
-/// waits, within the lock timeout, for the provisionings through it under way to commit: after it, no
-/// new admission of it is recorded, so the revocation that follows sees every one.
-pub async fn set_retired(pool: &PgPool, queue_database: &str, retired: bool) -> Result<()> {
-    let is: bool = sqlx::query_scalar(sql::QUEUE_DATABASE_RETIRED)
-        .bind(queue_database)
+/// Retires the QueueDatabase with uid `uid`, named `name` (it is being deleted), in
+/// `sluice.queue_databases` (migration 0028), unless it is already: waits, within the lock timeout, for
+/// the provisionings through it under way to commit; after it, none records an admission of it, so the
+/// revocation that follows sees every one.
+pub async fn retire(pool: &PgPool, uid: &str, name: &str) -> Result<()> {
+    let retired: bool = sqlx::query_scalar(sql::QUEUE_DATABASE_RETIRED)
+        .bind(uid)
         .fetch_one(pool)
         .await
         .map_err(db)?;
-    if is == retired {
+    if retired {
         return Ok(());
     }
     let mut tx = pool.begin().await.map_err(db)?;
@@ -394,15 +430,12 @@ pub async fn set_retired(pool: &PgPool, queue_database: &str, retired: bool) -> 
         .execute(&mut *tx)
         .await
         .map_err(db)?;
-    sqlx::query(if retired {
-        sql::QUEUE_DATABASE_RETIRE
-    } else {
-        sql::QUEUE_DATABASE_REINSTATE
-    })
-    .bind(queue_database)
-    .execute(&mut *tx)
-    .await
-    .map_err(db)?;
+    sqlx::query(sql::QUEUE_DATABASE_RETIRE)
+        .bind(uid)
+        .bind(name)
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?;
     tx.commit().await.map_err(db)
 }
 
@@ -439,6 +472,7 @@ mod tests {
             namespace: namespace.into(),
             admitted_by,
             revoked: false,
+            sessions_left: false,
         }
     }
 
@@ -457,6 +491,11 @@ mod tests {
             Registered {
                 revoked: true,
                 ..registered("back", true)
+            },
+            Registered {
+                revoked: true,
+                sessions_left: true,
+                ..registered("lingering", true)
             },
         ];
         let steps = plan(
@@ -489,6 +528,10 @@ mod tests {
                 },
                 Step::Admit {
                     namespace: "back".into()
+                },
+                Step::EndSessions {
+                    namespace: "lingering".into(),
+                    role: "sluice_0123456789_lingering".into()
                 },
             ]
         );

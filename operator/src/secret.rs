@@ -48,24 +48,52 @@ pub async fn read_url(
 /// The URL the operator connects to `jq`'s database with: `spec.database.secretRef`'s in the JobQueue's
 /// namespace, or for `spec.database.queueDatabaseRef` the QueueDatabase's (its Secret in
 /// `operator_namespace`), once the QueueDatabase is found and admits the JobQueue's namespace
-/// and taken over by the operator ([`Error::QueueDatabaseNotFound`], [`Error::QueueDatabasePending`],
-/// [`Error::NamespaceNotAllowed`], [`Error::QueueDatabaseSelectorInvalid`]). A spec naming no single source
+/// and taken over by the operator and not being deleted ([`Error::QueueDatabaseNotFound`],
+/// [`Error::QueueDatabasePending`], [`Error::QueueDatabaseDeleted`], [`Error::NamespaceNotAllowed`],
+/// [`Error::QueueDatabaseSelectorInvalid`]). A spec naming no single source
 /// is the render's to refuse; here it reads as a missing Secret.
 pub async fn database_url(client: &Client, operator_namespace: &str, jq: &JobQueue) -> Result<String> {
+    Ok(database_source(client, operator_namespace, jq).await?.0)
+}
+
+/// The QueueDatabase a JobQueue's URL came from, as [`database_source`] read it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Admitting {
+    /// Its name.
+    pub name: String,
+    /// Its `metadata.uid`: a QueueDatabase deleted and made again under its name is another one.
+    pub uid: String,
+}
+
+/// [`database_url`], and for `spec.database.queueDatabaseRef` the QueueDatabase that admitted the
+/// namespace.
+pub async fn database_source(
+    client: &Client,
+    operator_namespace: &str,
+    jq: &JobQueue,
+) -> Result<(String, Option<Admitting>)> {
     let ns = jq.namespace_or_default();
     match jq.spec.database.source() {
-        Some(DatabaseSource::SecretRef(r)) => read_url(client, ns, r, DATABASE_SECRET_FIELD).await,
+        Some(DatabaseSource::SecretRef(r)) => {
+            Ok((read_url(client, ns, r, DATABASE_SECRET_FIELD).await?, None))
+        }
         Some(DatabaseSource::QueueDatabase(name)) => {
-            // One being deleted serves nobody: its finalizer is revoking its namespaces. Nor does one
-            // the operator has not taken over yet: deleting it would revoke nothing.
             let qdb = Api::<QueueDatabase>::all(client.clone())
                 .get_opt(name)
                 .await?
-                .filter(|q| q.metadata.deletion_timestamp.is_none())
                 .ok_or_else(|| Error::QueueDatabaseNotFound { name: name.into() })?;
+            // One being deleted serves nobody: its finalizer is revoking its namespaces. Nor does one
+            // the operator has not taken over yet: deleting it would revoke nothing.
+            if qdb.metadata.deletion_timestamp.is_some() {
+                return Err(Error::QueueDatabaseDeleted { name: name.into() });
+            }
             if !qdb.serves() {
                 return Err(Error::QueueDatabasePending { name: name.into() });
             }
+            let admitting = Admitting {
+                name: name.into(),
+                uid: qdb.metadata.uid.clone().unwrap_or_default(),
+            };
             let labels = Api::<Namespace>::all(client.clone())
                 .get_opt(ns)
                 .await?
@@ -87,7 +115,8 @@ pub async fn database_url(client: &Client, operator_namespace: &str, jq: &JobQue
                 }
             }
             let field = format!("QueueDatabase {name:?} spec.secretRef (an administrator must fix it)");
-            read_url(client, operator_namespace, &qdb.spec.secret_ref, &field).await
+            let url = read_url(client, operator_namespace, &qdb.spec.secret_ref, &field).await?;
+            Ok((url, Some(admitting)))
         }
         None => Err(Error::SecretNotFound {
             namespace: ns.into(),

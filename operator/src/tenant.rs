@@ -53,6 +53,7 @@ use sluice_crds::{
 use sqlx::PgPool;
 
 use crate::digest::short_hash;
+use crate::secret::Admitting;
 use crate::{Error, Result};
 
 /// Prefix of the tenant roles the operator names ([`role_name`]); tenants an earlier release made keep
@@ -320,6 +321,7 @@ pub async fn provision(
     done: &Provisioned,
     jq: &JobQueue,
     owner_url: &str,
+    admitting: Option<&Admitting>,
 ) -> Result<(TenantLogin, String, Option<String>)> {
     let ns = jq.namespace().unwrap_or_default();
     let not_provisioned = |why: String| Error::TenantNotProvisioned {
@@ -360,7 +362,7 @@ pub async fn provision(
     let attempts = async {
         let mut attempt = 1;
         loop {
-            match provision_as_owner(client, pool, done, jq, owner_url).await {
+            match provision_as_owner(client, pool, done, jq, owner_url, admitting).await {
                 Err(Error::Kube(kube::Error::Api(s))) if s.code == 409 && attempt < SECRET_WRITE_ATTEMPTS => {
                     attempt += 1;
                 }
@@ -412,6 +414,7 @@ async fn provision_as_owner(
     done: &Provisioned,
     jq: &JobQueue,
     owner_url: &str,
+    admitting: Option<&Admitting>,
 ) -> Result<(String, String)> {
     let ns = jq.namespace().unwrap_or_default();
     let name = jq_secret_name(jq);
@@ -426,6 +429,12 @@ async fn provision_as_owner(
     let queue_database = match jq.spec.database.source() {
         Some(DatabaseSource::QueueDatabase(q)) => Some(q),
         _ => None,
+    };
+    // Provisioning through a QueueDatabase needs the one that admitted the namespace.
+    let admitting = match (queue_database, admitting) {
+        (Some(q), Some(a)) if a.name == q && !a.uid.is_empty() => Some(a),
+        (Some(q), _) => return Err(Error::QueueDatabaseNotFound { name: q.into() }),
+        (None, _) => None,
     };
     let not_provisioned = |role: Option<&str>, why: String| Error::TenantNotProvisioned {
         namespace: ns.clone(),
@@ -511,37 +520,6 @@ async fn provision_as_owner(
                 _ => database(e),
             },
         )?;
-    // A QueueDatabase being deleted admits nobody, whatever this reconcile read of it before: the table
-    // of retired QueueDatabases is held until the commit, so the retirement waits for this provisioning
-    // to commit (and the deletion's revocation then sees its admission) or this one sees it retired.
-    if let Some(qdb) = queue_database {
-        sqlx::query(sluice_queue::sql::QUEUE_DATABASE_RETIREMENTS_HOLD)
-            .execute(&mut *tx)
-            .await
-            .map_err(database)?;
-        let retired: bool = sqlx::query_scalar(sluice_queue::sql::QUEUE_DATABASE_RETIRED)
-            .bind(qdb)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(database)?;
-        if retired {
-            return Err(Error::QueueDatabaseNotFound { name: qdb.into() });
-        }
-        // Nor does one that revoked the namespace, until its own pass finds the namespace admitted
-        // again: this reconcile may have read the namespace's labels before the revocation.
-        let revoked: bool = sqlx::query_scalar(sluice_queue::sql::TENANT_ADMISSION_REVOKED)
-            .bind(&ns)
-            .bind(qdb)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(database)?;
-        if revoked {
-            return Err(Error::NamespaceNotAllowed {
-                name: qdb.into(),
-                namespace: ns.clone(),
-            });
-        }
-    }
     // The namespace's registered tenant keeps its role, whatever its name; a new one is named with the
     // database's key. Under the lock, so two reconciles agree.
     let (registered, key): (Option<String>, Option<String>) =
@@ -593,6 +571,9 @@ async fn provision_as_owner(
     };
     let verifier = scram_verifier(&password)?;
     let hash = password_hash(&password);
+    if let Some(admitting) = admitting {
+        admitted_still(&mut tx, admitting, &ns).await?;
+    }
     // The role gets the password's SCRAM verifier, never the password.
     sqlx::query(sluice_queue::sql::TENANT_ENSURE)
         .bind(&role)
@@ -661,6 +642,51 @@ async fn provision_as_owner(
         .insert(memo(&written));
     tracing::info!(namespace = %ns, role = %role, secret = %name, "tenant role ensured");
     Ok((role, hash))
+}
+
+/// Refuses to provision `namespace` through the QueueDatabase `admitting` (in provisioning's
+/// transaction `tx`, under the namespace's lock, right before LOGIN is given) when the database says it
+/// admits it no more, whatever this reconcile read of the QueueDatabase and the namespace's labels
+/// before:
+/// - the QueueDatabase was retired (it is being deleted). Its row of `sluice.queue_databases` is held
+///   until the commit, so a retirement waits for this provisioning (and the deletion's revocation then
+///   sees its admission), or this one sees it retired ([`Error::QueueDatabaseDeleted`]);
+/// - it revoked the namespace, and its own pass has not found the namespace admitted again since
+///   ([`Error::NamespaceNotAllowed`]).
+async fn admitted_still(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    admitting: &Admitting,
+    namespace: &str,
+) -> Result<()> {
+    sqlx::query(sluice_queue::sql::QUEUE_DATABASE_REGISTER)
+        .bind(&admitting.uid)
+        .bind(&admitting.name)
+        .execute(&mut **tx)
+        .await
+        .map_err(database)?;
+    let retired: bool = sqlx::query_scalar(sluice_queue::sql::QUEUE_DATABASE_HELD_RETIRED)
+        .bind(&admitting.uid)
+        .fetch_one(&mut **tx)
+        .await
+        .map_err(database)?;
+    if retired {
+        return Err(Error::QueueDatabaseDeleted {
+            name: admitting.name.clone(),
+        });
+    }
+    let revoked: bool = sqlx::query_scalar(sluice_queue::sql::TENANT_ADMISSION_REVOKED)
+        .bind(namespace)
+        .bind(&admitting.name)
+        .fetch_one(&mut **tx)
+        .await
+        .map_err(database)?;
+    if revoked {
+        return Err(Error::NamespaceNotAllowed {
+            name: admitting.name.clone(),
+            namespace: namespace.into(),
+        });
+    }
+    Ok(())
 }
 
 /// Whether `role` exists and may log in (one catalog read).

@@ -744,11 +744,16 @@ SELECT queue, state, attempt, pg_catalog.pg_current_snapshot()::text AS snapshot
 // Revoking tenants (migration 0028). Built-ins are schema-qualified: these run as the schema's owner.
 
 /// Every registered tenant (role, namespace), whether QueueDatabase `$1` admitted its namespace (a row
-/// of `sluice.tenant_admissions`) and whether it revoked it completely since, by namespace.
+/// of `sluice.tenant_admissions`), whether it revoked it completely since, and whether the role, unable
+/// to log in, still has sessions (one that passed the login check as LOGIN was taken, and was not listed
+/// yet when the sessions were ended), by namespace.
 pub const TENANT_REGISTRY: &str = r#"
 SELECT t.role_name, t.namespace,
        a.namespace IS NOT NULL AS admitted_by,
-       coalesce(a.revocation_complete, false) AS revoked
+       coalesce(a.revocation_complete, false) AS revoked,
+       EXISTS (SELECT 1 FROM pg_catalog.pg_roles r
+                 JOIN pg_catalog.pg_stat_activity s ON s.usesysid OPERATOR(pg_catalog.=) r.oid
+                WHERE r.rolname OPERATOR(pg_catalog.=) t.role_name AND NOT r.rolcanlogin) AS sessions_left
   FROM sluice.tenants t
   LEFT JOIN sluice.tenant_admissions a
          ON a.namespace OPERATOR(pg_catalog.=) t.namespace
@@ -804,26 +809,32 @@ DELETE FROM sluice.tenant_admissions
  WHERE namespace OPERATOR(pg_catalog.=) $1 AND queue_database OPERATOR(pg_catalog.=) $2
 "#;
 
-/// Holds `sluice.retired_queue_databases` until the transaction ends: provisioning through a
-/// QueueDatabase takes it before [`QUEUE_DATABASE_RETIRED`], so a retirement ([`QUEUE_DATABASE_RETIRE`])
-/// waits for the provisionings under way to commit, and those after it see it.
-pub const QUEUE_DATABASE_RETIREMENTS_HOLD: &str = "LOCK TABLE sluice.retired_queue_databases IN SHARE MODE";
+/// Registers QueueDatabase uid `$1`, named `$2`, the first time a provisioning goes through it.
+pub const QUEUE_DATABASE_REGISTER: &str = r#"
+INSERT INTO sluice.queue_databases (uid, name) VALUES ($1, $2)
+ON CONFLICT (uid) DO NOTHING
+"#;
 
-/// Whether QueueDatabase `$1` is retired (being deleted: it admits nobody any more).
+/// Whether QueueDatabase uid `$1` is retired, holding its row until the transaction ends: provisioning
+/// through it reads this before it gives LOGIN, so a retirement ([`QUEUE_DATABASE_RETIRE`]) waits for
+/// the provisionings under way to commit, and those after it see it.
+pub const QUEUE_DATABASE_HELD_RETIRED: &str = r#"
+SELECT retired_at IS NOT NULL FROM sluice.queue_databases
+ WHERE uid OPERATOR(pg_catalog.=) $1
+   FOR SHARE
+"#;
+
+/// Whether QueueDatabase uid `$1` is retired (no row: it is not).
 pub const QUEUE_DATABASE_RETIRED: &str = r#"
-SELECT EXISTS (SELECT 1 FROM sluice.retired_queue_databases
-                WHERE queue_database OPERATOR(pg_catalog.=) $1)
+SELECT EXISTS (SELECT 1 FROM sluice.queue_databases
+                WHERE uid OPERATOR(pg_catalog.=) $1 AND retired_at IS NOT NULL)
 "#;
 
-/// Retires QueueDatabase `$1` (it is being deleted); waits for the provisionings under way.
+/// Retires QueueDatabase uid `$1`, named `$2` (it is being deleted); waits for the provisionings
+/// through it under way.
 pub const QUEUE_DATABASE_RETIRE: &str = r#"
-INSERT INTO sluice.retired_queue_databases (queue_database) VALUES ($1)
-ON CONFLICT (queue_database) DO NOTHING
-"#;
-
-/// Takes the name `$1` back for a QueueDatabase made again under it.
-pub const QUEUE_DATABASE_REINSTATE: &str = r#"
-DELETE FROM sluice.retired_queue_databases WHERE queue_database OPERATOR(pg_catalog.=) $1
+INSERT INTO sluice.queue_databases AS q (uid, name, retired_at) VALUES ($1, $2, pg_catalog.now())
+ON CONFLICT (uid) DO UPDATE SET retired_at = coalesce(q.retired_at, pg_catalog.now())
 "#;
 
 /// Takes LOGIN from role `$1`, namespace `$2`'s registered tenant; whether the role exists.
@@ -886,10 +897,10 @@ mod tests {
             ("TENANT_REVOKE_LOGIN", TENANT_REVOKE_LOGIN),
             ("TENANT_END_SESSIONS", TENANT_END_SESSIONS),
             ("TENANT_CAN_LOG_IN", TENANT_CAN_LOG_IN),
-            ("QUEUE_DATABASE_RETIREMENTS_HOLD", QUEUE_DATABASE_RETIREMENTS_HOLD),
+            ("QUEUE_DATABASE_REGISTER", QUEUE_DATABASE_REGISTER),
+            ("QUEUE_DATABASE_HELD_RETIRED", QUEUE_DATABASE_HELD_RETIRED),
             ("QUEUE_DATABASE_RETIRED", QUEUE_DATABASE_RETIRED),
             ("QUEUE_DATABASE_RETIRE", QUEUE_DATABASE_RETIRE),
-            ("QUEUE_DATABASE_REINSTATE", QUEUE_DATABASE_REINSTATE),
             ("SCHEDULE_ENSURE", SCHEDULE_ENSURE),
             ("SCHEDULE_LOCK", SCHEDULE_LOCK),
             ("SCHEDULE_ADVANCE", SCHEDULE_ADVANCE),

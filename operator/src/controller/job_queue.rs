@@ -291,21 +291,22 @@ async fn steps(jq: &JobQueue, ctx: &Context<State>) -> Result<Action> {
     let now = ctx.now_ms();
     // A QueueDatabase's admission first: a namespace it does not admit is refused (and its workers
     // stopped) whatever its spec holds, so nothing the namespace writes keeps it past that check.
-    let admitted_url = match jq.spec.database.source() {
+    let admitted = match jq.spec.database.source() {
         Some(DatabaseSource::QueueDatabase(_)) => {
-            Some(secret::database_url(&ctx.client, &ctx.state.settings.namespace, jq).await?)
+            Some(secret::database_source(&ctx.client, &ctx.state.settings.namespace, jq).await?)
         }
         _ => None,
     };
     // Render next: a spec that cannot run needs no database round trip to be reported.
     render_worker_deployment(jq, &ctx.state.settings.sidecar, None)?;
-    let url = match admitted_url {
-        Some(url) => url,
-        None => secret::database_url(&ctx.client, &ctx.state.settings.namespace, jq).await?,
+    let (url, admitting) = match admitted {
+        Some(source) => source,
+        None => secret::database_source(&ctx.client, &ctx.state.settings.namespace, jq).await?,
     };
     admit_database(jq, ctx, &url)?;
     prepare_database(jq, ctx, &url).await?;
-    let (tenant_login, password_hash, tenant_note) = provision_tenant(jq, ctx, &url).await?;
+    let (tenant_login, password_hash, tenant_note) =
+        provision_tenant(jq, ctx, &url, admitting.as_ref()).await?;
     // Workers and the status follow what provisioning found (the cached object's status may be older).
     let with_login;
     let jq = if let Some((login, role)) = tenant_login
@@ -391,12 +392,13 @@ async fn provision_tenant(
     jq: &JobQueue,
     ctx: &Context<State>,
     url: &str,
+    admitting: Option<&secret::Admitting>,
 ) -> Result<(Option<(TenantLogin, String)>, Option<String>, Option<String>)> {
     if jq.spec.database.row_level_security == RowLevelSecurity::Disabled {
         return Ok((None, None, None));
     }
     let pool = ctx.state.settings.databases.pool(url)?;
-    match tenant::provision(&ctx.client, &pool, &ctx.state.tenants, jq, url).await {
+    match tenant::provision(&ctx.client, &pool, &ctx.state.tenants, jq, url, admitting).await {
         Ok((login, role, hash)) => Ok((Some((login, role)), hash, None)),
         Err(e) => {
             if matches!(e, Error::TenantNotProvisioned { .. } | Error::Database(_))

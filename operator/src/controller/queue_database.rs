@@ -9,8 +9,8 @@
 //!
 //! Deleting a QueueDatabase revokes every namespace it admitted: the finalizer [`FINALIZER`] holds the
 //! object until that is done, so that removing the object is never a way to leave tenants logged in.
-//! Each pass over a deleted QueueDatabase first retires its name in the database
-//! ([`revocation::set_retired`]): provisioning through it is refused from then on, in the database, so a
+//! Each pass over a deleted QueueDatabase first retires it in the database, by uid
+//! ([`revocation::retire`]): provisioning through it is refused from then on, in the database, so a
 //! JobQueue reconcile that read the QueueDatabase before its deletion cannot record an admission after
 //! the revocation. A JobQueue is provisioned through a QueueDatabase only once it carries the finalizer
 //! ([`sluice_crds::queue_database::QueueDatabase::serves`]).
@@ -177,7 +177,9 @@ async fn sweep(qdb: &QueueDatabase, ctx: &Context<State>, deleting: bool) -> Res
         .await?
         .items
     {
-        if other.name_any() == name || other.meta().deletion_timestamp.is_some() {
+        // Only one the operator has taken over and that is not being deleted: an admission passed to
+        // any other might never be swept.
+        if other.name_any() == name || !other.serves() {
             continue;
         }
         // One whose Secret is missing serves nobody; any other failure to read it fails the sweep
@@ -208,9 +210,20 @@ async fn sweep(qdb: &QueueDatabase, ctx: &Context<State>, deleting: bool) -> Res
             // No schema yet: no tenant to revoke.
             return Ok(revocation::Report::default());
         }
-        sluice_queue::schema::migrate(&pool).await?;
-        revocation::set_retired(&pool, &name, deleting).await?;
-        revocation::sweep(
+        migrate_or_revoke_as_is(&pool, &url).await?;
+        // Retired first, so that no provisioning through it records an admission after this pass;
+        // revoked all the same when that fails (a provisioning through it held it past the lock
+        // timeout), the finalizer staying until a pass has done both.
+        let unretired = if deleting {
+            let uid = qdb.meta().uid.clone().unwrap_or_default();
+            revocation::retire(&pool, &uid, &name)
+                .await
+                .err()
+                .map(|e| e.to_string())
+        } else {
+            None
+        };
+        let mut report = revocation::sweep(
             &ctx.client,
             &pool,
             &name,
@@ -224,11 +237,50 @@ async fn sweep(qdb: &QueueDatabase, ctx: &Context<State>, deleting: bool) -> Res
                     .collect()
             },
         )
-        .await
+        .await?;
+        report.unretired = unretired;
+        Ok(report)
     }
     .await;
     pool.close().await;
     result
+}
+
+/// How long a pass waits to bring the schema up to date (the migrator's lock is an advisory lock any
+/// login may take) before it revokes with the schema as it is.
+pub const MIGRATE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Brings the schema at `url` up to date within [`MIGRATE_TIMEOUT`], on a connection of its own; when
+/// that fails but the schema already has what revoking needs (migration 0028), goes on with it.
+async fn migrate_or_revoke_as_is(pool: &sqlx::PgPool, url: &str) -> Result<()> {
+    let migrated = async {
+        let own = sluice_queue::pool::options(1)
+            .connect(url)
+            .await
+            .map_err(|e| Error::Database(sluice_queue::store::map_db_error(e)))?;
+        let result = tokio::time::timeout(MIGRATE_TIMEOUT, sluice_queue::schema::migrate(&own)).await;
+        own.close().await;
+        match result {
+            Ok(r) => r.map_err(Error::from),
+            Err(_) => Err(Error::Database(sluice_queue::Error::Invalid(format!(
+                "bringing the schema up to date took longer than {}s (another session holds the \
+                 migrator's lock?)",
+                MIGRATE_TIMEOUT.as_secs()
+            )))),
+        }
+    }
+    .await;
+    let Err(e) = migrated else { return Ok(()) };
+    let revocable: Option<String> =
+        sqlx::query_scalar("SELECT pg_catalog.to_regclass('sluice.queue_databases')::text")
+            .fetch_one(pool)
+            .await
+            .map_err(|e| Error::Database(sluice_queue::store::map_db_error(e)))?;
+    if revocable.is_none() {
+        return Err(e);
+    }
+    tracing::warn!(error = %e, "the schema could not be brought up to date; revoking with it as it is");
+    Ok(())
 }
 
 async fn owner_url(qdb: &QueueDatabase, ctx: &Context<State>) -> Result<String> {
@@ -278,10 +330,30 @@ async fn report_sweep(qdb: &QueueDatabase, ctx: &Context<State>, report: &revoca
         let list: Vec<String> = released.iter().map(release).collect();
         done.push(format!("released: {}", list.join("; ")));
     }
+    let (ended, unended): (Vec<_>, Vec<_>) = report.lingering.iter().partition(|(_, r)| r.is_ok());
+    if !ended.is_empty() {
+        let list: Vec<String> = ended
+            .iter()
+            .map(|(ns, r)| format!("{ns} ({} session(s))", r.as_ref().copied().unwrap_or_default()))
+            .collect();
+        done.push(format!("sessions of revoked roles ended: {}", list.join("; ")));
+    }
     let mut failed: Vec<String> = unfinished.iter().map(ToString::to_string).collect();
+    failed.extend(unended.iter().map(|(ns, r)| {
+        format!(
+            "{ns} (sessions of its revoked role NOT ended: {})",
+            r.as_ref().err().cloned().unwrap_or_default()
+        )
+    }));
     failed.extend(unreleased.iter().map(release));
     if let Some(why) = &report.stopped {
         failed.push(format!("stopped before the end: {why}"));
+    }
+    if let Some(why) = &report.unretired {
+        failed.push(format!(
+            "not yet retired in the database (provisioning through it is not refused there yet; the \
+             finalizer stays until it is): {why}"
+        ));
     }
     let desired = if report.complete() {
         let mut message = format!("{} admitted namespace(s) with a tenant", report.admitted.len());
