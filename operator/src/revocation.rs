@@ -217,9 +217,30 @@ pub async fn sweep(
         .await
         .map_err(db)?;
     let mut report = Report::default();
-    for step in plan(&registered, admits, elsewhere) {
+    let steps = plan(&registered, admits, elsewhere);
+    // Admissions first: a namespace admitted again is let in (its mark cleared) whatever becomes of the
+    // revocations below.
+    report.admitted = steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Admit { namespace } => Some(namespace.clone()),
+            _ => None,
+        })
+        .collect();
+    // Revoking goes on when recording fails; the failure is reported.
+    let mut unrecorded = None;
+    if !report.admitted.is_empty()
+        && let Err(e) = sqlx::query(sql::TENANT_ADMISSIONS_RECORD)
+            .bind(&report.admitted)
+            .bind(queue_database)
+            .execute(pool)
+            .await
+    {
+        unrecorded = Some(db(e).to_string());
+    }
+    for step in steps {
         match step {
-            Step::Admit { namespace } => report.admitted.push(namespace),
+            Step::Admit { .. } => {}
             Step::Revoke { namespace, role } => {
                 let done = revoke(client, pool, queue_database, database, &namespace, &role).await;
                 if done.complete()
@@ -257,17 +278,11 @@ pub async fn sweep(
         }
         // What was done so far is reported with the error, not lost in it.
         if report.stopped.is_some() {
-            return Ok(report);
+            break;
         }
     }
-    if !report.admitted.is_empty()
-        && let Err(e) = sqlx::query(sql::TENANT_ADMISSIONS_RECORD)
-            .bind(&report.admitted)
-            .bind(queue_database)
-            .execute(pool)
-            .await
-    {
-        report.stopped = Some(db(e).to_string());
+    if report.stopped.is_none() {
+        report.stopped = unrecorded.map(|e| format!("recording the namespaces it admits: {e}"));
     }
     Ok(report)
 }
@@ -399,11 +414,12 @@ async fn delete_secrets(
     Ok(deleted)
 }
 
-/// Records that each of `queue_databases` admits `namespace`.
+/// Records that each of `queue_databases` admits `namespace`, leaving a mark of theirs as it is: this
+/// pass's view of their selectors may be older than their own passes'.
 async fn record(pool: &PgPool, namespace: &str, queue_databases: &[String]) -> Result<()> {
     for qdb in queue_databases {
-        sqlx::query(sql::TENANT_ADMISSIONS_RECORD)
-            .bind(vec![namespace.to_owned()])
+        sqlx::query(sql::TENANT_ADMISSION_PROVISIONED)
+            .bind(namespace)
             .bind(qdb)
             .execute(pool)
             .await
@@ -427,6 +443,12 @@ pub async fn retire(pool: &PgPool, uid: &str, name: &str) -> Result<()> {
     }
     let mut tx = pool.begin().await.map_err(db)?;
     sqlx::query(crate::tenant::SET_LOCK_TIMEOUT)
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?;
+    // Each lock wait is bounded by the lock timeout; provisionings that come while it waits share the
+    // row and may go first, so the statement is bounded as a whole too.
+    sqlx::query("SET LOCAL statement_timeout = '10s'")
         .execute(&mut *tx)
         .await
         .map_err(db)?;

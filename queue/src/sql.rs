@@ -761,8 +761,9 @@ SELECT t.role_name, t.namespace,
  ORDER BY t.namespace
 "#;
 
-/// Records that QueueDatabase `$2` admits each namespace of `$1`, as its own pass finds (or another
-/// QueueDatabase's pass passing a namespace on): a revocation's mark is cleared.
+/// Records that QueueDatabase `$2` admits each namespace of `$1`, as its own pass finds: a revocation's
+/// mark is cleared. Only that QueueDatabase's own pass runs it (passes of one QueueDatabase run one at a
+/// time, each reading the labels anew).
 pub const TENANT_ADMISSIONS_RECORD: &str = r#"
 INSERT INTO sluice.tenant_admissions (namespace, queue_database)
 SELECT n, $2 FROM pg_catalog.unnest($1::text[]) AS n
@@ -771,19 +772,23 @@ ON CONFLICT (namespace, queue_database) DO UPDATE
  WHERE sluice.tenant_admissions.revoked_at IS NOT NULL
 "#;
 
-/// Records that QueueDatabase `$2` admitted namespace `$1`, in the provisioning transaction, after
-/// [`TENANT_ADMISSION_REVOKED`] found no mark: an existing row is left as it is.
+/// Records that QueueDatabase `$2` admitted namespace `$1`, in the provisioning transaction after
+/// [`TENANT_ADMISSION_REVOKED`] found no mark, or when another QueueDatabase's pass passes the
+/// namespace on to it: an existing row, and its mark, is left as it is.
 pub const TENANT_ADMISSION_PROVISIONED: &str = r#"
 INSERT INTO sluice.tenant_admissions (namespace, queue_database) VALUES ($1, $2)
 ON CONFLICT (namespace, queue_database) DO NOTHING
 "#;
 
-/// Whether QueueDatabase `$2` revoked namespace `$1` and has not found it admitted since: provisioning
-/// through it refuses the namespace (read under the namespace's provisioning lock).
+/// Whether QueueDatabase `$2` revoked namespace `$1`, still registered, and has not found it admitted
+/// since: provisioning through it refuses the namespace (read under the namespace's provisioning lock).
+/// A mark outlives nothing an admin removed: once the namespace's row of `sluice.tenants` is deleted (a
+/// namespace deleted for good, its role dropped), the namespace is a new tenant.
 pub const TENANT_ADMISSION_REVOKED: &str = r#"
-SELECT EXISTS (SELECT 1 FROM sluice.tenant_admissions
-                WHERE namespace OPERATOR(pg_catalog.=) $1 AND queue_database OPERATOR(pg_catalog.=) $2
-                  AND revoked_at IS NOT NULL)
+SELECT EXISTS (SELECT 1 FROM sluice.tenant_admissions a
+                WHERE a.namespace OPERATOR(pg_catalog.=) $1 AND a.queue_database OPERATOR(pg_catalog.=) $2
+                  AND a.revoked_at IS NOT NULL
+                  AND EXISTS (SELECT 1 FROM sluice.tenants t WHERE t.namespace OPERATOR(pg_catalog.=) $1))
 "#;
 
 /// Marks QueueDatabase `$2`'s admission of namespace `$1` revoked (in the transaction taking LOGIN,

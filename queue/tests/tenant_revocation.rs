@@ -200,6 +200,12 @@ async fn a_revoked_admission_stays_marked_until_the_namespace_is_admitted_again(
         .unwrap();
     assert_eq!(state(), "f|f");
     assert!(!refused().await.unwrap());
+    // A mark outlives no registration: once an admin deleted the namespace's row of sluice.tenants
+    // (the namespace deleted for good), a namespace of that name is a new tenant.
+    run(sql::TENANT_ADMISSION_MARK_REVOKED).await.unwrap();
+    assert!(refused().await.unwrap());
+    pg.psql("DELETE FROM sluice.tenants WHERE namespace = 'a'");
+    assert!(!refused().await.unwrap());
     // Another QueueDatabase's admission of the namespace is its own.
     assert!(
         !sqlx::query_scalar::<_, bool>(sql::TENANT_ADMISSION_REVOKED)

@@ -246,37 +246,42 @@ async fn sweep(qdb: &QueueDatabase, ctx: &Context<State>, deleting: bool) -> Res
     result
 }
 
-/// How long a pass waits to bring the schema up to date (the migrator's lock is an advisory lock any
-/// login may take) before it revokes with the schema as it is.
-pub const MIGRATE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a pass waits for the migrator's lock (an advisory lock any login may take) when the schema
+/// is not up to date, before it revokes with the schema as it is; ended by the server
+/// (`lock_timeout`), so no backend is left waiting on it.
+pub const SET_MIGRATE_LOCK_TIMEOUT: &str = "SET lock_timeout = '10s'";
 
-/// Brings the schema at `url` up to date within [`MIGRATE_TIMEOUT`], on a connection of its own; when
-/// that fails but the schema already has what revoking needs (migration 0028), goes on with it.
+/// Brings the schema at `url` up to date, on a connection of its own whose lock waits the server ends
+/// after [`SET_MIGRATE_LOCK_TIMEOUT`]; when that fails but the schema already has what revoking needs
+/// (migration 0028 or later applied), goes on with it.
 async fn migrate_or_revoke_as_is(pool: &sqlx::PgPool, url: &str) -> Result<()> {
     let migrated = async {
         let own = sluice_queue::pool::options(1)
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    sqlx::query(SET_MIGRATE_LOCK_TIMEOUT)
+                        .execute(conn)
+                        .await
+                        .map(|_| ())
+                })
+            })
             .connect(url)
             .await
             .map_err(|e| Error::Database(sluice_queue::store::map_db_error(e)))?;
-        let result = tokio::time::timeout(MIGRATE_TIMEOUT, sluice_queue::schema::migrate(&own)).await;
+        let result = sluice_queue::schema::migrate(&own).await;
         own.close().await;
-        match result {
-            Ok(r) => r.map_err(Error::from),
-            Err(_) => Err(Error::Database(sluice_queue::Error::Invalid(format!(
-                "bringing the schema up to date took longer than {}s (another session holds the \
-                 migrator's lock?)",
-                MIGRATE_TIMEOUT.as_secs()
-            )))),
-        }
+        result.map_err(Error::from)
     }
     .await;
     let Err(e) = migrated else { return Ok(()) };
-    let revocable: Option<String> =
-        sqlx::query_scalar("SELECT pg_catalog.to_regclass('sluice.queue_databases')::text")
-            .fetch_one(pool)
-            .await
-            .map_err(|e| Error::Database(sluice_queue::store::map_db_error(e)))?;
-    if revocable.is_none() {
+    let revocable: bool = sqlx::query_scalar(
+        "SELECT coalesce((SELECT pg_catalog.max(version) OPERATOR(pg_catalog.>=) 28 \
+                            FROM sluice._sqlx_migrations WHERE success), false)",
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(|e| Error::Database(sluice_queue::store::map_db_error(e)))?;
+    if !revocable {
         return Err(e);
     }
     tracing::warn!(error = %e, "the schema could not be brought up to date; revoking with it as it is");
