@@ -14,7 +14,8 @@
 --   reconcile that read the namespace as admitted before the revocation cannot give LOGIN back after
 --   it. Only the QueueDatabase's own pass that finds the namespace admitted again clears the mark.
 --   `revocation_complete` says the sessions and Secrets went too (until then every pass tries again).
---   The owner's alone: no tenant reads it.
+--   The owner's alone: no tenant reads it. A namespace registered anew in `sluice.tenants` starts with
+--   none (a trigger deletes the rows of a namespace of that name deleted before).
 -- - `sluice.queue_databases`: the QueueDatabases provisioning went through, by uid (a QueueDatabase
 --   deleted and made again under its name is another one), and when each was retired (it is being
 --   deleted). Provisioning through a QueueDatabase holds its row (`FOR SHARE`, made the first time)
@@ -49,6 +50,24 @@ CREATE TABLE sluice.tenant_admissions (
 );
 
 REVOKE ALL ON sluice.tenant_admissions FROM PUBLIC;
+
+-- A namespace registered anew (its row of `sluice.tenants` was deleted: a namespace deleted for good, its
+-- role dropped, and a namespace of that name made since) starts with no admission: the old one's marks
+-- must neither refuse nor be taken as its completed revocation.
+CREATE FUNCTION sluice.tenant_registered() RETURNS trigger
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    DELETE FROM sluice.tenant_admissions a WHERE a.namespace OPERATOR(pg_catalog.=) NEW.namespace;
+    RETURN NULL;
+END;
+$$;
+
+REVOKE EXECUTE ON FUNCTION sluice.tenant_registered() FROM PUBLIC;
+
+CREATE TRIGGER tenant_registered AFTER INSERT ON sluice.tenants
+    FOR EACH ROW EXECUTE FUNCTION sluice.tenant_registered();
 
 CREATE TABLE sluice.queue_databases (
     uid text PRIMARY KEY,

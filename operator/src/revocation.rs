@@ -281,8 +281,12 @@ pub async fn sweep(
             break;
         }
     }
-    if report.stopped.is_none() {
-        report.stopped = unrecorded.map(|e| format!("recording the namespaces it admits: {e}"));
+    if let Some(e) = unrecorded {
+        let unrecorded = format!("recording the namespaces it admits failed: {e}");
+        report.stopped = Some(match report.stopped.take() {
+            Some(stopped) => format!("{stopped}; {unrecorded}"),
+            None => unrecorded,
+        });
     }
     Ok(report)
 }

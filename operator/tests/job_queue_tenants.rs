@@ -1484,6 +1484,25 @@ async fn an_invalid_selector_revokes_nothing() {
 }
 
 /// Whether QueueDatabase `shared` still holds its record of admitting namespace `shop`.
+/// Waits until a statement containing `text` waits on a lock, as `probe` (a superuser's pool) sees it.
+async fn await_lock_wait(probe: &sqlx::PgPool, text: &str, what: &str) {
+    wait_for(what, DEADLINE, || {
+        let (probe, like) = (probe.clone(), format!("%{text}%"));
+        async move {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1",
+            )
+            .bind(like)
+            .fetch_one(&probe)
+            .await
+            .ok()?;
+            (waiting >= 1).then_some(())
+        }
+    })
+    .await
+    .unwrap();
+}
+
 /// Whether QueueDatabase `shared` admitted namespace `shop` and, if so, revoked it since.
 fn admission(pg: &PgServer) -> String {
     pg.psql(
@@ -1545,21 +1564,12 @@ async fn a_provisioning_under_way_during_a_revocation_cannot_give_the_login_back
         sluice_operator::revocation::take_login(&pool, "shared", "shop", "sluice_t_shop").await
     });
     let probe = sluice_queue::pool::options(1).connect(&pg.url()).await.unwrap();
-    wait_for("taking LOGIN waits for the namespace's lock", DEADLINE, || {
-        let probe = probe.clone();
-        async move {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity \
-                 WHERE wait_event_type = 'Lock' AND query LIKE '%tenant_locks%'",
-            )
-            .fetch_one(&probe)
-            .await
-            .ok()?;
-            (waiting == 1).then_some(())
-        }
-    })
-    .await
-    .unwrap();
+    await_lock_wait(
+        &probe,
+        "tenant_locks",
+        "taking LOGIN waits for the namespace's lock",
+    )
+    .await;
     provisioning.commit().await.unwrap();
     assert_eq!(take.await.unwrap(), Ok(true));
     assert_eq!(
@@ -1727,21 +1737,12 @@ async fn retiring_a_queue_database_waits_for_provisionings_through_it_and_refuse
     let retire =
         tokio::spawn(async move { sluice_operator::revocation::retire(&pool, "uid-1", "shared").await });
     let probe = sluice_queue::pool::options(1).connect(&pg.url()).await.unwrap();
-    wait_for("the retirement waits for the provisioning", DEADLINE, || {
-        let probe = probe.clone();
-        async move {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity \
-                 WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO sluice.queue_databases%'",
-            )
-            .fetch_one(&probe)
-            .await
-            .ok()?;
-            (waiting == 1).then_some(())
-        }
-    })
-    .await
-    .unwrap();
+    await_lock_wait(
+        &probe,
+        "INSERT INTO sluice.queue_databases",
+        "the retirement waits for the provisioning",
+    )
+    .await;
     // Another QueueDatabase's provisioning does not wait behind it.
     let (other, retired) = provisioning(&owner, "uid-2").await;
     assert!(!retired);
@@ -1800,21 +1801,7 @@ async fn a_reconcile_held_up_past_the_revocation_cannot_give_the_login_back() {
         .await
         .unwrap();
     let probe = superuser.clone();
-    wait_for("the reconcile waits on the queue's row", DEADLINE, || {
-        let probe = probe.clone();
-        async move {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity \
-                 WHERE wait_event_type = 'Lock' AND query LIKE '%sluice.queues%'",
-            )
-            .fetch_one(&probe)
-            .await
-            .ok()?;
-            (waiting >= 1).then_some(())
-        }
-    })
-    .await
-    .unwrap();
+    await_lock_wait(&probe, "sluice.queues", "the reconcile waits on the queue's row").await;
     label_namespace(&f, &shop, "team", "elsewhere").await;
     let api: kube::Api<QueueDatabase> = kube::Api::all(f.env.client());
     wait_for("the revocation is complete", DEADLINE, || {

@@ -744,13 +744,17 @@ SELECT queue, state, attempt, pg_catalog.pg_current_snapshot()::text AS snapshot
 // Revoking tenants (migration 0028). Built-ins are schema-qualified: these run as the schema's owner.
 
 /// Every registered tenant (role, namespace), whether QueueDatabase `$1` admitted its namespace (a row
-/// of `sluice.tenant_admissions`), whether it revoked it completely since, and whether the role, unable
+/// of `sluice.tenant_admissions`), whether it revoked it completely since and the role still cannot log
+/// in (given `LOGIN` again, through another QueueDatabase or by hand, it is decided anew: released to a
+/// QueueDatabase that admits it, or revoked again), and whether the role, unable
 /// to log in, still has sessions (one that passed the login check as LOGIN was taken, and was not listed
 /// yet when the sessions were ended), by namespace.
 pub const TENANT_REGISTRY: &str = r#"
 SELECT t.role_name, t.namespace,
        a.namespace IS NOT NULL AS admitted_by,
-       coalesce(a.revocation_complete, false) AS revoked,
+       coalesce(a.revocation_complete, false)
+         AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r
+                          WHERE r.rolname OPERATOR(pg_catalog.=) t.role_name AND r.rolcanlogin) AS revoked,
        EXISTS (SELECT 1 FROM pg_catalog.pg_roles r
                  JOIN pg_catalog.pg_stat_activity s ON s.usesysid OPERATOR(pg_catalog.=) r.oid
                 WHERE r.rolname OPERATOR(pg_catalog.=) t.role_name AND NOT r.rolcanlogin) AS sessions_left

@@ -204,7 +204,20 @@ async fn a_revoked_admission_stays_marked_until_the_namespace_is_admitted_again(
     // (the namespace deleted for good), a namespace of that name is a new tenant.
     run(sql::TENANT_ADMISSION_MARK_REVOKED).await.unwrap();
     assert!(refused().await.unwrap());
-    pg.psql("DELETE FROM sluice.tenants WHERE namespace = 'a'");
+    pg.psql(
+        "DELETE FROM sluice.tenants WHERE namespace = 'a'; \
+         DROP OWNED BY sluice_tenant_a; DROP ROLE sluice_tenant_a",
+    );
+    assert!(!refused().await.unwrap());
+    // Registered anew, it starts with no admission.
+    QueueStore::new(owner.clone())
+        .ensure_tenant("sluice_tenant_a", "a", "secret-2")
+        .await
+        .unwrap();
+    assert_eq!(
+        pg.psql("SELECT count(*) FROM sluice.tenant_admissions WHERE namespace = 'a'"),
+        "0"
+    );
     assert!(!refused().await.unwrap());
     // Another QueueDatabase's admission of the namespace is its own.
     assert!(
@@ -215,4 +228,35 @@ async fn a_revoked_admission_stays_marked_until_the_namespace_is_admitted_again(
             .await
             .unwrap()
     );
+}
+
+// The registry counts a revocation as done only while the role cannot log in: one given LOGIN again
+// (through another QueueDatabase, or by hand) is decided anew.
+#[tokio::test]
+async fn a_revoked_role_given_login_again_is_no_longer_counted_as_revoked() {
+    let (pg, owner) = setup().await;
+    let revoked = || async {
+        let rows: Vec<(String, String, bool, bool, bool)> = sqlx::query_as(sql::TENANT_REGISTRY)
+            .bind("shared")
+            .fetch_all(&owner)
+            .await
+            .unwrap();
+        rows[0].3
+    };
+    for statement in [
+        sql::TENANT_ADMISSION_PROVISIONED,
+        sql::TENANT_ADMISSION_MARK_REVOKED,
+        sql::TENANT_ADMISSION_REVOCATION_COMPLETE,
+    ] {
+        sqlx::query(statement)
+            .bind("a")
+            .bind("shared")
+            .execute(&owner)
+            .await
+            .unwrap();
+    }
+    assert_eq!(revoke(&owner, "sluice_tenant_a", "a").await, Ok(true));
+    assert!(revoked().await);
+    pg.psql("ALTER ROLE sluice_tenant_a LOGIN");
+    assert!(!revoked().await);
 }

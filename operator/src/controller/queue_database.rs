@@ -210,7 +210,7 @@ async fn sweep(qdb: &QueueDatabase, ctx: &Context<State>, deleting: bool) -> Res
             // No schema yet: no tenant to revoke.
             return Ok(revocation::Report::default());
         }
-        migrate_or_revoke_as_is(&pool, &url).await?;
+        schema_for_revoking(&pool, &url).await?;
         // Retired first, so that no provisioning through it records an admission after this pass;
         // revoked all the same when that fails (a provisioning through it held it past the lock
         // timeout), the finalizer staying until a pass has done both.
@@ -246,46 +246,41 @@ async fn sweep(qdb: &QueueDatabase, ctx: &Context<State>, deleting: bool) -> Res
     result
 }
 
-/// How long a pass waits for the migrator's lock (an advisory lock any login may take) when the schema
-/// is not up to date, before it revokes with the schema as it is; ended by the server
-/// (`lock_timeout`), so no backend is left waiting on it.
+/// The migration that made what revoking reads (0028): a pass brings an older schema up to date first,
+/// and leaves a newer one to the JobQueue controller.
+pub const REVOCATION_SCHEMA_VERSION: i64 = 28;
+
+/// Bounds the migration of an older schema: the server ends any lock wait (the migrator's advisory
+/// lock, which any login may take, or a table a migration alters) after 10 s, leaving no backend
+/// waiting, and the pass fails and is retried.
 pub const SET_MIGRATE_LOCK_TIMEOUT: &str = "SET lock_timeout = '10s'";
 
-/// Brings the schema at `url` up to date, on a connection of its own whose lock waits the server ends
-/// after [`SET_MIGRATE_LOCK_TIMEOUT`]; when that fails but the schema already has what revoking needs
-/// (migration 0028 or later applied), goes on with it.
-async fn migrate_or_revoke_as_is(pool: &sqlx::PgPool, url: &str) -> Result<()> {
-    let migrated = async {
-        let own = sluice_queue::pool::options(1)
-            .after_connect(|conn, _| {
-                Box::pin(async move {
-                    sqlx::query(SET_MIGRATE_LOCK_TIMEOUT)
-                        .execute(conn)
-                        .await
-                        .map(|_| ())
-                })
-            })
-            .connect(url)
+/// Makes sure the schema at `url` has what revoking reads: migrates it, on a connection of its own
+/// (with [`SET_MIGRATE_LOCK_TIMEOUT`]), only when it is older than [`REVOCATION_SCHEMA_VERSION`].
+async fn schema_for_revoking(pool: &sqlx::PgPool, url: &str) -> Result<()> {
+    let version: Option<i64> =
+        sqlx::query_scalar("SELECT pg_catalog.max(version) FROM sluice._sqlx_migrations WHERE success")
+            .fetch_one(pool)
             .await
             .map_err(|e| Error::Database(sluice_queue::store::map_db_error(e)))?;
-        let result = sluice_queue::schema::migrate(&own).await;
-        own.close().await;
-        result.map_err(Error::from)
+    if version.unwrap_or(0) >= REVOCATION_SCHEMA_VERSION {
+        return Ok(());
     }
-    .await;
-    let Err(e) = migrated else { return Ok(()) };
-    let revocable: bool = sqlx::query_scalar(
-        "SELECT coalesce((SELECT pg_catalog.max(version) OPERATOR(pg_catalog.>=) 28 \
-                            FROM sluice._sqlx_migrations WHERE success), false)",
-    )
-    .fetch_one(pool)
-    .await
-    .map_err(|e| Error::Database(sluice_queue::store::map_db_error(e)))?;
-    if !revocable {
-        return Err(e);
-    }
-    tracing::warn!(error = %e, "the schema could not be brought up to date; revoking with it as it is");
-    Ok(())
+    let own = sluice_queue::pool::options(1)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::query(SET_MIGRATE_LOCK_TIMEOUT)
+                    .execute(conn)
+                    .await
+                    .map(|_| ())
+            })
+        })
+        .connect(url)
+        .await
+        .map_err(|e| Error::Database(sluice_queue::store::map_db_error(e)))?;
+    let result = sluice_queue::schema::migrate(&own).await;
+    own.close().await;
+    Ok(result?)
 }
 
 async fn owner_url(qdb: &QueueDatabase, ctx: &Context<State>) -> Result<String> {
