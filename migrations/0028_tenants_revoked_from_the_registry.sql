@@ -14,8 +14,8 @@
 --   reconcile that read the namespace as admitted before the revocation cannot give LOGIN back after
 --   it. Only the QueueDatabase's own pass that finds the namespace admitted again clears the mark.
 --   `revocation_complete` says the sessions and Secrets went too (until then every pass tries again).
---   The owner's alone: no tenant reads it. A namespace registered anew in `sluice.tenants` starts with
---   none (a trigger deletes the rows of a namespace of that name deleted before).
+--   The owner's alone: no tenant reads it. Deleting a namespace's row of `sluice.tenants` deletes its
+--   rows (a trigger): a namespace of that name registered later starts with none.
 -- - `sluice.queue_databases`: the QueueDatabases provisioning went through, by uid (a QueueDatabase
 --   deleted and made again under its name is another one), and when each was retired (it is being
 --   deleted). Provisioning through a QueueDatabase holds its row (`FOR SHARE`, made the first time)
@@ -51,23 +51,24 @@ CREATE TABLE sluice.tenant_admissions (
 
 REVOKE ALL ON sluice.tenant_admissions FROM PUBLIC;
 
--- A namespace registered anew (its row of `sluice.tenants` was deleted: a namespace deleted for good, its
--- role dropped, and a namespace of that name made since) starts with no admission: the old one's marks
--- must neither refuse nor be taken as its completed revocation.
-CREATE FUNCTION sluice.tenant_registered() RETURNS trigger
+-- A namespace's registration deleted (a namespace deleted for good, its role dropped) takes its
+-- admissions with it: a namespace of that name registered later is a new tenant, which the old one's
+-- marks must neither refuse nor count as revoked. On the DELETE, not on a later INSERT, so that a
+-- data-only restore of the tables keeps what it restores.
+CREATE FUNCTION sluice.tenant_unregistered() RETURNS trigger
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    DELETE FROM sluice.tenant_admissions a WHERE a.namespace OPERATOR(pg_catalog.=) NEW.namespace;
+    DELETE FROM sluice.tenant_admissions a WHERE a.namespace OPERATOR(pg_catalog.=) OLD.namespace;
     RETURN NULL;
 END;
 $$;
 
-REVOKE EXECUTE ON FUNCTION sluice.tenant_registered() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION sluice.tenant_unregistered() FROM PUBLIC;
 
-CREATE TRIGGER tenant_registered AFTER INSERT ON sluice.tenants
-    FOR EACH ROW EXECUTE FUNCTION sluice.tenant_registered();
+CREATE TRIGGER tenant_unregistered AFTER DELETE ON sluice.tenants
+    FOR EACH ROW EXECUTE FUNCTION sluice.tenant_unregistered();
 
 CREATE TABLE sluice.queue_databases (
     uid text PRIMARY KEY,

@@ -264,7 +264,7 @@ pub async fn sweep(
                 // always recorded as admitted by someone who will revoke it.
                 if let Err(e) = record(pool, &namespace, &to).await {
                     report.stopped = Some(e.to_string());
-                    return Ok(report);
+                    break;
                 }
                 let name = secret_name(DatabaseSource::QueueDatabase(queue_database));
                 let deleted = delete_secrets(client, &namespace, database, Some(&name)).await;

@@ -1483,7 +1483,6 @@ async fn an_invalid_selector_revokes_nothing() {
     connect(&url).await;
 }
 
-/// Whether QueueDatabase `shared` still holds its record of admitting namespace `shop`.
 /// Waits until a statement containing `text` waits on a lock, as `probe` (a superuser's pool) sees it.
 async fn await_lock_wait(probe: &sqlx::PgPool, text: &str, what: &str) {
     wait_for(what, DEADLINE, || {

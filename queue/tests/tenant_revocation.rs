@@ -209,6 +209,11 @@ async fn a_revoked_admission_stays_marked_until_the_namespace_is_admitted_again(
          DROP OWNED BY sluice_tenant_a; DROP ROLE sluice_tenant_a",
     );
     assert!(!refused().await.unwrap());
+    assert_eq!(
+        pg.psql("SELECT count(*) FROM sluice.tenant_admissions WHERE namespace = 'a'"),
+        "0",
+        "the registration's admissions go with it"
+    );
     // Registered anew, it starts with no admission.
     QueueStore::new(owner.clone())
         .ensure_tenant("sluice_tenant_a", "a", "secret-2")
