@@ -345,22 +345,25 @@ impl QueueStore {
     // ---- enqueue ------------------------------------------------------------------------------------
 
     /// Enqueues one job (see [`enqueue`]). A deadlock (two calls taking keys in opposite orders) is
-    /// retried once: the call is its own transaction, so the aborted attempt left nothing behind.
+    /// retried (up to [`DEADLOCK_ATTEMPTS`] runs in all): the call is its own transaction, so the
+    /// aborted attempt left nothing behind.
     pub async fn enqueue(&self, queue: &str, job: &NewJob) -> Result<Enqueued> {
-        once_more_on_deadlock(|| enqueue_at(&self.pool, queue, job, self.now())).await
+        retry_on_deadlock(|| enqueue_at(&self.pool, queue, job, self.now())).await
     }
 
     /// Enqueues many jobs in one statement (see [`enqueue_many`]). A deadlock with another call taking
-    /// the same keys (batches with both unique and idempotency keys can take them in opposite orders) is
-    /// retried once: the call is its own transaction, so the aborted attempt left nothing behind.
+    /// the same keys (key holders committed between the two calls' reads of them, or batches with both
+    /// unique and idempotency keys, can make them take keys in opposite orders) is retried (up to
+    /// [`DEADLOCK_ATTEMPTS`] runs in all): the call is its own transaction, so the aborted attempt left
+    /// nothing behind.
     pub async fn enqueue_many(&self, queue: &str, jobs: &[NewJob]) -> Result<Vec<Uuid>> {
-        once_more_on_deadlock(|| enqueue_many_at(&self.pool, queue, jobs, self.now())).await
+        retry_on_deadlock(|| enqueue_many_at(&self.pool, queue, jobs, self.now())).await
     }
 
-    /// Enqueues a graph of jobs in one call (see [`enqueue_graph`]). A deadlock is retried once, as for
+    /// Enqueues a graph of jobs in one call (see [`enqueue_graph`]). A deadlock is retried, as for
     /// [`QueueStore::enqueue_many`].
     pub async fn enqueue_graph(&self, queue: &str, jobs: &[GraphJob]) -> Result<Vec<(String, Enqueued)>> {
-        once_more_on_deadlock(|| enqueue_graph_at(&self.pool, queue, jobs, self.now())).await
+        retry_on_deadlock(|| enqueue_graph_at(&self.pool, queue, jobs, self.now())).await
     }
 
     // ---- periodic jobs ------------------------------------------------------------------------------
@@ -498,11 +501,11 @@ impl QueueStore {
     /// Cancelling a waiting job with dependents cancels them in the same statement; the job and every
     /// job its cancel cascades to are locked first, in one statement in id order ([`sql::JOB_CANCEL`]).
     /// A child enqueued after that statement read the cascade can still meet another transaction in the
-    /// other order: a cancel PostgreSQL aborted as a deadlock is run once more (it is its own
+    /// other order: a cancel PostgreSQL aborted as a deadlock is run again (it is its own
     /// transaction, so the aborted attempt left nothing behind).
     pub async fn cancel(&self, id: Uuid) -> Result<CancelOutcome> {
         let pool = &self.pool;
-        let row = once_more_on_deadlock(move || async move {
+        let row = retry_on_deadlock(move || async move {
             Ok(sqlx::query(sql::JOB_CANCEL).bind(id).fetch_optional(pool).await?)
         })
         .await?
@@ -635,7 +638,7 @@ impl QueueStore {
     /// waiting children are locked first, together in one id order, so two batches finishing parents of
     /// shared children, or a batch and an enqueue naming its jobs as parents, lock in one order: one
     /// waits for the other. A child enqueued between the function's look for waiting children and its
-    /// update can still make PostgreSQL abort one of them as a deadlock; the batch is then run once more,
+    /// update can still make PostgreSQL abort one of them as a deadlock; the batch is then run again,
     /// as an enqueue is.
     ///
     /// A NUL character, which PostgreSQL text cannot hold, is written as U+FFFD in the error texts (a
@@ -663,7 +666,7 @@ impl QueueStore {
             errors.push(without_nul(err));
         }
         let (ids, attempts, outcomes, delays, errors) = (&ids, &attempts, &outcomes, &delays, &errors);
-        let rows = once_more_on_deadlock(|| {
+        let rows = retry_on_deadlock(|| {
             self.on_connection(async |c| {
                 let finish = sqlx::query(sql::JOB_FINISH)
                     .bind(ids)
@@ -780,11 +783,11 @@ impl QueueStore {
     /// jobs those cancels cascade to, in one statement in id order ([`sql::JOB_LOCK_RELEASING`]), then
     /// writes them, in one transaction with its generic plans (see [`sql`]). A job that joins a cascade
     /// after that statement read it can still meet another transaction in the other order: PostgreSQL
-    /// aborts one side as a deadlock, and the release is run once more.
+    /// aborts one side as a deadlock, and the release is run again.
     pub async fn release(&self, owner: &str, jobs: &[(Uuid, i32)]) -> Result<Vec<Uuid>> {
         let (ids, attempts): (Vec<Uuid>, Vec<i32>) = in_lock_order(jobs).into_iter().unzip();
         let (ids, attempts) = (&ids, &attempts);
-        let rows = once_more_on_deadlock(|| {
+        let rows = retry_on_deadlock(|| {
             self.on_connection(async |c| {
                 let mut tx = c.begin().await?;
                 sqlx::query(sql::PLAN_GENERIC).execute(&mut *tx).await?;
@@ -854,9 +857,9 @@ impl QueueStore {
     /// end cascades to, in one statement in id order, skipping rows another transaction holds, and is
     /// rescued only when it and its whole cascade were locked (the others are left for a later pass);
     /// the rest are taken with `SKIP LOCKED`. A rescue PostgreSQL aborted as a deadlock all the same is
-    /// run once more.
+    /// run again.
     pub async fn rescue_expired(&self, queues: &[String], limit: i64) -> Result<u64> {
-        let rows = once_more_on_deadlock(|| {
+        let rows = retry_on_deadlock(|| {
             self.on_connection(async |c| {
                 Ok(sqlx::query(sql::JOB_RESCUE_EXPIRED)
                     .bind(queues)
@@ -1254,26 +1257,43 @@ fn without_nul(s: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
-/// How long a call aborted as a deadlock waits before it runs again: PostgreSQL aborted this side so
-/// that the other could take the lock it was waiting for, and a retry at once can take the first lock
-/// again before the other side has been scheduled to take its own, and meet it once more.
-const DEADLOCK_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
+/// How many times a call aborted as a deadlock is run in all ([`retry_on_deadlock`]).
+pub const DEADLOCK_ATTEMPTS: u32 = 5;
 
-/// Runs `attempt`, and once more (after [`DEADLOCK_RETRY_PAUSE`]) when PostgreSQL aborted it as a
-/// deadlock ([`is_deadlock`]): for a call that is a transaction of its own, so the aborted attempt left
-/// nothing behind. A second deadlock in a row is returned.
-async fn once_more_on_deadlock<T, F, Fut>(mut attempt: F) -> Result<T>
+/// How long a call aborted as a deadlock waits before it runs again, at most, times the attempts so
+/// far; a random part of it: PostgreSQL aborted this side so that the other could take the lock it was
+/// waiting for, and a retry at once (or at the same moment as another victim's) can take the first
+/// lock again before the other side has been scheduled to take its own, and meet it once more.
+const DEADLOCK_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Runs `attempt`, and again (after a growing, random pause up to [`DEADLOCK_RETRY_PAUSE`] times the
+/// attempts so far) while PostgreSQL aborts it as a deadlock ([`is_deadlock`]), [`DEADLOCK_ATTEMPTS`]
+/// times in all: for a call that is a transaction of its own, so an aborted attempt left nothing
+/// behind. Concurrent keyed enqueues can deadlock when key holders commit between their snapshots
+/// (docs/queue.md); the last deadlock is returned.
+async fn retry_on_deadlock<T, F, Fut>(mut attempt: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T>>,
 {
-    match attempt().await {
-        Err(e) if is_deadlock(&e) => {
-            tokio::time::sleep(DEADLOCK_RETRY_PAUSE).await;
-            attempt().await
+    let mut tries = 1;
+    loop {
+        match attempt().await {
+            Err(e) if is_deadlock(&e) && tries < DEADLOCK_ATTEMPTS => {
+                let most = DEADLOCK_RETRY_PAUSE.as_micros() as u64 * u64::from(tries);
+                let pause = most / 2 + random_below(most / 2 + 1);
+                tokio::time::sleep(Duration::from_micros(pause)).await;
+                tries += 1;
+            }
+            done => return done,
         }
-        done => done,
     }
+}
+
+/// A random number below `n` (`n` > 0), for spreading retries: a std `RandomState`'s fresh keys.
+fn random_below(n: u64) -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(()) % n
 }
 
 /// Sets `lock_timeout` to `wait` for the rest of transaction `tx`.

@@ -485,7 +485,7 @@ async fn a_replacement_created_cancelled_leaves_the_key_with_the_running_holder(
 }
 
 #[tokio::test]
-async fn a_deadlocked_enqueue_is_retried_once() {
+async fn a_deadlocked_enqueue_is_retried() {
     let (_pg, store) = setup().await;
     // The first job insert fails as a deadlock victim would (a sequence is not rolled back with it).
     // The trigger runs under the enqueue functions' pinned `search_path`: it names its sequence with
@@ -537,16 +537,23 @@ async fn a_deadlocked_enqueue_is_retried_once() {
     assert!(graph[0].1.created);
     assert_eq!(count(&store).await, 4);
 
-    // A second deadlock in a row is the caller's.
+    // A deadlock every time is the caller's after DEADLOCK_ATTEMPTS runs.
     sqlx::query(
         "CREATE OR REPLACE FUNCTION test_deadlock_once() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
+             PERFORM nextval('public.test_inserts');
              RAISE EXCEPTION 'deadlock detected' USING ERRCODE = '40P01';
          END $$",
     )
     .execute(store.pool())
     .await
     .unwrap();
+    reset().await;
     let err = store.enqueue("q", &job(5)).await.unwrap_err();
     assert!(sluice_queue::store::is_deadlock(&err), "{err}");
+    let runs: i64 = sqlx::query_scalar("SELECT last_value FROM test_inserts")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(runs, i64::from(sluice_queue::store::DEADLOCK_ATTEMPTS));
 }
