@@ -117,8 +117,7 @@ pub async fn reconcile(qdb: Arc<QueueDatabase>, ctx: Arc<Context<State>>) -> Res
                         // Released after a pass that found nothing left to revoke. Each pass retires
                         // the QueueDatabase in the database first, which waits for provisionings
                         // through it under way and refuses later ones, so nothing is admitted after
-                        // the pass that revoked; a revocation a provisioning undid before it is
-                        // incomplete, and retried.
+                        // the pass that revoked.
                         if report.revoked.is_empty() && report.released.is_empty() {
                             set_finalizer(&qdb, &ctx, false).await?;
                             return Ok(Action::await_change());
