@@ -190,6 +190,31 @@ pub async fn migrate(pool: &PgPool) -> Result<()> {
         .map_err(|e| Error::Database(sqlx::Error::Migrate(Box::new(e))))
 }
 
+/// How long [`migrate_url`] lets any lock wait last, ended by the server.
+pub const SET_MIGRATE_LOCK_TIMEOUT: &str = "SET lock_timeout = '10s'";
+
+/// [`migrate`] on a connection of its own to `url`, whose lock waits the server ends after 10 s
+/// ([`SET_MIGRATE_LOCK_TIMEOUT`]): the migrator's lock is an advisory lock any login may take (a tenant
+/// holding it would otherwise hold up the caller for as long as it likes), and a migration that alters a
+/// table waits for the sessions using it. The wait ends with an error (the caller retries), and no
+/// backend is left waiting.
+pub async fn migrate_url(url: &str) -> Result<()> {
+    let own = crate::pool::options(1)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::query(SET_MIGRATE_LOCK_TIMEOUT)
+                    .execute(conn)
+                    .await
+                    .map(|_| ())
+            })
+        })
+        .connect(url)
+        .await?;
+    let result = migrate(&own).await;
+    own.close().await;
+    result
+}
+
 /// Whether exactly the migrations this build knows were applied, all successfully (a check that cannot
 /// be made counts as no).
 async fn is_current(pool: &PgPool) -> bool {

@@ -249,13 +249,9 @@ async fn sweep(qdb: &QueueDatabase, ctx: &Context<State>, deleting: bool) -> Res
 /// and leaves a newer one to the JobQueue controller.
 pub const REVOCATION_SCHEMA_VERSION: i64 = 28;
 
-/// Bounds the migration of an older schema: the server ends any lock wait (the migrator's advisory
-/// lock, which any login may take, or a table a migration alters) after 10 s, leaving no backend
-/// waiting, and the pass fails and is retried.
-pub const SET_MIGRATE_LOCK_TIMEOUT: &str = "SET lock_timeout = '10s'";
-
-/// Makes sure the schema at `url` has what revoking reads: migrates it, on a connection of its own
-/// (with [`SET_MIGRATE_LOCK_TIMEOUT`]), only when it is older than [`REVOCATION_SCHEMA_VERSION`].
+/// Makes sure the schema at `url` has what revoking reads: migrates it
+/// ([`sluice_queue::schema::migrate_url`], its lock waits ended by the server after 10 s) only when it
+/// is older than [`REVOCATION_SCHEMA_VERSION`].
 async fn schema_for_revoking(pool: &sqlx::PgPool, url: &str) -> Result<()> {
     let version: Option<i64> =
         sqlx::query_scalar("SELECT pg_catalog.max(version) FROM sluice._sqlx_migrations WHERE success")
@@ -265,21 +261,7 @@ async fn schema_for_revoking(pool: &sqlx::PgPool, url: &str) -> Result<()> {
     if version.unwrap_or(0) >= REVOCATION_SCHEMA_VERSION {
         return Ok(());
     }
-    let own = sluice_queue::pool::options(1)
-        .after_connect(|conn, _| {
-            Box::pin(async move {
-                sqlx::query(SET_MIGRATE_LOCK_TIMEOUT)
-                    .execute(conn)
-                    .await
-                    .map(|_| ())
-            })
-        })
-        .connect(url)
-        .await
-        .map_err(|e| Error::Database(sluice_queue::store::map_db_error(e)))?;
-    let result = sluice_queue::schema::migrate(&own).await;
-    own.close().await;
-    Ok(result?)
+    Ok(sluice_queue::schema::migrate_url(url).await?)
 }
 
 async fn owner_url(qdb: &QueueDatabase, ctx: &Context<State>) -> Result<String> {

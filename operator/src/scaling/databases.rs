@@ -130,7 +130,9 @@ impl Databases {
             .unwrap_or_else(|p| p.into_inner())
             .contains(&key);
         if !done {
-            schema::migrate(&pool).await?;
+            // On a connection of its own whose lock waits the server ends: a tenant may hold the
+            // migrator's advisory lock.
+            schema::migrate_url(url).await?;
             self.migrated
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
