@@ -37,8 +37,8 @@
 --   revoked from that role before returning; an error rolls the membership back with the rest. Called after the
 --   NOLOGIN committed, so its failure leaves the role unable to log in.
 --
--- Physical design: both functions pin `search_path`, are not SECURITY DEFINER (they need the owner's
--- CREATEROLE, which the caller has), and are the owner's to execute.
+-- Physical design: the functions (and the trigger's) pin `search_path`, are not SECURITY DEFINER (the two
+-- above need the owner's CREATEROLE, which the caller has), and are the owner's to execute.
 
 CREATE TABLE sluice.tenant_admissions (
     namespace text NOT NULL,
