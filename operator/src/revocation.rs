@@ -329,11 +329,7 @@ pub async fn take_login(
     namespace: &str,
     role: &str,
 ) -> Result<bool, String> {
-    let mut tx = pool.begin().await.map_err(why)?;
-    sqlx::query(crate::tenant::SET_LOCK_TIMEOUT)
-        .execute(&mut *tx)
-        .await
-        .map_err(why)?;
+    let mut tx = crate::tenant::begin_bounded(pool).await.map_err(why)?;
     sqlx::query(crate::tenant::LOCK_NAMESPACE)
         .bind(namespace)
         .execute(&mut *tx)
@@ -357,11 +353,7 @@ pub async fn take_login(
 
 /// Ends `role`'s sessions; how many. Its lock waits (the membership it grants itself) are bounded.
 async fn end_sessions(pool: &PgPool, namespace: &str, role: &str) -> Result<i32, String> {
-    let mut tx = pool.begin().await.map_err(why)?;
-    sqlx::query(crate::tenant::SET_LOCK_TIMEOUT)
-        .execute(&mut *tx)
-        .await
-        .map_err(why)?;
+    let mut tx = crate::tenant::begin_bounded(pool).await.map_err(why)?;
     let ended = sqlx::query_scalar(sql::TENANT_END_SESSIONS)
         .bind(role)
         .bind(namespace)
@@ -445,11 +437,7 @@ pub async fn retire(pool: &PgPool, uid: &str, name: &str) -> Result<()> {
     if retired {
         return Ok(());
     }
-    let mut tx = pool.begin().await.map_err(db)?;
-    sqlx::query(crate::tenant::SET_LOCK_TIMEOUT)
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
+    let mut tx = crate::tenant::begin_bounded(pool).await.map_err(db)?;
     // Each lock wait is bounded by the lock timeout; provisionings that come while it waits share the
     // row and may go first, so the statement is bounded as a whole too.
     sqlx::query("SET LOCAL statement_timeout = '10s'")

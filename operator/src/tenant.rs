@@ -288,7 +288,17 @@ pub const SECRET_WRITE_ATTEMPTS: u32 = 5;
 /// How long provisioning waits for the namespace's lock, in seconds.
 pub const LOCK_TIMEOUT_SECS: u32 = 5;
 /// Bounds the wait for locks in provisioning's transaction (the namespace's row lock included).
-pub(crate) const SET_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '5s'";
+const SET_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '5s'";
+
+/// A transaction on `pool` whose lock waits end after [`LOCK_TIMEOUT_SECS`]: provisioning's, and the
+/// owner's in revocation.
+pub(crate) async fn begin_bounded(
+    pool: &PgPool,
+) -> std::result::Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query(SET_LOCK_TIMEOUT).execute(&mut *tx).await?;
+    Ok(tx)
+}
 /// Locks the namespace's row of `sluice.tenant_locks` (made the first time) until the transaction
 /// ends. The table is the schema owner's alone (migration 0019): a tenant may not lock its rows.
 pub const LOCK_NAMESPACE: &str = "INSERT INTO sluice.tenant_locks (namespace) VALUES ($1) \
@@ -496,11 +506,7 @@ async fn provision_as_owner(
     // sluice.tenant_locks until the transaction ends. Only the schema's owner (and a superuser) may
     // lock its rows, so a tenant cannot hold up another namespace's provisioning; the wait is bounded
     // all the same.
-    let mut tx = pool.begin().await.map_err(database)?;
-    sqlx::query(SET_LOCK_TIMEOUT)
-        .execute(&mut *tx)
-        .await
-        .map_err(database)?;
+    let mut tx = begin_bounded(pool).await.map_err(database)?;
     sqlx::query(LOCK_NAMESPACE)
         .bind(&ns)
         .execute(&mut *tx)
