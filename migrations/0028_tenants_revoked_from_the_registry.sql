@@ -78,6 +78,30 @@ CREATE TABLE sluice.queue_databases (
 
 REVOKE ALL ON sluice.queue_databases FROM PUBLIC;
 
+-- What both functions below refuse: a role not registered as that namespace's tenant, or the login
+-- calling (`p_refusal` and `p_self` end the messages). The role's oid; NULL when it no longer exists.
+CREATE FUNCTION sluice.revocable_tenant(p_role text, p_namespace text, p_refusal text, p_self text)
+RETURNS oid
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM sluice.tenants t
+                   WHERE t.role_name OPERATOR(pg_catalog.=) p_role
+                     AND t.namespace OPERATOR(pg_catalog.=) p_namespace) THEN
+        RAISE EXCEPTION 'role "%" is not the registered tenant of namespace "%"; %', p_role, p_namespace, p_refusal
+            USING ERRCODE = 'SL409';
+    END IF;
+    IF p_role OPERATOR(pg_catalog.=) current_user OR p_role OPERATOR(pg_catalog.=) session_user THEN
+        RAISE EXCEPTION 'role "%" is the login revoking tenants; %', p_role, p_self
+            USING ERRCODE = 'SL409';
+    END IF;
+    RETURN (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) p_role);
+END;
+$$;
+
+REVOKE EXECUTE ON FUNCTION sluice.revocable_tenant(text, text, text, text) FROM PUBLIC;
+
 CREATE FUNCTION sluice.revoke_tenant_login(p_role text, p_namespace text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -85,17 +109,7 @@ AS $$
 DECLARE
     v_oid oid;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM sluice.tenants t
-                   WHERE t.role_name OPERATOR(pg_catalog.=) p_role
-                     AND t.namespace OPERATOR(pg_catalog.=) p_namespace) THEN
-        RAISE EXCEPTION 'role "%" is not the registered tenant of namespace "%"; not revoking it', p_role, p_namespace
-            USING ERRCODE = 'SL409';
-    END IF;
-    IF p_role OPERATOR(pg_catalog.=) current_user OR p_role OPERATOR(pg_catalog.=) session_user THEN
-        RAISE EXCEPTION 'role "%" is the login revoking tenants; not revoking itself', p_role
-            USING ERRCODE = 'SL409';
-    END IF;
-    SELECT r.oid INTO v_oid FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) p_role;
+    v_oid := sluice.revocable_tenant(p_role, p_namespace, 'not revoking it', 'not revoking itself');
     IF v_oid IS NULL THEN
         RETURN false;
     END IF;
@@ -124,17 +138,8 @@ DECLARE
     -- again afterwards. RESET ROLE would switch to the login instead, and revoke from the wrong role.
     v_caller text := current_user;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM sluice.tenants t
-                   WHERE t.role_name OPERATOR(pg_catalog.=) p_role
-                     AND t.namespace OPERATOR(pg_catalog.=) p_namespace) THEN
-        RAISE EXCEPTION 'role "%" is not the registered tenant of namespace "%"; not ending its sessions', p_role, p_namespace
-            USING ERRCODE = 'SL409';
-    END IF;
-    IF p_role OPERATOR(pg_catalog.=) current_user OR p_role OPERATOR(pg_catalog.=) session_user THEN
-        RAISE EXCEPTION 'role "%" is the login revoking tenants; not ending its own sessions', p_role
-            USING ERRCODE = 'SL409';
-    END IF;
-    SELECT r.oid INTO v_oid FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) p_role;
+    v_oid := sluice.revocable_tenant(p_role, p_namespace, 'not ending its sessions',
+                                     'not ending its own sessions');
     IF v_oid IS NULL THEN
         RETURN 0;
     END IF;
