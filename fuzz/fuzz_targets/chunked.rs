@@ -12,7 +12,7 @@
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use sluice_sidecar::proxy::h1::chunked::{Chunked, LAST_CHUNK, Malformed, write_size_line};
+use sluice_sidecar::http1::chunked::{Chunked, LAST_CHUNK, Malformed, write_size_line};
 
 #[derive(Arbitrary, Debug)]
 struct Input {

@@ -14,13 +14,15 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use libfuzzer_sys::fuzz_target;
 use sluice_crds::sidecar_config::{EscapedSlashes, PathsConfig};
-use sluice_sidecar::proxy::{
-    h1::{
-        encode::{Peer, request_head},
-        fields::{Field, MAX_FIELDS},
-        request::{Parsed, RequestHead, parse},
+use sluice_sidecar::{
+    http1::fields::{Field, MAX_FIELDS},
+    proxy::{
+        h1::{
+            encode::{Peer, request_head},
+            request::{Parsed, RequestHead, parse},
+        },
+        target::{check_host, normalize_path},
     },
-    target::{check_host, normalize_path},
 };
 
 fuzz_target!(|data: &[u8]| {

@@ -10,14 +10,18 @@
 //! It depends on `sluice-crds` (the config schema, its validation and the contracts it shares with the
 //! operator) and `sluice-queue` (the store and all SQL); it knows nothing of the Kubernetes API.
 //!
-//! Layout (roughly bottom up): [`clock`] (re-exported from `sluice-crds`) and [`error`]; [`redis`]
-//! (connecting, TLS, why a connection fails); [`config`] (loading, env overrides, hot reload);
+//! Layout (roughly bottom up): [`clock`] (re-exported from `sluice-crds`) and [`error`]; [`http1`] (the
+//! HTTP/1.1 codec: response heads, header fields, hop-by-hop rules, body framing, the chunked coding);
+//! [`redis`] (connecting, TLS, why a connection fails); [`config`] (loading, env overrides, hot reload);
 //! [`limiter`] (rules, keys, algorithms, Redis store, circuit breaker, local fallback); [`queue`] (worker
 //! engine, HTTP dispatch, queue HTTP API, client library, the roles' wiring); [`proxy`] (HTTP forwarding,
-//! the admin endpoints, the proxy role). `main.rs` parses the command line and calls one role.
+//! the admin endpoints, the proxy role). `main.rs` parses the command line and calls one role. Both
+//! [`queue`] (its dispatch to the job handler) and [`proxy`] (its fast path) read HTTP/1.1 with
+//! [`http1`]; neither depends on the other, and [`http1`] on neither.
 
 pub mod config;
 pub mod error;
+pub mod http1;
 pub mod limiter;
 pub mod proxy;
 pub mod queue;
@@ -25,3 +29,62 @@ pub mod redis;
 
 pub use error::{Error, Result};
 pub use sluice_crds::clock;
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    /// Every `.rs` file under `src/{dir}`, with its text.
+    fn sources(dir: &str) -> Vec<(PathBuf, String)> {
+        let mut files = Vec::new();
+        let mut dirs = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(dir)];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    files.push((path, text));
+                }
+            }
+        }
+        assert!(!files.is_empty(), "no sources under src/{dir}");
+        files
+    }
+
+    /// The files under `src/{dir}` that name any of `forbidden`.
+    fn naming(dir: &str, forbidden: &[&str]) -> Vec<String> {
+        sources(dir)
+            .into_iter()
+            .flat_map(|(path, text)| {
+                forbidden
+                    .iter()
+                    .filter(|f| text.contains(**f))
+                    .map(|f| format!("{} names {f}", path.display()))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_http1_codec_names_neither_of_its_users_and_the_queue_not_the_proxy() {
+        let codec = naming(
+            "http1",
+            &[
+                "crate::proxy",
+                "crate::queue",
+                "crate::limiter",
+                "crate::config",
+                "crate::redis",
+                "super::super",
+            ],
+        );
+        assert!(codec.is_empty(), "http1 is below its users: {codec:?}");
+        let queue = naming("queue", &["crate::proxy", "proxy::h1"]);
+        assert!(
+            queue.is_empty(),
+            "the queue does not depend on the proxy: {queue:?}"
+        );
+    }
+}

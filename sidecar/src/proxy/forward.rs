@@ -23,14 +23,15 @@ use super::{
     admit::{Admission, Arrival, admit},
     app_connection::AppConnection,
     client_body::{Answered, ClientBody, ClientBodyError},
+    end_to_end::EndToEnd,
     forwarded::set_forwarded,
     headers::insert_quota,
-    hop_by_hop::{EndToEnd, strip_hop_by_hop},
     metrics::Outcome,
     reject::plain,
     state::{ProxyState, Snapshot},
     target, upgrade,
 };
+use crate::http1::hop_by_hop::strip_hop_by_hop;
 
 /// Handles one request from `peer`, whose plain HTTP/1.1 requests go over `app`. Never fails: every
 /// problem becomes a response.

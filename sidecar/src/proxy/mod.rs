@@ -6,8 +6,9 @@
 //! what the fast path hands over: h2c, HTTP/1.0, upgrades, odd framing), [`watched`] (the hyper path's
 //! client timeouts), [`target`] (the path, host and method read one way, for the rules and the app
 //! alike), [`app_connection`] (the hyper path's kept-alive connection to the app), [`client_body`] (a
-//! request body on the hyper path), [`upgrade`] (allowed upgrades, tunnels), [`hop_by_hop`] and
-//! [`forwarded`] (how heads are rewritten), [`headers`] (quota headers), [`reject`] (the proxy's own
+//! request body on the hyper path), [`upgrade`] (allowed upgrades, tunnels), [`forwarded`] (how heads
+//! are rewritten; hop-by-hop fields are [`crate::http1::hop_by_hop`]), [`end_to_end`] (the fields the
+//! limiter reads: those the app will receive), [`headers`] (quota headers), [`reject`] (the proxy's own
 //! responses: the 429 and its sampled log line, 413, 502), [`admin`] (`/healthz`, `/readyz`,
 //! `/metrics`), [`state`] (the running config, swapped on reload), [`limit`] (the seam to the limiter),
 //! [`metrics`], [`demo`] (`sluice-sidecar demo`).
@@ -18,12 +19,12 @@ pub mod app_connection;
 pub mod capacity;
 pub mod client_body;
 pub mod demo;
+pub mod end_to_end;
 pub mod fallback;
 pub mod forward;
 pub mod forwarded;
 pub mod h1;
 pub mod headers;
-pub mod hop_by_hop;
 pub mod limit;
 pub mod metrics;
 pub mod reject;

@@ -15,7 +15,7 @@ pub fn requested<B>(req: &http::Request<B>, allowed: &[String]) -> bool {
     let mut protocols = headers
         .get_all(http::header::UPGRADE)
         .iter()
-        .flat_map(|v| crate::proxy::hop_by_hop::tokens(v.as_bytes()))
+        .flat_map(|v| crate::http1::hop_by_hop::tokens(v.as_bytes()))
         .peekable();
     req.version() == http::Version::HTTP_11
         && protocols.peek().is_some()
@@ -26,7 +26,7 @@ pub fn requested<B>(req: &http::Request<B>, allowed: &[String]) -> bool {
         && headers
             .get_all(http::header::CONNECTION)
             .iter()
-            .any(|v| crate::proxy::hop_by_hop::has_token(v.as_bytes(), "upgrade"))
+            .any(|v| crate::http1::hop_by_hop::has_token(v.as_bytes(), "upgrade"))
 }
 
 /// Joins the client's and the app's upgraded connections in a background task.

@@ -8,7 +8,7 @@
 //!
 //! Each job is one HTTP/1.1 exchange on a kept-alive connection, written and read by the job's own task:
 //! the request in one write while the answer is listened for (a handler may answer before it has read a
-//! large body), the response head parsed with the proxy's HTTP/1.1 codec ([`crate::proxy::h1::response`]),
+//! large body), the response head parsed with the sidecar's HTTP/1.1 codec ([`crate::http1::response`]),
 //! the body read as its framing says. The status decides the outcome; the body only gives a failure its
 //! text. Idle connections wait on a stack, the most recently used first. One the handler closed while it
 //! was idle is seen before use (a read event is waiting on it) and dropped; a request whose write fails is
@@ -37,11 +37,11 @@ use super::worker::{Handler, Outcome};
 use crate::{
     clock::SharedClock,
     error::{Error, Result},
-    proxy::h1::{
-        HeadScan,
+    http1::{
         body::Framing,
         chunked::Chunked,
         fields::Field,
+        head_scan::HeadScan,
         response::{self, ResponseHead},
     },
 };

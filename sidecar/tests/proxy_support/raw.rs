@@ -11,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use sluice_sidecar::proxy::h1::chunked::Chunked;
+use sluice_sidecar::http1::chunked::Chunked;
 use sluice_testsupport::wait_for_async;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},

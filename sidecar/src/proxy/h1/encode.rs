@@ -10,17 +10,20 @@ use std::{cell::RefCell, net::IpAddr, time::SystemTime};
 use bytes::Bytes;
 use http::Response;
 
-use super::{
-    body::Framing,
-    fields::{Field, Fields},
-    request::RequestHead,
-    response::ResponseHead,
-};
-use crate::proxy::{
-    forwarded::{
-        X_FORWARDED_FOR, X_FORWARDED_PROTO, is_forwarding_claim, keeps_forwarded_proto, write_forwarded_for,
+use super::request::RequestHead;
+use crate::{
+    http1::{
+        body::Framing,
+        fields::{Field, Fields},
+        response::ResponseHead,
     },
-    headers::push_decimal,
+    proxy::{
+        forwarded::{
+            X_FORWARDED_FOR, X_FORWARDED_PROTO, is_forwarding_claim, keeps_forwarded_proto,
+            write_forwarded_for,
+        },
+        headers::push_decimal,
+    },
 };
 
 /// Who the request came from, for `X-Forwarded-For` and `-Proto`.
@@ -209,7 +212,7 @@ mod tests {
     use http::StatusCode;
 
     use super::*;
-    use crate::proxy::h1::{request, response};
+    use crate::{http1::response, proxy::h1::request};
 
     fn request_out(raw: &str, peer: &(Peer, bool)) -> String {
         let mut fields = Vec::new();

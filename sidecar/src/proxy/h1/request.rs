@@ -15,11 +15,14 @@ use std::mem::MaybeUninit;
 
 use http::Method;
 
-use super::{
-    body::Framing,
-    fields::{Field, Fields, MAX_FIELDS, Span},
+use crate::{
+    http1::{
+        body::{Framing, decimal},
+        fields::{Field, Fields, MAX_FIELDS, Span},
+        hop_by_hop::has_token,
+    },
+    proxy::target,
 };
-use crate::proxy::{hop_by_hop::has_token, target};
 
 /// The longest request head the fast path waits for; a longer one is handed to hyper, whose buffer holds
 /// no more (see `fallback`), so it is answered 431.
@@ -212,14 +215,6 @@ pub fn parse(buf: &[u8], fields: &mut Vec<Field>) -> Parsed {
     })
 }
 
-/// A `Content-Length` value: 1 to 19 decimal digits, nothing else.
-pub fn decimal(v: &[u8]) -> Option<u64> {
-    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    Some(v.iter().fold(0, |n, d| n * 10 + u64::from(d - b'0')))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -376,15 +371,6 @@ mod tests {
                 assert!(fields.iter().all(|f| f.value.range().end <= h.len));
                 let _ = (h.path(&buf), h.host(&buf));
             }
-        }
-    }
-
-    #[test]
-    fn content_length_is_plain_decimal_digits() {
-        assert_eq!(decimal(b"0"), Some(0));
-        assert_eq!(decimal(b"1234567890123456789"), Some(1_234_567_890_123_456_789));
-        for bad in [&b""[..], b"12a", b"-1", b" 1", b"12345678901234567890"] {
-            assert_eq!(decimal(bad), None, "{bad:?}");
         }
     }
 

@@ -17,16 +17,20 @@ use tokio::{
 };
 
 use super::{
-    BUFFER_INITIAL, HeadScan, READ_CHUNK,
+    BUFFER_INITIAL, READ_CHUNK,
     app::{self, App},
-    body::Body,
-    chunked, encode,
-    fields::Field,
-    make_room, request,
-    response::{self, ResponseHead},
-    write_all_within,
+    encode, make_room, request, write_all_within,
 };
-use crate::proxy::app_connection::AppError;
+use crate::{
+    http1::{
+        body::Body,
+        chunked,
+        fields::Field,
+        head_scan::HeadScan,
+        response::{self, ResponseHead},
+    },
+    proxy::app_connection::AppError,
+};
 
 /// Why a request got no response from the app.
 #[derive(Debug, thiserror::Error)]
@@ -432,7 +436,7 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
-    use crate::proxy::h1::body::Framing;
+    use crate::http1::body::Framing;
 
     #[tokio::test]
     async fn an_answer_before_the_whole_request_is_written_marks_the_app_connection_out_of_step() {

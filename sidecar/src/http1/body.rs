@@ -18,6 +18,14 @@ pub enum Framing {
     UntilClose,
 }
 
+/// A `Content-Length` value: 1 to 19 decimal digits, nothing else.
+pub fn decimal(v: &[u8]) -> Option<u64> {
+    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(v.iter().fold(0, |n, d| n * 10 + u64::from(d - b'0')))
+}
+
 /// A body being forwarded.
 #[derive(Debug, Clone)]
 pub enum Body {
@@ -106,6 +114,15 @@ impl Body {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn content_length_is_plain_decimal_digits() {
+        assert_eq!(decimal(b"0"), Some(0));
+        assert_eq!(decimal(b"1234567890123456789"), Some(1_234_567_890_123_456_789));
+        for bad in [&b""[..], b"12a", b"-1", b" 1", b"12345678901234567890"] {
+            assert_eq!(decimal(bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn a_length_body_takes_exactly_its_length() {

@@ -1,14 +1,10 @@
 //! Hop-by-hop fields (RFC 9110 §7.6.1, plus the de-facto `Proxy-Connection` and `Keep-Alive`): they
 //! describe one connection, so a proxy never forwards them, nor the fields that `Connection` names —
 //! except the [`PROTECTED`] ones, which frame the message or name its host (`Connection:
-//! content-length` would otherwise turn a body into a second request). The limiter reads a request the
-//! way the app will receive it ([`EndToEnd`]), so a field the proxy drops cannot pick a rate-limit key.
-
-use std::ops::ControlFlow;
+//! content-length` would otherwise turn a body into a second request). Also the tokens of list fields
+//! (`Connection`, `Transfer-Encoding`), which framing and keep-alive are read from.
 
 use http::{HeaderMap, HeaderName, header};
-
-use crate::limiter::HeaderLookup;
 
 /// The fields that are hop-by-hop whatever `Connection` says.
 pub static HOP_BY_HOP: [HeaderName; 7] = [
@@ -60,38 +56,6 @@ pub fn dropped<'a>(name: &[u8], mut connection: impl Iterator<Item = &'a [u8]>) 
         || (!is_protected(name) && connection.any(|v| tokens(v).any(|t| t.eq_ignore_ascii_case(name))))
 }
 
-/// A request's fields as the app will receive them: lookups skip the fields [`dropped`] on the way.
-pub struct EndToEnd<'a>(pub &'a HeaderMap);
-
-impl EndToEnd<'_> {
-    fn forwarded(&self, name: &HeaderName) -> bool {
-        !dropped(
-            name.as_str().as_bytes(),
-            self.0.get_all(header::CONNECTION).iter().map(|v| v.as_bytes()),
-        )
-    }
-}
-
-impl HeaderLookup for EndToEnd<'_> {
-    fn first(&self, name: &HeaderName) -> Option<&[u8]> {
-        if self.forwarded(name) {
-            self.0.first(name)
-        } else {
-            None
-        }
-    }
-
-    fn each_rev<'s>(&'s self, name: &HeaderName, f: &mut dyn FnMut(&'s [u8]) -> ControlFlow<()>) {
-        if self.forwarded(name) {
-            self.0.each_rev(name, f);
-        }
-    }
-
-    fn each_name(&self, f: &mut dyn FnMut(&str)) {
-        self.0.each_name(f);
-    }
-}
-
 /// The comma-separated tokens of a list field such as `Connection`, trimmed, empty ones skipped.
 pub fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
     value
@@ -141,19 +105,6 @@ mod tests {
         let mut left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
         left.sort_unstable();
         assert_eq!(left, ["content-length", "host"]);
-    }
-
-    #[test]
-    fn the_limiter_sees_only_what_the_app_will() {
-        let mut h = HeaderMap::new();
-        h.insert(header::CONNECTION, HeaderValue::from_static("authorization"));
-        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer junk"));
-        h.insert(header::HOST, HeaderValue::from_static("a"));
-        h.insert(header::TE, HeaderValue::from_static("trailers"));
-        let view = EndToEnd(&h);
-        assert_eq!(view.first(&header::AUTHORIZATION), None);
-        assert_eq!(view.first(&header::TE), None);
-        assert_eq!(view.first(&header::HOST), Some(&b"a"[..]));
     }
 
     #[test]

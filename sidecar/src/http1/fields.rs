@@ -1,15 +1,10 @@
-//! Header fields as the HTTP/1.1 fast path keeps them: byte ranges into the connection's read buffer,
-//! so a parsed head borrows nothing and allocates nothing; [`Fields`] reads them back, and for the
-//! limiter only as the app will receive them (hop-by-hop fields and those `Connection` names skipped).
+//! Header fields as the HTTP/1.1 readers keep them: byte ranges into the connection's read buffer, so a
+//! parsed head borrows nothing and allocates nothing; [`Fields`] reads them back, and tells which of them
+//! a proxy does not forward (hop-by-hop fields and those `Connection` names).
 
-use std::ops::{ControlFlow, Range};
+use std::ops::Range;
 
-use http::HeaderName;
-
-use crate::{
-    limiter::HeaderLookup,
-    proxy::hop_by_hop::{dropped, is_hop_by_hop},
-};
+use super::hop_by_hop::{dropped, is_hop_by_hop};
 
 /// Most header fields a head may have (as hyper: more is handed to hyper, which answers 431).
 pub const MAX_FIELDS: usize = 100;
@@ -121,81 +116,5 @@ impl<'a> Fields<'a> {
             .iter()
             .filter(move |f| f.is(self.buf, name))
             .map(move |f| f.value.of(self.buf))
-    }
-}
-
-impl HeaderLookup for Fields<'_> {
-    fn first(&self, name: &HeaderName) -> Option<&[u8]> {
-        if self.dropped(name.as_str().as_bytes()) {
-            return None;
-        }
-        self.values(name.as_str()).next()
-    }
-
-    fn each_rev<'s>(&'s self, name: &HeaderName, f: &mut dyn FnMut(&'s [u8]) -> ControlFlow<()>) {
-        if self.dropped(name.as_str().as_bytes()) {
-            return;
-        }
-        for v in self.values(name.as_str()).rev() {
-            if f(v).is_break() {
-                return;
-            }
-        }
-    }
-
-    fn each_name(&self, f: &mut dyn FnMut(&str)) {
-        for field in self.list {
-            f(&String::from_utf8_lossy(field.name.of(self.buf)));
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fields_are_found_in_any_case_first_and_last() {
-        let buf = b"X-Forwarded-For: 1.1.1.1\r\nhost: a\r\nx-forwarded-for: 2.2.2.2\r\n";
-        let text = std::str::from_utf8(buf).unwrap();
-        let mut list = Vec::new();
-        for line in text.split("\r\n").filter(|l| !l.is_empty()) {
-            let (name, value) = line.split_once(": ").unwrap();
-            list.push(Field {
-                name: Span::within(buf, name.as_bytes()),
-                value: Span::within(buf, value.as_bytes()),
-            });
-        }
-        let fields = Fields::new(buf, &list);
-        let xff = HeaderName::from_static("x-forwarded-for");
-        assert_eq!(fields.first(&xff), Some(&b"1.1.1.1"[..]));
-        let mut seen = Vec::new();
-        fields.each_rev(&xff, &mut |v| {
-            seen.push(v);
-            ControlFlow::Continue(())
-        });
-        assert_eq!(seen, [&b"2.2.2.2"[..], &b"1.1.1.1"[..]]);
-        assert_eq!(fields.first(&http::header::AUTHORIZATION), None);
-    }
-
-    #[test]
-    fn fields_dropped_on_the_way_are_not_read() {
-        let buf = b"Connection: authorization\r\nAuthorization: Bearer junk\r\nTE: trailers\r\nHost: a\r\n";
-        let text = std::str::from_utf8(buf).unwrap();
-        let list: Vec<Field> = text
-            .split("\r\n")
-            .filter(|l| !l.is_empty())
-            .map(|line| {
-                let (name, value) = line.split_once(": ").unwrap();
-                Field {
-                    name: Span::within(buf, name.as_bytes()),
-                    value: Span::within(buf, value.as_bytes()),
-                }
-            })
-            .collect();
-        let fields = Fields::new(buf, &list);
-        assert_eq!(fields.first(&http::header::AUTHORIZATION), None);
-        assert_eq!(fields.first(&http::header::TE), None);
-        assert_eq!(fields.first(&http::header::HOST), Some(&b"a"[..]));
     }
 }

@@ -1,15 +1,14 @@
-//! The app's response head, parsed for the fast path, and how its body is delimited (RFC 9112 §6.3).
-//! The app is trusted less than it might be: a response whose framing has more than one reading is a
-//! 502, never guessed at.
+//! A response head (the app's, for the proxy's fast path; the job handler's, for the worker's dispatch),
+//! and how its body is delimited (RFC 9112 §6.3). The peer is trusted less than it might be: a response
+//! whose framing has more than one reading is invalid (a 502 from the proxy), never guessed at.
 
 use super::{
-    body::Framing,
+    body::{Framing, decimal},
     fields::{Field, MAX_FIELDS, Span},
-    request::decimal,
+    hop_by_hop::{has_token, tokens},
 };
-use crate::proxy::hop_by_hop::{has_token, tokens};
 
-/// The longest response head read from the app (hyper's limit: big `Set-Cookie` or CSP fields fit).
+/// The longest response head read (hyper's limit: big `Set-Cookie` or CSP fields fit).
 pub const MAX_HEAD: usize = 408 * 1024;
 
 /// A parsed response head. Its spans point into the buffer it was parsed from.
@@ -43,7 +42,7 @@ pub enum Parsed {
     Partial,
     /// A whole head; its fields are in the list passed to [`parse`].
     Head(ResponseHead),
-    /// Not a response the proxy can forward (the reason, for logs).
+    /// Not a response that can be read one way (the reason, for logs).
     Invalid(&'static str),
 }
 
@@ -87,7 +86,7 @@ fn read(
         return Parsed::Invalid("status below 100");
     }
     if status == 101 {
-        // The fast path never forwards an upgrade, so the app has nothing to switch to.
+        // Neither reader asks for an upgrade, so the peer has nothing to switch to.
         return Parsed::Invalid("101 to a request that asked for no upgrade");
     }
     let mut keep_alive = version == 1;
