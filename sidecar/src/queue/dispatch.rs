@@ -11,10 +11,11 @@
 //! large body), the response head parsed with the sidecar's HTTP/1.1 codec ([`crate::http1::response`]),
 //! the body read as its framing says. The status decides the outcome; the body only gives a failure its
 //! text. Idle connections wait on a stack, the most recently used first. One the handler closed while it
-//! was idle is seen before use (a read event is waiting on it) and dropped; a request whose write fails is
-//! sent once more on a new connection, since the handler cannot have acted on a request it did not get
-//! whole. A request written whole is never sent again here: a connection that ends without an answer
-//! retries the job with backoff, as any failure does.
+//! was idle is seen before use and dropped: the socket itself is asked (a peek that does not wait), not
+//! the runtime's record of its readiness, which lags until the runtime next polls for events. A request
+//! whose write fails is sent once more on a new connection, since the handler cannot have acted on a
+//! request it did not get whole. A request written whole is never sent again here: a connection that
+//! ends without an answer retries the job with backoff, as any failure does.
 
 use std::{
     io::{self, Write as _},
@@ -23,8 +24,8 @@ use std::{
 };
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use futures::FutureExt as _;
 use http::Uri;
+use rustix::{io::Errno, net::RecvFlags};
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWriteExt},
     net::TcpStream,
@@ -244,9 +245,8 @@ impl Inner {
         answer
     }
 
-    /// The most recently used idle connection that is still open. One the handler closed (or wrote to
-    /// unasked) has a read event waiting; looking for that costs no system call, and only then is the
-    /// socket read to tell.
+    /// The most recently used idle connection that is still open ([`quiet`]); those found closed are
+    /// dropped.
     fn take_idle(&self) -> Option<TcpStream> {
         let mut closed = Vec::new();
         let mut idle = self.lock();
@@ -260,14 +260,10 @@ impl Inner {
                 closed.push(stream);
                 break None;
             }
-            if stream.readable().now_or_never().is_none() {
+            if quiet(&stream) {
                 break Some(stream);
             }
-            let mut probe = [0u8; 1];
-            match stream.try_read(&mut probe) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Some(stream),
-                _ => closed.push(stream),
-            }
+            closed.push(stream);
         };
         drop(idle);
         drop(closed);
@@ -277,6 +273,17 @@ impl Inner {
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
         self.idle.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// Whether an idle connection can carry a request: nothing to read on it. An end of stream (the handler
+/// closed it), bytes nobody asked for and an error each rule it out. The socket is peeked without
+/// waiting (one system call, small beside the exchange): the runtime's readiness of the socket would
+/// answer without one, but a close the kernel has and the runtime has not polled for yet looks open
+/// there, and a request written on it meets the close and retries the job.
+fn quiet(stream: &TcpStream) -> bool {
+    let mut probe = [0u8; 1];
+    let peek = RecvFlags::PEEK | RecvFlags::DONTWAIT;
+    matches!(rustix::net::recv(stream, &mut probe[..], peek), Err(Errno::AGAIN))
 }
 
 /// One exchange on `stream`: writes `request` while listening for the answer, then reads the final
@@ -481,6 +488,7 @@ impl Handler for HttpHandler {
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    use futures::FutureExt as _;
     use tokio::net::TcpListener;
 
     use super::*;
@@ -658,6 +666,84 @@ mod tests {
             2,
             "each job reached the handler once"
         );
+    }
+
+    /// Reads one request (head and `content-length` body) from a blocking socket; `None` at its end.
+    fn read_request_blocking(s: &mut std::net::TcpStream) -> Option<String> {
+        use std::io::Read as _;
+        let mut buf = Vec::new();
+        loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .map_or(0, |v| v.parse().unwrap());
+                if buf.len() >= end + 4 + len {
+                    return Some(String::from_utf8_lossy(&buf[..end + 4 + len]).into_owned());
+                }
+            }
+            let mut chunk = [0u8; 4096];
+            match s.read(&mut chunk) {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_close_the_runtime_has_not_polled_for_yet_is_found_before_the_connection_is_used() {
+        // A handler on a thread of its own, so it closes while this runtime polls for nothing: it
+        // answers one job, closes that connection once idle (its keep-alive timeout, on a signal here),
+        // then answers one job on a new connection.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/jobs", listener.local_addr().unwrap());
+        let (close_tx, close_rx) = std::sync::mpsc::channel::<()>();
+        let (closed_tx, closed_rx) = std::sync::mpsc::channel::<()>();
+        let handler_thread = std::thread::spawn(move || {
+            use std::io::Write as _;
+            let mut served = Vec::new();
+            let (mut s, _) = listener.accept().unwrap();
+            served.push(read_request_blocking(&mut s).unwrap());
+            s.write_all(OK).unwrap();
+            close_rx.recv().unwrap();
+            drop(s);
+            closed_tx.send(()).unwrap();
+            let (mut s, _) = listener.accept().unwrap();
+            served.push(read_request_blocking(&mut s).unwrap());
+            s.write_all(OK).unwrap();
+            served
+        });
+        let h = handler(&url);
+        assert_eq!(run(&h, "a").await, Outcome::Succeeded);
+
+        // From here to the next job nothing awaits, so the runtime does not poll for events.
+        close_tx.send(()).unwrap();
+        closed_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        {
+            let idle = h.inner.lock();
+            let stream = &idle.first().expect("the first job's connection waits").stream;
+            // The kernel has the close (a peek reads the end of the stream)...
+            loop {
+                let mut probe = [0u8; 1];
+                let peek = RecvFlags::PEEK | RecvFlags::DONTWAIT;
+                if matches!(rustix::net::recv(stream, &mut probe[..], peek), Ok((0, _))) {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "the handler's close never arrived");
+                std::thread::yield_now();
+            }
+            // ...and the runtime's readiness of the socket does not show it yet.
+            assert!(
+                stream.readable().now_or_never().is_none(),
+                "the runtime saw the close already: the case under test did not arise"
+            );
+        }
+        assert_eq!(run(&h, "b").await, Outcome::Succeeded, "a needless retry");
+        let served = handler_thread.join().unwrap();
+        assert!(served[0].contains("sluice-job-kind: a\r\n"), "{}", served[0]);
+        assert!(served[1].contains("sluice-job-kind: b\r\n"), "{}", served[1]);
     }
 
     #[tokio::test]
