@@ -12,7 +12,9 @@
 //! the body read as its framing says. The status decides the outcome; the body only gives a failure its
 //! text. Idle connections wait on a stack, the most recently used first. One the handler closed while it
 //! was idle is seen before use and dropped: the socket itself is asked (a peek that does not wait), not
-//! the runtime's record of its readiness, which lags until the runtime next polls for events. A request
+//! only the runtime's record of its readiness, which lags until the runtime next polls for events; a
+//! connection used within the last 100 ms, which no keep-alive timeout ends, is taken on the runtime's
+//! word, so a busy worker makes no system call for it. A request
 //! whose write fails is sent once more on a new connection, since the handler cannot have acted on a
 //! request it did not get whole. A request written whole is never sent again here: a connection that
 //! ends without an answer retries the job with backoff, as any failure does.
@@ -24,6 +26,7 @@ use std::{
 };
 
 use chrono::{DateTime, SecondsFormat, Utc};
+use futures::FutureExt as _;
 use http::Uri;
 use rustix::{io::Errno, net::RecvFlags};
 use tokio::{
@@ -260,7 +263,7 @@ impl Inner {
                 closed.push(stream);
                 break None;
             }
-            if quiet(&stream) {
+            if quiet(&stream, since.elapsed()) {
                 break Some(stream);
             }
             closed.push(stream);
@@ -275,12 +278,21 @@ impl Inner {
     }
 }
 
-/// Whether an idle connection can carry a request: nothing to read on it. An end of stream (the handler
-/// closed it), bytes nobody asked for and an error each rule it out. The socket is peeked without
-/// waiting (one system call, small beside the exchange): the runtime's readiness of the socket would
-/// answer without one, but a close the kernel has and the runtime has not polled for yet looks open
-/// there, and a request written on it meets the close and retries the job.
-fn quiet(stream: &TcpStream) -> bool {
+/// An idle connection used less than this long ago is taken on the runtime's word: no handler closes
+/// keep-alive connections that soon (their idle timeouts are seconds), and a busy worker, which
+/// reuses its connections within milliseconds, makes no system call for it.
+const PEEK_AFTER: Duration = Duration::from_millis(100);
+
+/// Whether an idle connection, unused for `idle_for`, can carry a request: nothing to read on it. An
+/// end of stream (the handler closed it), bytes nobody asked for and an error each rule it out. The
+/// runtime's readiness of the socket answers without a system call, but a close the kernel has and
+/// the runtime has not polled for yet looks open there, and a request written on it meets the close
+/// and retries the job; so, unless the connection was used within [`PEEK_AFTER`] and the runtime
+/// shows nothing, the socket is peeked without waiting.
+fn quiet(stream: &TcpStream, idle_for: Duration) -> bool {
+    if idle_for < PEEK_AFTER && stream.readable().now_or_never().is_none() {
+        return true;
+    }
     let mut probe = [0u8; 1];
     let peek = RecvFlags::PEEK | RecvFlags::DONTWAIT;
     matches!(rustix::net::recv(stream, &mut probe[..], peek), Err(Errno::AGAIN))
@@ -488,7 +500,6 @@ impl Handler for HttpHandler {
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use futures::FutureExt as _;
     use tokio::net::TcpListener;
 
     use super::*;
@@ -722,8 +733,11 @@ mod tests {
         closed_rx.recv_timeout(Duration::from_secs(10)).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         {
-            let idle = h.inner.lock();
-            let stream = &idle.first().expect("the first job's connection waits").stream;
+            let mut idle = h.inner.lock();
+            let waiting = idle.first_mut().expect("the first job's connection waits");
+            // Idle long enough for a handler's keep-alive timeout to have ended it.
+            waiting.since = Instant::now() - PEEK_AFTER;
+            let stream = &waiting.stream;
             // The kernel has the close (a peek reads the end of the stream)...
             loop {
                 let mut probe = [0u8; 1];
