@@ -4,7 +4,7 @@
 /// the app or a job handler), so that it is parsed again only once a piece could settle it
 /// (`worth_parsing`) instead of on every read.
 #[derive(Default)]
-pub struct HeadScan {
+pub(crate) struct HeadScan {
     /// Bytes of the buffer looked at so far.
     scanned: usize,
     /// Whether the head's first line had ended in them.
@@ -13,13 +13,13 @@ pub struct HeadScan {
 
 impl HeadScan {
     /// Whether `buf` holds something and is worth parsing now; `max_head` is the most a head may take.
-    pub fn due(&self, buf: &[u8], max_head: usize) -> bool {
+    pub(crate) fn due(&self, buf: &[u8], max_head: usize) -> bool {
         !buf.is_empty() && worth_parsing(buf, self.scanned, self.line_ended, max_head)
     }
 
     /// `buf` has been looked at to its end without a whole head; it only grows until the next call (a
     /// buffer that lost its front starts a new `HeadScan`).
-    pub fn seen(&mut self, buf: &[u8]) {
+    pub(crate) fn seen(&mut self, buf: &[u8]) {
         self.line_ended |= buf[self.scanned..].contains(&b'\n');
         self.scanned = buf.len();
     }

@@ -278,9 +278,10 @@ impl Inner {
     }
 }
 
-/// An idle connection used less than this long ago is taken on the runtime's word: no handler closes
-/// keep-alive connections that soon (their idle timeouts are seconds), and a busy worker, which
-/// reuses its connections within milliseconds, makes no system call for it.
+/// An idle connection used less than this long ago is taken on the runtime's word: keep-alive timeouts
+/// are seconds, and a busy worker, which reuses its connections within milliseconds, makes no system
+/// call for it. A handler that closes its connections sooner (shutting down) may have the close missed,
+/// and that job is retried with backoff, as a close between the check and the write always is.
 const PEEK_AFTER: Duration = Duration::from_millis(100);
 
 /// Whether an idle connection, unused for `idle_for`, can carry a request: nothing to read on it. An
