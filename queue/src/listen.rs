@@ -5,6 +5,13 @@
 //!
 //! [`listen_on`] is the same loop for any channel (the sidecar's job event streams listen on
 //! [`crate::events::JOB_EVENTS_CHANNEL`]).
+//!
+//! A LISTEN connection only reads, so a server gone silent under it (a failover that left the old
+//! address unanswered, a dropped NAT entry, a frozen backend) never shows up as an error: the socket
+//! just stays quiet, and whoever listens would wait on it for good. So the loop has a [`Liveness`]:
+//! after a quiet spell it sends `SELECT 1` on the connection, and a connection that does not answer it
+//! (or a connect and `LISTEN` that do not finish) within the deadline is dropped and made again, which
+//! reports [`Event::Listening`] (notifications may have been missed meanwhile).
 
 use std::{ops::ControlFlow, time::Duration};
 
@@ -19,6 +26,27 @@ const RETRY_FIRST: Duration = Duration::from_millis(100);
 /// Longest pause before reconnecting.
 const RETRY_MAX: Duration = Duration::from_secs(5);
 
+/// When a LISTEN connection is checked, and how long it has to answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Liveness {
+    /// How long the connection may stay quiet (no notification) before it is probed with `SELECT 1`.
+    pub quiet: Duration,
+    /// How long the probe, or connecting and `LISTEN`, may go unanswered before the connection is
+    /// dropped and made again.
+    pub deadline: Duration,
+}
+
+impl Default for Liveness {
+    /// A probe after 30 s of quiet, answered within 10 s: a silent server is noticed within 40 s, at
+    /// the cost of one `SELECT 1` per quiet half minute.
+    fn default() -> Self {
+        Self {
+            quiet: Duration::from_secs(30),
+            deadline: Duration::from_secs(10),
+        }
+    }
+}
+
 /// What the listener saw.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event<'a> {
@@ -30,8 +58,8 @@ pub enum Event<'a> {
 }
 
 /// Listens on a connection of `pool` and hands every [`Event`] to `on_event` until `stop` fires or
-/// `on_event` breaks. Connection failures are logged at debug level (`what` names the listener) and
-/// retried with backoff.
+/// `on_event` breaks. Connection failures, and connections that stop answering ([`Liveness`], the
+/// default), are logged at debug level (`what` names the listener) and retried with backoff.
 pub async fn listen(
     pool: &PgPool,
     what: &str,
@@ -47,6 +75,22 @@ pub async fn listen_on(
     channel: &str,
     what: &str,
     stop: &CancellationToken,
+    on_event: impl FnMut(Event<'_>) -> ControlFlow<()>,
+) {
+    listen_with(pool, channel, what, Liveness::default(), stop, on_event).await
+}
+
+/// [`listen_on`] with the connection checked as `liveness` says.
+///
+/// A connection given up while a statement on it is unanswered is not closed at once: sqlx sends
+/// `UNLISTEN *` on it before handing it back to `pool`, and that waits until the server answers or
+/// the operating system gives up on the socket; meanwhile it counts against the pool's size.
+pub async fn listen_with(
+    pool: &PgPool,
+    channel: &str,
+    what: &str,
+    liveness: Liveness,
+    stop: &CancellationToken,
     mut on_event: impl FnMut(Event<'_>) -> ControlFlow<()>,
 ) {
     let mut wait = RETRY_FIRST;
@@ -57,18 +101,27 @@ pub async fn listen_on(
             Ok::<_, sqlx::Error>(l)
         };
         let listener = tokio::select! {
-            l = connected => l,
+            l = tokio::time::timeout(liveness.deadline, connected) => l,
             _ = stop.cancelled() => return,
         };
         match listener {
-            Ok(mut l) => {
+            Ok(Ok(mut l)) => {
                 wait = RETRY_FIRST;
                 if on_event(Event::Listening).is_break() {
                     return;
                 }
                 loop {
+                    // `try_recv` keeps a partly read message when it is dropped (sqlx reads whole
+                    // messages only), so waiting on it against the quiet timer loses nothing.
                     let n = tokio::select! {
                         n = l.try_recv() => n,
+                        () = tokio::time::sleep(liveness.quiet) => {
+                            if let Err(e) = probe(&mut l, liveness.deadline).await {
+                                tracing::debug!(listener = what, error = %e, "LISTEN connection silent");
+                                break;
+                            }
+                            continue;
+                        }
                         _ = stop.cancelled() => return,
                     };
                     let event = match &n {
@@ -85,12 +138,29 @@ pub async fn listen_on(
                     }
                 }
             }
-            Err(e) => tracing::debug!(listener = what, error = %e, "LISTEN failed; polling meanwhile"),
+            Ok(Err(e)) => {
+                tracing::debug!(listener = what, error = %e, "LISTEN failed; polling meanwhile")
+            }
+            Err(_) => tracing::debug!(
+                listener = what,
+                deadline = ?liveness.deadline,
+                "LISTEN unanswered; polling meanwhile"
+            ),
         }
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = stop.cancelled() => return,
         }
         wait = (wait * 2).min(RETRY_MAX);
+    }
+}
+
+/// Sends `SELECT 1` on the listener's connection; an error when it fails or is not answered within
+/// `deadline`. Notifications that arrive meanwhile are kept for the next `try_recv`.
+async fn probe(l: &mut PgListener, deadline: Duration) -> Result<(), String> {
+    match tokio::time::timeout(deadline, sqlx::query("SELECT 1").execute(&mut *l)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer to a probe within {deadline:?}")),
     }
 }

@@ -51,9 +51,9 @@ use sluice_crds::sidecar_config::{
     POLL_INTERVAL_DEFAULT, SHUTDOWN_GRACE_DEFAULT, WORKER_CONCURRENCY_DEFAULT,
 };
 use sluice_queue::{
-    ClaimedJob, QueueSettings, QueueStore,
+    ClaimedJob, NOTIFY_CHANNEL, QueueSettings, QueueStore,
     error::Unanswered,
-    listen::Event,
+    listen::{Event, Liveness},
     store::{Finish, Finished, Held},
 };
 
@@ -1125,7 +1125,14 @@ async fn renew_finishing<H>(shared: &Shared<H>, lease: Duration, jobs: &[(Uuid, 
 }
 
 async fn listen<H>(shared: Arc<Shared<H>>, stop: CancellationToken) {
-    sluice_queue::listen::listen(shared.store.pool(), "worker", &stop, |event| {
+    // The LISTEN connection is probed when quiet and given up when its server goes silent, with the
+    // same deadline as the worker's statements.
+    let liveness = Liveness {
+        deadline: shared.opts.answer_deadline,
+        ..Liveness::default()
+    };
+    let pool = shared.store.pool();
+    sluice_queue::listen::listen_with(pool, NOTIFY_CHANNEL, "worker", liveness, &stop, |event| {
         match event {
             Event::Enqueued(queue) if !shared.opts.queues.iter().any(|q| q == queue) => {}
             // A job for us, or listening (again) after missing notifications: claim now.

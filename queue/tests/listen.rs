@@ -1,0 +1,144 @@
+//! The LISTEN loop against a real PostgreSQL: a connection whose server goes silent is found out by its
+//! probe and made again, and a quiet connection that still answers is kept.
+
+use std::{ops::ControlFlow, time::Duration};
+
+use sluice_queue::listen::{self, Event, Liveness};
+use sluice_testsupport::{PgServer, Signal, wait_for_async};
+use sqlx::PgPool;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+const CHANNEL: &str = "sluice_listen_test";
+/// The listener pool's `application_name`, to find its backend.
+const APP: &str = "sluice-listen-test";
+const DEADLINE: Duration = Duration::from_secs(20);
+const LIVENESS: Liveness = Liveness {
+    quiet: Duration::from_millis(100),
+    deadline: Duration::from_millis(500),
+};
+
+/// What the listener reported, owned.
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    Listening,
+    Enqueued(String),
+}
+
+/// A listener on [`CHANNEL`] with [`LIVENESS`], over a pool of its own named [`APP`]; stopped on drop.
+struct Listener {
+    events: mpsc::UnboundedReceiver<Seen>,
+    stop: CancellationToken,
+}
+
+impl Listener {
+    fn start(pg: &PgServer) -> Self {
+        let pool = sluice_queue::pool::options(4)
+            .connect_lazy(&format!("{}?application_name={APP}", pg.url()))
+            .unwrap();
+        let (tx, events) = mpsc::unbounded_channel();
+        let stop = CancellationToken::new();
+        let token = stop.clone();
+        tokio::spawn(async move {
+            listen::listen_with(&pool, CHANNEL, "test", LIVENESS, &token, |event| {
+                let _ = tx.send(match event {
+                    Event::Listening => Seen::Listening,
+                    Event::Enqueued(payload) => Seen::Enqueued(payload.to_owned()),
+                });
+                ControlFlow::Continue(())
+            })
+            .await
+        });
+        Self { events, stop }
+    }
+
+    async fn next(&mut self) -> Seen {
+        tokio::time::timeout(DEADLINE, self.events.recv())
+            .await
+            .expect("an event within the deadline")
+            .expect("the listener runs")
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// The pids of the listener's backends, oldest first.
+async fn listener_backends(admin: &PgPool) -> Vec<i32> {
+    sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE application_name = $1 ORDER BY backend_start")
+        .bind(APP)
+        .fetch_all(admin)
+        .await
+        .unwrap()
+}
+
+async fn notify(admin: &PgPool, payload: &str) {
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(CHANNEL)
+        .bind(payload)
+        .execute(admin)
+        .await
+        .unwrap();
+}
+
+/// A backend frozen (SIGSTOP) until dropped, so a failing test still thaws it.
+struct Frozen<'a>(&'a PgServer, u32);
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        self.0.signal_backend(self.1, Signal::Cont);
+    }
+}
+
+// A server that goes silent under the LISTEN connection (its backend frozen: the socket stays open and
+// nothing answers, as a failover or a dropped NAT entry leaves it) raises no error on a connection that
+// only reads. The probe after a quiet spell goes unanswered, the connection is given up and made
+// again (reported as `Listening`: notifications may have been missed), and a notification sent after
+// that arrives.
+#[tokio::test]
+async fn a_listen_connection_gone_silent_is_made_again() {
+    let pg = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+    let admin = sluice_queue::pool::options(2).connect(&pg.url()).await.unwrap();
+    let mut listener = Listener::start(&pg);
+    assert_eq!(listener.next().await, Seen::Listening);
+    let backends = listener_backends(&admin).await;
+    assert_eq!(backends.len(), 1, "{backends:?}");
+    let silent = u32::try_from(backends[0]).unwrap();
+    pg.signal_backend(silent, Signal::Stop);
+    let _thaw = Frozen(&pg, silent);
+
+    assert_eq!(listener.next().await, Seen::Listening);
+    let now = listener_backends(&admin).await;
+    assert!(now.len() == 2 && now[0] == backends[0], "{now:?}");
+    notify(&admin, "after").await;
+    assert_eq!(listener.next().await, Seen::Enqueued("after".into()));
+}
+
+// A quiet connection that answers its probe is kept: the probe ran on it (`SELECT 1` is its last
+// statement), it is still the only one, nothing but the first `Listening` was reported, and it still
+// delivers.
+#[tokio::test]
+async fn a_quiet_listen_connection_that_answers_is_kept() {
+    let pg = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+    let admin = sluice_queue::pool::options(2).connect(&pg.url()).await.unwrap();
+    let mut listener = Listener::start(&pg);
+    assert_eq!(listener.next().await, Seen::Listening);
+    let backends = listener_backends(&admin).await;
+    wait_for_async("a probe on the LISTEN connection", DEADLINE, || async {
+        let last: Option<String> =
+            sqlx::query_scalar("SELECT query FROM pg_stat_activity WHERE application_name = $1")
+                .bind(APP)
+                .fetch_optional(&admin)
+                .await
+                .unwrap();
+        (last.as_deref() == Some("SELECT 1")).then_some(())
+    })
+    .await;
+    notify(&admin, "still").await;
+    assert_eq!(listener.next().await, Seen::Enqueued("still".into()));
+    assert_eq!(listener_backends(&admin).await, backends);
+    assert!(listener.events.try_recv().is_err(), "nothing else was reported");
+}
