@@ -1,5 +1,5 @@
 //! Listening for enqueues: `LISTEN sluice_jobs` (payload: the queue name, sent by `sluice.enqueue` for
-//! jobs ready now) on one connection of a pool, reconnecting with backoff, until stopped. Used by the
+//! jobs ready now) on a connection made with a pool's settings, reconnecting with backoff, until stopped. Used by the
 //! worker (to claim at once) and by the operator (to scale a sleeping queue from 0 to 1). NOTIFY is only
 //! a hint: whoever listens also polls, since PgBouncer in transaction mode and replicas cannot LISTEN.
 //!
@@ -15,7 +15,10 @@
 
 use std::{ops::ControlFlow, time::Duration};
 
-use sqlx::{PgPool, postgres::PgListener};
+use sqlx::{
+    Executor as _, PgPool,
+    postgres::{PgListener, PgPoolOptions},
+};
 use tokio_util::sync::CancellationToken;
 
 /// The channel `sluice.enqueue` notifies on, with the queue name as payload (migration 0002).
@@ -82,9 +85,10 @@ pub async fn listen_on(
 
 /// [`listen_on`] with the connection checked as `liveness` says.
 ///
-/// A connection given up while a statement on it is unanswered is not closed at once: sqlx sends
-/// `UNLISTEN *` on it before handing it back to `pool`, and that waits until the server answers or
-/// the operating system gives up on the socket; meanwhile it counts against the pool's size.
+/// Each LISTEN connection is made with `pool`'s connect options in a pool of its own, one more
+/// connection than `pool` holds: sqlx hands a dropped listener's connection back to its pool only
+/// after an `UNLISTEN *` on it is answered, which a silent server may never do, and that connection
+/// then pins only its own pool, not a slot of `pool`.
 pub async fn listen_with(
     pool: &PgPool,
     channel: &str,
@@ -96,7 +100,14 @@ pub async fn listen_with(
     let mut wait = RETRY_FIRST;
     loop {
         let connected = async {
-            let mut l = PgListener::connect_with(pool).await?;
+            let own = PgPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(crate::pool::ACQUIRE_TIMEOUT)
+                .connect_lazy_with((*pool.connect_options()).clone());
+            let mut l = PgListener::connect_with(&own).await?;
+            // A lost connection is made again by this loop, under the deadline, and reported; not by
+            // `try_recv` itself, where the quiet timer could cut the reconnect short unreported.
+            l.eager_reconnect(false);
             l.listen(channel).await?;
             Ok::<_, sqlx::Error>(l)
         };
@@ -111,12 +122,16 @@ pub async fn listen_with(
                     return;
                 }
                 loop {
-                    // `try_recv` keeps a partly read message when it is dropped (sqlx reads whole
-                    // messages only), so waiting on it against the quiet timer loses nothing.
+                    // Without a reconnect inside it, `try_recv` only reads, and keeps a partly read
+                    // message when it is dropped: waiting on it against the quiet timer loses nothing.
                     let n = tokio::select! {
                         n = l.try_recv() => n,
                         () = tokio::time::sleep(liveness.quiet) => {
-                            if let Err(e) = probe(&mut l, liveness.deadline).await {
+                            let probed = tokio::select! {
+                                p = probe(&mut l, liveness.deadline) => p,
+                                _ = stop.cancelled() => return,
+                            };
+                            if let Err(e) = probed {
                                 tracing::debug!(listener = what, error = %e, "LISTEN connection silent");
                                 break;
                             }
@@ -124,17 +139,20 @@ pub async fn listen_with(
                         }
                         _ = stop.cancelled() => return,
                     };
-                    let event = match &n {
-                        Ok(Some(n)) => Event::Enqueued(n.payload()),
-                        // sqlx re-established the connection: notifications may have been missed.
-                        Ok(None) => Event::Listening,
+                    match &n {
+                        Ok(Some(n)) => {
+                            if on_event(Event::Enqueued(n.payload())).is_break() {
+                                return;
+                            }
+                        }
+                        Ok(None) => {
+                            tracing::debug!(listener = what, "LISTEN connection lost");
+                            break;
+                        }
                         Err(e) => {
                             tracing::debug!(listener = what, error = %e, "LISTEN connection lost");
                             break;
                         }
-                    };
-                    if on_event(event).is_break() {
-                        return;
                     }
                 }
             }
@@ -155,10 +173,11 @@ pub async fn listen_with(
     }
 }
 
-/// Sends `SELECT 1` on the listener's connection; an error when it fails or is not answered within
+/// Sends `SELECT 1` on the listener's connection (the simple protocol: one round trip, no prepared
+/// statement to find again behind a pooler); an error when it fails or is not answered within
 /// `deadline`. Notifications that arrive meanwhile are kept for the next `try_recv`.
 async fn probe(l: &mut PgListener, deadline: Duration) -> Result<(), String> {
-    match tokio::time::timeout(deadline, sqlx::query("SELECT 1").execute(&mut *l)).await {
+    match tokio::time::timeout(deadline, l.execute("SELECT 1")).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) => Err(e.to_string()),
         Err(_) => Err(format!("no answer to a probe within {deadline:?}")),

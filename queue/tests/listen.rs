@@ -13,9 +13,16 @@ const CHANNEL: &str = "sluice_listen_test";
 /// The listener pool's `application_name`, to find its backend.
 const APP: &str = "sluice-listen-test";
 const DEADLINE: Duration = Duration::from_secs(20);
-const LIVENESS: Liveness = Liveness {
+/// A probe after 100 ms of quiet: many probes within a test.
+const PROBED_OFTEN: Liveness = Liveness {
     quiet: Duration::from_millis(100),
-    deadline: Duration::from_millis(500),
+    deadline: Duration::from_secs(3),
+};
+/// A probe after 1 s of quiet: a backend frozen right after the first `Listening` is idle, not in
+/// the middle of a probe holding a lock others need.
+const PROBED_LATER: Liveness = Liveness {
+    quiet: Duration::from_secs(1),
+    deadline: Duration::from_secs(3),
 };
 
 /// What the listener reported, owned.
@@ -25,14 +32,15 @@ enum Seen {
     Enqueued(String),
 }
 
-/// A listener on [`CHANNEL`] with [`LIVENESS`], over a pool of its own named [`APP`]; stopped on drop.
+/// A listener on [`CHANNEL`] checked as `liveness` says, with the settings of a pool named [`APP`];
+/// stopped on drop.
 struct Listener {
     events: mpsc::UnboundedReceiver<Seen>,
     stop: CancellationToken,
 }
 
 impl Listener {
-    fn start(pg: &PgServer) -> Self {
+    fn start(pg: &PgServer, liveness: Liveness) -> Self {
         let pool = sluice_queue::pool::options(4)
             .connect_lazy(&format!("{}?application_name={APP}", pg.url()))
             .unwrap();
@@ -40,7 +48,7 @@ impl Listener {
         let stop = CancellationToken::new();
         let token = stop.clone();
         tokio::spawn(async move {
-            listen::listen_with(&pool, CHANNEL, "test", LIVENESS, &token, |event| {
+            listen::listen_with(&pool, CHANNEL, "test", liveness, &token, |event| {
                 let _ = tx.send(match event {
                     Event::Listening => Seen::Listening,
                     Event::Enqueued(payload) => Seen::Enqueued(payload.to_owned()),
@@ -102,7 +110,7 @@ impl Drop for Frozen<'_> {
 async fn a_listen_connection_gone_silent_is_made_again() {
     let pg = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
     let admin = sluice_queue::pool::options(2).connect(&pg.url()).await.unwrap();
-    let mut listener = Listener::start(&pg);
+    let mut listener = Listener::start(&pg, PROBED_LATER);
     assert_eq!(listener.next().await, Seen::Listening);
     let backends = listener_backends(&admin).await;
     assert_eq!(backends.len(), 1, "{backends:?}");
@@ -124,7 +132,7 @@ async fn a_listen_connection_gone_silent_is_made_again() {
 async fn a_quiet_listen_connection_that_answers_is_kept() {
     let pg = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
     let admin = sluice_queue::pool::options(2).connect(&pg.url()).await.unwrap();
-    let mut listener = Listener::start(&pg);
+    let mut listener = Listener::start(&pg, PROBED_OFTEN);
     assert_eq!(listener.next().await, Seen::Listening);
     let backends = listener_backends(&admin).await;
     wait_for_async("a probe on the LISTEN connection", DEADLINE, || async {
@@ -141,4 +149,24 @@ async fn a_quiet_listen_connection_that_answers_is_kept() {
     assert_eq!(listener.next().await, Seen::Enqueued("still".into()));
     assert_eq!(listener_backends(&admin).await, backends);
     assert!(listener.events.try_recv().is_err(), "nothing else was reported");
+}
+
+// A LISTEN connection the server ends (a restart, an administrator's `pg_terminate_backend`) is made
+// again by the loop and reported as `Listening` (notifications may have been missed), and a
+// notification sent after that arrives.
+#[tokio::test]
+async fn a_listen_connection_the_server_ends_is_made_again_and_reported() {
+    let pg = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+    let admin = sluice_queue::pool::options(2).connect(&pg.url()).await.unwrap();
+    let mut listener = Listener::start(&pg, PROBED_OFTEN);
+    assert_eq!(listener.next().await, Seen::Listening);
+    let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(listener_backends(&admin).await[0])
+        .fetch_one(&admin)
+        .await
+        .unwrap();
+    assert!(ended);
+    assert_eq!(listener.next().await, Seen::Listening);
+    notify(&admin, "after").await;
+    assert_eq!(listener.next().await, Seen::Enqueued("after".into()));
 }
