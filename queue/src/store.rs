@@ -199,8 +199,9 @@ impl QueueStore {
     }
 
     /// This store, its worker statements (claims, heartbeats, completions, releases, rescues, retention,
-    /// and the reads of a queue's settings and depth a worker makes) given up when the database has not
-    /// answered within `deadline`: the connection is closed, never returned to the pool, and the call
+    /// and the reads of a queue's settings and depth a worker makes) and the operator's (a queue's
+    /// settings, paused flag, schedules, depth and leases, and the adoption of a queue named before
+    /// namespaces) given up when the database has not answered within `deadline`: the connection is closed, never returned to the pool, and the call
     /// fails as a connection error would (the next call opens a fresh connection). Without it a statement on a connection whose server went away without a
     /// word (a failover, a dropped NAT entry, a frozen backend) waits for ever, as sqlx has no statement
     /// deadline and sets no TCP keepalive. A statement that was merely slow (a long row-lock wait) may
@@ -235,16 +236,12 @@ impl QueueStore {
             .bind(s.retention_succeeded_ms)
             .bind(s.retention_dead_ms)
             .bind(s.idempotency_window_ms);
-        let row = match self.server_deadline {
-            None => row.fetch_one(&self.pool).await.map_err(map_db_error)?,
-            Some(deadline) => {
-                let mut tx = self.pool.begin().await?;
-                set_server_deadline(&mut tx, deadline).await?;
-                let row = row.fetch_one(&mut *tx).await.map_err(map_db_error)?;
-                tx.commit().await?;
-                row
-            }
-        };
+        let row = self
+            .on_connection(async |c| {
+                self.server_bounded(c, async |c| Ok(row.fetch_one(c).await.map_err(map_db_error)?))
+                    .await
+            })
+            .await?;
         Ok(row.try_get("created")?)
     }
 
@@ -279,13 +276,15 @@ impl QueueStore {
     /// schedule yet ([`Error::Conflict`]). Holds enqueues and claims back for the moment it takes.
     pub async fn adopt_queue(&self, from: &str, to: &str) -> Result<Option<i64>> {
         check_queue_name(to)?;
-        let moved: Option<i64> = sqlx::query_scalar(sql::QUEUE_ADOPT)
-            .bind(from)
-            .bind(to)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(map_db_error)?;
-        Ok(moved)
+        self.on_connection(async |c| {
+            sqlx::query_scalar(sql::QUEUE_ADOPT)
+                .bind(from)
+                .bind(to)
+                .fetch_one(c)
+                .await
+                .map_err(map_db_error)
+        })
+        .await
     }
 
     /// Creates the LOGIN role `role` for `namespace` with `password` (or sets the password of the
@@ -309,16 +308,12 @@ impl QueueStore {
     /// Pauses (no claims) or resumes a queue.
     pub async fn set_paused(&self, name: &str, paused: bool) -> Result<()> {
         let set = sqlx::query(sql::QUEUE_SET_PAUSED).bind(name).bind(paused);
-        let row = match self.server_deadline {
-            None => set.fetch_optional(&self.pool).await?,
-            Some(deadline) => {
-                let mut tx = self.pool.begin().await?;
-                set_server_deadline(&mut tx, deadline).await?;
-                let row = set.fetch_optional(&mut *tx).await?;
-                tx.commit().await?;
-                row
-            }
-        };
+        let row = self
+            .on_connection(async |c| {
+                self.server_bounded(c, async |c| Ok(set.fetch_optional(c).await?))
+                    .await
+            })
+            .await?;
         row.map(|_| ())
             .ok_or_else(|| Error::NotFound(format!("queue {name:?}")))
     }
@@ -421,10 +416,13 @@ impl QueueStore {
 
     /// The schedules of `queue` as the database records them (last and next fire time), by name.
     pub async fn schedules(&self, queue: &str) -> Result<Vec<ScheduleState>> {
-        Ok(sqlx::query_as::<_, ScheduleState>(sql::SCHEDULE_LIST)
-            .bind(queue)
-            .fetch_all(&self.pool)
-            .await?)
+        self.on_connection(async |c| {
+            Ok(sqlx::query_as::<_, ScheduleState>(sql::SCHEDULE_LIST)
+                .bind(queue)
+                .fetch_all(c)
+                .await?)
+        })
+        .await
     }
 
     /// Runs the scheduler for `schedules` (queue, schedule) until `shutdown`: a pass over every schedule
@@ -675,14 +673,8 @@ impl QueueStore {
                     .bind(delays)
                     .bind(errors)
                     .bind(owner);
-                let Some(deadline) = self.server_deadline else {
-                    return Ok(finish.fetch_all(c).await?);
-                };
-                let mut tx = c.begin().await?;
-                set_server_deadline(&mut tx, deadline).await?;
-                let rows = finish.fetch_all(&mut *tx).await?;
-                tx.commit().await?;
-                Ok(rows)
+                self.server_bounded(c, async |c| Ok(finish.fetch_all(c).await?))
+                    .await
             })
         })
         .await?;
@@ -831,6 +823,24 @@ impl QueueStore {
                 Err(Unanswered(deadline).into_error())
             }
         }
+    }
+
+    /// Runs `statement` on `c`, in a transaction of its own that the server ends within the
+    /// [server deadline](Self::with_server_deadline) when there is one (three more round trips), or
+    /// else as it is.
+    async fn server_bounded<T>(
+        &self,
+        c: &mut PgConnection,
+        statement: impl AsyncFnOnce(&mut PgConnection) -> Result<T>,
+    ) -> Result<T> {
+        let Some(deadline) = self.server_deadline else {
+            return statement(c).await;
+        };
+        let mut tx = c.begin().await?;
+        set_server_deadline(&mut tx, deadline).await?;
+        let done = statement(&mut tx).await?;
+        tx.commit().await?;
+        Ok(done)
     }
 
     /// Runs one of the by-id batch statements (the heartbeats) with its generic plan, in a transaction of its
