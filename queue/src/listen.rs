@@ -60,7 +60,7 @@ pub enum Event<'a> {
     Enqueued(&'a str),
 }
 
-/// Listens on a connection of `pool` and hands every [`Event`] to `on_event` until `stop` fires or
+/// Listens on a connection made with `pool`'s settings (see [`listen_with`]) and hands every [`Event`] to `on_event` until `stop` fires or
 /// `on_event` breaks. Connection failures, and connections that stop answering ([`Liveness`], the
 /// default), are logged at debug level (`what` names the listener) and retried with backoff.
 pub async fn listen(
@@ -102,7 +102,9 @@ pub async fn listen_with(
         let connected = async {
             let own = PgPoolOptions::new()
                 .max_connections(1)
-                .acquire_timeout(crate::pool::ACQUIRE_TIMEOUT)
+                .acquire_timeout(liveness.deadline)
+                .idle_timeout(None)
+                .max_lifetime(None)
                 .connect_lazy_with((*pool.connect_options()).clone());
             let mut l = PgListener::connect_with(&own).await?;
             // A lost connection is made again by this loop, under the deadline, and reported; not by

@@ -183,7 +183,8 @@ impl QueueStore {
 
     /// This store, its completions and releases ([`QueueStore::finish_batch`], [`QueueStore::release`])
     /// and its writes of a queue's settings and paused flag ([`QueueStore::upsert_queue`],
-    /// [`QueueStore::set_paused`]) ended by the server itself within `deadline`, for their transaction only: a lock wait after half
+    /// [`QueueStore::set_paused`]) and adoptions ([`QueueStore::adopt_queue`], whose table lock would
+    /// otherwise queue every enqueue and claim behind it while it waits) ended by the server itself within `deadline`, for their transaction only: a lock wait after half
     /// of it (`lock_timeout`), the statement after four fifths (`statement_timeout`), the transaction
     /// when idle for all of it (`idle_in_transaction_session_timeout`); the database then answers with
     /// an error (or ends the session) instead of waiting on. For a write retried after a try went
@@ -276,13 +277,10 @@ impl QueueStore {
     /// schedule yet ([`Error::Conflict`]). Holds enqueues and claims back for the moment it takes.
     pub async fn adopt_queue(&self, from: &str, to: &str) -> Result<Option<i64>> {
         check_queue_name(to)?;
+        let adopt = sqlx::query_scalar(sql::QUEUE_ADOPT).bind(from).bind(to);
         self.on_connection(async |c| {
-            sqlx::query_scalar(sql::QUEUE_ADOPT)
-                .bind(from)
-                .bind(to)
-                .fetch_one(c)
+            self.server_bounded(c, async |c| adopt.fetch_one(c).await.map_err(map_db_error))
                 .await
-                .map_err(map_db_error)
         })
         .await
     }

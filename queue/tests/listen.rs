@@ -41,7 +41,9 @@ struct Listener {
 
 impl Listener {
     fn start(pg: &PgServer, liveness: Liveness) -> Self {
-        let pool = sluice_queue::pool::options(4)
+        // One connection: a listener that took its connection from this pool, and left a frozen one
+        // pinned in it, would never get another.
+        let pool = sluice_queue::pool::options(1)
             .connect_lazy(&format!("{}?application_name={APP}", pg.url()))
             .unwrap();
         let (tx, events) = mpsc::unbounded_channel();
@@ -74,13 +76,17 @@ impl Drop for Listener {
     }
 }
 
-/// The pids of the listener's backends, oldest first.
+/// The pids of the listener's backends that ran a statement (not a connection attempt given up
+/// before its `LISTEN`), oldest first.
 async fn listener_backends(admin: &PgPool) -> Vec<i32> {
-    sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE application_name = $1 ORDER BY backend_start")
-        .bind(APP)
-        .fetch_all(admin)
-        .await
-        .unwrap()
+    sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND query <> '' \
+         ORDER BY backend_start",
+    )
+    .bind(APP)
+    .fetch_all(admin)
+    .await
+    .unwrap()
 }
 
 async fn notify(admin: &PgPool, payload: &str) {

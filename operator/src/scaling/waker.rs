@@ -77,7 +77,7 @@ impl Waker {
 }
 
 async fn listen(url: String, key: String, tx: mpsc::UnboundedSender<Wake>, stop: CancellationToken) {
-    // Its own connection: LISTEN holds it for as long as the listener lives.
+    // The settings LISTEN connects with (it makes its connection in a pool of its own).
     let pool = match sluice_queue::pool::options(1).connect_lazy(&url) {
         Ok(pool) => pool,
         Err(e) => {

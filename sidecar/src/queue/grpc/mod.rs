@@ -115,8 +115,8 @@ use proto::{
     worker_server::{Worker as WorkerService, WorkerServer},
 };
 
-/// Connections of the database pool each stream's engine uses (LISTEN, claims, completions,
-/// heartbeats, maintenance).
+/// Connections of the database pool each stream's engine uses (claims, completions, heartbeats,
+/// maintenance); its LISTEN connection is one more, made with the pool's settings.
 pub const STREAM_POOL_SIZE: u32 = 4;
 /// Longest wait for room on a stream the worker does not read before the stream is ended.
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
