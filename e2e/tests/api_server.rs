@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -251,6 +252,77 @@ async fn deleting_an_owner_collects_its_dependents_and_orphan_keeps_them() {
         .unwrap();
     let kept = secrets.get("orphaning-owner-dep").await.unwrap();
     assert!(kept.metadata.owner_references.unwrap_or_default().is_empty());
+}
+
+#[tokio::test]
+async fn a_dependent_written_after_its_owner_was_deleted_is_collected_and_one_with_an_owner_stays() {
+    let env = Env::start().await.unwrap();
+    let ns = env.namespace("gc-late").await.unwrap();
+    let cms: Api<ConfigMap> = ns.api();
+    let owned_by = |owner: &ConfigMap, name: &str| {
+        let mut dep = cm(name);
+        dep.metadata.owner_references = Some(
+            serde_json::from_value(json!([{"apiVersion": "v1", "kind": "ConfigMap",
+                "name": owner.metadata.name, "uid": owner.metadata.uid, "controller": true}]))
+            .unwrap(),
+        );
+        dep
+    };
+    let live = cms.create(&PostParams::default(), &cm("live")).await.unwrap();
+    let gone = cms.create(&PostParams::default(), &cm("gone")).await.unwrap();
+    cms.delete("gone", &DeleteParams::background()).await.unwrap();
+    cms.create(&PostParams::default(), &owned_by(&live, "of-live"))
+        .await
+        .unwrap();
+    // A late write (a controller's reconcile finishing after its owner went): the garbage collector
+    // deletes it once it finds that no owner exists.
+    cms.create(&PostParams::default(), &owned_by(&gone, "of-gone"))
+        .await
+        .unwrap();
+    wait_for(
+        "the dependent of the deleted owner collected",
+        DEADLINE,
+        || async { cms.get_opt("of-gone").await.unwrap().is_none().then_some(()) },
+    )
+    .await
+    .unwrap();
+    assert!(cms.get_opt("of-live").await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn an_apply_that_changes_nothing_keeps_the_resource_version_and_sends_no_watch_event() {
+    let env = Env::start().await.unwrap();
+    let ns = env.namespace("noop-apply").await.unwrap();
+    let cms: Api<ConfigMap> = ns.api();
+    let owner = cms.create(&PostParams::default(), &cm("owner")).await.unwrap();
+    let applied = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "owned", "labels": {"app": "web"}, "ownerReferences": [{"apiVersion": "v1",
+            "kind": "ConfigMap", "name": "owner", "uid": owner.metadata.uid, "controller": true}]},
+        "data": {"k": "v"}});
+    let pp = PatchParams::apply("a-controller").force();
+    let first = cms.patch("owned", &pp, &Patch::Apply(&applied)).await.unwrap();
+    let again = cms.patch("owned", &pp, &Patch::Apply(&applied)).await.unwrap();
+    assert_eq!(
+        again.metadata.resource_version, first.metadata.resource_version,
+        "kube-apiserver does not write an object that an apply leaves as it was"
+    );
+    // Nothing was written, so a watch from the first apply's version sees only what comes next.
+    let rv = first.metadata.resource_version.clone().unwrap();
+    let mut events = cms
+        .watch(&kube::api::WatchParams::default(), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    cms.create(&PostParams::default(), &cm("marker")).await.unwrap();
+    let next = tokio::time::timeout(DEADLINE, events.next())
+        .await
+        .expect("an event before the deadline")
+        .unwrap()
+        .unwrap();
+    match next {
+        kube::api::WatchEvent::Added(o) => assert_eq!(o.metadata.name.as_deref(), Some("marker")),
+        other => panic!("the unchanged apply sent an event: {other:?}"),
+    }
 }
 
 #[tokio::test]

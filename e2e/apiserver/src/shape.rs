@@ -111,7 +111,18 @@ fn builtin(path: &[String]) -> ListType {
 
 /// Whether two list items have the same key.
 pub fn same_key(a: &Value, b: &Value, keys: &[String]) -> bool {
-    keys.iter().all(|k| key_value(a, k) == key_value(b, k))
+    // Compared in place: called for every pair of items while lists merge, it must not copy them.
+    keys.iter().all(|k| key_str(a, k) == key_str(b, k))
+}
+
+/// A key field as [`key_value`] has it, borrowed: `Err("TCP")` stands for the defaulted protocol.
+fn key_str<'a>(item: &'a Value, key: &str) -> Option<Result<&'a Value, &'static str>> {
+    match item.get(key) {
+        Some(Value::String(s)) if key == "protocol" && s == "TCP" => Some(Err("TCP")),
+        Some(v) if !v.is_null() => Some(Ok(v)),
+        _ if key == "protocol" => Some(Err("TCP")),
+        _ => None,
+    }
 }
 
 /// A key field's value, with the defaults the API server fills in before comparing (`protocol: TCP`).

@@ -4,9 +4,11 @@
 //!
 //! Invariants: every stored object carries `metadata.resourceVersion` equal to the `rv` of the last event
 //! that touched it; events in `log` have strictly increasing `rv`; a watch from version `v` can be served
-//! from the log iff `v >= floor`.
+//! from the log iff `v >= floor`; `uids` maps the uid of every stored object, and only those, to where it
+//! is stored (the garbage collector looks owners up by uid at every write of a dependent: a scan of every
+//! object there made writes cost O(objects)).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use chrono::{DateTime, SecondsFormat, Utc};
@@ -117,6 +119,8 @@ pub struct Store {
     /// Types served.
     pub registry: Registry,
     objects: BTreeMap<ResKey, BTreeMap<(String, String), Value>>,
+    /// Where the object of each uid is stored: its bucket, namespace and name.
+    uids: HashMap<String, (ResKey, String, String)>,
     rv: u64,
     log: VecDeque<Arc<Event>>,
     floor: u64,
@@ -132,6 +136,7 @@ impl Store {
         Store {
             registry: Registry::new(crate::builtins::all()),
             objects: BTreeMap::new(),
+            uids: HashMap::new(),
             rv: 1,
             log: VecDeque::new(),
             floor: 1,
@@ -241,6 +246,8 @@ impl Store {
         self.rv += 1;
         obj["metadata"]["resourceVersion"] = json!(self.rv.to_string());
         let (ns, name) = ns_name(&obj);
+        self.uids
+            .insert(uid(&obj).to_string(), (res.clone(), ns.clone(), name.clone()));
         let bucket = self.objects.entry(res.clone()).or_default();
         let previous = bucket.insert((ns, name), obj.clone());
         let type_ = if previous.is_some() {
@@ -343,6 +350,7 @@ impl Store {
             .objects
             .get_mut(res)?
             .remove(&(namespace.to_string(), name.to_string()))?;
+        self.uids.remove(uid(&obj));
         self.rv += 1;
         obj["metadata"]["resourceVersion"] = json!(self.rv.to_string());
         self.record(EventType::Deleted, res, &obj, None);
@@ -463,17 +471,11 @@ impl Store {
     }
 
     fn exists_uid(&self, wanted: &str) -> bool {
-        self.find_uid(wanted).is_some()
+        self.uids.contains_key(wanted)
     }
 
     fn find_uid(&self, wanted: &str) -> Option<(ResKey, Value)> {
-        for (res, m) in &self.objects {
-            for v in m.values() {
-                if uid(v) == wanted {
-                    return Some((res.clone(), v.clone()));
-                }
-            }
-        }
-        None
+        let (res, ns, name) = self.uids.get(wanted)?;
+        Some((res.clone(), self.get(res, ns, name)?.clone()))
     }
 }
