@@ -1,6 +1,7 @@
 //! What triggers a reconcile, against the in-memory test API server (with a real Redis, and a real
-//! PostgreSQL for the JobQueue): a controller's own status write, and re-applying owned objects that did
-//! not change, trigger none. Every reconcile kube-runtime starts is recorded with the reason it gives
+//! PostgreSQL for the JobQueue): a controller's own status write, its own writes of the objects it owns
+//! (creating them included), and re-applying owned objects that did not change, trigger none; an owned
+//! object changed by someone else does. Every reconcile kube-runtime starts is recorded with the reason it gives
 //! (its `reconciling object` span); absence is proven by a marker: a second object changed afterwards
 //! and reconciled, which the watch delivers after whatever the first object's writes caused.
 
@@ -10,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::{
     Api,
     api::{Patch, PatchParams, PostParams},
@@ -176,6 +177,11 @@ async fn a_policys_own_status_writes_and_unchanged_owned_objects_do_not_reconcil
         "only the creation of the policy reconciles it through its own watch, never the status \
          write that followed: {first:?}"
     );
+    assert_eq!(
+        first.len(),
+        1,
+        "creating the ConfigMap and the NetworkPolicy did not reconcile the policy again: {first:?}"
+    );
 
     // A governed pod starts and reports the policy's generation: the reconcile this triggers writes a
     // new status (1/1, Enforced) and re-applies the ConfigMap and NetworkPolicy as they were.
@@ -230,6 +236,31 @@ async fn a_policys_own_status_writes_and_unchanged_owned_objects_do_not_reconcil
          {after:?}"
     );
     assert_eq!(own_updates(&after), 1, "{after:?}");
+
+    // Someone else edits the policy's ConfigMap: that reconciles the policy, which puts its config
+    // back (long before the periodic resync).
+    let config_maps = ns.api::<ConfigMap>();
+    let name = sluice_operator::render::sidecar_config::config_map_name("first");
+    let written = config_maps.get(&name).await.unwrap().data.unwrap();
+    config_maps
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"config.yaml": "edited: by hand"}})),
+        )
+        .await
+        .unwrap();
+    wait_for("the ConfigMap put back", DEADLINE, || {
+        let (config_maps, name, written) = (config_maps.clone(), name.clone(), written.clone());
+        async move { (config_maps.get(&name).await.ok()?.data? == written).then_some(()) }
+    })
+    .await
+    .unwrap();
+    let edited = reconciles_of(&ns, "first");
+    assert!(
+        edited[after.len()..].iter().any(|r| r.contains("ConfigMap")),
+        "{edited:?}"
+    );
 }
 
 #[tokio::test]
@@ -311,6 +342,12 @@ async fn a_job_queues_own_status_writes_and_unchanged_owned_objects_do_not_recon
         1,
         "only the creation of the JobQueue reconciles it through its own watch, never the status \
          write that followed: {before:?}"
+    );
+    assert_eq!(
+        before.len(),
+        1,
+        "creating the worker ConfigMap and Deployment (written three times) did not reconcile the \
+         JobQueue again: {before:?}"
     );
 
     // Paused: the annotation triggers a reconcile, which writes the new status (`Paused=True`) and

@@ -43,6 +43,7 @@ use k8s_openapi::{
 use kube::{
     Api, Resource, ResourceExt,
     api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams},
+    core::PartialObjectMeta,
     runtime::{
         Controller, Predicate,
         controller::{self as runtime, Action},
@@ -66,7 +67,7 @@ use sluice_queue::{Depth, QueueSettings, QueueStore, schedule::CronSchedule, sto
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{Context, api_in, conditions::Desired};
+use super::{Context, OwnWrites, api_in, conditions::Desired};
 use crate::{
     Error, FIELD_MANAGER, Result,
     external_metrics::apiservice::{self, Owner},
@@ -203,10 +204,25 @@ pub async fn run(
                 Some(ns) => watcher::Config::default().fields(&format!("metadata.name={ns}")),
                 None => watcher::Config::default(),
             };
+            // Owned objects changed by anyone but the reconcile itself (an HPA's or a wake-up's scale
+            // of the Deployment included).
+            let own = ctx.own_writes.clone();
             controller
-                .owns(api_in::<Deployment>(&client, ns), owned.clone())
-                .owns(api_in::<HorizontalPodAutoscaler>(&client, ns), owned.clone())
-                .owns(api_in::<ConfigMap>(&client, ns), owned)
+                .owns_stream(super::owned_changes(
+                    api_in::<PartialObjectMeta<Deployment>>(&client, ns),
+                    owned.clone(),
+                    own.clone(),
+                ))
+                .owns_stream(super::owned_changes(
+                    api_in::<PartialObjectMeta<HorizontalPodAutoscaler>>(&client, ns),
+                    owned.clone(),
+                    own.clone(),
+                ))
+                .owns_stream(super::owned_changes(
+                    api_in::<PartialObjectMeta<ConfigMap>>(&client, ns),
+                    owned,
+                    own,
+                ))
                 .watches(
                     Api::<QueueDatabase>::all(client.clone()),
                     watcher::Config::default(),
@@ -636,6 +652,18 @@ pub async fn apply_replicas(
     replicas: i32,
     read_at: Option<&str>,
 ) -> Result<bool> {
+    Ok(replicas_applied(deployments, name, replicas, read_at)
+        .await?
+        .is_some())
+}
+
+/// [`apply_replicas`], returning the Deployment written (`None`: changed since `read_at`).
+async fn replicas_applied(
+    deployments: &Api<Deployment>,
+    name: &str,
+    replicas: i32,
+    read_at: Option<&str>,
+) -> Result<Option<Deployment>> {
     let mut replicas_only = json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": name},
@@ -646,8 +674,8 @@ pub async fn apply_replicas(
     }
     let pp = PatchParams::apply(REPLICAS_FIELD_MANAGER).force();
     match deployments.patch(name, &pp, &Patch::Apply(&replicas_only)).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+        Ok(d) => Ok(Some(d)),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
         Err(e) => Err(e.into()),
     }
 }
@@ -734,18 +762,42 @@ async fn apply_workers(
         tracing::debug!(jobqueue = %super::key(jq), error = %e, "setting pod-deletion-cost failed");
     }
     let pp = PatchParams::apply(FIELD_MANAGER).force();
+    let own = &ctx.own_writes;
     let config_map = render_config_map(jq);
-    Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
-        .patch(&config_map.name_any(), &pp, &Patch::Apply(&config_map))
-        .await?;
+    own.write(
+        OwnWrites::key::<ConfigMap>(&ns, &config_map.name_any()),
+        Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns).patch(
+            &config_map.name_any(),
+            &pp,
+            &Patch::Apply(&config_map),
+        ),
+    )
+    .await?;
     let deployments = Api::<Deployment>::namespaced(ctx.client.clone(), &ns);
+    let name = worker_name(jq);
+    let key = OwnWrites::key::<Deployment>(&ns, &name);
+    // The replicas' write as one of the reconcile's own (the wake-up path's is not: it triggers one).
+    // `false`: the Deployment changed since `read_at`, and nothing was written.
+    let replicas_written = |read_at: Option<String>| {
+        let (deployments, name, key) = (&deployments, &name, key.clone());
+        async move {
+            let written = own
+                .write_with(
+                    key,
+                    replicas_applied(deployments, name, replicas, read_at.as_deref()),
+                    |d| d.as_ref()?.metadata.resource_version.clone(),
+                )
+                .await?;
+            Ok::<_, Error>(written.is_some())
+        }
+    };
     // Before the Deployment's apply drops the field (also when taking it over from an earlier version's
     // apply), so that it is never left without an owner.
-    if seen.deployed && (decision.scale_to.is_some() || seen.replicas_in_main_apply) {
-        let name = worker_name(jq);
-        if !apply_replicas(&deployments, &name, replicas, seen.resource_version.as_deref()).await? {
-            return Ok(None);
-        }
+    if seen.deployed
+        && (decision.scale_to.is_some() || seen.replicas_in_main_apply)
+        && !replicas_written(seen.resource_version.clone()).await?
+    {
+        return Ok(None);
     }
     let render = |replicas: Option<i32>| -> Result<Deployment> {
         let mut deployment = render_worker_deployment(jq, &ctx.state.settings.sidecar, replicas)?;
@@ -762,20 +814,19 @@ async fn apply_workers(
         }
         Ok(deployment)
     };
-    deployments
-        .patch(
-            &worker_name(jq),
-            &pp,
-            &Patch::Apply(&render((!seen.deployed).then_some(replicas))?),
-        )
-        .await?;
+    let deployment = render((!seen.deployed).then_some(replicas))?;
+    own.write(
+        key.clone(),
+        deployments.patch(&name, &pp, &Patch::Apply(&deployment)),
+    )
+    .await?;
     if !seen.deployed {
-        apply_replicas(&deployments, &worker_name(jq), replicas, None).await?;
+        replicas_written(None).await?;
         // The replicas manager owns the count now: the Deployment's apply gives the field up in this
         // reconcile, as every later one applies it, rather than in the next one, whose write would
         // start yet another reconcile through the Deployment's watch.
-        deployments
-            .patch(&worker_name(jq), &pp, &Patch::Apply(&render(None)?))
+        let deployment = render(None)?;
+        own.write(key, deployments.patch(&name, &pp, &Patch::Apply(&deployment)))
             .await?;
     }
     if decision.scale_to.is_some() && seen.deployed {
@@ -797,7 +848,11 @@ async fn apply_autoscaler(
     let paused = jq.is_paused();
     match autoscaler {
         Autoscaler::Hpa if !paused => {
-            hpas.patch(&worker_name(jq), &pp, &Patch::Apply(&render_hpa(jq)))
+            ctx.own_writes
+                .write(
+                    OwnWrites::key::<HorizontalPodAutoscaler>(&ns, &worker_name(jq)),
+                    hpas.patch(&worker_name(jq), &pp, &Patch::Apply(&render_hpa(jq))),
+                )
                 .await?;
         }
         Autoscaler::Keda if !paused => {

@@ -37,10 +37,11 @@ use std::{
     time::Duration,
 };
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{Patch, PatchParams},
+    core::PartialObjectMeta,
     runtime::{
         Predicate, WatchStreamExt,
         controller::{self, Action},
@@ -55,6 +56,170 @@ use tracing::{Instrument, field, info_span};
 use crate::{
     Error, FIELD_MANAGER, Result, clock::Clock, config::CONCURRENT_RECONCILES_DEFAULT, metrics::Metrics,
 };
+
+/// The writes a controller's reconciles made to the objects it owns, by the `resourceVersion` each
+/// write returned, so that the watch of those objects ([`owned_changes`]) does not trigger a reconcile
+/// of the owner for its own write: creating a ConfigMap, a Deployment and an HPA used to reconcile every
+/// new object a second time, which at a thousand objects doubled the work of the first pass. Any other
+/// change (someone else's edit, a deletion, a status written by another controller) comes with another
+/// `resourceVersion` and triggers as before.
+///
+/// A write is announced before it is sent ([`OwnWrites::write`]): its watch event may arrive before its
+/// response, and is then held until the response says whether it is the write's own.
+///
+/// Limit: an apply that changes nothing returns the object as it stands, with the `resourceVersion` of
+/// whoever wrote it last. When someone else's write lands between the reconcile's read of the object
+/// and such an apply, and its event has not been delivered yet, that event is taken for the
+/// reconcile's own and the change is seen at the next requeue instead (the JobQueue's replica count is
+/// not exposed to this: it is applied on top of the version read, and a change since is refused).
+#[derive(Debug, Default)]
+pub struct OwnWrites {
+    written: Mutex<HashMap<String, Written>>,
+    done: tokio::sync::Notify,
+}
+
+/// What [`OwnWrites`] knows of one owned object.
+#[derive(Debug, Default)]
+struct Written {
+    /// Writes sent and not answered yet.
+    in_flight: usize,
+    /// The `resourceVersion`s the answered writes returned whose events the watch has not delivered
+    /// yet, oldest first (a reconcile writes a Deployment up to three times before the first event
+    /// arrives); at most [`OWN_WRITES_KEPT`].
+    resource_versions: std::collections::VecDeque<String>,
+}
+
+/// Most `resourceVersion`s [`OwnWrites`] keeps per object.
+const OWN_WRITES_KEPT: usize = 8;
+
+impl OwnWrites {
+    /// The key of object `name` of kind `K` in `namespace`.
+    pub fn key<K: Resource<DynamicType = ()>>(namespace: &str, name: &str) -> String {
+        format!("{}/{namespace}/{name}", K::kind(&()))
+    }
+
+    fn written(&self) -> std::sync::MutexGuard<'_, HashMap<String, Written>> {
+        self.written.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `write` of the owned object `key` ([`OwnWrites::key`]), remembering the `resourceVersion` of
+    /// the object it returns.
+    pub async fn write<K, E>(&self, key: String, write: impl Future<Output = Result<K, E>>) -> Result<K, E>
+    where
+        K: Resource,
+    {
+        self.write_with(key, write, |obj| obj.meta().resource_version.clone())
+            .await
+    }
+
+    /// [`OwnWrites::write`] of a write whose result `resource_version` reads (`None`: nothing written).
+    pub async fn write_with<T, E>(
+        &self,
+        key: String,
+        write: impl Future<Output = Result<T, E>>,
+        resource_version: impl FnOnce(&T) -> Option<String>,
+    ) -> Result<T, E> {
+        self.written().entry(key.clone()).or_default().in_flight += 1;
+        // Answered or not (an error, a cancelled reconcile), the write is no longer in flight.
+        let mut in_flight = InFlight {
+            own: self,
+            key,
+            resource_version: None,
+        };
+        let result = write.await;
+        if let Ok(written) = &result {
+            in_flight.resource_version = resource_version(written);
+        }
+        result
+    }
+
+    /// Whether `obj`, as a watch delivers it, is what one of the controller's own writes returned;
+    /// waits for the answers of writes of it still in flight.
+    async fn is_own<K: Resource<DynamicType = ()>>(&self, obj: &K) -> bool {
+        let key = Self::key::<K>(&obj.namespace().unwrap_or_default(), &obj.name_any());
+        loop {
+            let notified = self.done.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut written = self.written();
+                let Some(w) = written.get_mut(&key) else {
+                    return false;
+                };
+                if w.in_flight == 0 {
+                    let rv = obj.meta().resource_version.as_deref().unwrap_or_default();
+                    let Some(at) = w.resource_versions.iter().position(|v| v == rv) else {
+                        return false;
+                    };
+                    // Events come in order: the writes before this one have had theirs. This one's is
+                    // kept, so that a watch listing again finds the object as it was written.
+                    w.resource_versions.drain(..at);
+                    return true;
+                }
+            }
+            notified.await;
+        }
+    }
+
+    fn forget<K: Resource<DynamicType = ()>>(&self, obj: &K) {
+        let key = Self::key::<K>(&obj.namespace().unwrap_or_default(), &obj.name_any());
+        let mut written = self.written();
+        if written.get(&key).is_some_and(|w| w.in_flight == 0) {
+            written.remove(&key);
+        }
+    }
+}
+
+/// A write of [`OwnWrites::write`] in flight; its end, answered or not, when dropped.
+struct InFlight<'a> {
+    own: &'a OwnWrites,
+    key: String,
+    resource_version: Option<String>,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut written = self.own.written();
+        let w = written.entry(std::mem::take(&mut self.key)).or_default();
+        w.in_flight = w.in_flight.saturating_sub(1);
+        if let Some(rv) = self.resource_version.take() {
+            w.resource_versions.push_back(rv);
+            if w.resource_versions.len() > OWN_WRITES_KEPT {
+                w.resource_versions.pop_front();
+            }
+        }
+        drop(written);
+        self.own.done.notify_waiters();
+    }
+}
+
+/// The watch of objects a controller owns, for `Controller::owns_stream`: like `Controller::owns` (their
+/// metadata only), less the events of the controller's own writes ([`OwnWrites`]).
+pub fn owned_changes<K>(
+    api: Api<PartialObjectMeta<K>>,
+    config: watcher::Config,
+    own: Arc<OwnWrites>,
+) -> impl Stream<Item = Result<PartialObjectMeta<K>, watcher::Error>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    watcher(api, config).filter_map(move |event| {
+        let own = own.clone();
+        async move {
+            match event {
+                Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => {
+                    (!own.is_own(&obj).await).then_some(Ok(obj))
+                }
+                Ok(watcher::Event::Delete(obj)) => {
+                    own.forget(&obj);
+                    Some(Ok(obj))
+                }
+                Ok(watcher::Event::Init | watcher::Event::InitDone) => None,
+                Err(e) => Some(Err(e)),
+            }
+        }
+    })
+}
 
 /// Longest Event note: the API server refuses notes over 1 kB.
 pub const EVENT_NOTE_MAX_CHARS: usize = 1000;
@@ -74,6 +239,8 @@ pub struct Context<S> {
     pub clock: Clock,
     /// Most reconciles the controller runs at once ([`Context::controller_config`]).
     pub concurrency: u16,
+    /// The reconciles' writes to owned objects, which their watch does not pass on.
+    pub own_writes: Arc<OwnWrites>,
     /// What only this controller keeps.
     pub state: S,
 }
@@ -98,6 +265,7 @@ impl<S> Context<S> {
             backoff: Backoff::default(),
             clock,
             concurrency: CONCURRENT_RECONCILES_DEFAULT,
+            own_writes: Arc::default(),
             state,
         }
     }
@@ -314,6 +482,8 @@ where
         generation = obj.meta().generation.unwrap_or_default(),
         outcome = field::Empty,
     );
+    // At debug, with kube-runtime's `reconciling object` span (its `object.reason`: what triggered it).
+    span.in_scope(|| tracing::debug!("reconcile started"));
     let result = {
         let _timer = ctx.metrics.reconcile(controller);
         steps.instrument(span.clone()).await

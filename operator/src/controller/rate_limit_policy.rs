@@ -34,6 +34,7 @@ use k8s_openapi::api::{
 use kube::{
     Api, Resource, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams},
+    core::PartialObjectMeta,
     runtime::{
         Controller, Predicate, controller::Action, events::EventType, predicates, reflector::ObjectRef,
         watcher,
@@ -52,7 +53,7 @@ use sluice_crds::{
     rate_limit_policy::{GenerationCount, RateLimitPolicy, RateLimitPolicyStatus},
 };
 
-use super::{Context, Namespaces, api_in, conditions::Desired};
+use super::{Context, Namespaces, OwnWrites, api_in, conditions::Desired};
 use crate::{
     Error, FIELD_MANAGER, Result, counter_key,
     propagation::Publisher,
@@ -137,8 +138,17 @@ pub async fn run(ctx: Arc<Context<State>>, shutdown: impl Future<Output = ()> + 
             );
             Controller::for_stream(changed, policies)
                 .with_config(ctx.controller_config())
-                .owns(api_in::<ConfigMap>(&client, ns), managed.clone())
-                .owns(api_in::<NetworkPolicy>(&client, ns), managed)
+                // Owned objects changed by anyone but the reconcile itself.
+                .owns_stream(super::owned_changes(
+                    api_in::<PartialObjectMeta<ConfigMap>>(&client, ns),
+                    managed.clone(),
+                    ctx.own_writes.clone(),
+                ))
+                .owns_stream(super::owned_changes(
+                    api_in::<PartialObjectMeta<NetworkPolicy>>(&client, ns),
+                    managed,
+                    ctx.own_writes.clone(),
+                ))
                 .watches(
                     api_in::<Pod>(&client, ns),
                     watcher::Config::default().labels(POLICY_LABEL),
@@ -400,12 +410,13 @@ async fn apply_network_policy(
     let mut np = serde_json::to_value(network_policy(&ns, &policy.name_any(), owner, settings, governed))?;
     np["apiVersion"] = json!("networking.k8s.io/v1");
     np["kind"] = json!("NetworkPolicy");
-    api.patch(
-        &name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&np),
-    )
-    .await?;
+    let pp = PatchParams::apply(FIELD_MANAGER).force();
+    ctx.own_writes
+        .write(
+            OwnWrites::key::<NetworkPolicy>(&ns, &name),
+            api.patch(&name, &pp, &Patch::Apply(&np)),
+        )
+        .await?;
     Ok(Some(name))
 }
 
@@ -707,12 +718,13 @@ async fn apply_config_map(policy: &RateLimitPolicy, ctx: &Context<State>, yaml: 
         },
         "data": {CONFIG_KEY: yaml},
     });
-    api.patch(
-        &config_map_name(&name),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&cm),
-    )
-    .await?;
+    let pp = PatchParams::apply(FIELD_MANAGER).force();
+    ctx.own_writes
+        .write(
+            OwnWrites::key::<ConfigMap>(&ns, &config_map_name(&name)),
+            api.patch(&config_map_name(&name), &pp, &Patch::Apply(&cm)),
+        )
+        .await?;
     Ok(())
 }
 

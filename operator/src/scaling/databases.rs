@@ -12,7 +12,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    sync::Mutex,
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -39,6 +39,10 @@ pub fn database_key(url: &str) -> String {
 pub struct Databases {
     pools: Mutex<HashMap<String, PgPool>>,
     migrated: Mutex<HashSet<String>>,
+    /// One lock per database, held while its schema is migrated: the reconciles of every JobQueue on a
+    /// database start together (at startup, at a takeover), and each would otherwise run the migrator
+    /// itself, one after the other behind its advisory lock, before any got to its queue.
+    migrating: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     depth: Mutex<HashMap<(String, String), (Instant, Depth)>>,
     ttl: Duration,
     budget: Budget,
@@ -56,6 +60,7 @@ impl Databases {
         Self {
             pools: Mutex::default(),
             migrated: Mutex::default(),
+            migrating: Mutex::default(),
             depth: Mutex::default(),
             ttl,
             budget: Budget::default(),
@@ -81,9 +86,11 @@ impl Databases {
                 tokio::spawn(async move { pool.close().await });
             }
             let mut migrated = self.migrated.lock().unwrap_or_else(|p| p.into_inner());
+            let mut migrating = self.migrating.lock().unwrap_or_else(|p| p.into_inner());
             let mut depth = self.depth.lock().unwrap_or_else(|p| p.into_inner());
             for k in &released {
                 migrated.remove(k);
+                migrating.remove(k);
                 depth.retain(|(db, _), _| db != k);
             }
         }
@@ -124,19 +131,31 @@ impl Databases {
     pub async fn prepare(&self, url: &str, settings: &QueueSettings, paused: bool) -> Result<()> {
         let pool = self.pool(url)?;
         let key = database_key(url);
-        let done = self
-            .migrated
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(&key);
-        if !done {
-            // On a connection of its own whose lock waits the server ends: a tenant may hold the
-            // migrator's advisory lock.
-            schema::migrate_url(url).await?;
+        let done = || {
             self.migrated
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert(key);
+                .contains(&key)
+        };
+        if !done() {
+            let lock = self
+                .migrating
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(key.clone())
+                .or_default()
+                .clone();
+            let _migrating = lock.lock().await;
+            // Whoever held the lock before may have migrated it meanwhile.
+            if !done() {
+                // On a connection of its own whose lock waits the server ends: a tenant may hold the
+                // migrator's advisory lock.
+                schema::migrate_url(url).await?;
+                self.migrated
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key.clone());
+            }
         }
         // Bounded by the server: a tenant holding its queue's row (`SELECT … FOR UPDATE`) must not park
         // the reconcile.
