@@ -9,6 +9,10 @@
 //! is restarted over the same objects and the time until it has started a reconcile of every one is measured.
 //! A full run rewrites the section between `<!-- bench:cost-growth-operator:start -->` and
 //! `<!-- bench:cost-growth-operator:end -->` in BENCHMARKS.md.
+//!
+//! To see why each object was reconciled: `SLUICE_BENCH_RUST_LOG=warn,sluice_operator::controller=debug,kube_runtime::controller=info`
+//! logs every reconcile with kube-runtime's reason for it, and `SLUICE_BENCH_LOG_FILE=<path>` keeps a
+//! copy of the operator's log.
 
 #![allow(missing_docs)] // a benchmark binary: its items are not an API
 
@@ -50,8 +54,20 @@ type Failures = Arc<Mutex<BTreeMap<(String, String), u64>>>;
 fn failures(log: impl std::io::Read + Send + 'static) -> Failures {
     let failures = Failures::default();
     let counts = failures.clone();
+    // `SLUICE_BENCH_LOG_FILE`: every line of the operator's log is also appended there.
+    let mut copy = std::env::var_os("SLUICE_BENCH_LOG_FILE").map(|path| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .expect("open SLUICE_BENCH_LOG_FILE")
+    });
     std::thread::spawn(move || {
         for line in std::io::BufReader::new(log).lines().map_while(Result::ok) {
+            if let Some(f) = copy.as_mut() {
+                use std::io::Write as _;
+                let _ = writeln!(f, "{line}");
+            }
             let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
                 eprintln!("{line}");
                 continue;
@@ -166,8 +182,13 @@ fn start_operator(kubeconfig: &Path, webhook_port: u16, metrics: SocketAddr) -> 
         .args(["--external-metrics-listen", &format!("127.0.0.1:{}", free_port())])
         .args(["--sidecar-image", "sluice-sidecar:bench", "--log-format", "json"])
         .env("KUBECONFIG", kubeconfig)
-        // `not ready` (a failure the user must fix) is logged at info.
-        .env("RUST_LOG", "warn,sluice_operator::controller=info")
+        // `not ready` (a failure the user must fix) is logged at info; `SLUICE_BENCH_RUST_LOG` replaces
+        // the filter (e.g. to see every reconcile and its trigger at debug).
+        .env(
+            "RUST_LOG",
+            std::env::var("SLUICE_BENCH_RUST_LOG")
+                .unwrap_or_else(|_| "warn,sluice_operator::controller=info".into()),
+        )
         // The log is written to stdout.
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
