@@ -146,8 +146,8 @@ pub struct RunArgs {
     #[arg(long, env = "SLUICE_MAX_ENDPOINTS", default_value_t = crate::budget::TOTAL_DEFAULT)]
     pub max_endpoints: usize,
     /// Most reconciles each controller (RateLimitPolicy, JobQueue) runs at once; the others wait their
-    /// turn. Unbounded, a thousand JobQueues created together queued for the one pooled connection to
-    /// their database, past its 3 s acquire deadline (`DatabaseUnreachable`).
+    /// turn. Unbounded, a thousand JobQueues created together queued for the pooled connections to
+    /// their database, past their 3 s acquire deadline (`DatabaseUnreachable`).
     #[arg(
         long,
         env = "SLUICE_CONCURRENT_RECONCILES",

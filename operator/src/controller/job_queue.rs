@@ -63,7 +63,7 @@ use sluice_crds::{
     },
     queue_database::QueueDatabase,
 };
-use sluice_queue::{Depth, QueueSettings, QueueStore, schedule::CronSchedule, store::ScheduleState};
+use sluice_queue::{Depth, QueueSettings, schedule::CronSchedule, store::ScheduleState};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -445,7 +445,7 @@ async fn provision_tenant(
 /// namespace's JobQueues, only how many there are.
 async fn adopt_legacy_queue(jq: &JobQueue, ctx: &Context<State>, url: &str) -> Result<Option<String>> {
     let (short, full) = (jq.queue_name(), jq.database_queue_name());
-    let store = QueueStore::new(ctx.state.settings.databases.pool(url)?);
+    let store = ctx.state.settings.databases.store(url)?;
     if store.queue(&short).await?.is_none() {
         return Ok(None);
     }
@@ -554,8 +554,8 @@ async fn observe(jq: &JobQueue, ctx: &Context<State>, url: &str, now_ms: i64) ->
     let schedules = if jq.spec.schedules.is_empty() {
         Vec::new()
     } else {
-        match ctx.state.settings.databases.pool(url) {
-            Ok(pool) => QueueStore::new(pool)
+        match ctx.state.settings.databases.store(url) {
+            Ok(store) => store
                 .schedules(&jq.database_queue_name())
                 .await
                 .unwrap_or_else(|e| {

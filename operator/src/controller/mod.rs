@@ -65,7 +65,8 @@ use crate::{
 /// `resourceVersion` and triggers as before.
 ///
 /// A write is announced before it is sent ([`OwnWrites::write`]): its watch event may arrive before its
-/// response, and is then held until the response says whether it is the write's own.
+/// response, and is then held until the response says whether it is the write's own (at most
+/// [`OWN_WRITE_WAIT`], after which it is passed on).
 ///
 /// Limit: an apply that changes nothing returns the object as it stands, with the `resourceVersion` of
 /// whoever wrote it last. When someone else's write lands between the reconcile's read of the object
@@ -88,6 +89,9 @@ struct Written {
     /// arrives); at most [`OWN_WRITES_KEPT`].
     resource_versions: std::collections::VecDeque<String>,
 }
+
+/// Longest an owned object's event waits for the answer to a write of it in flight ([`owned_changes`]).
+const OWN_WRITE_WAIT: Duration = Duration::from_secs(5);
 
 /// Most `resourceVersion`s [`OwnWrites`] keeps per object.
 const OWN_WRITES_KEPT: usize = 8;
@@ -208,7 +212,10 @@ where
         async move {
             match event {
                 Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => {
-                    (!own.is_own(&obj).await).then_some(Ok(obj))
+                    // A write that takes long to be answered holds up this watch (every object of
+                    // the kind) only so long: its event is then passed on, one reconcile too many.
+                    let own = tokio::time::timeout(OWN_WRITE_WAIT, own.is_own(&obj)).await;
+                    (own != Ok(true)).then_some(Ok(obj))
                 }
                 Ok(watcher::Event::Delete(obj)) => {
                     own.forget(&obj);

@@ -1,5 +1,5 @@
 //! The `external.metrics.k8s.io/v1beta1` API: the HPA controller asks it for a JobQueue's depth
-//! (ready + running jobs), read from the team's PostgreSQL through one pooled connection per database
+//! (ready + running jobs), read from the team's PostgreSQL through the operator's pool of each database
 //! and a short cache.
 //!
 //! Only one provider of this API can exist per cluster (KEDA #470). [`apiservice`] decides whether the

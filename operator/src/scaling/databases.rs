@@ -1,5 +1,7 @@
-//! The operator's connections to the teams' databases: one pooled connection per database (shared by
-//! every JobQueue that names it, so a hundred queues do not open a hundred connections, KEDA #6955), a
+//! The operator's connections to the teams' databases: a pool of at most [`POOL_SIZE`] connections per
+//! database (shared by every JobQueue that names it, so a hundred queues do not open a hundred
+//! connections, KEDA #6955; every statement under an answer deadline, so a server gone silent costs a
+//! connection, not the pool), a
 //! short depth cache (the HPA, the status and the 0↔1 loop all read depth), schema preparation and the
 //! lease counts behind pod-deletion-cost. Every statement is the queue crate's ([`QueueStore`]).
 //!
@@ -28,6 +30,14 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long the server gives the operator's write of a queue's settings or paused flag (a row lock
 /// waited for half of it): see [`QueueStore::with_server_deadline`].
 pub const QUEUE_WRITE_DEADLINE: Duration = Duration::from_secs(10);
+/// How long any of the operator's statements may go unanswered before its connection is closed (see
+/// [`QueueStore::with_answer_deadline`]): above [`QUEUE_WRITE_DEADLINE`], so that the server's own
+/// timeout answers first when the server is merely slow.
+pub const ANSWER_DEADLINE: Duration = Duration::from_secs(15);
+/// Most connections the operator holds to one database. A thousand JobQueues reconciled together
+/// (at start, at a takeover) take turns on them; with one, those past the third second of the queue
+/// failed their reconcile on the acquire deadline.
+pub const POOL_SIZE: u32 = 4;
 
 /// A stable, non-secret key for a database URL.
 pub fn database_key(url: &str) -> String {
@@ -102,7 +112,8 @@ impl Databases {
         self.pools.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
-    /// The pool (one connection) of the database at `url`, made on first use, once [`admit`]ted.
+    /// The pool (at most [`POOL_SIZE`] connections) of the database at `url`, made on first use, once
+    /// [`admit`]ted.
     ///
     /// [`admit`]: Self::admit
     pub fn pool(&self, url: &str) -> Result<PgPool> {
@@ -118,7 +129,7 @@ impl Databases {
                     .into(),
             ));
         }
-        let pool = sluice_queue::pool::options(1)
+        let pool = sluice_queue::pool::options(POOL_SIZE)
             .min_connections(0)
             .idle_timeout(Some(IDLE_TIMEOUT))
             .connect_lazy(url)?;
@@ -159,7 +170,7 @@ impl Databases {
         }
         // Bounded by the server: a tenant holding its queue's row (`SELECT … FOR UPDATE`) must not park
         // the reconcile.
-        let store = QueueStore::new(pool).with_server_deadline(QUEUE_WRITE_DEADLINE);
+        let store = Self::store_of(pool);
         store.upsert_queue(settings).await?;
         store.set_paused(&settings.name, paused).await?;
         Ok(())
@@ -179,8 +190,7 @@ impl Databases {
     /// Depth of `queue` read now (and cached).
     pub async fn depth_fresh(&self, url: &str, queue: &str) -> Result<Option<Depth>> {
         let key = (database_key(url), queue.to_owned());
-        let store = QueueStore::new(self.pool(url)?);
-        let d = store.depth(queue).await?;
+        let d = self.store(url)?.depth(queue).await?;
         if let Some(d) = &d {
             self.depth
                 .lock()
@@ -192,7 +202,19 @@ impl Databases {
 
     /// Running jobs of `queue` per lease owner.
     pub async fn leases(&self, url: &str, queue: &str) -> Result<Vec<(String, i64)>> {
-        QueueStore::new(self.pool(url)?).running_by_owner(queue).await
+        self.store(url)?.running_by_owner(queue).await
+    }
+
+    /// The queue store of the database at `url` (see [`Databases::pool`]), its statements under the
+    /// [`ANSWER_DEADLINE`] and its writes of a queue under the [`QUEUE_WRITE_DEADLINE`].
+    pub fn store(&self, url: &str) -> Result<QueueStore> {
+        Ok(Self::store_of(self.pool(url)?))
+    }
+
+    fn store_of(pool: PgPool) -> QueueStore {
+        QueueStore::new(pool)
+            .with_answer_deadline(ANSWER_DEADLINE)
+            .with_server_deadline(QUEUE_WRITE_DEADLINE)
     }
 }
 
