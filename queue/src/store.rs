@@ -883,9 +883,13 @@ impl QueueStore {
     /// Running jobs of `queue` per lease owner (the worker process holding them): which pod holds how
     /// many leases, for the operator's pod-deletion-cost.
     pub async fn running_by_owner(&self, queue: &str) -> Result<Vec<(String, i64)>> {
-        let rows = sqlx::query(sql::JOB_COUNT_RUNNING_BY_OWNER)
-            .bind(queue)
-            .fetch_all(&self.pool)
+        let rows = self
+            .on_connection(async |c| {
+                Ok(sqlx::query(sql::JOB_COUNT_RUNNING_BY_OWNER)
+                    .bind(queue)
+                    .fetch_all(c)
+                    .await?)
+            })
             .await?;
         rows.iter()
             .map(|r| {

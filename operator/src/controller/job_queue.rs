@@ -445,7 +445,8 @@ async fn provision_tenant(
 /// namespace's JobQueues, only how many there are.
 async fn adopt_legacy_queue(jq: &JobQueue, ctx: &Context<State>, url: &str) -> Result<Option<String>> {
     let (short, full) = (jq.queue_name(), jq.database_queue_name());
-    let store = ctx.state.settings.databases.store(url)?;
+    // No deadline: the adoption moves the whole backlog under a table lock, for as long as that takes.
+    let store = sluice_queue::QueueStore::new(ctx.state.settings.databases.pool(url)?);
     if store.queue(&short).await?.is_none() {
         return Ok(None);
     }
@@ -814,10 +815,19 @@ async fn apply_workers(
         }
         Ok(deployment)
     };
+    // A Deployment's write counts as the reconcile's own only when it shows the count the reconcile
+    // decided: an apply that changed nothing returns the object as whoever wrote last left it, and a
+    // scale since the read (an HPA's, a user's) shows another count and must still reconcile.
+    let decided = |d: &Deployment| {
+        (d.spec.as_ref().and_then(|s| s.replicas) == Some(replicas))
+            .then(|| d.metadata.resource_version.clone())
+            .flatten()
+    };
     let deployment = render((!seen.deployed).then_some(replicas))?;
-    own.write(
+    own.write_with(
         key.clone(),
         deployments.patch(&name, &pp, &Patch::Apply(&deployment)),
+        decided,
     )
     .await?;
     if !seen.deployed {
@@ -826,8 +836,12 @@ async fn apply_workers(
         // reconcile, as every later one applies it, rather than in the next one, whose write would
         // start yet another reconcile through the Deployment's watch.
         let deployment = render(None)?;
-        own.write(key, deployments.patch(&name, &pp, &Patch::Apply(&deployment)))
-            .await?;
+        own.write_with(
+            key,
+            deployments.patch(&name, &pp, &Patch::Apply(&deployment)),
+            decided,
+        )
+        .await?;
     }
     if decision.scale_to.is_some() && seen.deployed {
         ctx.state.settings.metrics.scaled(decision.reason.as_str());

@@ -150,15 +150,15 @@ impl OwnWrites {
                 let Some(w) = written.get_mut(&key) else {
                     return false;
                 };
-                if w.in_flight == 0 {
-                    let rv = obj.meta().resource_version.as_deref().unwrap_or_default();
-                    let Some(at) = w.resource_versions.iter().position(|v| v == rv) else {
-                        return false;
-                    };
+                let rv = obj.meta().resource_version.as_deref().unwrap_or_default();
+                if let Some(at) = w.resource_versions.iter().position(|v| v == rv) {
                     // Events come in order: the writes before this one have had theirs. This one's is
                     // kept, so that a watch listing again finds the object as it was written.
                     w.resource_versions.drain(..at);
                     return true;
+                }
+                if w.in_flight == 0 {
+                    return false;
                 }
             }
             notified.await;
@@ -184,13 +184,17 @@ struct InFlight<'a> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         let mut written = self.own.written();
-        let w = written.entry(std::mem::take(&mut self.key)).or_default();
+        let w = written.entry(self.key.clone()).or_default();
         w.in_flight = w.in_flight.saturating_sub(1);
         if let Some(rv) = self.resource_version.take() {
             w.resource_versions.push_back(rv);
             if w.resource_versions.len() > OWN_WRITES_KEPT {
                 w.resource_versions.pop_front();
             }
+        }
+        // A write that failed (a 409, a namespace being deleted) leaves nothing to remember.
+        if w.in_flight == 0 && w.resource_versions.is_empty() {
+            written.remove(&self.key);
         }
         drop(written);
         self.own.done.notify_waiters();
@@ -286,7 +290,7 @@ impl<S> Context<S> {
     /// The kube-runtime settings of the controller: at most [`Context::concurrency`] reconciles at
     /// once. kube-runtime's own default is no bound: every object triggered together (all of them when
     /// the operator starts or takes over) is reconciled at once, every reconcile holding a connection
-    /// to the API server and waiting its turn for the one connection to its database.
+    /// to the API server and waiting its turn for the pooled connections to its database.
     pub fn controller_config(&self) -> controller::Config {
         controller::Config::default().concurrency(self.concurrency)
     }

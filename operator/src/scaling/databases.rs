@@ -1,7 +1,7 @@
 //! The operator's connections to the teams' databases: a pool of at most [`POOL_SIZE`] connections per
 //! database (shared by every JobQueue that names it, so a hundred queues do not open a hundred
-//! connections, KEDA #6955; every statement under an answer deadline, so a server gone silent costs a
-//! connection, not the pool), a
+//! connections, KEDA #6955; the queue's statements under an answer deadline, so a server gone silent
+//! costs a connection, not the pool), a
 //! short depth cache (the HPA, the status and the 0↔1 loop all read depth), schema preparation and the
 //! lease counts behind pod-deletion-cost. Every statement is the queue crate's ([`QueueStore`]).
 //!
@@ -14,7 +14,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    sync::{Arc, Mutex},
+    sync::Mutex,
     time::{Duration, Instant},
 };
 
@@ -30,9 +30,11 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long the server gives the operator's write of a queue's settings or paused flag (a row lock
 /// waited for half of it): see [`QueueStore::with_server_deadline`].
 pub const QUEUE_WRITE_DEADLINE: Duration = Duration::from_secs(10);
-/// How long any of the operator's statements may go unanswered before its connection is closed (see
-/// [`QueueStore::with_answer_deadline`]): above [`QUEUE_WRITE_DEADLINE`], so that the server's own
-/// timeout answers first when the server is merely slow.
+/// How long the operator's statements about a queue (its settings, paused flag, schedules, depth and
+/// leases) may go unanswered before their connection is closed (see
+/// [`QueueStore::with_answer_deadline`]): above [`QUEUE_WRITE_DEADLINE`], so that for a write the
+/// server's own timeout answers first when the server is merely slow; a read past it (a depth count
+/// of a huge backlog on a slow server) is given up and fails the reconcile, to be tried again.
 pub const ANSWER_DEADLINE: Duration = Duration::from_secs(15);
 /// Most connections the operator holds to one database. A thousand JobQueues reconciled together
 /// (at start, at a takeover) take turns on them; with one, those past the third second of the queue
@@ -49,10 +51,6 @@ pub fn database_key(url: &str) -> String {
 pub struct Databases {
     pools: Mutex<HashMap<String, PgPool>>,
     migrated: Mutex<HashSet<String>>,
-    /// One lock per database, held while its schema is migrated: the reconciles of every JobQueue on a
-    /// database start together (at startup, at a takeover), and each would otherwise run the migrator
-    /// itself, one after the other behind its advisory lock, before any got to its queue.
-    migrating: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     depth: Mutex<HashMap<(String, String), (Instant, Depth)>>,
     ttl: Duration,
     budget: Budget,
@@ -70,7 +68,6 @@ impl Databases {
         Self {
             pools: Mutex::default(),
             migrated: Mutex::default(),
-            migrating: Mutex::default(),
             depth: Mutex::default(),
             ttl,
             budget: Budget::default(),
@@ -96,11 +93,9 @@ impl Databases {
                 tokio::spawn(async move { pool.close().await });
             }
             let mut migrated = self.migrated.lock().unwrap_or_else(|p| p.into_inner());
-            let mut migrating = self.migrating.lock().unwrap_or_else(|p| p.into_inner());
             let mut depth = self.depth.lock().unwrap_or_else(|p| p.into_inner());
             for k in &released {
                 migrated.remove(k);
-                migrating.remove(k);
                 depth.retain(|(db, _), _| db != k);
             }
         }
@@ -142,31 +137,19 @@ impl Databases {
     pub async fn prepare(&self, url: &str, settings: &QueueSettings, paused: bool) -> Result<()> {
         let pool = self.pool(url)?;
         let key = database_key(url);
-        let done = || {
+        let done = self
+            .migrated
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&key);
+        if !done {
+            // On a connection of its own whose lock waits the server ends: a tenant may hold the
+            // migrator's advisory lock.
+            schema::migrate_url(url).await?;
             self.migrated
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .contains(&key)
-        };
-        if !done() {
-            let lock = self
-                .migrating
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .entry(key.clone())
-                .or_default()
-                .clone();
-            let _migrating = lock.lock().await;
-            // Whoever held the lock before may have migrated it meanwhile.
-            if !done() {
-                // On a connection of its own whose lock waits the server ends: a tenant may hold the
-                // migrator's advisory lock.
-                schema::migrate_url(url).await?;
-                self.migrated
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(key.clone());
-            }
+                .insert(key);
         }
         // Bounded by the server: a tenant holding its queue's row (`SELECT … FOR UPDATE`) must not park
         // the reconcile.
