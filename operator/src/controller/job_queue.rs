@@ -445,9 +445,15 @@ async fn provision_tenant(
 /// namespace's JobQueues, only how many there are.
 async fn adopt_legacy_queue(jq: &JobQueue, ctx: &Context<State>, url: &str) -> Result<Option<String>> {
     let (short, full) = (jq.queue_name(), jq.database_queue_name());
-    // No deadline: the adoption moves the whole backlog under a table lock, for as long as that takes.
-    let store = sluice_queue::QueueStore::new(ctx.state.settings.databases.pool(url)?);
-    if store.queue(&short).await?.is_none() {
+    if ctx
+        .state
+        .settings
+        .databases
+        .store(url)?
+        .queue(&short)
+        .await?
+        .is_none()
+    {
         return Ok(None);
     }
     let by_hand = format!(
@@ -481,6 +487,8 @@ async fn adopt_legacy_queue(jq: &JobQueue, ctx: &Context<State>, url: &str) -> R
             if others == 1 { "s" } else { "" },
         )));
     }
+    // No deadline: the adoption moves the whole backlog under a table lock, for as long as that takes.
+    let store = sluice_queue::QueueStore::new(ctx.state.settings.databases.pool(url)?);
     match store.adopt_queue(&short, &full).await {
         Ok(moved) => {
             let message = format!(
