@@ -563,6 +563,8 @@ impl Backoff {
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::api::core::v1::ConfigMap;
+
     use super::*;
 
     #[test]
@@ -577,5 +579,101 @@ mod tests {
         );
         b.reset("shop/api");
         assert_eq!(b.next("shop/api").as_secs(), 1);
+    }
+
+    /// A ConfigMap `shop/api-config` as a write returns it or a watch delivers it, at `rv`.
+    fn config_map(rv: &str) -> ConfigMap {
+        let mut cm = ConfigMap::default();
+        cm.metadata.namespace = Some("shop".into());
+        cm.metadata.name = Some("api-config".into());
+        cm.metadata.resource_version = Some(rv.into());
+        cm
+    }
+
+    fn key() -> String {
+        OwnWrites::key::<ConfigMap>("shop", "api-config")
+    }
+
+    /// A write of `shop/api-config` held until `answer` sends what it returns.
+    async fn held_write(own: &OwnWrites, answer: tokio::sync::oneshot::Receiver<Result<ConfigMap, ()>>) {
+        let _ = own.write(key(), async { answer.await.unwrap_or(Err(())) }).await;
+    }
+
+    #[tokio::test]
+    async fn an_event_that_arrives_before_its_write_is_answered_waits_and_is_the_write_s_own() {
+        let own = OwnWrites::default();
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let write = held_write(&own, answered);
+        let delivered = config_map("7");
+        let event = own.is_own(&delivered);
+        tokio::pin!(write, event);
+        // The write is sent first; the event waits while it is in flight.
+        tokio::select! {
+            biased;
+            _ = &mut write => panic!("the write was answered"),
+            _ = &mut event => panic!("decided before the write was answered"),
+            () = tokio::task::yield_now() => {}
+        }
+        answer.send(Ok(config_map("7"))).unwrap();
+        let (_, own_event) = tokio::join!(write, event);
+        assert!(own_event);
+        // A watch listing again finds the object as written: still its own.
+        assert!(own.is_own(&config_map("7")).await);
+        // Someone else's write after it is not.
+        assert!(!own.is_own(&config_map("9")).await);
+    }
+
+    #[tokio::test]
+    async fn a_write_that_fails_or_is_dropped_makes_no_event_its_own_and_leaves_nothing_behind() {
+        let own = OwnWrites::default();
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let write = held_write(&own, answered);
+        let delivered = config_map("7");
+        let event = own.is_own(&delivered);
+        tokio::pin!(write, event);
+        tokio::select! {
+            biased;
+            _ = &mut write => panic!("the write was answered"),
+            _ = &mut event => panic!("decided before the write was answered"),
+            () = tokio::task::yield_now() => {}
+        }
+        answer.send(Err(())).unwrap();
+        let (_, own_event) = tokio::join!(write, event);
+        assert!(!own_event, "a failed write returned nothing");
+        assert!(own.written().get(&key()).is_none());
+
+        // A write cancelled (its reconcile dropped) while an event waits on it.
+        let (_answer, answered) = tokio::sync::oneshot::channel();
+        let write = Box::pin(held_write(&own, answered));
+        let mut write = Some(write);
+        let delivered = config_map("8");
+        let event = own.is_own(&delivered);
+        tokio::pin!(event);
+        tokio::select! {
+            biased;
+            _ = write.as_mut().unwrap() => panic!("the write was answered"),
+            _ = &mut event => panic!("decided before the write ended"),
+            () = tokio::task::yield_now() => {}
+        }
+        drop(write.take());
+        assert!(!event.await);
+        assert!(own.written().get(&key()).is_none());
+    }
+
+    #[tokio::test]
+    async fn events_of_earlier_own_writes_are_not_taken_for_a_later_one() {
+        let own = OwnWrites::default();
+        for rv in ["3", "4"] {
+            let written = own.write(key(), async { Ok::<_, ()>(config_map(rv)) }).await;
+            assert!(written.is_ok());
+        }
+        // The first write's event, then the second's: both the writes' own, in order.
+        assert!(own.is_own(&config_map("3")).await);
+        assert!(own.is_own(&config_map("4")).await);
+        // Once the second's event came, the first's version is forgotten (events come in order).
+        assert!(!own.is_own(&config_map("3")).await);
+        // A deletion forgets the object.
+        own.forget(&config_map("4"));
+        assert!(!own.is_own(&config_map("4")).await);
     }
 }
