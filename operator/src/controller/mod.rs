@@ -599,6 +599,20 @@ mod tests {
         let _ = own.write(key(), async { answer.await.unwrap_or(Err(())) }).await;
     }
 
+    /// Polls `write`, then `event`, once each: the write is sent and not answered, and the event
+    /// waits on it.
+    async fn sent_and_waiting(
+        write: std::pin::Pin<&mut impl Future>,
+        event: std::pin::Pin<&mut impl Future<Output = bool>>,
+    ) {
+        tokio::select! {
+            biased;
+            _ = write => panic!("the write was answered"),
+            _ = event => panic!("decided before the write was answered"),
+            () = tokio::task::yield_now() => {}
+        }
+    }
+
     #[tokio::test]
     async fn an_event_that_arrives_before_its_write_is_answered_waits_and_is_the_write_s_own() {
         let own = OwnWrites::default();
@@ -607,13 +621,7 @@ mod tests {
         let delivered = config_map("7");
         let event = own.is_own(&delivered);
         tokio::pin!(write, event);
-        // The write is sent first; the event waits while it is in flight.
-        tokio::select! {
-            biased;
-            _ = &mut write => panic!("the write was answered"),
-            _ = &mut event => panic!("decided before the write was answered"),
-            () = tokio::task::yield_now() => {}
-        }
+        sent_and_waiting(write.as_mut(), event.as_mut()).await;
         answer.send(Ok(config_map("7"))).unwrap();
         let (_, own_event) = tokio::join!(write, event);
         assert!(own_event);
@@ -631,12 +639,7 @@ mod tests {
         let delivered = config_map("7");
         let event = own.is_own(&delivered);
         tokio::pin!(write, event);
-        tokio::select! {
-            biased;
-            _ = &mut write => panic!("the write was answered"),
-            _ = &mut event => panic!("decided before the write was answered"),
-            () = tokio::task::yield_now() => {}
-        }
+        sent_and_waiting(write.as_mut(), event.as_mut()).await;
         answer.send(Err(())).unwrap();
         let (_, own_event) = tokio::join!(write, event);
         assert!(!own_event, "a failed write returned nothing");
@@ -644,18 +647,12 @@ mod tests {
 
         // A write cancelled (its reconcile dropped) while an event waits on it.
         let (_answer, answered) = tokio::sync::oneshot::channel();
-        let write = Box::pin(held_write(&own, answered));
-        let mut write = Some(write);
+        let mut write = Box::pin(held_write(&own, answered));
         let delivered = config_map("8");
         let event = own.is_own(&delivered);
         tokio::pin!(event);
-        tokio::select! {
-            biased;
-            _ = write.as_mut().unwrap() => panic!("the write was answered"),
-            _ = &mut event => panic!("decided before the write ended"),
-            () = tokio::task::yield_now() => {}
-        }
-        drop(write.take());
+        sent_and_waiting(write.as_mut(), event.as_mut()).await;
+        drop(write);
         assert!(!event.await);
         assert!(own.written().get(&key()).is_none());
     }

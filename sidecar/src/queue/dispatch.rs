@@ -557,20 +557,24 @@ mod tests {
         (url, accepted, requests)
     }
 
+    /// The length of the whole request (head and `content-length` body) at the start of `buf`, once
+    /// it is all there.
+    fn request_len(buf: &[u8]) -> Option<usize> {
+        let end = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
+        let len: usize = String::from_utf8_lossy(&buf[..end])
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .map_or(0, |v| v.parse().unwrap());
+        (buf.len() >= end + 4 + len).then_some(end + 4 + len)
+    }
+
     /// Reads one request (head and `content-length` body) from `s`.
     async fn read_request(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<String> {
         loop {
-            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-                let len: usize = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length: "))
-                    .map_or(0, |v| v.parse().unwrap());
-                if buf.len() >= end + 4 + len {
-                    let request = String::from_utf8_lossy(&buf[..end + 4 + len]).into_owned();
-                    buf.drain(..end + 4 + len);
-                    return Some(request);
-                }
+            if let Some(len) = request_len(buf) {
+                let request = String::from_utf8_lossy(&buf[..len]).into_owned();
+                buf.drain(..len);
+                return Some(request);
             }
             let mut chunk = [0u8; 4096];
             match s.read(&mut chunk).await {
@@ -685,15 +689,8 @@ mod tests {
         use std::io::Read as _;
         let mut buf = Vec::new();
         loop {
-            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-                let len: usize = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length: "))
-                    .map_or(0, |v| v.parse().unwrap());
-                if buf.len() >= end + 4 + len {
-                    return Some(String::from_utf8_lossy(&buf[..end + 4 + len]).into_owned());
-                }
+            if let Some(len) = request_len(&buf) {
+                return Some(String::from_utf8_lossy(&buf[..len]).into_owned());
             }
             let mut chunk = [0u8; 4096];
             match s.read(&mut chunk) {
