@@ -65,6 +65,9 @@ async fn paths_written_to_escape_a_prefix_rule_count_against_it_on_both_paths() 
         "/v1/%2e%2e/v1/auth/login",
         "/v1/auth;x=1/login",
         "/v1/AUTH/../auth/login",
+        // Servlet containers strip `;parameters`, then merge and resolve: `/v1/auth/login`.
+        "/v1/;/auth/login",
+        "/v1/;x=1/auth;y/login",
     ];
     for path in tricks {
         for version in ["HTTP/1.1", "HTTP/1.0"] {
@@ -102,6 +105,10 @@ async fn paths_that_cannot_be_read_one_way_are_a_400_on_both_paths() {
         "/v1/auth%5Clogin",
         "/a%00b",
         "/a%zz",
+        // A dot segment behind `;parameters`: a servlet container serves `/v1/auth/login`.
+        "/x/..;/v1/auth/login",
+        "/x/%2e%2e;/v1/auth/login",
+        "/v1/.;x/auth/login",
     ] {
         for version in ["HTTP/1.1", "HTTP/1.0"] {
             let raw = format!("GET {path} {version}\r\nHost: a\r\n\r\n");

@@ -44,17 +44,15 @@ pub async fn handle(
     let snap = state.snapshot();
     let limits = &snap.effective.config.limits;
 
-    if let Err(why) = read_one_way(&mut req, limits) {
-        tracing::debug!(why, "refusing a request");
-        state.metrics.request(Outcome::BadRequest);
-        return Ok(own(plain(StatusCode::BAD_REQUEST, "Bad Request")));
-    }
-    let mut rule_path = String::new();
-    let path = if target::without_params(req.uri().path(), &mut rule_path) {
-        rule_path.as_str()
-    } else {
-        req.uri().path()
+    let rule_path = match read_one_way(&mut req, limits) {
+        Ok(rule_path) => rule_path,
+        Err(why) => {
+            tracing::debug!(why, "refusing a request");
+            state.metrics.request(Outcome::BadRequest);
+            return Ok(own(plain(StatusCode::BAD_REQUEST, "Bad Request")));
+        }
     };
+    let path = rule_path.as_deref().unwrap_or(req.uri().path());
     let arrival = Arrival {
         method: req.method(),
         path,
@@ -133,13 +131,13 @@ pub async fn handle(
     Ok(resp.map(Either::Left))
 }
 
-/// Checks what the request names (see [`target`]) and rewrites its path to the normalized one. HTTP/1.1
-/// needs exactly one `Host`; HTTP/1.0 and HTTP/2 at most one, and an HTTP/2 `Host` must name the
-/// `:authority`.
+/// Checks what the request names (see [`target`]) and rewrites its path to the normalized one; returns
+/// the path as rules read it when that differs ([`target::without_params`]). HTTP/1.1 needs exactly one
+/// `Host`; HTTP/1.0 and HTTP/2 at most one, and an HTTP/2 `Host` must name the `:authority`.
 fn read_one_way(
     req: &mut Request<Incoming>,
     limits: &sluice_crds::sidecar_config::LimitsConfig,
-) -> Result<(), target::Refusal> {
+) -> Result<Option<String>, target::Refusal> {
     target::check_method(req.method())?;
     // The URI parser drops a fragment itself; a byte outside ASCII it keeps, and the app would read it in
     // an encoding of its own choosing.
@@ -187,7 +185,8 @@ fn read_one_way(
             Some(PathAndQuery::try_from(normalized).map_err(|_| "a path that cannot be rewritten")?);
         *req.uri_mut() = Uri::from_parts(parts).map_err(|_| "a path that cannot be rewritten")?;
     }
-    Ok(())
+    let mut rule_path = String::new();
+    Ok(target::without_params(req.uri().path(), &limits.paths, &mut rule_path)?.then_some(rule_path))
 }
 
 /// A response the proxy made itself, as this path's body type.

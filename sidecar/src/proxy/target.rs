@@ -8,7 +8,8 @@
 //!   so normalized, as Envoy forwards its normalized path. A path that cannot be read one way is refused
 //!   (400): a malformed escape, an encoded NUL, a backslash (literal or `%5C`), a fragment, and unless
 //!   `escapedSlashes: keep`, an encoded slash. Rules also read the path without `;parameters`
-//!   ([`without_params`]), as servlet containers route: `/v1/auth;x/login` counts as `/v1/auth/login`.
+//!   ([`without_params`]), as servlet containers route: `/v1/auth;x/login` counts as `/v1/auth/login`,
+//!   and a dot segment hidden behind parameters (`/x/..;/v1`) is refused.
 //! - **Host** ([`check_host`], [`host_for_rules`]): one valid value (RFC 9112 §3.2: none, two, or a
 //!   malformed one is a 400); rules compare it in lower case, without port or trailing dot.
 //! - **Method** ([`check_method`]): methods are case-sensitive and rules match them exactly; a known
@@ -153,18 +154,32 @@ fn resolve_segments(path: &[u8], rules: &PathsConfig, out: &mut String) {
 
 /// The path as rules read it: `;parameters` removed from each segment (`/a;x=1/b;y` → `/a/b`), written
 /// into `out` when there are any; returns whether there were.
-pub fn without_params(path: &str, out: &mut String) -> bool {
+///
+/// A servlet container strips the parameters first and then resolves dot segments and merges slashes,
+/// so a segment that is only parameters apart from a dot segment or nothing hides a path from rules
+/// that read it afterwards: `/x/..;/v1/auth/login` and `/v1/;/auth/login` are served as
+/// `/v1/auth/login`. The first kind (`.;…`, `..;…`) is refused, as no client means it; the second is
+/// merged like any empty segment when `rules.merge_slashes` (a last segment such as Tomcat's
+/// `/app/;jsessionid=…` stays: `/app/`).
+pub fn without_params(path: &str, rules: &PathsConfig, out: &mut String) -> Result<bool, Refusal> {
     if !path.contains(';') {
-        return false;
+        return Ok(false);
     }
     out.clear();
+    let count = path.split('/').count();
     for (i, seg) in path.split('/').enumerate() {
+        let name = match seg.split_once(';') {
+            Some(("." | "..", _)) => return Err("a dot segment with parameters in the path"),
+            Some(("", _)) if i > 0 && i + 1 < count && rules.merge_slashes => continue,
+            Some((name, _)) => name,
+            None => seg,
+        };
         if i > 0 {
             out.push('/');
         }
-        out.push_str(seg.split(';').next().unwrap_or_default());
+        out.push_str(name);
     }
-    true
+    Ok(true)
 }
 
 /// Checks a `Host` value: a host name or IP literal and an optional port (RFC 9112 §3.2, RFC 3986 §3.2.2),
@@ -371,10 +386,40 @@ mod tests {
 
     #[test]
     fn rules_read_paths_without_segment_parameters() {
+        let rules = PathsConfig::default();
         let mut out = String::new();
-        assert!(without_params("/v1/auth;x=1/login;jsessionid=2", &mut out));
-        assert_eq!(out, "/v1/auth/login");
-        assert!(!without_params("/v1/auth/login", &mut out));
+        let mut rule_path =
+            |path: &str| without_params(path, &rules, &mut out).map(|changed| changed.then(|| out.clone()));
+        assert_eq!(
+            rule_path("/v1/auth;x=1/login;jsessionid=2"),
+            Ok(Some("/v1/auth/login".into()))
+        );
+        assert_eq!(rule_path("/v1/auth/login"), Ok(None));
+        // What a servlet container serves as `/v1/auth/login`: merged, or refused.
+        assert_eq!(rule_path("/v1/;/auth/login"), Ok(Some("/v1/auth/login".into())));
+        assert_eq!(
+            rule_path("/v1/;a=b/;/auth/login"),
+            Ok(Some("/v1/auth/login".into()))
+        );
+        for hidden in ["/x/..;/v1/auth/login", "/x/.;/v1", "/x/..;a=b/v1", "/..;"] {
+            assert!(rule_path(hidden).is_err(), "{hidden}");
+        }
+        // A last segment of parameters only (Tomcat's URL rewriting of a directory) stays a slash.
+        assert_eq!(rule_path("/app/;jsessionid=1"), Ok(Some("/app/".into())));
+        // `...` is a name, not a dot segment.
+        assert_eq!(rule_path("/a/...;x/b"), Ok(Some("/a/.../b".into())));
+    }
+
+    #[test]
+    fn segments_emptied_by_parameters_are_kept_when_slashes_are_not_merged() {
+        let rules = PathsConfig {
+            merge_slashes: false,
+            ..PathsConfig::default()
+        };
+        let mut out = String::new();
+        assert_eq!(without_params("/v1/;/auth", &rules, &mut out), Ok(true));
+        assert_eq!(out, "/v1//auth");
+        assert!(without_params("/x/..;/v1", &rules, &mut out).is_err());
     }
 
     #[test]

@@ -313,10 +313,14 @@ impl Connection {
             }
         };
         let path = if rewritten { self.path.as_str() } else { raw_path };
-        let rule_path = if target::without_params(path, &mut self.rule_path) {
-            self.rule_path.as_str()
-        } else {
-            path
+        let rule_path = match target::without_params(path, &limits.paths, &mut self.rule_path) {
+            Ok(true) => self.rule_path.as_str(),
+            Ok(false) => path,
+            Err(why) => {
+                return self
+                    .refuse_unread(state, StatusCode::BAD_REQUEST, why, head.is_head())
+                    .await;
+            }
         };
         let admission = {
             let fields = Fields::new(buf, &self.fields);
