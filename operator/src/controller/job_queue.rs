@@ -252,7 +252,9 @@ pub async fn run(
         }
     });
     futures::future::join_all(runs).await;
+    // Awaited, so that no wake-up being handled scales a Deployment after this term has ended.
     wakeups.abort();
+    let _ = wakeups.await;
 }
 
 /// The JobQueues in `queues` that name a QueueDatabase and pass `also`.
