@@ -624,6 +624,81 @@ async fn an_enqueue_wakes_an_idle_queue_from_zero_to_one_within_a_second() {
 }
 
 #[tokio::test]
+async fn a_database_that_floods_notifications_and_stalls_its_depth_read_holds_up_no_other_wake_up() {
+    // Anyone who may log in to a database may NOTIFY on it, and a JobQueue may name a database its own
+    // namespace runs: here a second database whose sleeping queue `slow` is notified over and over
+    // while a lock stalls the depth read each wake-up makes (up to the operator's 15 s answer
+    // deadline). Wake-ups of the first database's queue still come at once. Polling is off (1h).
+    let f = fixture("keda").await;
+    f.pg.psql("CREATE DATABASE slow");
+    let slow_url = f.pg.url_for("slow");
+    f.ns.create_secret("pg-slow", "url", &slow_url).await.unwrap();
+    f.apply(&job_queue_yaml("pollingInterval: 1h, cooldownPeriod: 1m"))
+        .await;
+    f.apply(
+        &job_queue_yaml("pollingInterval: 1h, cooldownPeriod: 1m")
+            .replace("name: emails", "name: slow")
+            .replace("name: pg}", "name: pg-slow}"),
+    )
+    .await;
+    for name in ["emails", "slow"] {
+        wait_for(&format!("{name} ready at 0"), DEADLINE, || async {
+            let jq = f.ns.api::<JobQueue>().get(name).await.ok()?;
+            let ready = jq.condition("Ready")?.status == "True";
+            (ready && jq.status?.current_replicas == Some(0)).then_some(())
+        })
+        .await
+        .unwrap();
+    }
+    let slow = sluice_queue::pool::connect_lazy(&slow_url, 4).unwrap();
+    wait_for("the operator to LISTEN on both databases", DEADLINE, || async {
+        let on_slow: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%sluice_jobs%' AND datname = 'slow'",
+        )
+        .fetch_one(&slow)
+        .await
+        .ok()?;
+        (on_slow > 0 && f.listeners().await? > 1).then_some(())
+    })
+    .await
+    .unwrap();
+
+    let mut lock = slow.begin().await.unwrap();
+    sqlx::query("LOCK TABLE sluice.jobs IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let slow_queue = format!("{}/slow", f.ns.name());
+    for _ in 0..20 {
+        sqlx::query("SELECT pg_notify('sluice_jobs', $1)")
+            .bind(&slow_queue)
+            .execute(&slow)
+            .await
+            .unwrap();
+    }
+    wait_for("a wake-up's depth read waiting on the lock", DEADLINE, || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = 'slow'",
+        )
+        .fetch_one(&slow)
+        .await
+        .ok()?;
+        (waiting > 0).then_some(())
+    })
+    .await
+    .unwrap();
+
+    f.store()
+        .await
+        .enqueue(&f.queue(), &NewJob::new("send", json!({})))
+        .await
+        .unwrap();
+    let took = f.wait_replicas(1, Duration::from_secs(5)).await;
+    eprintln!("enqueue → Deployment at 1 replica with the other database stalled: {took:?}");
+    lock.rollback().await.unwrap();
+}
+
+#[tokio::test]
 async fn an_enqueue_wakes_a_queue_without_an_hpa_straight_to_the_workers_its_depth_needs() {
     // KEDA owns the metrics API, so the operator scales 1..N itself; polling is off (1h), so only the
     // NOTIFY path can wake the queue, and it decides as a reconcile does: depth 12 at 4 per worker is 3.

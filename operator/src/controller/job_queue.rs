@@ -64,7 +64,6 @@ use sluice_crds::{
     queue_database::QueueDatabase,
 };
 use sluice_queue::{Depth, QueueSettings, schedule::CronSchedule, store::ScheduleState};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{Context, OwnWrites, api_in, conditions::Desired};
@@ -78,10 +77,11 @@ use crate::{
         worker_deployment::{render_config_map, render_worker_deployment, schedule_problem, worker_name},
     },
     scaling::{
-        Autoscaler, Databases, Decision, JobQueueMetrics, Observation, Policy, Wake, Waker,
+        Autoscaler, Databases, Decision, JobQueueMetrics, Observation, Policy, Wake, Waker, Wakes,
         databases::database_key,
         decide,
         deletion_cost::{POD_DELETION_COST_ANNOTATION, deletion_costs},
+        waker::Handling,
     },
     secret, tenant,
 };
@@ -125,13 +125,12 @@ pub struct State {
 }
 
 impl State {
-    /// The state and the receiver of its NOTIFY wake-ups (for [`run`]); `stop` ends the LISTEN
-    /// connections.
-    pub fn new(settings: Settings, stop: CancellationToken) -> (Self, mpsc::UnboundedReceiver<Wake>) {
-        let (wake_tx, wakes) = mpsc::unbounded_channel();
+    /// The state and its NOTIFY wake-ups (for [`run`]); `stop` ends the LISTEN connections.
+    pub fn new(settings: Settings, stop: CancellationToken) -> (Self, Arc<Wakes>) {
+        let wakes = Arc::new(Wakes::default());
         let state = Self {
             settings,
-            waker: Waker::new(wake_tx, stop),
+            waker: Waker::new(wakes.clone(), stop),
             queues: Mutex::default(),
             tenants: Default::default(),
         };
@@ -165,7 +164,7 @@ pub struct QueueMemory {
 /// Runs the controller (and its wake-up loop) until `shutdown` completes.
 pub async fn run(
     ctx: Arc<Context<State>>,
-    wakes: mpsc::UnboundedReceiver<Wake>,
+    wakes: Arc<Wakes>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let owned = watcher::Config::default().labels(JOB_QUEUE_LABEL);
@@ -253,7 +252,9 @@ pub async fn run(
         }
     });
     futures::future::join_all(runs).await;
+    // Awaited, so that no wake-up being handled scales a Deployment after this term has ended.
     wakeups.abort();
+    let _ = wakeups.await;
 }
 
 /// The JobQueues in `queues` that name a QueueDatabase and pass `also`.
@@ -1266,23 +1267,36 @@ async fn mark_idle_workers(jq: &JobQueue, ctx: &Context<State>, url: &str) -> Re
     Ok(())
 }
 
-/// Handles NOTIFY wake-ups: each remembered queue at zero replicas on the notified database and queue is
-/// decided again at once (`wake_up`). Runs until `wakes` closes.
-pub async fn run_wakeups(ctx: Arc<Context<State>>, mut wakes: mpsc::UnboundedReceiver<Wake>) {
-    while let Some(wake) = wakes.recv().await {
-        let asleep: Vec<(ObjectRef<JobQueue>, QueueMemory)> = ctx
-            .state
-            .queues()
-            .iter()
-            .filter(|(_, m)| m.database == wake.database && m.queue == wake.queue && m.replicas == 0)
-            .map(|(r, m)| (r.clone(), m.clone()))
-            .collect();
-        for (oref, memory) in asleep {
-            if let Err(e) = wake_up(&ctx, &oref, &memory, wake.at).await {
-                tracing::debug!(jobqueue = %oref, error = %e, "wake-up scale failed; the next poll retries");
+/// Handles NOTIFY wake-ups ([`Wakes`]: one at a time per database, databases side by side): each
+/// remembered queue at zero replicas on the notified database and queue is decided again at once
+/// (`wake_up`). Runs until aborted; the wake-ups being handled end with it.
+pub async fn run_wakeups(ctx: Arc<Context<State>>, wakes: Arc<Wakes>) {
+    let mut handling = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            (wake, handled) = wakes.next() => {
+                handling.spawn(wake_queues(ctx.clone(), wake, handled));
             }
+            Some(_) = handling.join_next() => {}
         }
     }
+}
+
+/// Wakes the queues `wake` names; `handled` lets its database's next wake-up go when this ends.
+async fn wake_queues(ctx: Arc<Context<State>>, wake: Wake, handled: Handling) {
+    let asleep: Vec<(ObjectRef<JobQueue>, QueueMemory)> = ctx
+        .state
+        .queues()
+        .iter()
+        .filter(|(_, m)| m.database == wake.database && m.queue == wake.queue && m.replicas == 0)
+        .map(|(r, m)| (r.clone(), m.clone()))
+        .collect();
+    for (oref, memory) in asleep {
+        if let Err(e) = wake_up(&ctx, &oref, &memory, wake.at).await {
+            tracing::debug!(jobqueue = %oref, error = %e, "wake-up scale failed; the next poll retries");
+        }
+    }
+    drop(handled);
 }
 
 /// The wake-up path's decision: the reconcile's own [`decide`], on the depth read now and the settings

@@ -11,4 +11,4 @@ pub mod waker;
 pub use databases::Databases;
 pub use decision::{Autoscaler, Decision, Observation, Policy, Reason, decide};
 pub use metrics::JobQueueMetrics;
-pub use waker::{Wake, Waker};
+pub use waker::{Wake, Waker, Wakes};
