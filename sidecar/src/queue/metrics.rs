@@ -38,7 +38,17 @@ pub struct QueueMetrics {
     depth: Family<QueueState, Gauge>,
     grpc_pending: Gauge,
     grpc_refused: Family<Reason, Counter>,
+    /// The kinds labelled so far (at most [`KINDS_MAX`]), as their labels read.
+    kinds: std::sync::Mutex<std::collections::HashMap<String, String>>,
 }
+
+/// Most distinct job kinds the worker labels its metrics with; jobs of further kinds are counted under
+/// [`OTHER_KIND`]. A kind is any text whoever enqueues chooses, and every one would otherwise be a
+/// series of five counters and a histogram, kept for the life of the process.
+pub const KINDS_MAX: usize = 100;
+
+/// The `kind` label of jobs past [`KINDS_MAX`] kinds.
+pub const OTHER_KIND: &str = "(other)";
 
 impl Default for QueueMetrics {
     fn default() -> Self {
@@ -136,21 +146,38 @@ impl QueueMetrics {
             depth,
             grpc_pending,
             grpc_refused,
+            kinds: Default::default(),
         }
     }
 
-    fn qk(queue: &str, kind: &str) -> QueueKind {
-        [("queue", queue.to_owned()), ("kind", kind.to_owned())]
+    /// The labels of `queue` and `kind`: the kind escaped as the text format needs (the client library
+    /// writes label values as they are, so a `"` or a line break in a kind would end the value and
+    /// write lines of its own), or [`OTHER_KIND`] past [`KINDS_MAX`] kinds. Queue names are checked
+    /// on the way in and need neither.
+    fn qk(&self, queue: &str, kind: &str) -> QueueKind {
+        let kind = {
+            let mut kinds = self.kinds.lock().unwrap_or_else(|p| p.into_inner());
+            match kinds.get(kind) {
+                Some(label) => label.clone(),
+                None if kinds.len() < KINDS_MAX => {
+                    let label = escaped(kind);
+                    kinds.insert(kind.to_owned(), label.clone());
+                    label
+                }
+                None => OTHER_KIND.to_owned(),
+            }
+        };
+        [("queue", queue.to_owned()), ("kind", kind)]
     }
 
     /// An attempt started.
     pub fn started(&self, queue: &str, kind: &str) {
-        self.started.get_or_create(&Self::qk(queue, kind)).inc();
+        self.started.get_or_create(&self.qk(queue, kind)).inc();
     }
 
     /// An attempt's handler finished after `secs`.
     pub fn handled(&self, queue: &str, kind: &str, secs: f64) {
-        self.duration.get_or_create(&Self::qk(queue, kind)).observe(secs);
+        self.duration.get_or_create(&self.qk(queue, kind)).observe(secs);
     }
 
     /// `n` finished attempts of one queue and kind were recorded with `state`.
@@ -162,7 +189,7 @@ impl QueueMetrics {
             "cancelled" => &self.cancelled,
             _ => return,
         };
-        family.get_or_create(&Self::qk(queue, kind)).inc_by(n);
+        family.get_or_create(&self.qk(queue, kind)).inc_by(n);
     }
 
     /// An attempt's lease was lost.
@@ -217,9 +244,57 @@ impl QueueMetrics {
     }
 }
 
+/// `value` as a label value of the text exposition format: `\`, `"` and a line feed escaped, other
+/// control characters (which the format does not escape) replaced by U+FFFD.
+fn escaped(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c if c.is_control() => out.push('\u{fffd}'),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kind_cannot_write_lines_of_its_own_or_grow_the_series_without_bound() {
+        let m = QueueMetrics::new();
+        let forged = "x\"} 1\nsluice_queue_depth{queue=\"emails\",state=\"dead\"} 0\n#\\\r";
+        m.started("emails", forged);
+        let text = m.render();
+        assert!(
+            !text.lines().any(|l| l.starts_with("sluice_queue_depth")),
+            "a forged sample: {text}"
+        );
+        assert!(
+            text.contains(concat!(
+                r#"kind="x\"} 1\nsluice_queue_depth{queue=\"emails\",state=\"dead\"} 0\n#\\"#,
+                "\u{fffd}",
+                r#""} 1"#
+            )),
+            "{text}"
+        );
+        for i in 0..KINDS_MAX * 2 {
+            m.started("emails", &format!("kind-{i}"));
+        }
+        m.started("emails", "kind-0");
+        let text = m.render();
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with("sluice_jobs_started_total{"))
+            .count();
+        assert_eq!(series, KINDS_MAX + 1, "{KINDS_MAX} kinds and the rest: {text}");
+        assert!(text.contains(r#"sluice_jobs_started_total{queue="emails",kind="(other)"} 101"#));
+        assert!(text.contains(r#"sluice_jobs_started_total{queue="emails",kind="kind-0"} 2"#));
+    }
 
     #[test]
     fn depth_gauges_include_blocked() {
