@@ -7,10 +7,7 @@ mod support;
 use std::time::Duration;
 
 use sluice_queue::{
-    Error, GraphJob, JobState, NewJob, QueueStore,
-    error::Unanswered,
-    schedule::MissedRuns,
-    store::Schedule,
+    Error, GraphJob, JobState, NewJob, QueueStore, error::Unanswered, schedule::MissedRuns, store::Schedule,
 };
 use sluice_testsupport::{PgServer, wait_for_async};
 use sqlx::{PgPool, postgres::PgPoolOptions};

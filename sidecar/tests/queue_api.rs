@@ -860,8 +860,11 @@ async fn a_request_the_database_does_not_answer_gets_503_and_a_keyed_retry_makes
     for says in ["did not answer within", "may or may not", "Idempotency-Key"] {
         assert!(message.contains(says), "{says:?} not in {message}");
     }
-    let (status, headers, answer) =
-        within_bound("a read", api.call_seeing_headers(Method::GET, "/v1/queues/emails", &[], vec![])).await;
+    let (status, headers, answer) = within_bound(
+        "a read",
+        api.call_seeing_headers(Method::GET, "/v1/queues/emails", &[], vec![]),
+    )
+    .await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
     assert_eq!(headers[http::header::RETRY_AFTER], "1");
     assert_eq!(answer["error"]["code"], "database_unanswered", "{answer}");

@@ -361,7 +361,12 @@ mod tests {
         let err = apply_queue(&mut QueueConfig::default(), env)
             .unwrap_err()
             .to_string();
-        for name in [WORKER_CONCURRENCY, WORKER_CLAIM_BATCH, API_LISTEN, API_ANSWER_DEADLINE] {
+        for name in [
+            WORKER_CONCURRENCY,
+            WORKER_CLAIM_BATCH,
+            API_LISTEN,
+            API_ANSWER_DEADLINE,
+        ] {
             assert!(err.contains(name), "{name} not in {err}");
         }
     }

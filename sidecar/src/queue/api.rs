@@ -753,7 +753,11 @@ pub fn openapi_document() -> Value {
         "content": {"application/json": {"schema": doc["components"]["responses"]["Error"]["content"]["application/json"]["schema"].clone()}}
     });
     if let Some(paths) = doc["paths"].as_object_mut() {
-        for operation in paths.values_mut().filter_map(Value::as_object_mut).flat_map(|p| p.values_mut()) {
+        for operation in paths
+            .values_mut()
+            .filter_map(Value::as_object_mut)
+            .flat_map(|p| p.values_mut())
+        {
             if let Some(responses) = operation.get_mut("responses").and_then(Value::as_object_mut) {
                 responses.insert("503".into(), unavailable.clone());
             }
