@@ -908,6 +908,10 @@ async fn an_enqueue_the_server_is_slow_to_make_is_ended_by_the_server() {
     )
     .await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
+    assert_eq!(
+        answer["error"]["code"], "database_timeout",
+        "the server's own time limit, so nothing was written: {answer}"
+    );
     assert_eq!(headers[http::header::RETRY_AFTER], "1");
     let waiting: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM pg_stat_activity \

@@ -215,6 +215,11 @@ impl ApiError {
     }
 }
 
+/// SQLSTATE of a statement the server cancelled (here: `statement_timeout`).
+const QUERY_CANCELED: &str = "57014";
+/// SQLSTATE of a lock not taken within `lock_timeout`.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+
 impl From<Error> for ApiError {
     /// The one mapping of the API's errors to answers. Database trouble is 503 with `Retry-After`,
     /// its details in the log only; a statement the database did not answer within the answer deadline
@@ -237,6 +242,18 @@ impl From<Error> for ApiError {
                          per job in a batch or graph): it makes no second job and answers with the job \
                          the first request made, if it made one"
                     ),
+                )
+            }
+            Error::Database(sqlx::Error::Database(db))
+                if matches!(db.code().as_deref(), Some(QUERY_CANCELED | LOCK_NOT_AVAILABLE)) =>
+            {
+                tracing::warn!(error = %db, "queue api request ended by the database's time limit");
+                Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "database_timeout",
+                    "the queue database ended the statement at its time limit (a lock waited for past \
+                     half of queue.api.answerDeadline, or the statement past four fifths of it), so \
+                     nothing was written; retry later, and split a batch or graph that takes this long",
                 )
             }
             other => {
