@@ -50,7 +50,15 @@ impl Unanswered {
 
     /// Whether `e` is the error of a statement given up unanswered.
     pub fn is(e: &sqlx::Error) -> bool {
-        matches!(e, sqlx::Error::Io(io) if io.get_ref().is_some_and(|inner| inner.is::<Unanswered>()))
+        Self::of(e).is_some()
+    }
+
+    /// The deadline a statement was given up after, when `e` is such an error.
+    pub fn of(e: &sqlx::Error) -> Option<&Unanswered> {
+        match e {
+            sqlx::Error::Io(io) => io.get_ref()?.downcast_ref::<Unanswered>(),
+            _ => None,
+        }
     }
 }
 

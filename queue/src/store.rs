@@ -149,10 +149,9 @@ pub struct Held {
 pub struct QueueStore {
     pool: PgPool,
     clock: SharedClock,
-    /// How long a worker statement may go unanswered (see [`QueueStore::with_answer_deadline`]).
+    /// How long a statement may go unanswered (see [`QueueStore::with_answer_deadline`]).
     answer_deadline: Option<Duration>,
-    /// The server-side deadline of completions, releases and queue writes (see
-    /// [`QueueStore::with_server_deadline`]).
+    /// The server-side deadline of writes (see [`QueueStore::with_server_deadline`]).
     server_deadline: Option<Duration>,
 }
 
@@ -181,10 +180,14 @@ impl QueueStore {
         }
     }
 
-    /// This store, its completions and releases ([`QueueStore::finish_batch`], [`QueueStore::release`])
-    /// and its writes of a queue's settings and paused flag ([`QueueStore::upsert_queue`],
-    /// [`QueueStore::set_paused`]) and adoptions ([`QueueStore::adopt_queue`], whose table lock would
-    /// otherwise queue every enqueue and claim behind it while it waits) ended by the server itself within `deadline`, for their transaction only: a lock wait after half
+    /// This store, its writes that a caller may run again after a try went unanswered ended by the
+    /// server itself within `deadline`: completions and releases ([`QueueStore::finish_batch`],
+    /// [`QueueStore::release`]), enqueues ([`QueueStore::enqueue`], [`QueueStore::enqueue_many`],
+    /// [`QueueStore::enqueue_graph`]), cancels and retries of dead jobs, scheduler passes, event
+    /// subscriptions, tenant registrations, writes of a queue's settings and paused flag
+    /// ([`QueueStore::upsert_queue`], [`QueueStore::set_paused`]) and adoptions
+    /// ([`QueueStore::adopt_queue`], whose table lock would otherwise queue every enqueue and claim
+    /// behind it while it waits). For their transaction only: a lock wait after half
     /// of it (`lock_timeout`), the statement after four fifths (`statement_timeout`), the transaction
     /// when idle for all of it (`idle_in_transaction_session_timeout`); the database then answers with
     /// an error (or ends the session) instead of waiting on. For a write retried after a try went
@@ -192,22 +195,25 @@ impl QueueStore {
     /// server, which notices the closed connection only when it next answers, and a retry that waited
     /// just as long would leave one more such backend behind each time; and a transaction whose
     /// connection went silent before its COMMIT would otherwise hold its row locks until the server's
-    /// TCP keepalive gives up on it (hours by default). Costs a completion three more round trips
-    /// (its transaction and the settings), a release one.
+    /// TCP keepalive gives up on it (hours by default), and an enqueue given up could otherwise commit
+    /// long after its caller retried. Costs a write three more round trips (its transaction and the
+    /// settings), a release one.
     pub fn with_server_deadline(mut self, deadline: Duration) -> Self {
         self.server_deadline = Some(deadline);
         self
     }
 
-    /// This store, its worker statements (claims, heartbeats, completions, releases, rescues, retention,
-    /// and the reads of a queue's settings and depth a worker makes) and the operator's (a queue's
-    /// settings, paused flag, schedules, depth and leases, and the adoption of a queue named before
-    /// namespaces) given up when the database has not answered within `deadline`: the connection is closed, never returned to the pool, and the call
-    /// fails as a connection error would (the next call opens a fresh connection). Without it a statement on a connection whose server went away without a
-    /// word (a failover, a dropped NAT entry, a frozen backend) waits for ever, as sqlx has no statement
-    /// deadline and sets no TCP keepalive. A statement that was merely slow (a long row-lock wait) may
-    /// still commit on the server after it was given up; the worker's statements are fenced by lease
-    /// owner and attempt, so running one again is harmless.
+    /// This store, every one of its statements given up when the database has not answered within
+    /// `deadline`: the connection is closed, never returned to the pool, and the call fails as a
+    /// connection error would ([`crate::error::Unanswered`]; the next call opens a fresh connection).
+    /// Reads whose time grows with the table ([`QueueStore::depth`], [`QueueStore::depth_all`],
+    /// [`QueueStore::list`]) are also stopped by the server just before it. Without it a statement on
+    /// a connection whose server went away without a word (a failover, a dropped NAT entry, a frozen
+    /// backend) waits for ever, as sqlx has no statement deadline and sets no TCP keepalive. A
+    /// statement that was merely slow (a long row-lock wait) may still commit on the server after it
+    /// was given up, unless a [server deadline](Self::with_server_deadline) ends it; the worker's
+    /// statements are fenced by lease owner and attempt, and an enqueue with an idempotency key answers
+    /// a retry with the job the first try made, so running one again is harmless.
     pub fn with_answer_deadline(mut self, deadline: Duration) -> Self {
         self.answer_deadline = Some(deadline);
         self
@@ -246,7 +252,10 @@ impl QueueStore {
         Ok(row.try_get("created")?)
     }
 
-    /// Creates queue `name` with default settings unless it exists.
+    /// Creates queue `name` with default settings unless it exists. Under the answer deadline but not
+    /// the server deadline: one insert that does nothing when the queue exists (a worker's start),
+    /// waiting at most for a concurrent creation of the same queue, and harmless when it commits after
+    /// being given up.
     pub async fn ensure_queue(&self, name: &str) -> Result<()> {
         check_queue_name(name)?;
         self.on_connection(async |c| {
@@ -292,14 +301,19 @@ impl QueueStore {
     /// `role` exists and is no tenant, or the namespace has another tenant role, or `role` is the caller,
     /// owns objects, is privileged (superuser, CREATEROLE, BYPASSRLS, REPLICATION), has members that
     /// could act as it or is a member of another role.
+    ///
+    /// Under the store's answer deadline and, as a write, its server deadline: running it again after
+    /// a try given up is harmless (the role ends with the last password set).
     pub async fn ensure_tenant(&self, role: &str, namespace: &str, password: &str) -> Result<()> {
-        sqlx::query(sql::TENANT_ENSURE)
+        let ensure = sqlx::query(sql::TENANT_ENSURE)
             .bind(role)
             .bind(namespace)
-            .bind(password)
-            .execute(&self.pool)
-            .await
-            .map_err(map_db_error)?;
+            .bind(password);
+        self.on_connection(async |c| {
+            self.server_bounded(c, async |c| ensure.execute(c).await.map_err(map_db_error))
+                .await
+        })
+        .await?;
         Ok(())
     }
 
@@ -316,23 +330,19 @@ impl QueueStore {
             .ok_or_else(|| Error::NotFound(format!("queue {name:?}")))
     }
 
-    /// Depth of one queue; None when it does not exist.
+    /// Depth of one queue; None when it does not exist. Counting takes time proportional to the
+    /// backlog, so with an answer deadline the server also stops the count itself, at four fifths of
+    /// it (`statement_timeout`): the caller gets the server's error (SQLSTATE 57014) and the server
+    /// does not count on after the caller gave up. Costs three more round trips then.
     pub async fn depth(&self, queue: &str) -> Result<Option<Depth>> {
-        self.on_connection(async |c| {
-            Ok(sqlx::query_as::<_, Depth>(sql::QUEUE_DEPTH)
-                .bind(Some(queue))
-                .fetch_optional(c)
-                .await?)
-        })
-        .await
+        let depth = sqlx::query_as::<_, Depth>(sql::QUEUE_DEPTH).bind(Some(queue));
+        self.long_read(async |c| Ok(depth.fetch_optional(c).await?)).await
     }
 
-    /// Depth of every queue, in name order.
+    /// Depth of every queue, in name order; stopped by the server as [`QueueStore::depth`] is.
     pub async fn depth_all(&self) -> Result<Vec<Depth>> {
-        Ok(sqlx::query_as::<_, Depth>(sql::QUEUE_DEPTH)
-            .bind(None::<String>)
-            .fetch_all(&self.pool)
-            .await?)
+        let depth = sqlx::query_as::<_, Depth>(sql::QUEUE_DEPTH).bind(None::<String>);
+        self.long_read(async |c| Ok(depth.fetch_all(c).await?)).await
     }
 
     // ---- enqueue ------------------------------------------------------------------------------------
@@ -340,23 +350,47 @@ impl QueueStore {
     /// Enqueues one job (see [`enqueue`]). A deadlock (two calls taking keys in opposite orders) is
     /// retried (up to [`DEADLOCK_ATTEMPTS`] runs in all): the call is its own transaction, so the
     /// aborted attempt left nothing behind.
+    ///
+    /// Under the store's answer deadline, and its server deadline: an enqueue given up unanswered has
+    /// an unknown outcome (it may have committed just before the deadline), and one that is only slow
+    /// is ended by the server rather than committed long after its caller gave up and retried. A retry
+    /// with the same idempotency key makes no second job.
     pub async fn enqueue(&self, queue: &str, job: &NewJob) -> Result<Enqueued> {
-        retry_on_deadlock(|| enqueue_at(&self.pool, queue, job, self.now())).await
+        retry_on_deadlock(|| {
+            self.on_connection(async |c| {
+                self.server_bounded(c, async |c| enqueue_at(c, queue, job, self.now()).await)
+                    .await
+            })
+        })
+        .await
     }
 
     /// Enqueues many jobs in one statement (see [`enqueue_many`]). A deadlock with another call taking
     /// the same keys (key holders committed between the two calls' reads of them, or batches with both
     /// unique and idempotency keys, can make them take keys in opposite orders) is retried (up to
     /// [`DEADLOCK_ATTEMPTS`] runs in all): the call is its own transaction, so the aborted attempt left
-    /// nothing behind.
+    /// nothing behind. Deadlines as for [`QueueStore::enqueue`] (each job's `idempotency_key` makes a
+    /// retry safe).
     pub async fn enqueue_many(&self, queue: &str, jobs: &[NewJob]) -> Result<Vec<Uuid>> {
-        retry_on_deadlock(|| enqueue_many_at(&self.pool, queue, jobs, self.now())).await
+        retry_on_deadlock(|| {
+            self.on_connection(async |c| {
+                self.server_bounded(c, async |c| enqueue_many_at(c, queue, jobs, self.now()).await)
+                    .await
+            })
+        })
+        .await
     }
 
-    /// Enqueues a graph of jobs in one call (see [`enqueue_graph`]). A deadlock is retried, as for
-    /// [`QueueStore::enqueue_many`].
+    /// Enqueues a graph of jobs in one call (see [`enqueue_graph`]). A deadlock is retried, and the
+    /// deadlines apply, as for [`QueueStore::enqueue_many`].
     pub async fn enqueue_graph(&self, queue: &str, jobs: &[GraphJob]) -> Result<Vec<(String, Enqueued)>> {
-        retry_on_deadlock(|| enqueue_graph_at(&self.pool, queue, jobs, self.now())).await
+        retry_on_deadlock(|| {
+            self.on_connection(async |c| {
+                self.server_bounded(c, async |c| enqueue_graph_at(c, queue, jobs, self.now()).await)
+                    .await
+            })
+        })
+        .await
     }
 
     // ---- periodic jobs ------------------------------------------------------------------------------
@@ -366,50 +400,22 @@ impl QueueStore {
     /// watermark, in one transaction. `None` when another worker holds the schedule right now. Safe to
     /// call from every worker as often as wanted: each fire time makes exactly one job. Each job carries
     /// the unique key `schedule:<name>:<fire time, RFC 3339>` while it waits or runs.
+    ///
+    /// Under the store's answer deadline, its transaction under its server deadline: a pass given up
+    /// and run again enqueues each fire time once all the same (the unique key, the watermark).
     pub async fn fire_schedule(&self, queue: &str, schedule: &Schedule) -> Result<Option<ScheduleRun>> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(sql::SCHEDULE_ENSURE)
-            .bind(queue)
-            .bind(&schedule.name)
-            .execute(&mut *tx)
-            .await
-            .map_err(map_db_error)?;
-        let Some(row) = sqlx::query(sql::SCHEDULE_LOCK)
-            .bind(queue)
-            .bind(&schedule.name)
-            .fetch_optional(&mut *tx)
-            .await?
-        else {
-            return Ok(None);
-        };
-        let handled: DateTime<Utc> = row.try_get("handled_until")?;
-        let now: DateTime<Utc> = row.try_get("now")?;
-        let mut fired = Vec::new();
-        for at in schedule::due(&schedule.cron, handled, now, schedule.missed_runs) {
-            let job = NewJob {
-                unique_key: Some(format!(
-                    "schedule:{}:{}",
-                    schedule.name,
-                    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-                )),
-                unique_mode: Some(UniqueMode::Preserve),
-                ..schedule.job.clone()
-            };
-            let done = enqueue_at(&mut *tx, queue, &job, now).await?;
-            fired.push((at, done.id));
-        }
-        let next_fire_at = schedule.cron.next_after(now);
-        sqlx::query(sql::SCHEDULE_ADVANCE)
-            .bind(queue)
-            .bind(&schedule.name)
-            .bind(now)
-            .bind(fired.last().map(|f| f.0))
-            .bind(fired.last().map(|f| f.1))
-            .bind(next_fire_at)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(Some(ScheduleRun { fired, next_fire_at }))
+        self.on_connection(async |c| {
+            let mut tx = c.begin().await?;
+            if let Some(deadline) = self.server_deadline {
+                set_server_deadline(&mut tx, deadline).await?;
+            }
+            let run = fire_schedule_in(&mut tx, queue, schedule).await?;
+            if run.is_some() {
+                tx.commit().await?;
+            }
+            Ok(run)
+        })
+        .await
     }
 
     /// The schedules of `queue` as the database records them (last and next fire time), by name.
@@ -450,31 +456,33 @@ impl QueueStore {
     // ---- jobs ---------------------------------------------------------------------------------------
 
     /// The jobs job `id` depends on, with their states, in id order (empty for a job without parents).
+    /// Under the answer deadline; a lookup by key, so the server needs no deadline of its own.
     pub async fn parents(&self, id: Uuid) -> Result<Vec<Parent>> {
-        Ok(sqlx::query_as::<_, Parent>(sql::JOB_PARENTS)
-            .bind(id)
-            .fetch_all(&self.pool)
-            .await?)
+        let parents = sqlx::query_as::<_, Parent>(sql::JOB_PARENTS).bind(id);
+        self.on_connection(async |c| Ok(parents.fetch_all(c).await?))
+            .await
     }
 
-    /// The queue of each of the jobs `ids` that exists, in one query.
+    /// The queue of each of the jobs `ids` that exists, in one query. Under the answer deadline; a
+    /// lookup by key.
     pub async fn queues_of(&self, ids: &[Uuid]) -> Result<std::collections::HashMap<Uuid, String>> {
-        let rows: Vec<(Uuid, String)> = sqlx::query_as(sql::JOB_QUEUES)
-            .bind(ids)
-            .fetch_all(&self.pool)
+        let queues = sqlx::query_as::<_, (Uuid, String)>(sql::JOB_QUEUES).bind(ids);
+        let rows = self
+            .on_connection(async |c| Ok(queues.fetch_all(c).await?))
             .await?;
         Ok(rows.into_iter().collect())
     }
 
-    /// One job, if it exists.
+    /// One job, if it exists. Under the answer deadline; a lookup by key.
     pub async fn get(&self, id: Uuid) -> Result<Option<Job>> {
-        Ok(sqlx::query_as::<_, Job>(sql::JOB_GET)
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?)
+        let job = sqlx::query_as::<_, Job>(sql::JOB_GET).bind(id);
+        self.on_connection(async |c| Ok(job.fetch_optional(c).await?))
+            .await
     }
 
-    /// Up to `limit` jobs of `queue` (in `state`, if given) with ids after `after`, in id order.
+    /// Up to `limit` jobs of `queue` (in `state`, if given) with ids after `after`, in id order. A
+    /// state that few of a large queue's jobs are in can take a long scan: stopped by the server as
+    /// [`QueueStore::depth`] is.
     pub async fn list(
         &self,
         queue: &str,
@@ -482,13 +490,12 @@ impl QueueStore {
         after: Option<Uuid>,
         limit: i64,
     ) -> Result<Vec<Job>> {
-        Ok(sqlx::query_as::<_, Job>(sql::JOB_LIST)
+        let list = sqlx::query_as::<_, Job>(sql::JOB_LIST)
             .bind(queue)
             .bind(state.map(JobState::as_str))
             .bind(after)
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .await?)
+            .bind(limit);
+        self.long_read(async |c| Ok(list.fetch_all(c).await?)).await
     }
 
     /// Cancels a job: waiting → cancelled at once; running → cancellation requested (its worker stops
@@ -499,10 +506,17 @@ impl QueueStore {
     /// A child enqueued after that statement read the cascade can still meet another transaction in the
     /// other order: a cancel PostgreSQL aborted as a deadlock is run again (it is its own
     /// transaction, so the aborted attempt left nothing behind).
+    ///
+    /// Under the store's answer and server deadlines: a cancel given up unanswered may or may not have
+    /// been made, and running it again is harmless (a cancelled job stays cancelled).
     pub async fn cancel(&self, id: Uuid) -> Result<CancelOutcome> {
-        let pool = &self.pool;
-        let row = retry_on_deadlock(move || async move {
-            Ok(sqlx::query(sql::JOB_CANCEL).bind(id).fetch_optional(pool).await?)
+        let row = retry_on_deadlock(|| {
+            self.on_connection(async |c| {
+                self.server_bounded(c, async |c| {
+                    Ok(sqlx::query(sql::JOB_CANCEL).bind(id).fetch_optional(c).await?)
+                })
+                .await
+            })
         })
         .await?
         .ok_or_else(|| Error::NotFound(format!("job {id}")))?;
@@ -517,10 +531,16 @@ impl QueueStore {
 
     /// Retries a dead job: one more attempt, ready now. Not found → [`Error::NotFound`]; not dead →
     /// [`Error::Conflict`].
+    ///
+    /// Under the store's answer and server deadlines. A retry given up unanswered may or may not have
+    /// been made; run again after it was, it finds the job no longer dead ([`Error::Conflict`]).
     pub async fn retry_dead(&self, id: Uuid) -> Result<()> {
-        let row = sqlx::query(sql::JOB_RETRY_DEAD)
-            .bind(id)
-            .fetch_optional(&self.pool)
+        let retry = sqlx::query(sql::JOB_RETRY_DEAD).bind(id);
+        let row = self
+            .on_connection(async |c| {
+                self.server_bounded(c, async |c| Ok(retry.fetch_optional(c).await?))
+                    .await
+            })
             .await?;
         match row {
             Some(_) => Ok(()),
@@ -540,31 +560,40 @@ impl QueueStore {
     /// `ttl` from now, on behalf of `subscriber` (one row per queue; call again before `ttl` passes to
     /// keep them), and stops `subscriber`'s subscriptions to other queues. Also deletes rows that expired
     /// a minute ago or more.
+    ///
+    /// Under the store's answer deadline, its transaction under the server deadline: it is renewed
+    /// periodically, and a renewal given up is simply made again.
     pub async fn subscribe_events(&self, subscriber: &str, queues: &[String], ttl: Duration) -> Result<()> {
-        let mut tx = self.pool.begin().await?;
-        if !queues.is_empty() {
-            sqlx::query(sql::EVENT_SUBSCRIBE)
+        self.on_connection(async |c| {
+            let mut tx = c.begin().await?;
+            if let Some(deadline) = self.server_deadline {
+                set_server_deadline(&mut tx, deadline).await?;
+            }
+            if !queues.is_empty() {
+                sqlx::query(sql::EVENT_SUBSCRIBE)
+                    .bind(queues)
+                    .bind(subscriber)
+                    .bind(ttl.as_millis() as i64)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            sqlx::query(sql::EVENT_UNSUBSCRIBE_OTHERS)
                 .bind(queues)
                 .bind(subscriber)
-                .bind(ttl.as_millis() as i64)
                 .execute(&mut *tx)
                 .await?;
-        }
-        sqlx::query(sql::EVENT_UNSUBSCRIBE_OTHERS)
-            .bind(queues)
-            .bind(subscriber)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(())
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
     }
 
     /// A job's queue, state and attempt, with the snapshot they were read under; None when it does not
-    /// exist.
+    /// exist. Under the answer deadline; a lookup by key.
     pub async fn job_status(&self, id: Uuid) -> Result<Option<JobStatus>> {
-        let Some(row) = sqlx::query(sql::JOB_STATUS)
-            .bind(id)
-            .fetch_optional(&self.pool)
+        let status = sqlx::query(sql::JOB_STATUS).bind(id);
+        let Some(row) = self
+            .on_connection(async |c| Ok(status.fetch_optional(c).await?))
             .await?
         else {
             return Ok(None);
@@ -841,6 +870,29 @@ impl QueueStore {
         Ok(done)
     }
 
+    /// Runs `read`, a read whose time grows with the table (a count of a backlog, a scan), within the
+    /// [answer deadline](Self::with_answer_deadline) when there is one, in a transaction whose
+    /// `statement_timeout` is four fifths of it: a read given up by the client is also stopped by the
+    /// server (which otherwise counts on until it next answers, and only then notices the closed
+    /// connection), and a read that is only slow fails with the server's error (SQLSTATE 57014) before
+    /// the client gives up, its connection kept. Costs three more round trips; none without a deadline.
+    async fn long_read<T>(&self, read: impl AsyncFnOnce(&mut PgConnection) -> Result<T>) -> Result<T> {
+        let Some(deadline) = self.answer_deadline else {
+            return self.on_connection(read).await;
+        };
+        self.on_connection(async |c| {
+            let mut tx = c.begin().await?;
+            sqlx::query("SELECT pg_catalog.set_config('statement_timeout', $1, true)")
+                .bind(format!("{}ms", (deadline * 4 / 5).as_millis().max(1)))
+                .execute(&mut *tx)
+                .await?;
+            let done = read(&mut tx).await?;
+            tx.commit().await?;
+            Ok(done)
+        })
+        .await
+    }
+
     /// Runs one of the by-id batch statements (the heartbeats) with its generic plan, in a transaction of its
     /// own: `SET LOCAL plan_cache_mode = force_generic_plan` (see [`sql`] for why the generic plan is the
     /// right one at every table size and a custom plan is not). Costs two more round trips per batch,
@@ -912,6 +964,55 @@ impl QueueStore {
             .await?;
         Ok(done.rows_affected())
     }
+}
+
+/// One scheduler pass over `schedule` of `queue` in transaction `tx` (see [`QueueStore::fire_schedule`]).
+async fn fire_schedule_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    queue: &str,
+    schedule: &Schedule,
+) -> Result<Option<ScheduleRun>> {
+    sqlx::query(sql::SCHEDULE_ENSURE)
+        .bind(queue)
+        .bind(&schedule.name)
+        .execute(&mut **tx)
+        .await
+        .map_err(map_db_error)?;
+    let Some(row) = sqlx::query(sql::SCHEDULE_LOCK)
+        .bind(queue)
+        .bind(&schedule.name)
+        .fetch_optional(&mut **tx)
+        .await?
+    else {
+        return Ok(None);
+    };
+    let handled: DateTime<Utc> = row.try_get("handled_until")?;
+    let now: DateTime<Utc> = row.try_get("now")?;
+    let mut fired = Vec::new();
+    for at in schedule::due(&schedule.cron, handled, now, schedule.missed_runs) {
+        let job = NewJob {
+            unique_key: Some(format!(
+                "schedule:{}:{}",
+                schedule.name,
+                at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            )),
+            unique_mode: Some(UniqueMode::Preserve),
+            ..schedule.job.clone()
+        };
+        let done = enqueue_at(&mut **tx, queue, &job, now).await?;
+        fired.push((at, done.id));
+    }
+    let next_fire_at = schedule.cron.next_after(now);
+    sqlx::query(sql::SCHEDULE_ADVANCE)
+        .bind(queue)
+        .bind(&schedule.name)
+        .bind(now)
+        .bind(fired.last().map(|f| f.0))
+        .bind(fired.last().map(|f| f.1))
+        .bind(next_fire_at)
+        .execute(&mut **tx)
+        .await?;
+    Ok(Some(ScheduleRun { fired, next_fire_at }))
 }
 
 /// `jobs` sorted by id: the order in which the by-id batch statements (finish, heartbeat, release) lock

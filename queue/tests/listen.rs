@@ -4,7 +4,7 @@
 use std::{ops::ControlFlow, time::Duration};
 
 use sluice_queue::listen::{self, Event, Liveness};
-use sluice_testsupport::{PgServer, Signal, wait_for_async};
+use sluice_testsupport::{PgServer, wait_for_async};
 use sqlx::PgPool;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -98,15 +98,6 @@ async fn notify(admin: &PgPool, payload: &str) {
         .unwrap();
 }
 
-/// A backend frozen (SIGSTOP) until dropped, so a failing test still thaws it.
-struct Frozen<'a>(&'a PgServer, u32);
-
-impl Drop for Frozen<'_> {
-    fn drop(&mut self) {
-        self.0.signal_backend(self.1, Signal::Cont);
-    }
-}
-
 // A server that goes silent under the LISTEN connection (its backend frozen: the socket stays open and
 // nothing answers, as a failover or a dropped NAT entry leaves it) raises no error on a connection that
 // only reads. The probe after a quiet spell goes unanswered, the connection is given up and made
@@ -121,8 +112,7 @@ async fn a_listen_connection_gone_silent_is_made_again() {
     let backends = listener_backends(&admin).await;
     assert_eq!(backends.len(), 1, "{backends:?}");
     let silent = u32::try_from(backends[0]).unwrap();
-    pg.signal_backend(silent, Signal::Stop);
-    let _thaw = Frozen(&pg, silent);
+    let _thaw = pg.freeze_backends([silent]);
 
     assert_eq!(listener.next().await, Seen::Listening);
     let now = listener_backends(&admin).await;

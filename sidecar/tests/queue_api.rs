@@ -9,7 +9,9 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use queue_support::*;
 use serde_json::{Value, json};
-use sluice_sidecar::queue::{QueueStore, api};
+use sluice_sidecar::queue::{QueueStore, api, role};
+use sluice_testsupport::wait_for_async;
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 struct Api {
@@ -47,6 +49,18 @@ impl Api {
         headers: &[(&str, &str)],
         body: Vec<u8>,
     ) -> (StatusCode, Value) {
+        let (status, _, json) = self.call_seeing_headers(method, path, headers, body).await;
+        (status, json)
+    }
+
+    /// [`Api::call`], with the answer's headers.
+    async fn call_seeing_headers(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Vec<u8>,
+    ) -> (StatusCode, http::HeaderMap, Value) {
         let mut req = Request::builder()
             .method(method)
             .uri(format!("{}{path}", self.base));
@@ -59,9 +73,10 @@ impl Api {
             .await
             .unwrap();
         let status = resp.status();
+        let answer_headers = resp.headers().clone();
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
         let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        (status, json)
+        (status, answer_headers, json)
     }
 
     async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
@@ -746,4 +761,166 @@ async fn an_api_in_a_namespace_without_a_queue_list_reaches_no_other_namespace()
         .map(|d| d["queue"].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(names, ["shop/emails"]);
+}
+
+/// The API's answer deadline in the tests below.
+const API_ANSWER: Duration = Duration::from_secs(1);
+/// How long a request given up after [`API_ANSWER`] may take in all (room for a loaded machine); one
+/// that waits on the silent database fails this.
+const API_BOUND: Duration = Duration::from_secs(6);
+
+/// An API over a store made as the sidecar makes it (`role::api_store`, `queue.api.answerDeadline` of
+/// [`API_ANSWER`]) on `pool`.
+async fn api_with_deadline(pool: sqlx::PgPool) -> Api {
+    let mut cfg = sluice_crds::sidecar_config::QueueConfig::default();
+    cfg.api.answer_deadline = API_ANSWER.into();
+    Api::serve(api::ApiState::new(role::api_store(&cfg, pool))).await
+}
+
+/// `request` answered within [`API_BOUND`].
+async fn within_bound<T>(what: &str, request: impl Future<Output = T>) -> T {
+    tokio::time::timeout(API_BOUND, request)
+        .await
+        .unwrap_or_else(|_| panic!("{what} waited on the database past {API_BOUND:?}"))
+}
+
+// A database that stops answering under the API (its backends frozen: the sockets stay open and nothing
+// answers, as a failover or a frozen backend leaves them) holds up no request: an enqueue is given up
+// after the answer deadline and answered 503 with Retry-After, saying the job may or may not have been
+// made and that a retry with the same Idempotency-Key is safe; a read too. Once the database answers
+// again, retries with the key make exactly one job. The API's pool hands connections out unchecked
+// (a check would catch a connection already silent while idle, within the acquire deadline, but not one
+// that goes silent mid-statement), so the statements meet the frozen backends themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_database_does_not_answer_gets_503_and_a_keyed_retry_makes_one_job() {
+    const CONNECTIONS: u32 = 3;
+    const APP: &str = "sluice-api-silent-test";
+    let (pg, pool) = pg().await;
+    let store = QueueStore::new(pool.clone());
+    queue(&store, "emails").await;
+    // No `min_connections`: the pool would open a fresh connection in place of one given up, and a
+    // request could take that one instead of a frozen one.
+    let api_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(CONNECTIONS)
+        .test_before_acquire(false)
+        .acquire_timeout(Duration::from_secs(3))
+        .connect_with(
+            pg.url()
+                .parse::<sqlx::postgres::PgConnectOptions>()
+                .unwrap()
+                .application_name(APP),
+        )
+        .await
+        .unwrap();
+    let mut held = Vec::new();
+    for _ in 0..CONNECTIONS {
+        held.push(api_pool.acquire().await.unwrap());
+    }
+    drop(held);
+    let api = api_with_deadline(api_pool.clone()).await;
+    let pids: Vec<i32> = wait_for_async("the API's pool to hold its connections", API_BOUND, || {
+        let pool = pool.clone();
+        async move {
+            let pids: Vec<i32> =
+                sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE application_name = $1")
+                    .bind(APP)
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap();
+            (pids.len() == CONNECTIONS as usize).then_some(pids)
+        }
+    })
+    .await;
+    // The pool pings a connection it takes back: freezing before that ping is answered would leave
+    // the connection stuck in the pool's hands, not in a request's.
+    wait_for_async("the API's connections back in its pool", API_BOUND, || async {
+        (api_pool.num_idle() == CONNECTIONS as usize).then_some(())
+    })
+    .await;
+    let frozen = pg.freeze_backends(pids.into_iter().map(|p| p as u32));
+
+    let body = json!({"kind": "welcome", "payload": {"to": "a"}}).to_string();
+    let keyed = [
+        ("idempotency-key", "signup-42"),
+        ("content-type", "application/json"),
+    ];
+    let enqueue = || {
+        api.call_seeing_headers(
+            Method::POST,
+            "/v1/queues/emails/jobs",
+            &keyed,
+            body.clone().into_bytes(),
+        )
+    };
+    let (status, headers, answer) = within_bound("an enqueue", enqueue()).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
+    assert_eq!(headers[http::header::RETRY_AFTER], "1");
+    assert_eq!(answer["error"]["code"], "database_unanswered", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    for says in ["did not answer within", "may or may not", "Idempotency-Key"] {
+        assert!(message.contains(says), "{says:?} not in {message}");
+    }
+    let (status, headers, answer) = within_bound(
+        "a read",
+        api.call_seeing_headers(Method::GET, "/v1/queues/emails", &[], vec![]),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
+    assert_eq!(headers[http::header::RETRY_AFTER], "1");
+    assert_eq!(answer["error"]["code"], "database_unanswered", "{answer}");
+
+    drop(frozen);
+    let (status, _, first) = within_bound("the first retry", enqueue()).await;
+    assert!(
+        status == StatusCode::CREATED || status == StatusCode::OK,
+        "{status}: {first}"
+    );
+    let (status, _, again) = within_bound("the second retry", enqueue()).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(first["id"], again["id"]);
+    assert_eq!(job_count(&store).await, 1, "one job for the key");
+}
+
+// An enqueue that the server is slow to carry out (here: waiting for a lock on the jobs table) is ended
+// by the server itself within the API's answer deadline, so the request is answered 503 and the write
+// cannot commit later, after the app has retried it: once the lock is let go, no job appeared and no
+// backend waits to insert one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_the_server_is_slow_to_make_is_ended_by_the_server() {
+    let (_pg, pool) = pg().await;
+    let store = QueueStore::new(pool.clone());
+    queue(&store, "emails").await;
+    let api = api_with_deadline(pool.clone()).await;
+    let mut lock = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE sluice.jobs IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+
+    let (status, headers, answer) = within_bound(
+        "an enqueue waiting for a lock",
+        api.call_seeing_headers(
+            Method::POST,
+            "/v1/queues/emails/jobs",
+            &[("idempotency-key", "k-1")],
+            json!({"kind": "welcome", "payload": {}}).to_string().into_bytes(),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
+    assert_eq!(
+        answer["error"]["code"], "database_timeout",
+        "the server's own time limit, so nothing was written: {answer}"
+    );
+    assert_eq!(headers[http::header::RETRY_AFTER], "1");
+    let waiting: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity \
+          WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()",
+    )
+    .fetch_one(&mut *lock)
+    .await
+    .unwrap();
+    assert_eq!(waiting, 0, "no enqueue still waits for the lock");
+    lock.rollback().await.unwrap();
+    assert_eq!(job_count(&store).await, 0, "the given-up enqueue made no job");
 }

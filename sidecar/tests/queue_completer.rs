@@ -8,7 +8,7 @@ use std::{sync::Arc, time::Duration};
 use queue_support::*;
 use sluice_queue::{NewJob, QueueSettings, QueueStore};
 use sluice_sidecar::queue::{Outcome, Worker};
-use sluice_testsupport::{PgServer, Signal, wait_for_async};
+use sluice_testsupport::{PgServer, wait_for_async};
 use sqlx::PgPool;
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -638,32 +638,6 @@ async fn attempt(pool: &PgPool, id: uuid::Uuid) -> i32 {
         .unwrap()
 }
 
-/// Backends of a test's server frozen (SIGSTOP) until dropped, so a failing test still thaws them.
-struct Frozen<'a> {
-    pg: &'a PgServer,
-    pids: Vec<u32>,
-}
-
-impl<'a> Frozen<'a> {
-    /// Freezes `pids`, each put in the guard once frozen.
-    fn new(pg: &'a PgServer, pids: impl IntoIterator<Item = u32>) -> Self {
-        let mut frozen = Self { pg, pids: Vec::new() };
-        for pid in pids {
-            pg.signal_backend(pid, Signal::Stop);
-            frozen.pids.push(pid);
-        }
-        frozen
-    }
-}
-
-impl Drop for Frozen<'_> {
-    fn drop(&mut self) {
-        for &pid in &self.pids {
-            self.pg.signal_backend(pid, Signal::Cont);
-        }
-    }
-}
-
 /// A database that stops answering on a worker's connections (their backends frozen: the sockets stay
 /// open and nothing answers, as a failover or a dropped NAT entry leaves them) holds up no outcome for
 /// ever: each statement is given up after the worker's answer deadline, its connection closed, and the
@@ -718,7 +692,7 @@ async fn a_completion_write_the_database_stops_answering_is_written_on_another_c
         }
     })
     .await;
-    let frozen = Frozen::new(&pg, pids.into_iter().map(|p| p as u32));
+    let frozen = pg.freeze_backends(pids.into_iter().map(|p| p as u32));
 
     job.gate.notify_one();
     // Each frozen connection the write meets costs it the answer deadline and a backoff (50 ms,

@@ -63,6 +63,9 @@ pub const WORKER_CONCURRENCY: &str = "SLUICE_WORKER_CONCURRENCY";
 pub const WORKER_CLAIM_BATCH: &str = "SLUICE_WORKER_CLAIM_BATCH";
 /// `queue.api.listen`: where the queue HTTP API is served (unset: not served).
 pub const API_LISTEN: &str = "SLUICE_API_LISTEN";
+/// `queue.api.answerDeadline`: how long one of the queue HTTP API's statements may go unanswered
+/// (`5s`, `500ms`) before the request is answered 503.
+pub const API_ANSWER_DEADLINE: &str = "SLUICE_API_ANSWER_DEADLINE";
 /// `queue.api.auth.mode`: `kubernetes` checks the queue API's callers (ServiceAccount tokens, RBAC),
 /// `off` does not.
 pub const API_AUTH: &str = "SLUICE_API_AUTH";

@@ -30,6 +30,10 @@ pub const SHUTDOWN_GRACE_DEFAULT: Duration = Duration::from_secs(25);
 /// the statement retried on another: below the default heartbeat interval (a third of the default 30 s
 /// lease).
 pub const ANSWER_DEADLINE_DEFAULT: Duration = Duration::from_secs(5);
+/// Default time one of the queue HTTP API's statements may go unanswered before its connection is
+/// closed and the request answered 503 (`queue.api.answerDeadline`): long enough for a healthy database
+/// under load, short enough that an app's request fails before its own timeout would.
+pub const API_ANSWER_DEADLINE_DEFAULT: Duration = Duration::from_secs(5);
 /// Default address of the worker's `/metrics` and `/healthz`.
 pub const METRICS_LISTEN_DEFAULT: &str = "0.0.0.0:9902";
 /// Default largest number of jobs in one batch enqueue request.
@@ -219,6 +223,15 @@ pub struct QueueApiConfig {
     /// Most jobs in one batch enqueue request.
     #[serde(default = "default_max_batch")]
     pub max_batch: u32,
+    /// How long one of the API's statements may go unanswered (`SLUICE_API_ANSWER_DEADLINE`): past it
+    /// the connection is closed and the request answered 503 with `Retry-After`; the API's writes are
+    /// also ended by the server itself within it. Left out when written at its default, so configs
+    /// rendered for sidecars that predate it stay readable by them.
+    #[serde(
+        default = "default_api_answer_deadline",
+        skip_serializing_if = "is_default_api_answer_deadline"
+    )]
+    pub answer_deadline: Duration,
     /// Who may call the API. Left out when written at its default (off), so configs rendered for
     /// sidecars that predate it stay readable by them.
     #[serde(default, skip_serializing_if = "ApiAuthConfig::is_default")]
@@ -230,6 +243,7 @@ impl Default for QueueApiConfig {
         Self {
             listen: None,
             max_batch: MAX_ENQUEUE_BATCH_DEFAULT,
+            answer_deadline: API_ANSWER_DEADLINE_DEFAULT,
             auth: ApiAuthConfig::default(),
         }
     }
@@ -446,6 +460,12 @@ fn default_shutdown_grace() -> Duration {
 }
 fn default_answer_deadline() -> Duration {
     ANSWER_DEADLINE_DEFAULT
+}
+fn default_api_answer_deadline() -> Duration {
+    API_ANSWER_DEADLINE_DEFAULT
+}
+fn is_default_api_answer_deadline(d: &Duration) -> bool {
+    *d == API_ANSWER_DEADLINE_DEFAULT
 }
 fn default_metrics_listen() -> SocketAddr {
     METRICS_LISTEN_DEFAULT.parse().expect("valid default")

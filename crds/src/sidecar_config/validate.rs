@@ -203,6 +203,9 @@ pub fn check_queue(q: &QueueConfig, errs: &mut ConfigErrors) {
     if q.api.max_batch == 0 {
         errs.push("queue.api.maxBatch", "must be at least 1");
     }
+    if q.api.answer_deadline.get().is_zero() {
+        errs.push("queue.api.answerDeadline", "must be longer than 0");
+    }
     if q.pool_size == Some(0) {
         errs.push("queue.poolSize", "must be at least 1");
     }
@@ -635,6 +638,24 @@ mod tests {
 
     fn paths(r: Result<(), ConfigErrors>) -> Vec<String> {
         r.unwrap_err().0.into_iter().map(|e| e.path).collect()
+    }
+
+    #[test]
+    fn an_api_answer_deadline_of_zero_is_refused_and_the_default_is_not_written() {
+        let mut q = QueueConfig::default();
+        assert!(
+            !serde_yaml::to_string(&q.api).unwrap().contains("answerDeadline"),
+            "the API's default deadline is left out"
+        );
+        q.api.answer_deadline = Duration::from_millis(0);
+        let mut errs = ConfigErrors::default();
+        check_queue(&q, &mut errs);
+        assert!(errs.0.iter().any(|e| e.path == "queue.api.answerDeadline"));
+        q.api.answer_deadline = Duration::from_millis(1500);
+        let written = serde_yaml::to_string(&q).unwrap();
+        assert!(written.contains("answerDeadline: 1s500ms"), "{written}");
+        let read: QueueConfig = serde_yaml::from_str(&written).unwrap();
+        assert_eq!(read.api.answer_deadline, q.api.answer_deadline);
     }
 
     #[test]

@@ -12,7 +12,7 @@ mod process;
 mod redis;
 mod wait;
 
-pub use postgres::PgServer;
+pub use postgres::{Frozen, PgServer};
 pub use process::{Signal, free_port};
 pub use redis::RedisServer;
 pub use wait::{wait_for, wait_for_async};

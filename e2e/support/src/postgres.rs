@@ -20,6 +20,22 @@ const START_DEADLINE: Duration = Duration::from_secs(30);
 /// The OS user servers run as when the tests run as root.
 const PG_USER: &str = "postgres";
 
+/// Backends of a [`PgServer`] frozen by [`PgServer::freeze_backends`]: thawed ([`Signal::Cont`]) when
+/// dropped. A frozen backend's socket stays open and nothing answers on it, as a failover or a dropped
+/// NAT entry leaves a client's connection.
+pub struct Frozen<'a> {
+    pg: &'a PgServer,
+    pids: Vec<u32>,
+}
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        for &pid in &self.pids {
+            self.pg.signal_backend(pid, Signal::Cont);
+        }
+    }
+}
+
 /// A PostgreSQL server owned by one test. Dropping it shuts the postmaster down at once and removes
 /// its data dir and its System V shared memory segment.
 pub struct PgServer {
@@ -98,6 +114,20 @@ impl PgServer {
             .and_then(|p| p.parse::<u32>().ok());
         assert_eq!(parent, self.pid(), "pid {pid} is not a backend of this server");
         send_signal(pid, sig);
+    }
+
+    /// Freezes backends `pids` ([`PgServer::signal_backend`] with [`Signal::Stop`]) until the guard is
+    /// dropped, so that a failing test still thaws them before the server goes.
+    pub fn freeze_backends(&self, pids: impl IntoIterator<Item = u32>) -> Frozen<'_> {
+        let mut frozen = Frozen {
+            pg: self,
+            pids: Vec::new(),
+        };
+        for pid in pids {
+            self.signal_backend(pid, Signal::Stop);
+            frozen.pids.push(pid);
+        }
+        frozen
     }
 
     /// Crashes the server: SIGKILL to the postmaster; its backends exit when they notice. Data that was

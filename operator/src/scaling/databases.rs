@@ -33,8 +33,9 @@ pub const QUEUE_WRITE_DEADLINE: Duration = Duration::from_secs(10);
 /// How long the operator's statements about a queue (its settings, paused flag, schedules, depth and
 /// leases) may go unanswered before their connection is closed (see
 /// [`QueueStore::with_answer_deadline`]): above [`QUEUE_WRITE_DEADLINE`], so that for a write the
-/// server's own timeout answers first when the server is merely slow; a read past it (a depth count
-/// of a huge backlog on a slow server) is given up and fails the reconcile, to be tried again.
+/// server's own timeout answers first when the server is merely slow; a depth count of a huge backlog
+/// is stopped by the server itself at four fifths of it (12 s, its `statement_timeout`), so that the
+/// server does not count on after the operator gave up, and fails the read, to be tried again.
 pub const ANSWER_DEADLINE: Duration = Duration::from_secs(15);
 /// Most connections the operator holds to one database. A thousand JobQueues reconciled together
 /// (at start, at a takeover) take turns on them; with one, those past the third second of the queue

@@ -144,7 +144,7 @@ pub fn apply(config: &mut SidecarConfig, env: &dyn Env) -> Result<EnvSettings, C
 
 /// Applies the queue overrides (`SLUICE_DATABASE_URL`, `SLUICE_QUEUES`, `SLUICE_QUEUE_NAMESPACE`,
 /// `SLUICE_HANDLER_URL`, `SLUICE_WORKER_CONCURRENCY`, `SLUICE_WORKER_CLAIM_BATCH`,
-/// `SLUICE_API_LISTEN`, `SLUICE_API_AUTH`,
+/// `SLUICE_API_LISTEN`, `SLUICE_API_ANSWER_DEADLINE`, `SLUICE_API_AUTH`,
 /// `SLUICE_API_AUTH_LOOPBACK`, `SLUICE_POD_NAMESPACE`, `SLUICE_POD_SERVICE_ACCOUNT`, `SLUICE_METRICS_LISTEN`,
 /// `SLUICE_GRPC_LISTEN`) to the
 /// `queue:` section:
@@ -185,6 +185,15 @@ pub fn apply_queue(cfg: &mut QueueConfig, env: &dyn Env) -> Result<(), ConfigErr
         match v.trim().parse() {
             Ok(addr) => cfg.api.listen = Some(addr),
             Err(_) => errs.push(API_LISTEN, format!("{v:?} is not an address like 127.0.0.1:7070")),
+        }
+    }
+    if let Some(v) = env.var(API_ANSWER_DEADLINE) {
+        match v.trim().parse::<sluice_crds::duration::Duration>() {
+            Ok(d) if !d.get().is_zero() => cfg.api.answer_deadline = d,
+            _ => errs.push(
+                API_ANSWER_DEADLINE,
+                format!("{v:?} is not a duration above 0 like 5s or 500ms"),
+            ),
         }
     }
     if let Some(v) = env.var(METRICS_LISTEN) {
@@ -328,6 +337,7 @@ mod tests {
             (WORKER_CONCURRENCY, "4"),
             (WORKER_CLAIM_BATCH, "250"),
             (API_LISTEN, "127.0.0.1:7070"),
+            (API_ANSWER_DEADLINE, "1500ms"),
             (QUEUE_NAMESPACE, "shop"),
         ];
         apply_queue(&mut cfg, env).unwrap();
@@ -337,6 +347,7 @@ mod tests {
         assert_eq!(cfg.worker.claim_batch, 250);
         assert_eq!(cfg.handler.url, "http://127.0.0.1:9/jobs");
         assert_eq!(cfg.api.listen, Some("127.0.0.1:7070".parse().unwrap()));
+        assert_eq!(cfg.api.answer_deadline.as_millis(), 1500);
     }
 
     #[test]
@@ -345,11 +356,17 @@ mod tests {
             (WORKER_CONCURRENCY, "many"),
             (WORKER_CLAIM_BATCH, "0"),
             (API_LISTEN, "7070"),
+            (API_ANSWER_DEADLINE, "0s"),
         ];
         let err = apply_queue(&mut QueueConfig::default(), env)
             .unwrap_err()
             .to_string();
-        for name in [WORKER_CONCURRENCY, WORKER_CLAIM_BATCH, API_LISTEN] {
+        for name in [
+            WORKER_CONCURRENCY,
+            WORKER_CLAIM_BATCH,
+            API_LISTEN,
+            API_ANSWER_DEADLINE,
+        ] {
             assert!(err.contains(name), "{name} not in {err}");
         }
     }

@@ -3,7 +3,10 @@
 //!
 //! Bad input gets a JSON error (`{"error": {"code": "...", "message": "..."}}`) and changes nothing:
 //! invalid JSON or missing fields 400, a payload over 1 MiB 413, an unknown queue or job 404, an
-//! idempotency key reused with another request 409, a batch over the limit 400.
+//! idempotency key reused with another request 409, a batch over the limit 400. A database that fails or
+//! does not answer within the store's answer deadline (`queue.api.answerDeadline`) gets 503 with
+//! `Retry-After`; an unanswered one says that a write may or may not have been made, and that an
+//! enqueue retried with the same idempotency key makes no second job ([`ApiError`]'s `From<Error>`).
 //!
 //! An API given a list of queues ([`ApiState::queues`], from `SLUICE_QUEUES` / `queue.queues`) serves
 //! only those: a queue outside it is 403 naming the queues it serves, a job in another queue reads as
@@ -42,6 +45,7 @@ use uuid::Uuid;
 use sluice_crds::sidecar_config::queue_in_namespace;
 use sluice_queue::{
     CancelOutcome, GraphJob, Job, JobState, MAX_PAYLOAD_BYTES, NewJob, QueueSettings, QueueStore,
+    error::Unanswered,
     store::{MAX_GRAPH_JOBS, check_new_job},
 };
 
@@ -55,6 +59,9 @@ pub const MAX_BATCH_DEFAULT: usize = 1000;
 pub const LIST_LIMIT_MAX: i64 = 500;
 /// Room in a single-job request for the fields around the payload.
 const ENVELOPE_BYTES: usize = 64 * 1024;
+/// The `Retry-After` of a 503 (seconds): a failover or a restart takes a few seconds, and a client
+/// that waits a little first does not add to the load of a database that is only slow.
+const RETRY_AFTER_SECS: &str = "1";
 
 /// What the API handlers share.
 #[derive(Clone, Debug)]
@@ -208,12 +215,47 @@ impl ApiError {
     }
 }
 
+/// SQLSTATE of a statement the server cancelled (here: `statement_timeout`).
+const QUERY_CANCELED: &str = "57014";
+/// SQLSTATE of a lock not taken within `lock_timeout`.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+
 impl From<Error> for ApiError {
+    /// The one mapping of the API's errors to answers. Database trouble is 503 with `Retry-After`,
+    /// its details in the log only; a statement the database did not answer within the answer deadline
+    /// has an outcome nobody knows, which the answer says.
     fn from(e: Error) -> Self {
         match e {
             Error::NotFound(m) => Self::new(StatusCode::NOT_FOUND, "not_found", m),
             Error::Conflict(m) => Self::new(StatusCode::CONFLICT, "conflict", m),
             Error::Invalid(m) | Error::Config(m) => Self::bad_request(m),
+            Error::Database(db) if Unanswered::is(&db) => {
+                tracing::warn!(error = %db, "queue api request given up: the database did not answer");
+                let ms = Unanswered::of(&db).map_or(0, |u| u.0.as_millis());
+                Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "database_unanswered",
+                    format!(
+                        "the queue database did not answer within the deadline ({ms} ms), so the request \
+                         was given up: a write may or may not have been made. Retrying is safe for an \
+                         enqueue sent with the same Idempotency-Key header (or the same idempotencyKey \
+                         per job in a batch or graph): it makes no second job and answers with the job \
+                         the first request made, if it made one"
+                    ),
+                )
+            }
+            Error::Database(sqlx::Error::Database(db))
+                if matches!(db.code().as_deref(), Some(QUERY_CANCELED | LOCK_NOT_AVAILABLE)) =>
+            {
+                tracing::warn!(error = %db, "queue api request ended by the database's time limit");
+                Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "database_timeout",
+                    "the queue database ended the statement at its time limit (a lock waited for past \
+                     half of queue.api.answerDeadline, or the statement past four fifths of it), so \
+                     nothing was written; retry later, and split a batch or graph that takes this long",
+                )
+            }
             other => {
                 // Internals (SQL, hosts) stay in the log, not in the response.
                 tracing::warn!(error = %other, "queue api request failed");
@@ -244,6 +286,12 @@ impl IntoResponse for ApiError {
             response.headers_mut().insert(
                 http::header::WWW_AUTHENTICATE,
                 http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(
+                http::header::RETRY_AFTER,
+                http::HeaderValue::from_static(RETRY_AFTER_SECS),
             );
         }
         response
@@ -712,6 +760,31 @@ async fn openapi() -> Json<Value> {
 
 /// The OpenAPI 3.1 document of this API.
 pub fn openapi_document() -> Value {
+    let mut doc = openapi_paths_and_schemas();
+    // Added here rather than in the literal, whose nesting is at `json!`'s recursion limit.
+    let unavailable = json!({
+        "description": "the database failed, or did not answer within the sidecar's answer deadline (code \
+                        database_unanswered: the write may or may not have been made; an enqueue retried with \
+                        the same Idempotency-Key, or idempotencyKey per job, makes no second job); \
+                        `Retry-After` says when to retry",
+        "content": {"application/json": {"schema": doc["components"]["responses"]["Error"]["content"]["application/json"]["schema"].clone()}}
+    });
+    if let Some(paths) = doc["paths"].as_object_mut() {
+        for operation in paths
+            .values_mut()
+            .filter_map(Value::as_object_mut)
+            .flat_map(|p| p.values_mut())
+        {
+            if let Some(responses) = operation.get_mut("responses").and_then(Value::as_object_mut) {
+                responses.insert("503".into(), unavailable.clone());
+            }
+        }
+    }
+    doc
+}
+
+/// The document before the 503 answer every operation may give.
+fn openapi_paths_and_schemas() -> Value {
     let err = json!({"$ref": "#/components/responses/Error"});
     let queue = json!({"name": "queue", "in": "path", "required": true, "schema": {"type": "string"}});
     let id =
@@ -719,7 +792,7 @@ pub fn openapi_document() -> Value {
     json!({
         "openapi": "3.1.0",
         "info": {"title": "Sluice queue API", "version": "v1",
-                 "description": "Served by the sluice sidecar on localhost for the app. Errors are JSON: {\"error\": {\"code\", \"message\"}}. A sidecar given a queue list (SLUICE_QUEUES) answers 403 for any other queue, 404 for jobs of other queues, and 400 (as for an unknown id) for dependsOn naming a job of another queue. With SLUICE_API_AUTH=kubernetes every path but this one needs `Authorization: Bearer <ServiceAccount token, audience sluice>` (or a tokenless call from the pod's own loopback) and the RBAC verb on jobqueues/jobs or jobqueues/settings of the JobQueue: 401 unauthenticated, 403 forbidden."},
+                 "description": "Served by the sluice sidecar on localhost for the app. Errors are JSON: {\"error\": {\"code\", \"message\"}}. A sidecar given a queue list (SLUICE_QUEUES) answers 403 for any other queue, 404 for jobs of other queues, and 400 (as for an unknown id) for dependsOn naming a job of another queue. With SLUICE_API_AUTH=kubernetes every path but this one needs `Authorization: Bearer <ServiceAccount token, audience sluice>` (or a tokenless call from the pod's own loopback) and the RBAC verb on jobqueues/jobs or jobqueues/settings of the JobQueue: 401 unauthenticated, 403 forbidden. Any path answers 503 with `Retry-After` when the queue database fails or does not answer within the sidecar's answer deadline (queue.api.answerDeadline, 5s by default); code `database_unanswered` for the latter: a write may or may not have been made, and an enqueue retried with the same Idempotency-Key (or idempotencyKey per job) makes no second job."},
         "paths": {
             "/v1/queues": {"get": {"summary": "Depth of every queue", "responses": {"200": {"description": "{queues: [Depth]}"}}}},
             "/v1/queues/{queue}": {

@@ -125,8 +125,7 @@ pub async fn prepare_api(cfg: &QueueConfig) -> Result<Option<PreparedApi>> {
             var::DATABASE_URL
         ))
     })?;
-    let store = QueueStore::new(pool(url, cfg)?);
-    let state = api_state(cfg, store)?;
+    let state = api_state(cfg, api_store(cfg, pool(url, cfg)?))?;
     let listener = bind("queue.api.listen", addr).await?;
     Ok(Some(PreparedApi { listener, state }))
 }
@@ -159,7 +158,14 @@ pub async fn run_worker(cfg: QueueConfig, shutdown: CancellationToken) -> Result
         .map_err(|e| Error::Config(format!("queue.schedules: {e}")))?;
     if !schedules.is_empty() {
         tracing::info!(schedules = schedules.len(), "scheduler starting");
-        tokio::spawn(store.clone().run_schedules(schedules, shutdown.clone()));
+        // A scheduler pass is one of the worker's loops: under its answer deadline, and ended by the
+        // server within it (a pass given up is made again on the next tick).
+        let deadline = cfg.worker.answer_deadline.get();
+        let scheduler = store
+            .clone()
+            .with_answer_deadline(deadline)
+            .with_server_deadline(deadline);
+        tokio::spawn(scheduler.run_schedules(schedules, shutdown.clone()));
     }
     // The gRPC worker API's stream metrics are listed only where it is served.
     let metrics = Arc::new(if cfg.grpc.listen.is_some() {
@@ -169,7 +175,7 @@ pub async fn run_worker(cfg: QueueConfig, shutdown: CancellationToken) -> Result
     });
     serve_admin(&cfg, metrics.clone(), &shutdown).await?;
     if let Some(addr) = cfg.api.listen {
-        let state = api_state(&cfg, store.clone())?;
+        let state = api_state(&cfg, api_store(&cfg, store.pool().clone()))?;
         let listener = bind("queue.api.listen", addr).await?;
         tokio::spawn(api::serve(listener, state, shutdown.clone().cancelled_owned()));
     }
@@ -280,6 +286,16 @@ fn pool(url: &str, cfg: &QueueConfig) -> Result<sqlx::PgPool> {
         url,
         cfg.pool_size.unwrap_or(POOL_SIZE_DEFAULT),
     )?)
+}
+
+/// The queue HTTP API's store over `pool`: each statement given up when the database has not answered
+/// within `queue.api.answerDeadline` (the request is answered 503), and each write ended by the server
+/// itself within it, so that an enqueue given up cannot commit long after the app retried it.
+pub fn api_store(cfg: &QueueConfig, pool: sqlx::PgPool) -> QueueStore {
+    let deadline = cfg.api.answer_deadline.get();
+    QueueStore::new(pool)
+        .with_answer_deadline(deadline)
+        .with_server_deadline(deadline)
 }
 
 /// The API's state: its store, limits, queues and, with `queue.api.auth.mode: kubernetes`, the
