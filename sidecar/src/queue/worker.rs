@@ -381,21 +381,30 @@ struct IntakeState {
     refusing: bool,
 }
 
-impl Intake {
+impl IntakeState {
     fn mode(&self) -> Mode {
-        let s = self.state.lock().expect("intake lock");
-        match (s.refusing, s.refused) {
+        match (self.refusing, self.refused) {
             (false, _) => Mode::Open,
             (true, 0) => Mode::Probing,
             (true, _) => Mode::Paused,
         }
     }
+}
 
-    /// Applies `change` to the state, waking the claim loops when the mode changed.
+impl Intake {
+    fn mode(&self) -> Mode {
+        self.state.lock().expect("intake lock").mode()
+    }
+
+    /// Applies `change` to the state, waking the claim loops when the mode changed (read before and
+    /// after under one lock, so that no change between two updates goes unannounced).
     fn update(&self, change: impl FnOnce(&mut IntakeState)) {
-        let before = self.mode();
-        change(&mut self.state.lock().expect("intake lock"));
-        if self.mode() != before {
+        let mut s = self.state.lock().expect("intake lock");
+        let before = s.mode();
+        change(&mut s);
+        let after = s.mode();
+        drop(s);
+        if after != before {
             self.changed.notify_waiters();
         }
     }
