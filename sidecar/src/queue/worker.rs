@@ -1126,6 +1126,8 @@ async fn keep_renewing<H>(
         // In this order wherever both are held (see `held_jobs`).
         let mut inflight = shared.inflight.lock().expect("inflight lock");
         let mut abandoned = shared.abandoned.lock().expect("abandoned lock");
+        let now = tokio::time::Instant::now();
+        abandoned.retain(|_, (_, kept)| *kept > now);
         let mut keep = |d: &Done| {
             if inflight.get(&d.id).is_none_or(|f| f.attempt != d.attempt) {
                 // This worker claimed a later attempt of it: this one's lease was lost.
@@ -1138,7 +1140,7 @@ async fn keep_renewing<H>(
             }
             forget(&mut inflight, d.id, d.attempt);
             // It ran: never handed back as an unknown claim while it may still be leased here.
-            let kept = tokio::time::Instant::now() + ABANDONED_KEPT_FOR * shared.settings(&d.queue).lease();
+            let kept = now + ABANDONED_KEPT_FOR * shared.settings(&d.queue).lease();
             abandoned.insert(d.id, (d.attempt, kept));
             false
         };
