@@ -819,15 +819,21 @@ impl QueueStore {
         held: &[(Uuid, i32)],
     ) -> Result<Vec<(Uuid, i32, String)>> {
         let (ids, attempts): (Vec<Uuid>, Vec<i32>) = held.iter().copied().unzip();
+        // In a transaction of its own, committed only once its answer came: a call given up unanswered
+        // (a frozen server) never commits, so it cannot run later, after the caller's claims resumed,
+        // with a list of held jobs that no longer names them all, and hand back a job being run.
         let rows = self
             .on_connection(async |c| {
-                Ok(sqlx::query(sql::JOB_RETURN_UNKNOWN)
+                let mut tx = c.begin().await?;
+                let rows = sqlx::query(sql::JOB_RETURN_UNKNOWN)
                     .bind(owner)
                     .bind(queues)
                     .bind(&ids)
                     .bind(&attempts)
-                    .fetch_all(c)
-                    .await?)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(rows)
             })
             .await?;
         rows.iter()

@@ -883,10 +883,13 @@ async fn claims_pause_while_the_database_refuses_to_record_finished_jobs_and_res
     .await;
     let held_at_most = 2 * (CONCURRENCY + CLAIM_BATCH as usize);
     let ran = runs.load(std::sync::atomic::Ordering::SeqCst);
+    // A probe a lease, with room for a slow machine's timing; without the pause each give-up
+    // claimed another `held_at_most`.
+    let probes_at_most = 8;
     assert!(
-        ran <= held_at_most + 3,
+        ran <= held_at_most + probes_at_most,
         "the handler ran {ran} times while no outcome could be recorded; at most {} expected",
-        held_at_most + 3
+        held_at_most + probes_at_most
     );
     let text = metrics.render();
     assert!(text.contains("sluice_worker_claims_paused 1"), "{text}");
