@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// The queue migrations, embedded: (version, description, SQL). Numbered like their files; a new
 /// migration is a new file and a new line here (the `migrate!` macro needs sqlx's `macros` feature,
 /// which the workspace does not enable).
-const MIGRATIONS: [(i64, &str, &str); 28] = [
+const MIGRATIONS: [(i64, &str, &str); 29] = [
     (
         1,
         "queue tables",
@@ -155,6 +155,11 @@ const MIGRATIONS: [(i64, &str, &str); 28] = [
         28,
         "tenants revoked from the registry",
         include_str!("../../migrations/0028_tenants_revoked_from_the_registry.sql"),
+    ),
+    (
+        29,
+        "claims given up handed back",
+        include_str!("../../migrations/0029_claims_given_up_handed_back.sql"),
     ),
 ];
 

@@ -430,6 +430,15 @@ UPDATE sluice.jobs j
 RETURNING j.id
 "#;
 
+/// Hands back the running jobs of queues `$2` leased to owner `$1` that the owner does not hold (not at
+/// an (id, attempt) of `$3`, `$4`): jobs a claim the owner gave up unanswered leased to it when it
+/// committed after all (`sluice.return_unknown_claims`, migration 0029). The attempt is taken back, the
+/// job is `pending` or `retrying` again and its queue's workers are woken; a job whose lease lapsed, or
+/// whose cancellation was requested, is left to the rescue. Locks in id order, skipping held rows:
+/// waits for nobody. Returns the jobs handed back (id, attempt, queue).
+pub const JOB_RETURN_UNKNOWN: &str =
+    "SELECT id, attempt, queue FROM sluice.return_unknown_claims($1, $2, $3, $4)";
+
 /// Rescues up to `$2` jobs of queues `$1` whose lease expired (worker crashed, node lost): they become
 /// ready again at once, or `dead` when that was their last attempt, or `cancelled` when asked to
 /// (`sluice.rescue_expired`, migration 0024). Jobs whose rescue does not end them with dependents (almost
@@ -872,6 +881,7 @@ mod tests {
             ("JOB_HEARTBEAT_FINISHING", JOB_HEARTBEAT_FINISHING),
             ("JOB_LOCK_RELEASING", JOB_LOCK_RELEASING),
             ("JOB_RELEASE_FENCED", JOB_RELEASE_FENCED),
+            ("JOB_RETURN_UNKNOWN", JOB_RETURN_UNKNOWN),
             ("JOB_RESCUE_EXPIRED", JOB_RESCUE_EXPIRED),
             ("JOB_ENQUEUE", JOB_ENQUEUE),
             ("JOB_ENQUEUE_GRAPH", JOB_ENQUEUE_GRAPH),

@@ -832,6 +832,44 @@ impl QueueStore {
         rows.iter().map(|r| Ok(r.try_get("id")?)).collect()
     }
 
+    /// Hands back `owner`'s running jobs of `queues` that are not among `held` (id, attempt): the jobs a
+    /// claim given up unanswered leased to `owner` when it committed after all. Each is ready again as
+    /// if it had never been claimed: its attempt taken back, `pending` or `retrying`, its lease cleared,
+    /// its queue's workers woken. Fenced on owner and attempt: a job another worker holds has another
+    /// owner, and `held` must name every job the owner has claimed and not written (running, queued or
+    /// finishing) and every job whose outcome it gave up writing, read while none of its claims is under
+    /// way. A job whose lease lapsed or whose cancellation was requested is left to the rescue, and one
+    /// another transaction holds to the next call: it never waits for a lock. Returns the jobs handed
+    /// back (id, attempt now, queue). One call of `sluice.return_unknown_claims` ([`sql::JOB_RETURN_UNKNOWN`]).
+    pub async fn return_unknown_claims(
+        &self,
+        owner: &str,
+        queues: &[String],
+        held: &[(Uuid, i32)],
+    ) -> Result<Vec<(Uuid, i32, String)>> {
+        let (ids, attempts): (Vec<Uuid>, Vec<i32>) = held.iter().copied().unzip();
+        // In a transaction of its own, committed only once its answer came: a call given up unanswered
+        // (a frozen server) never commits, so it cannot run later, after the caller's claims resumed,
+        // with a list of held jobs that no longer names them all, and hand back a job being run.
+        let rows = self
+            .on_connection(async |c| {
+                let mut tx = c.begin().await?;
+                let rows = sqlx::query(sql::JOB_RETURN_UNKNOWN)
+                    .bind(owner)
+                    .bind(queues)
+                    .bind(&ids)
+                    .bind(&attempts)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(rows)
+            })
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get("id")?, r.try_get("attempt")?, r.try_get("queue")?)))
+            .collect()
+    }
+
     /// Runs `statements` on a connection of the pool, within the [answer deadline](Self::with_answer_deadline)
     /// when there is one. Past it the statements are dropped unfinished and their connection closed
     /// (detached from the pool, which opens another in its place), whatever state it was in.

@@ -865,3 +865,134 @@ async fn a_release_cancelling_a_job_waits_for_an_enqueue_naming_a_child_with_a_s
     )
     .await;
 }
+
+/// Claims the only ready job of `q` for `owner`: its id and attempt.
+async fn claimed_by(store: &QueueStore, owner: &str) -> (Uuid, i32) {
+    let claimed = store
+        .claim_batch("q", owner, 10, std::time::Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1, "one job was ready");
+    (claimed[0].id, claimed[0].attempt)
+}
+
+/// (state, attempt, lease owner) of job `id`.
+async fn lease_of(pool: &PgPool, id: Uuid) -> (String, i32, Option<String>) {
+    sqlx::query_as("SELECT state, attempt, lease_owner FROM sluice.jobs WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Hands back `w`'s unknown claims once, on a connection of its own, and asserts that it returns
+/// without waiting for any lock: the ids handed back.
+async fn handed_back_without_waiting(pg: &PgServer, held: &[(Uuid, i32)]) -> Vec<Uuid> {
+    let (ids, attempts): (Vec<Uuid>, Vec<i32>) = held.iter().copied().unzip();
+    let (mut conn, _) = session(pg).await;
+    sqlx::query("SET lock_timeout = '20s'")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let rows = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        sqlx::query(sql::JOB_RETURN_UNKNOWN)
+            .bind("w")
+            .bind(vec!["q".to_owned()])
+            .bind(ids)
+            .bind(attempts)
+            .fetch_all(&mut conn),
+    )
+    .await
+    .expect("handing back unknown claims waits for no lock")
+    .unwrap();
+    rows.iter().map(|r| r.get("id")).collect()
+}
+
+/// `sluice.return_unknown_claims` (migration 0029) hands back the running jobs leased to its owner that
+/// the owner does not name: ready again as if never claimed (`pending` after a first attempt, `retrying`
+/// after a later one, the claim's attempt taken back). It leaves alone a job the owner names at its
+/// attempt (one it runs), a job it names at an earlier attempt only (the later attempt is handed back),
+/// another owner's job, a job whose lease lapsed (the rescue's) and one whose cancellation was
+/// requested. It never waits for a lock: a job another transaction holds (an enqueue naming it as a
+/// parent, a completion writing it) is skipped, so it can take part in no deadlock, and the next call
+/// hands it back once it is free.
+#[tokio::test]
+async fn handing_back_unknown_claims_takes_only_the_owners_unnamed_jobs_and_waits_for_no_lock() {
+    let (pg, pool, store) = support::server_with_queue(10).await;
+    let job = NewJob::new("k", json!({}));
+    let enqueue = || store.enqueue("q", &job);
+    enqueue().await.unwrap();
+    let running = claimed_by(&store, "w").await;
+    enqueue().await.unwrap();
+    let (first, _) = claimed_by(&store, "w").await;
+    // A job on its second attempt, of which the owner still names the first.
+    enqueue().await.unwrap();
+    let second = claimed_by(&store, "w").await;
+    store.release("w", &[second]).await.unwrap();
+    sqlx::query("UPDATE sluice.jobs SET attempt = 1, state = 'retrying' WHERE id = $1")
+        .bind(second.0)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let second_attempt = claimed_by(&store, "w").await;
+    assert_eq!(second_attempt, (second.0, 2));
+    enqueue().await.unwrap();
+    let (others, _) = claimed_by(&store, "other").await;
+    enqueue().await.unwrap();
+    let (lapsed, _) = claimed_by(&store, "w").await;
+    sqlx::query("UPDATE sluice.jobs SET lease_expires_at = now() - interval '1 second' WHERE id = $1")
+        .bind(lapsed)
+        .execute(&pool)
+        .await
+        .unwrap();
+    enqueue().await.unwrap();
+    let (cancelling, _) = claimed_by(&store, "w").await;
+    assert_eq!(store.cancel(cancelling).await.unwrap(), CancelOutcome::Requested);
+    enqueue().await.unwrap();
+    let (held, _) = claimed_by(&store, "w").await;
+
+    let holder = support::locked_in_an_open_transaction(&pool, held).await;
+    let named = [running, (second.0, 1)];
+    let mut back = handed_back_without_waiting(&pg, &named).await;
+    back.sort();
+    let mut want = vec![first, second.0];
+    want.sort();
+    assert_eq!(back, want, "the unnamed jobs not held by another transaction");
+    assert_eq!(lease_of(&pool, first).await, ("pending".into(), 0, None));
+    assert_eq!(lease_of(&pool, second.0).await, ("retrying".into(), 1, None));
+    assert_eq!(
+        lease_of(&pool, running.0).await,
+        ("running".into(), 1, Some("w".into()))
+    );
+    assert_eq!(
+        lease_of(&pool, others).await,
+        ("running".into(), 1, Some("other".into()))
+    );
+    assert_eq!(
+        lease_of(&pool, lapsed).await,
+        ("running".into(), 1, Some("w".into()))
+    );
+    assert_eq!(
+        lease_of(&pool, cancelling).await,
+        ("running".into(), 1, Some("w".into()))
+    );
+    assert_eq!(
+        lease_of(&pool, held).await,
+        ("running".into(), 1, Some("w".into()))
+    );
+
+    holder.rollback().await.unwrap();
+    assert_eq!(handed_back_without_waiting(&pg, &named).await, [held]);
+    assert_eq!(lease_of(&pool, held).await, ("pending".into(), 0, None));
+    // Handed back jobs are claimed again as if they had never been: on the attempt they had left.
+    let again = store
+        .claim_batch("q", "w", 10, std::time::Duration::from_secs(60))
+        .await
+        .unwrap();
+    let mut attempts: Vec<(Uuid, i32)> = again.iter().map(|j| (j.id, j.attempt)).collect();
+    attempts.sort();
+    let mut want = vec![(first, 1), (second.0, 2), (held, 1)];
+    want.sort();
+    assert_eq!(attempts, want);
+}

@@ -84,3 +84,110 @@ async fn pool_for(pool: &sqlx::PgPool) -> sqlx::PgPool {
         .await
         .unwrap()
 }
+
+/// A claim the worker gave up unanswered that the server commits after all (a server too slow to answer
+/// within the answer deadline, not gone) leases its job to the worker, which does not know it. Here the
+/// claim is held up mid-statement, holding the job's row, by a trigger waiting for an advisory lock the
+/// test holds; the worker gives the claim up after its answer deadline and claims again on another
+/// connection (skipping the held row), and only then does the test let the first claim go on and commit.
+/// The worker hands the job back with its attempt not counted (before, it stayed leased until its lease
+/// lapsed, and the rescue counted an attempt no handler ran: the job ran on its second attempt), and it
+/// then runs once, on its first attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_commits_after_it_was_given_up_is_handed_back_and_its_job_runs_once() {
+    const HOLD: i64 = 4242;
+    let (_pg, pool) = pg().await;
+    let store = QueueStore::new(pool.clone());
+    store
+        .upsert_queue(&sluice_queue::QueueSettings {
+            // Long enough that the rescue does not take the job before the worker hands it back.
+            lease_ms: 6_000,
+            ..settings("late")
+        })
+        .await
+        .unwrap();
+    sqlx::raw_sql(
+        "CREATE FUNCTION public.hold_claims() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN PERFORM pg_catalog.pg_advisory_xact_lock(4242); RETURN NEW; END $$; \
+         CREATE TRIGGER hold_claims BEFORE UPDATE ON sluice.jobs FOR EACH ROW \
+         WHEN (OLD.state = 'pending' AND NEW.state = 'running') EXECUTE FUNCTION public.hold_claims()",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut holder = pool.acquire().await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(HOLD)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+
+    let runs: Arc<Mutex<Vec<(uuid::Uuid, i32)>>> = Arc::default();
+    let seen = runs.clone();
+    let handler = FnHandler::new(move |job, _| {
+        seen.lock().unwrap().push((job.id, job.attempt));
+        async { Outcome::Succeeded }
+    });
+    let worker = Worker::new(
+        QueueStore::new(pool_for(&pool).await),
+        handler,
+        sluice_sidecar::queue::WorkerOptions {
+            concurrency: 1,
+            claim_batch: 1,
+            // One claim loop: a claim started after the held one means the held one was given up.
+            claimers: 1,
+            answer_deadline: Duration::from_millis(500),
+            ..opts("late", "w1")
+        },
+    );
+    let metrics = worker.metrics();
+    let shutdown = CancellationToken::new();
+    let w = tokio::spawn(worker.run(shutdown.clone()));
+    let id = store
+        .enqueue("late", &NewJob::new("k", serde_json::json!({})))
+        .await
+        .unwrap()
+        .id;
+
+    wait_for_async(
+        "the claim to be held up, then given up and followed by another claim",
+        Duration::from_secs(20),
+        || {
+            let pool = pool.clone();
+            async move {
+                let given_up: bool = sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM pg_stat_activity held, pg_stat_activity later \
+                      WHERE held.wait_event_type = 'Lock' AND held.wait_event = 'advisory' \
+                        AND strpos(held.query, 'WITH picked AS') > 0 \
+                        AND later.pid <> held.pid AND later.query = held.query \
+                        AND later.query_start > held.query_start AND later.state = 'idle')",
+                )
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+                given_up.then_some(())
+            }
+        },
+    )
+    .await;
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(HOLD)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+
+    wait_state(&store, id, "succeeded").await;
+    assert_eq!(
+        *runs.lock().unwrap(),
+        [(id, 1)],
+        "the job ran once, on its first attempt"
+    );
+    assert_eq!(store.get(id).await.unwrap().unwrap().attempt, 1);
+    let text = metrics.render();
+    assert!(
+        text.contains(r#"sluice_jobs_claims_returned_total{queue="late"} 1"#),
+        "{text}"
+    );
+    shutdown.cancel();
+    w.await.unwrap().unwrap();
+}

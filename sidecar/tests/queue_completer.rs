@@ -775,3 +775,122 @@ async fn pg_stat_rolled_back(pool: &PgPool) -> i64 {
         .await
         .unwrap()
 }
+
+/// Jobs of `queue` rescued after their lease lapsed (the worker gave their outcome up).
+async fn rescued(pool: &PgPool, queue: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM sluice.jobs WHERE queue = $1 AND last_error LIKE 'lease expired%'",
+    )
+    .bind(queue)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// While the database refuses to record finished jobs (here `sluice.finish_jobs` is renamed away: every
+/// completion fails, claims and rescues still work), the worker stops taking new work: each job it
+/// claimed would run, its outcome be refused, and the job run again later. Claims pause at the first
+/// refusal; once the refused outcomes are given up (one lease later) the worker claims one job at a
+/// time, only while it holds no other, until a write succeeds. So two leases after the first given-up
+/// job was rescued, the handler has run at most the jobs the worker could hold when the first refusal
+/// came (`2 × (concurrency + claim batch)`) and a probe a lease; without the pause, the worker claimed
+/// a whole new round of jobs each time outcomes were given up (36 runs and more here, against at most
+/// 19). Once writes are accepted again, claims resume and the backlog drains.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_pause_while_the_database_refuses_to_record_finished_jobs_and_resume_once_it_does() {
+    const JOBS: usize = 200;
+    const CONCURRENCY: usize = 4;
+    const CLAIM_BATCH: u32 = 4;
+    let (_pg, pool, store) = setup(QueueSettings {
+        max_attempts: 25,
+        ..settings("refused")
+    })
+    .await;
+    sqlx::query(
+        "ALTER FUNCTION sluice.finish_jobs(uuid[], integer[], text[], bigint[], text[], text) \
+         RENAME TO finish_jobs_away",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let jobs: Vec<NewJob> = (0..JOBS)
+        .map(|n| NewJob::new("k", serde_json::json!({ "n": n })))
+        .collect();
+    store.enqueue_many("refused", &jobs).await.unwrap();
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = runs.clone();
+    let handler = FnHandler::new(move |_, _| {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        async { Outcome::Succeeded }
+    });
+    let worker = Worker::new(
+        store.clone(),
+        handler,
+        sluice_sidecar::queue::WorkerOptions {
+            concurrency: CONCURRENCY,
+            claim_batch: CLAIM_BATCH,
+            ..opts("refused", "w1")
+        },
+    );
+    let metrics = worker.metrics();
+    let shutdown = CancellationToken::new();
+    let w = tokio::spawn(worker.run(shutdown.clone()));
+
+    wait_for_async(
+        "a job whose outcome was refused to be given up and rescued",
+        Duration::from_secs(20),
+        || async { (rescued(&pool, "refused").await > 0).then_some(()) },
+    )
+    .await;
+    // Two leases more, over which the worker without the pause claimed a new round of jobs at each
+    // give-up, and the one with it probes with one job a lease.
+    let first_rescue: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT now()").fetch_one(&pool).await.unwrap();
+    wait_for_async("two leases to pass", Duration::from_secs(20), || async {
+        let past: bool = sqlx::query_scalar("SELECT now() > $1 + interval '2 seconds'")
+            .bind(first_rescue)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        past.then_some(())
+    })
+    .await;
+    let held_at_most = 2 * (CONCURRENCY + CLAIM_BATCH as usize);
+    let ran = runs.load(std::sync::atomic::Ordering::SeqCst);
+    // A probe a lease, with room for a slow machine's timing; without the pause each give-up
+    // claimed another `held_at_most`.
+    let probes_at_most = 8;
+    assert!(
+        ran <= held_at_most + probes_at_most,
+        "the handler ran {ran} times while no outcome could be recorded; at most {} expected",
+        held_at_most + probes_at_most
+    );
+    let text = metrics.render();
+    assert!(text.contains("sluice_worker_claims_paused 1"), "{text}");
+
+    sqlx::query(
+        "ALTER FUNCTION sluice.finish_jobs_away(uuid[], integer[], text[], bigint[], text[], text) \
+         RENAME TO finish_jobs",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    wait_for_async(
+        "every job to succeed once writes are accepted",
+        Duration::from_secs(30),
+        || async {
+            let done: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM sluice.jobs WHERE queue = 'refused' AND state = 'succeeded'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            (done == JOBS as i64).then_some(())
+        },
+    )
+    .await;
+    let text = metrics.render();
+    assert!(text.contains("sluice_worker_claims_paused 0"), "{text}");
+    shutdown.cancel();
+    w.await.unwrap().unwrap();
+}

@@ -36,6 +36,8 @@ pub struct QueueMetrics {
     duration: Family<QueueKind, Histogram, fn() -> Histogram>,
     claim_batch: Family<QueueOnly, Histogram, fn() -> Histogram>,
     depth: Family<QueueState, Gauge>,
+    claims_paused: Gauge,
+    claims_returned: Family<QueueOnly, Counter>,
     grpc_pending: Gauge,
     grpc_refused: Family<Reason, Counter>,
     /// The kinds labelled so far (at most [`KINDS_MAX`]), as their labels read.
@@ -86,6 +88,8 @@ impl QueueMetrics {
         let duration = Family::new_with_constructor(duration_histogram as fn() -> Histogram);
         let claim_batch = Family::new_with_constructor(batch_histogram as fn() -> Histogram);
         let depth = Family::default();
+        let claims_paused = Gauge::default();
+        let claims_returned = Family::default();
         let grpc_pending = Gauge::default();
         let grpc_refused = Family::default();
         registry.register("sluice_jobs_started", "Job attempts started", started.clone());
@@ -121,6 +125,17 @@ impl QueueMetrics {
             "Jobs per queue and state (ready, blocked, scheduled, retrying, running, dead)",
             depth.clone(),
         );
+        registry.register(
+            "sluice_worker_claims_paused",
+            "Worker engines whose claims are paused because the database refuses to record finished jobs \
+             (one per paused gRPC worker stream)",
+            claims_paused.clone(),
+        );
+        registry.register(
+            "sluice_jobs_claims_returned",
+            "Jobs a claim given up unanswered leased to this worker, handed back with their attempt not counted",
+            claims_returned.clone(),
+        );
         if grpc_streams {
             registry.register(
                 "sluice_grpc_streams_pending",
@@ -144,6 +159,8 @@ impl QueueMetrics {
             duration,
             claim_batch,
             depth,
+            claims_paused,
+            claims_returned,
             grpc_pending,
             grpc_refused,
             kinds: Default::default(),
@@ -218,6 +235,23 @@ impl QueueMetrics {
                 .get_or_create(&[("queue", d.queue.clone()), ("state", state.to_owned())])
                 .set(v);
         }
+    }
+
+    /// An engine's claims were paused (`true`) or resumed, as the database refused or again recorded
+    /// finished jobs.
+    pub fn claims_paused(&self, paused: bool) {
+        if paused {
+            self.claims_paused.inc();
+        } else {
+            self.claims_paused.dec();
+        }
+    }
+
+    /// A job of `queue` that a claim given up unanswered leased to this worker was handed back.
+    pub fn claim_returned(&self, queue: &str) {
+        self.claims_returned
+            .get_or_create(&[("queue", queue.to_owned())])
+            .inc();
     }
 
     /// A gRPC worker stream opened: pending until [`Self::grpc_stream_settled`].

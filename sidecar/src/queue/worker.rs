@@ -15,7 +15,12 @@
 //! - the **completer** writes finished attempts in batches (up to two at once), fenced on (id, running,
 //!   owner, attempt);
 //! - **maintenance** rescues expired leases, deletes finished jobs past retention in bounded batches and
-//!   refreshes the depth gauges.
+//!   refreshes the depth gauges; for a while after a claim was given up unanswered, it hands back the
+//!   jobs that claim leased to this worker if the server committed it after all
+//!   ([`return_unknown_claims`]).
+//!
+//! While the database refuses to record finished jobs, the claim loops take no new work ([`Intake`]):
+//! every job claimed would run and have its outcome refused too.
 //!
 //! A handler slot is free again as soon as its handler returns, so a slot never waits for a database
 //! round trip: claims run ahead of the slots and completions are written behind them. Two bounds keep
@@ -73,6 +78,13 @@ const COMPLETER_GATHER_FIRST: Duration = Duration::from_millis(2);
 /// How long, in leases of its queue, a finished job is still renewed once the write of its outcome has
 /// started failing (see [`record`]).
 const FINISHING_RENEWAL_AFTER_FAILURE: u32 = 1;
+/// How long, in leases of its queue, after a claim was given up unanswered the worker keeps looking for
+/// jobs that claim leased to it when it committed after all (see [`return_unknown_claims`]).
+const UNKNOWN_CLAIMS_SEARCHED_FOR: u32 = 2;
+/// How long, in leases of its queue, a job whose outcome the completer gave up writing is still named
+/// as held when unknown claims are handed back: its lease lapses within one (it is no longer renewed),
+/// and a lapsed lease is the rescue's.
+const ABANDONED_KEPT_FOR: u32 = 2;
 /// Longest a heartbeat waits for the row of one running job another transaction holds (a quarter of
 /// the heartbeat interval when that is shorter).
 const HEARTBEAT_ROW_WAIT_MAX: Duration = Duration::from_millis(250);
@@ -336,6 +348,130 @@ fn ewma(old: f64, sample: f64) -> f64 {
     old + AHEAD_EWMA * (sample - old)
 }
 
+/// What the claim loops may take, by what the completer's writes of finished jobs met.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Claims as usual.
+    Open,
+    /// A write was refused by the database since the latest successful one and is still retried:
+    /// nothing is claimed, since each job claimed would run and its outcome be refused too.
+    Paused,
+    /// Every write refused since the latest successful one was given up: one job is claimed at a time,
+    /// and only while the worker holds no other, until a write succeeds (or is refused again).
+    Probing,
+}
+
+/// The claim loops' pause while the database refuses to record finished jobs (see [`record`] and
+/// docs/queue.md, "Completion"). A batch counts from its first refusal until it is written or given up,
+/// unless some other write succeeds meanwhile: then its refusals are its own (a row the database
+/// refuses, say), not the database's, and hold no claims back.
+#[derive(Default)]
+struct Intake {
+    state: Mutex<IntakeState>,
+    changed: Notify,
+}
+
+#[derive(Default)]
+struct IntakeState {
+    /// Successful writes of finished jobs so far.
+    written: u64,
+    /// Batches refused since the latest successful write and still retried.
+    refused: usize,
+    /// Whether a write was refused since the latest successful one.
+    refusing: bool,
+}
+
+impl IntakeState {
+    fn mode(&self) -> Mode {
+        match (self.refusing, self.refused) {
+            (false, _) => Mode::Open,
+            (true, 0) => Mode::Probing,
+            (true, _) => Mode::Paused,
+        }
+    }
+}
+
+impl Intake {
+    fn mode(&self) -> Mode {
+        self.state.lock().expect("intake lock").mode()
+    }
+
+    /// Applies `change` to the state, waking the claim loops when the mode changed (read before and
+    /// after under one lock, so that no change between two updates goes unannounced).
+    fn update(&self, change: impl FnOnce(&mut IntakeState)) {
+        let mut s = self.state.lock().expect("intake lock");
+        let before = s.mode();
+        change(&mut s);
+        let after = s.mode();
+        drop(s);
+        if after != before {
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// The write of a batch was refused by the database; `counted` is the batch's mark (None until its
+    /// first refusal).
+    fn refused(&self, counted: &mut Option<u64>, metrics: &QueueMetrics) {
+        if counted.is_some() {
+            return;
+        }
+        self.update(|s| {
+            *counted = Some(s.written);
+            s.refused += 1;
+            if !s.refusing {
+                s.refusing = true;
+                metrics.claims_paused(true);
+                tracing::warn!(
+                    "the database refuses to record finished jobs: claims paused until a write succeeds"
+                );
+            }
+        });
+    }
+
+    /// A write of finished jobs succeeded.
+    fn written(&self, metrics: &QueueMetrics) {
+        self.update(|s| {
+            s.written += 1;
+            s.refused = 0;
+            if s.refusing {
+                s.refusing = false;
+                metrics.claims_paused(false);
+                tracing::info!("finished jobs are recorded again: claims resumed");
+            }
+        });
+    }
+
+    /// A batch marked `counted` is no longer retried (written, given up, or shutdown).
+    fn settled(&self, counted: Option<u64>) {
+        self.update(|s| {
+            if counted.is_some_and(|c| c == s.written) {
+                s.refused -= 1;
+            }
+        });
+    }
+
+    /// The engine stops: a pause it reported ends with it.
+    fn close(&self, metrics: &QueueMetrics) {
+        let mut s = self.state.lock().expect("intake lock");
+        if s.refusing {
+            s.refusing = false;
+            metrics.claims_paused(false);
+        }
+    }
+}
+
+/// A batch's mark in the [`Intake`], settled when the batch is dropped whatever ends it.
+struct IntakeMark<'a> {
+    intake: &'a Intake,
+    counted: Option<u64>,
+}
+
+impl Drop for IntakeMark<'_> {
+    fn drop(&mut self) {
+        self.intake.settled(self.counted);
+    }
+}
+
 struct Shared<H> {
     store: QueueStore,
     handler: H,
@@ -347,6 +483,15 @@ struct Shared<H> {
     room: Room,
     /// Moving average of one completer write's time, seconds; None until a write has succeeded.
     write_secs: Mutex<Option<f64>>,
+    intake: Intake,
+    /// Held (read) by a claim loop from its claim statement until it has registered what it claimed;
+    /// taken (write) to name the jobs the worker holds when it hands back unknown claims.
+    claiming: tokio::sync::RwLock<()>,
+    /// Until when unknown claims are looked for (a claim was given up unanswered).
+    unknown_claims_until: Mutex<Option<tokio::time::Instant>>,
+    /// Jobs whose outcome the completer gave up writing (they ran): attempt, and until when they are
+    /// named as held ([`ABANDONED_KEPT_FOR`]).
+    abandoned: Mutex<HashMap<Uuid, (i32, tokio::time::Instant)>>,
 }
 
 impl<H> Shared<H> {
@@ -405,6 +550,10 @@ impl<H: Handler> Worker<H> {
             wake: Notify::new(),
             room: Room::default(),
             write_secs: Mutex::new(None),
+            intake: Intake::default(),
+            claiming: tokio::sync::RwLock::new(()),
+            unknown_claims_until: Mutex::new(None),
+            abandoned: Mutex::new(HashMap::new()),
         });
         if !prepare_queues(&shared, &shutdown).await {
             return Ok(());
@@ -421,12 +570,13 @@ impl<H: Handler> Worker<H> {
 
         let concurrency = shared.opts.concurrency.max(1);
         let slots = Arc::new(Semaphore::new(concurrency));
-        let leases = Arc::new(Semaphore::new(2 * (concurrency + max_ahead(&shared.opts))));
+        let lease_permits = 2 * (concurrency + max_ahead(&shared.opts));
+        let leases = Arc::new(Semaphore::new(lease_permits));
         let (ready_tx, mut ready_rx) = mpsc::unbounded_channel::<Ready>();
         let mut jobs: JoinSet<()> = JoinSet::new();
         let claims = futures::future::join_all(
             (0..shared.opts.claimers.max(1))
-                .map(|i| claim_loop(&shared, &slots, &leases, i, &shutdown, &ready_tx)),
+                .map(|i| claim_loop(&shared, &slots, &leases, lease_permits, i, &shutdown, &ready_tx)),
         );
         // The dispatcher: queued jobs start in claim order as slots free up.
         let dispatch = async {
@@ -493,6 +643,7 @@ impl<H: Handler> Worker<H> {
         let _ = completer.await;
         background.cancel();
         while tasks.join_next().await.is_some() {}
+        shared.intake.close(&shared.metrics);
         Ok(())
     }
 }
@@ -536,24 +687,51 @@ fn max_ahead(opts: &WorkerOptions) -> usize {
 
 /// One claim loop; `claimers` of them share the handler slots and lease permits, so claims overlap with
 /// each other (and with completions) instead of queueing behind one connection.
+///
+/// While the database refuses to record finished jobs ([`Intake`]) a loop claims nothing, and once the
+/// refused writes were given up it claims one job at a time, only while the worker holds no other, until
+/// a write succeeds.
 async fn claim_loop<H: Handler>(
     shared: &Arc<Shared<H>>,
     slots: &Semaphore,
     leases: &Arc<Semaphore>,
+    lease_permits: usize,
     index: usize,
     shutdown: &CancellationToken,
     ready_tx: &mpsc::UnboundedSender<Ready>,
 ) {
     let opts = &shared.opts;
     let concurrency = opts.concurrency.max(1);
-    let batch = opts.claim_batch.max(1) as usize;
     let mut idle = opts.poll_interval;
     let mut next_queue = index;
     loop {
-        // A lease permit first: when the completer falls behind, claims wait for it.
-        let first = tokio::select! {
-            p = leases.clone().acquire_owned() => p.expect("semaphore open"),
-            _ = shutdown.cancelled() => return,
+        let changed = shared.intake.changed.notified();
+        let mut changed = std::pin::pin!(changed);
+        changed.as_mut().enable();
+        let mode = shared.intake.mode();
+        let first = match mode {
+            Mode::Paused => tokio::select! {
+                _ = changed => continue,
+                _ = shutdown.cancelled() => return,
+            },
+            // A lease permit first: when the completer falls behind, claims wait for it.
+            Mode::Open => tokio::select! {
+                p = leases.clone().acquire_owned() => p.expect("semaphore open"),
+                _ = changed => continue,
+                _ = shutdown.cancelled() => return,
+            },
+            // Every permit: no other job held (its outcome refused or not), then one of them.
+            Mode::Probing => tokio::select! {
+                all = leases.clone().acquire_many_owned(lease_permits as u32) => {
+                    all.expect("semaphore open").split(1).expect("every permit held")
+                }
+                _ = changed => continue,
+                _ = shutdown.cancelled() => return,
+            },
+        };
+        let batch = match mode {
+            Mode::Probing => 1,
+            _ => opts.claim_batch.max(1) as usize,
         };
         // Then room: free slots, plus those that free up while this claim is under way.
         let Some(want) = shared
@@ -569,6 +747,10 @@ async fn claim_loop<H: Handler>(
         else {
             return;
         };
+        if shared.intake.mode() == Mode::Paused {
+            shared.room.settle(want, 0);
+            continue;
+        }
         let mut held = vec![first];
         while held.len() < want {
             match leases.clone().try_acquire_owned() {
@@ -580,6 +762,9 @@ async fn claim_loop<H: Handler>(
         let mut queued = 0;
         let mut claimed_any = false;
         let mut failed = false;
+        // Until what is claimed is registered, the worker does not name the jobs it holds (see
+        // `return_unknown_claims`).
+        let claiming = shared.claiming.read().await;
         for i in 0..opts.queues.len() {
             if held.is_empty() || shutdown.is_cancelled() {
                 break;
@@ -605,9 +790,16 @@ async fn claim_loop<H: Handler>(
                 Err(e) => {
                     failed = true;
                     tracing::warn!(queue, error = %e, "claim failed");
+                    if matches!(&e, sluice_queue::Error::Database(db) if Unanswered::is(db)) {
+                        // The server may still commit it, leasing jobs to this worker it does not know.
+                        let until = tokio::time::Instant::now() + UNKNOWN_CLAIMS_SEARCHED_FOR * lease;
+                        let mut searched = shared.unknown_claims_until.lock().expect("unknown claims lock");
+                        *searched = Some(searched.map_or(until, |u| u.max(until)));
+                    }
                 }
             }
         }
+        drop(claiming);
         shared.room.settle(reserved, queued);
         next_queue = next_queue.wrapping_add(1);
         drop(held);
@@ -840,10 +1032,21 @@ async fn record<H>(shared: Arc<Shared<H>>, batch: Vec<Done>, shutdown: Cancellat
     // after it failed (it would match no row, and its jobs would count as lost).
     let mut written = HashMap::new();
     let mut finish_written = false;
+    // The batch's part in pausing claims while the database refuses its writes (see `Intake`).
+    let mut mark = IntakeMark {
+        intake: &shared.intake,
+        counted: None,
+    };
     for attempt in 0.. {
         let t0 = tokio::time::Instant::now();
         let store = bounded.as_ref().unwrap_or(&shared.store);
-        match write_batch(store, owner, &finish, &release, &mut finish_written, &mut written).await {
+        let finishing = !finish.is_empty() && !finish_written;
+        let result = write_batch(store, owner, &finish, &release, &mut finish_written, &mut written).await;
+        // Only the outcomes count, not releases (written at shutdown only, when claims have stopped).
+        if finishing && finish_written {
+            shared.intake.written(&shared.metrics);
+        }
+        match result {
             Ok(()) => {
                 let secs = t0.elapsed().as_secs_f64();
                 let mut write_secs = shared.write_secs.lock().expect("write_secs lock");
@@ -886,6 +1089,9 @@ async fn record<H>(shared: Arc<Shared<H>>, batch: Vec<Done>, shutdown: Cancellat
                 // lapse as for a crashed worker) only delays the write: it is retried for as long as it
                 // takes, and its outcomes count unless a rescue ran the jobs again meanwhile.
                 if answered_by_the_database(&e) {
+                    if finishing && !finish_written {
+                        shared.intake.refused(&mut mark.counted, &shared.metrics);
+                    }
                     let failing = *failing_since.get_or_insert_with(tokio::time::Instant::now);
                     if !keep_renewing(&shared, &mut finish, &mut release, failing).await {
                         return;
@@ -917,7 +1123,11 @@ async fn keep_renewing<H>(
     let before = finish.len() + release.len();
     let mut lost = 0;
     {
+        // In this order wherever both are held (see `held_jobs`).
         let mut inflight = shared.inflight.lock().expect("inflight lock");
+        let mut abandoned = shared.abandoned.lock().expect("abandoned lock");
+        let now = tokio::time::Instant::now();
+        abandoned.retain(|_, (_, kept)| *kept > now);
         let mut keep = |d: &Done| {
             if inflight.get(&d.id).is_none_or(|f| f.attempt != d.attempt) {
                 // This worker claimed a later attempt of it: this one's lease was lost.
@@ -929,6 +1139,9 @@ async fn keep_renewing<H>(
                 return true;
             }
             forget(&mut inflight, d.id, d.attempt);
+            // It ran: never handed back as an unknown claim while it may still be leased here.
+            let kept = now + ABANDONED_KEPT_FOR * shared.settings(&d.queue).lease();
+            abandoned.insert(d.id, (d.attempt, kept));
             false
         };
         finish.retain(&mut keep);
@@ -1143,6 +1356,61 @@ async fn listen<H>(shared: Arc<Shared<H>>, stop: CancellationToken) {
     .await;
 }
 
+/// Hands back the jobs a claim given up unanswered leased to this worker when the server committed it
+/// after all ([`QueueStore::return_unknown_claims`]): ready again with their attempt not counted,
+/// rather than rescued once their lease lapsed with an attempt spent that no handler ran. Runs every
+/// maintenance round for [`UNKNOWN_CLAIMS_SEARCHED_FOR`] leases after the latest such claim, and not
+/// otherwise: a claim the server commits later than that leaves its jobs to the rescue, as before.
+async fn return_unknown_claims<H>(shared: &Shared<H>) {
+    let Some(until) = *shared.unknown_claims_until.lock().expect("unknown claims lock") else {
+        return;
+    };
+    let started = tokio::time::Instant::now();
+    let result = {
+        // No claim under way while the held jobs are named and handed back: one answered just before
+        // the statement, its jobs not registered yet, would have them handed back as they start.
+        let _claims = shared.claiming.write().await;
+        let held = held_jobs(shared);
+        shared
+            .store
+            .return_unknown_claims(&shared.opts.owner, &shared.opts.queues, &held)
+            .await
+    };
+    match result {
+        Ok(returned) => {
+            for (_, _, queue) in &returned {
+                shared.metrics.claim_returned(queue);
+            }
+            if !returned.is_empty() {
+                tracing::warn!(
+                    jobs = returned.len(),
+                    "a claim given up unanswered had committed: its jobs are handed back, their attempt not counted"
+                );
+                shared.wake.notify_one();
+            }
+            let mut searched = shared.unknown_claims_until.lock().expect("unknown claims lock");
+            if *searched == Some(until) && started >= until {
+                *searched = None;
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "handing back unknown claims failed"),
+    }
+}
+
+/// The jobs this worker must not hand back as unknown claims: every job it tracks (queued, running,
+/// finishing) and those whose outcome it gave up writing lately, which ran.
+fn held_jobs<H>(shared: &Shared<H>) -> Vec<(Uuid, i32)> {
+    let inflight = shared.inflight.lock().expect("inflight lock");
+    let mut abandoned = shared.abandoned.lock().expect("abandoned lock");
+    let now = tokio::time::Instant::now();
+    abandoned.retain(|_, (_, kept)| *kept > now);
+    inflight
+        .iter()
+        .map(|(id, f)| (*id, f.attempt))
+        .chain(abandoned.iter().map(|(id, (attempt, _))| (*id, *attempt)))
+        .collect()
+}
+
 async fn maintenance<H>(shared: Arc<Shared<H>>, stop: CancellationToken) {
     let mut last_retention = Instant::now() - RETENTION_INTERVAL;
     let mut last_refresh = Instant::now();
@@ -1151,6 +1419,7 @@ async fn maintenance<H>(shared: Arc<Shared<H>>, stop: CancellationToken) {
             _ = tokio::time::sleep(heartbeat_interval(&shared)) => {}
             _ = stop.cancelled() => return,
         }
+        return_unknown_claims(&shared).await;
         match shared
             .store
             .rescue_expired(&shared.opts.queues, MAINTENANCE_BATCH)
@@ -1203,7 +1472,10 @@ mod tests {
     use tokio_util::sync::CancellationToken;
     use uuid::Uuid;
 
-    use super::{Ahead, COMPLETER_GATHER, InFlight, Room, forget, gather, gather_deadline};
+    use super::{
+        Ahead, COMPLETER_GATHER, InFlight, Intake, IntakeMark, Mode, Room, forget, gather, gather_deadline,
+    };
+    use crate::queue::metrics::QueueMetrics;
 
     /// A bound for awaiting what must happen at once; reaching it fails the test.
     const SOON: Duration = Duration::from_secs(10);
@@ -1343,6 +1615,73 @@ mod tests {
         );
         stop.cancel();
         assert_eq!(waiting.await, None, "shutdown ends the wait");
+    }
+
+    #[test]
+    fn claims_pause_at_a_refused_write_probe_once_it_is_given_up_and_resume_at_a_written_one() {
+        let metrics = QueueMetrics::new();
+        let intake = Intake::default();
+        let paused = |m: &QueueMetrics| m.render().contains("sluice_worker_claims_paused 1");
+        assert_eq!(intake.mode(), Mode::Open);
+        let mut a = IntakeMark {
+            intake: &intake,
+            counted: None,
+        };
+        let mut b = IntakeMark {
+            intake: &intake,
+            counted: None,
+        };
+        intake.refused(&mut a.counted, &metrics);
+        intake.refused(&mut b.counted, &metrics);
+        intake.refused(&mut a.counted, &metrics);
+        assert_eq!(intake.mode(), Mode::Paused);
+        assert!(paused(&metrics));
+        // Both batches given up, nothing written since: one job at a time.
+        drop(a);
+        assert_eq!(intake.mode(), Mode::Paused, "one refused batch is still retried");
+        drop(b);
+        assert_eq!(intake.mode(), Mode::Probing);
+        // The probe's outcome refused: paused again; written: claims resume.
+        let mut probe = IntakeMark {
+            intake: &intake,
+            counted: None,
+        };
+        intake.refused(&mut probe.counted, &metrics);
+        assert_eq!(intake.mode(), Mode::Paused);
+        intake.written(&metrics);
+        assert_eq!(intake.mode(), Mode::Open);
+        assert!(!paused(&metrics));
+        drop(probe);
+        assert_eq!(intake.mode(), Mode::Open, "a batch written settles nothing twice");
+    }
+
+    #[test]
+    fn a_batch_refused_before_another_write_succeeded_holds_no_claims_back() {
+        // A row the database refuses (a trigger, say) fails its batch every time; the other batches
+        // are written: the refusal is the batch's own, not the database's.
+        let metrics = QueueMetrics::new();
+        let intake = Intake::default();
+        let mut poisoned = IntakeMark {
+            intake: &intake,
+            counted: None,
+        };
+        intake.refused(&mut poisoned.counted, &metrics);
+        assert_eq!(intake.mode(), Mode::Paused);
+        intake.written(&metrics);
+        assert_eq!(intake.mode(), Mode::Open);
+        intake.refused(&mut poisoned.counted, &metrics);
+        assert_eq!(intake.mode(), Mode::Open, "its later refusals pause nothing");
+        drop(poisoned);
+        assert_eq!(intake.mode(), Mode::Open);
+        // A batch refused after that write does pause, and the engine's end reports the pause over.
+        let mut later = IntakeMark {
+            intake: &intake,
+            counted: None,
+        };
+        intake.refused(&mut later.counted, &metrics);
+        assert_eq!(intake.mode(), Mode::Paused);
+        intake.close(&metrics);
+        assert!(metrics.render().contains("sluice_worker_claims_paused 0"));
     }
 
     #[test]
