@@ -794,8 +794,8 @@ async fn rescued(pool: &PgPool, queue: &str) -> i64 {
 /// time, only while it holds no other, until a write succeeds. So two leases after the first given-up
 /// job was rescued, the handler has run at most the jobs the worker could hold when the first refusal
 /// came (`2 × (concurrency + claim batch)`) and a probe a lease; without the pause, the worker claimed
-/// a whole new round of jobs each time outcomes were given up (36 runs and more here, against at most
-/// 19). Once writes are accepted again, claims resume and the backlog drains.
+/// a whole new round of jobs each time outcomes were given up (33 runs and more here, against at most
+/// 24). Once writes are accepted again, claims resume and the backlog drains.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_pause_while_the_database_refuses_to_record_finished_jobs_and_resume_once_it_does() {
     const JOBS: usize = 200;
