@@ -494,3 +494,63 @@ async fn a_job_stream_ends_when_the_callers_token_expires() {
     )
     .await;
 }
+
+// A caller may tie its job only to jobs of queues whose jobs it may read, and sees only those parents:
+// an id from another queue is answered as an unknown one (nothing is locked or linked), and a parent
+// another way put there (SQL, a caller with more rights) is left out of what it is shown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parents_in_queues_the_caller_may_not_read_are_refused_and_not_shown() {
+    let (_pg, pool) = pg().await;
+    let store = QueueStore::new(pool);
+    queue(&store, "emails").await;
+    queue(&store, "billing").await;
+    let rbac = Rbac::new(&[
+        ("web", "create", "jobs", "emails"),
+        ("web", "get", "jobs", "emails"),
+        ("billing", "create", "jobs", "emails"),
+        ("billing", "get", "jobs", "emails"),
+        ("billing", "get", "jobs", "billing"),
+    ]);
+    let gate = Authenticator::new(rbac.clone(), "shop", None, LoopbackCallers::Pod);
+    let api = Api::serve(api::ApiState::new(store.clone()).with_auth(Arc::new(gate))).await;
+    let invoice = store
+        .enqueue("billing", &sluice_queue::NewJob::new("invoice", json!({})))
+        .await
+        .unwrap()
+        .id;
+    let child = |token| {
+        let api = &api;
+        async move {
+            let body = json!({"kind": "receipt", "payload": {}, "dependsOn": [invoice]});
+            api.call(Method::POST, "/v1/queues/emails/jobs", Some(token), body)
+                .await
+        }
+    };
+
+    let (status, _, body) = child("t-web").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(
+        body["error"]["message"].as_str(),
+        Some(format!("depends_on: job {invoice} does not exist").as_str()),
+        "answered as an unknown id: {body}"
+    );
+    let linked: i64 = sqlx::query_scalar("SELECT count(*) FROM sluice.job_dependencies")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(linked, 0, "nothing was linked to the invoice");
+
+    // The billing ServiceAccount may read billing's jobs: its child is made, and shows its parent.
+    let (status, _, made) = child("t-billing").await;
+    assert_eq!(status, StatusCode::CREATED, "{made}");
+    assert_eq!(made["parents"][0]["id"], json!(invoice), "{made}");
+    // The web ServiceAccount reads that child (an emails job) without learning of the invoice.
+    let path = format!("/v1/jobs/{}", made["id"].as_str().unwrap());
+    let (status, _, seen) = api.call(Method::GET, &path, Some("t-web"), Value::Null).await;
+    assert_eq!(status, StatusCode::OK, "{seen}");
+    assert_eq!(seen["parents"], json!([]), "{seen}");
+    let (_, _, seen) = api
+        .call(Method::GET, &path, Some("t-billing"), Value::Null)
+        .await;
+    assert_eq!(seen["parents"][0]["id"], json!(invoice), "{seen}");
+}

@@ -23,7 +23,7 @@
 //! JobQueue names its queue in the database. Bodies show the queue's database name.
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeSet, HashMap, HashSet},
     future::Future,
     net::SocketAddr,
     sync::Arc,
@@ -161,10 +161,12 @@ impl ApiState {
         }
     }
 
-    /// Refuses parents (`dependsOn` ids) in queues this API does not serve, with the answer an unknown id
-    /// gets: a caller limited to some queues learns nothing of jobs in others. One query for all of them.
-    async fn check_parents(&self, ids: impl IntoIterator<Item = Uuid>) -> ApiResult<()> {
-        if self.queues.is_none() {
+    /// Refuses parents (`dependsOn` ids) in queues this API does not serve, or, with callers checked,
+    /// whose jobs `caller` may not `get`, with the answer an unknown id gets: a caller limited to some
+    /// queues learns nothing of jobs in others, and cannot tie a job to (and lock) a job of a queue it
+    /// has no right on. One query for all of them, one review per distinct queue.
+    async fn check_parents(&self, caller: Option<&Caller>, ids: impl IntoIterator<Item = Uuid>) -> ApiResult<()> {
+        if self.queues.is_none() && self.checked(caller).is_none() {
             return Ok(());
         }
         let ids: Vec<Uuid> = ids.into_iter().collect();
@@ -172,13 +174,49 @@ impl ApiState {
             return Ok(());
         }
         let queues = self.store.queues_of(&ids).await?;
+        let readable = self.readable(caller, queues.values()).await?;
         match ids
             .iter()
-            .find(|id| queues.get(id).is_some_and(|q| !self.serves(q)))
+            .find(|id| queues.get(id).is_some_and(|q| !readable.contains(q)))
         {
             Some(id) => Err(Error::Invalid(format!("depends_on: job {id} does not exist")).into()),
             None => Ok(()),
         }
+    }
+
+    /// The gatekeeper and `caller`'s identity, when callers are checked.
+    fn checked<'a>(&'a self, caller: Option<&'a Caller>) -> Option<(&'a Authenticator, &'a User)> {
+        self.auth.as_deref().zip(caller.map(|c| &c.user))
+    }
+
+    /// Those of `queues` whose jobs `caller` may see: served by this API and, with callers checked,
+    /// those it may `get` jobs of (one review per distinct queue not yet decided for this caller, a few
+    /// at a time, within the gatekeeper's own bound on reviews in flight).
+    async fn readable<'a>(
+        &self,
+        caller: Option<&Caller>,
+        queues: impl IntoIterator<Item = &'a String>,
+    ) -> ApiResult<HashSet<String>> {
+        let served: Vec<String> = queues
+            .into_iter()
+            .filter(|q| self.serves(q))
+            .cloned()
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        let Some((auth, user)) = self.checked(caller) else {
+            return Ok(served.into_iter().collect());
+        };
+        let accesses = served
+            .iter()
+            .map(|q| Access::jobs("get", self.short_name(q)))
+            .collect();
+        let decisions = auth.decide_all(user, accesses).await?;
+        Ok(served
+            .into_iter()
+            .zip(decisions)
+            .filter_map(|(q, d)| d.allowed.then_some(q))
+            .collect())
     }
 
     /// The job `id`, if it exists in a queue this API serves.
@@ -500,9 +538,11 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
 async fn enqueue_one(
     State(st): State<ApiState>,
     Path(queue): Path<String>,
+    caller: Option<Extension<Caller>>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
+    let caller = caller.as_ref().map(|Extension(c)| c);
     let queue = st.check_queue(&queue)?;
     let bytes = read_body(body, MAX_PAYLOAD_BYTES + ENVELOPE_BYTES).await?;
     let mut job: NewJob = parse_json(&bytes)?;
@@ -511,7 +551,7 @@ async fn enqueue_one(
         job.idempotency_key = Some(key);
     }
     check_new_job(&job)?;
-    st.check_parents(job.depends_on.iter().copied()).await?;
+    st.check_parents(caller, job.depends_on.iter().copied()).await?;
     let done = st.store.enqueue(&queue, &job).await?;
     let stored = st
         .store
@@ -523,12 +563,20 @@ async fn enqueue_one(
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(with_parents(&st, stored).await?)).into_response())
+    Ok((status, Json(with_parents(&st, caller, stored).await?)).into_response())
 }
 
-/// A job as the API shows it: its row and `parents: [{id, state}]`.
-async fn with_parents(st: &ApiState, job: Job) -> ApiResult<Value> {
-    let parents = st.store.parents(job.id).await?;
+/// A job as the API shows it: its row and `parents: [{id, state}]`, less parents in queues whose jobs
+/// `caller` may not see ([`ApiState::check_parents`] refuses to add them, but a job enqueued by SQL, or
+/// by a caller with more rights, may have them).
+async fn with_parents(st: &ApiState, caller: Option<&Caller>, job: Job) -> ApiResult<Value> {
+    let mut parents = st.store.parents(job.id).await?;
+    if !parents.is_empty() && (st.queues.is_some() || st.checked(caller).is_some()) {
+        let ids: Vec<Uuid> = parents.iter().map(|p| p.id).collect();
+        let queues = st.store.queues_of(&ids).await?;
+        let readable = st.readable(caller, queues.values()).await?;
+        parents.retain(|p| queues.get(&p.id).is_some_and(|q| readable.contains(q)));
+    }
     let mut v = serde_json::to_value(&job).map_err(|e| ApiError::from(Error::Invalid(e.to_string())))?;
     v["parents"] = json!(parents);
     Ok(v)
@@ -543,6 +591,7 @@ struct Graph {
 async fn enqueue_graph(
     State(st): State<ApiState>,
     Path(queue): Path<String>,
+    caller: Option<Extension<Caller>>,
     body: Body,
 ) -> ApiResult<Response> {
     let queue = st.check_queue(&queue)?;
@@ -566,7 +615,8 @@ async fn enqueue_graph(
             parents.push(id);
         }
     }
-    st.check_parents(parents).await?;
+    st.check_parents(caller.as_ref().map(|Extension(c)| c), parents)
+        .await?;
     let ids = st.store.enqueue_graph(&queue, &graph.jobs).await?;
     let jobs: Vec<Value> = ids
         .into_iter()
@@ -607,10 +657,15 @@ async fn enqueue_batch(
     Ok((StatusCode::CREATED, Json(json!({ "ids": ids }))).into_response())
 }
 
-async fn get_job(State(st): State<ApiState>, Path(id): Path<String>) -> ApiResult<Response> {
+async fn get_job(
+    State(st): State<ApiState>,
+    Path(id): Path<String>,
+    caller: Option<Extension<Caller>>,
+) -> ApiResult<Response> {
     let id = parse_id(&id)?;
     let job = st.served_job(id).await?;
-    Ok(Json(with_parents(&st, job).await?).into_response())
+    let caller = caller.as_ref().map(|Extension(c)| c);
+    Ok(Json(with_parents(&st, caller, job).await?).into_response())
 }
 
 pub(super) fn parse_id(id: &str) -> ApiResult<Uuid> {
@@ -691,21 +746,9 @@ async fn get_queue(State(st): State<ApiState>, Path(queue): Path<String>) -> Api
 
 async fn list_queues(State(st): State<ApiState>, caller: Option<Extension<Caller>>) -> ApiResult<Response> {
     let mut queues = st.store.depth_all().await?;
-    queues.retain(|d| st.serves(&d.queue));
-    if let (Some(auth), Some(Extension(Caller { user, .. }))) = (&st.auth, caller) {
-        // One review per queue not yet decided for this caller, a few at a time (and within the
-        // gatekeeper's own bound on reviews in flight).
-        let accesses = queues
-            .iter()
-            .map(|d| Access::jobs("get", st.short_name(&d.queue)))
-            .collect();
-        let decisions = auth.decide_all(&user, accesses).await?;
-        queues = queues
-            .into_iter()
-            .zip(decisions)
-            .filter_map(|(d, decision)| decision.allowed.then_some(d))
-            .collect();
-    }
+    let caller = caller.as_ref().map(|Extension(c)| c);
+    let readable = st.readable(caller, queues.iter().map(|d| &d.queue)).await?;
+    queues.retain(|d| readable.contains(&d.queue));
     Ok(Json(json!({ "queues": queues })).into_response())
 }
 
