@@ -143,7 +143,8 @@ pub struct WorkerOptions {
     pub shutdown_grace: Duration,
     /// Heartbeat interval; None: a third of the shortest lease of the served queues.
     pub heartbeat_interval: Option<Duration>,
-    /// The lease owner written on claimed jobs (see [`default_owner`]).
+    /// The lease owner written on claimed jobs (see [`default_owner`]). Unique per engine: jobs leased to
+    /// it that this engine does not hold may be handed back after a given-up claim.
     pub owner: String,
     /// Claim only jobs of these kinds (empty: every kind).
     pub kinds: Vec<String>,
