@@ -549,8 +549,6 @@ async fn parents_in_queues_the_caller_may_not_read_are_refused_and_not_shown() {
     let (status, _, seen) = api.call(Method::GET, &path, Some("t-web"), Value::Null).await;
     assert_eq!(status, StatusCode::OK, "{seen}");
     assert_eq!(seen["parents"], json!([]), "{seen}");
-    let (_, _, seen) = api
-        .call(Method::GET, &path, Some("t-billing"), Value::Null)
-        .await;
+    let (_, _, seen) = api.call(Method::GET, &path, Some("t-billing"), Value::Null).await;
     assert_eq!(seen["parents"][0]["id"], json!(invoice), "{seen}");
 }

@@ -165,7 +165,11 @@ impl ApiState {
     /// whose jobs `caller` may not `get`, with the answer an unknown id gets: a caller limited to some
     /// queues learns nothing of jobs in others, and cannot tie a job to (and lock) a job of a queue it
     /// has no right on. One query for all of them, one review per distinct queue.
-    async fn check_parents(&self, caller: Option<&Caller>, ids: impl IntoIterator<Item = Uuid>) -> ApiResult<()> {
+    async fn check_parents(
+        &self,
+        caller: Option<&Caller>,
+        ids: impl IntoIterator<Item = Uuid>,
+    ) -> ApiResult<()> {
         if self.queues.is_none() && self.checked(caller).is_none() {
             return Ok(());
         }
@@ -727,11 +731,15 @@ async fn cancel_job(State(st): State<ApiState>, Path(id): Path<String>) -> ApiRe
     Ok((status, Json(json!({ "id": id, "outcome": outcome }))).into_response())
 }
 
-async fn retry_job(State(st): State<ApiState>, Path(id): Path<String>) -> ApiResult<Response> {
+async fn retry_job(
+    State(st): State<ApiState>,
+    Path(id): Path<String>,
+    caller: Option<Extension<Caller>>,
+) -> ApiResult<Response> {
     let id = parse_id(&id)?;
     st.served_job(id).await?;
     st.store.retry_dead(id).await?;
-    get_job(State(st), Path(id.to_string())).await
+    get_job(State(st), Path(id.to_string()), caller).await
 }
 
 async fn get_queue(State(st): State<ApiState>, Path(queue): Path<String>) -> ApiResult<Response> {
