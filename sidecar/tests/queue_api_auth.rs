@@ -539,6 +539,21 @@ async fn parents_in_queues_the_caller_may_not_read_are_refused_and_not_shown() {
         .await
         .unwrap();
     assert_eq!(linked, 0, "nothing was linked to the invoice");
+    // Nor can it tell the invoice from a job that does not exist: the first unknown or hidden id of the
+    // request is named, whichever it is.
+    let nil = uuid::Uuid::nil();
+    for second in [invoice, uuid::Uuid::now_v7()] {
+        let body = json!({"kind": "receipt", "payload": {}, "dependsOn": [nil, second]});
+        let (status, _, answer) = api
+            .call(Method::POST, "/v1/queues/emails/jobs", Some("t-web"), body)
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+        assert_eq!(
+            answer["error"]["message"].as_str(),
+            Some(format!("depends_on: job {nil} does not exist").as_str()),
+            "{answer}"
+        );
+    }
 
     // The billing ServiceAccount may read billing's jobs: its child is made, and shows its parent.
     let (status, _, made) = child("t-billing").await;
